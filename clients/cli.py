@@ -1,0 +1,127 @@
+"""The `baton` command: run the parts (up, control, shim, sim) and administer the fleet."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+
+from clients import render
+from clients.client import DEFAULT_CONTROL, AdminClient, AdminError
+
+
+def _admin_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--control",
+        default=os.environ.get("BATON_CONTROL", DEFAULT_CONTROL),
+        help="control plane HOST:PORT (env BATON_CONTROL)",
+    )
+    parent.add_argument("--json", action="store_true", help="machine-readable output")
+    parent.add_argument("--timeout", type=float, default=5.0, help="seconds per admin call")
+    return parent
+
+
+def _print(args: argparse.Namespace, data: object, text: str) -> None:
+    print(json.dumps(data, indent=2) if args.json else text)
+
+
+def cmd_backends_list(args: argparse.Namespace, c: AdminClient) -> None:
+    rows = c.list_backends()
+    _print(args, [asdict(r) for r in rows], render.backends(rows))
+
+
+def cmd_backends_add(args: argparse.Namespace, c: AdminClient) -> None:
+    row = c.add_backend(args.id, args.url, args.model, args.kind, args.role)
+    _print(args, asdict(row), f"added {row.id} ({row.model} at {row.url})")
+
+
+def cmd_backends_remove(args: argparse.Namespace, c: AdminClient) -> None:
+    c.remove_backend(args.id)
+    _print(args, {"removed": args.id}, f"removed {args.id}")
+
+
+def cmd_backends_drain(args: argparse.Namespace, c: AdminClient) -> None:
+    row = c.drain_backend(args.id)
+    _print(args, asdict(row), f"{row.id} is {row.state}: no new requests; in-flight ones finish")
+
+
+def cmd_backends_undrain(args: argparse.Namespace, c: AdminClient) -> None:
+    row = c.undrain_backend(args.id)
+    _print(args, asdict(row), f"{row.id} is {row.state}")
+
+
+def cmd_status(args: argparse.Namespace, c: AdminClient) -> None:
+    s = c.status()
+    _print(args, s, render.status(s))
+
+
+def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parent = _admin_parent()
+    backends = sub.add_parser("backends", help="list and change the fleet's backends")
+    bsub = backends.add_subparsers(dest="action", required=True)
+    bsub.add_parser(
+        "list", parents=[parent], help="backends with state, reason and load"
+    ).set_defaults(admin=cmd_backends_list)
+    add = bsub.add_parser("add", parents=[parent], help="register a backend")
+    add.add_argument("id")
+    add.add_argument("--url", required=True, help="http(s)://host:port of the engine")
+    add.add_argument("--model", required=True, help="the model name the engine serves")
+    add.add_argument("--kind", default="vllm", choices=("vllm", "sglang", "openai"))
+    add.add_argument("--role", default="serve", choices=("serve", "draft", "target"))
+    add.set_defaults(admin=cmd_backends_add)
+    for name, fn, text in (
+        ("remove", cmd_backends_remove, "unregister a backend"),
+        ("drain", cmd_backends_drain, "stop sending new requests to a backend"),
+        ("undrain", cmd_backends_undrain, "take a backend back into rotation"),
+    ):
+        p = bsub.add_parser(name, parents=[parent], help=text)
+        p.add_argument("id")
+        p.set_defaults(admin=fn)
+    sub.add_parser("status", parents=[parent], help="fleet summary").set_defaults(admin=cmd_status)
+
+
+def _add_run_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    def runner(module: str) -> Callable[[argparse.Namespace], int]:
+        def run(args: argparse.Namespace) -> int:
+            return int(__import__(module, fromlist=["run"]).run(args))
+
+        return run
+
+    for name, module, text in (
+        ("up", "clients.up", "control + shim (+ a simulated fleet when no backends are set)"),
+        ("control", "control.__main__", "the control plane (gRPC)"),
+        ("shim", "dataplane.__main__", "a data-plane shim (OpenAI API)"),
+        ("sim", "sim.__main__", "a simulated vLLM-like engine"),
+    ):
+        p = sub.add_parser(name, help=text)
+        __import__(module, fromlist=["add_arguments"]).add_arguments(p)
+        p.set_defaults(run=runner(module))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="baton", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_commands(sub)
+    _add_admin_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if hasattr(args, "run"):
+        return int(args.run(args))
+    try:
+        with AdminClient(args.control, timeout=args.timeout) as client:
+            args.admin(args, client)
+    except AdminError as exc:
+        print(f"baton: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

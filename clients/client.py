@@ -1,0 +1,129 @@
+"""Typed, synchronous client for control's AdminService (what the CLI and scripts use).
+Errors come out as AdminError with a message a person can act on."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import grpc
+
+from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2
+from control.model import BackendKind, HealthState, Role
+from control.services import convert
+
+DEFAULT_CONTROL = "127.0.0.1:50051"
+STATE_FROM_PB = {v: k for k, v in convert.STATE_TO_PB.items()}
+
+
+class AdminError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class BackendRow:
+    id: str
+    url: str
+    model: str
+    kind: str
+    role: str
+    state: str
+    reason: str
+    since: str  # ISO 8601, UTC
+    in_flight: int
+
+
+def _row(s: fleet_pb2.BackendStatus) -> BackendRow:
+    b = s.backend
+    since = datetime.fromtimestamp(s.since.ToNanoseconds() / 1e9, UTC)
+    return BackendRow(
+        id=b.id,
+        url=b.url,
+        model=b.model,
+        kind=convert.KIND_FROM_PB.get(b.kind, BackendKind.VLLM).value,
+        role=convert.ROLE_FROM_PB.get(b.role, Role.SERVE).value,
+        state=STATE_FROM_PB.get(s.state, HealthState.DOWN).value,
+        reason=s.reason,
+        since=since.isoformat(timespec="seconds"),
+        in_flight=s.in_flight,
+    )
+
+
+class AdminClient:
+    def __init__(
+        self, target: str = DEFAULT_CONTROL, *, token: str | None = None, timeout: float = 5.0
+    ) -> None:
+        self.target = target
+        self._channel = grpc.insecure_channel(target)
+        self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
+        token = token if token is not None else os.environ.get("BATON_ADMIN_TOKEN")
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._timeout = timeout
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _call(self, method: str, request: object) -> object:
+        try:
+            return getattr(self._stub, method)(
+                request, timeout=self._timeout, metadata=self._metadata
+            )
+        except grpc.RpcError as exc:
+            code = exc.code()  # type: ignore[attr-defined]
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise AdminError(
+                    f"cannot reach the control plane at {self.target} ({code.name}); "
+                    "is `baton control` running there?"
+                ) from None
+            raise AdminError(f"{code.name}: {exc.details()}") from None  # type: ignore[attr-defined]
+
+    def list_backends(self) -> list[BackendRow]:
+        resp = self._call("ListBackends", admin_pb2.ListBackendsRequest())
+        return [_row(s) for s in resp.backends]  # type: ignore[attr-defined]
+
+    def add_backend(
+        self, id: str, url: str, model: str, kind: str = "vllm", role: str = "serve"
+    ) -> BackendRow:
+        try:
+            pb_kind = convert.KIND_TO_PB[BackendKind(kind)]
+            pb_role = convert.ROLE_TO_PB[Role(role)]
+        except ValueError as exc:
+            raise AdminError(str(exc)) from None
+        backend = fleet_pb2.Backend(id=id, url=url, model=model, kind=pb_kind, role=pb_role)
+        resp = self._call("AddBackend", admin_pb2.AddBackendRequest(backend=backend))
+        return _row(resp.backend)  # type: ignore[attr-defined]
+
+    def remove_backend(self, id: str) -> None:
+        self._call("RemoveBackend", admin_pb2.RemoveBackendRequest(id=id))
+
+    def drain_backend(self, id: str) -> BackendRow:
+        resp = self._call("DrainBackend", admin_pb2.DrainBackendRequest(id=id))
+        return _row(resp.backend)  # type: ignore[attr-defined]
+
+    def undrain_backend(self, id: str) -> BackendRow:
+        resp = self._call("UndrainBackend", admin_pb2.UndrainBackendRequest(id=id))
+        return _row(resp.backend)  # type: ignore[attr-defined]
+
+    def status(self) -> dict[str, object]:
+        resp: admin_pb2.GetStatusResponse = self._call(  # type: ignore[assignment]
+            "GetStatus", admin_pb2.GetStatusRequest()
+        )
+        return {
+            "control": self.target,
+            "version": resp.version,
+            "snapshot_version": resp.snapshot_version,
+            "routing_policy": resp.routing_policy,
+            "uptime_seconds": round(resp.uptime_seconds, 1),
+            "in_flight": resp.in_flight,
+            "models": [
+                {"model": m.model, "backends": m.backends, "healthy": m.healthy}
+                for m in resp.models
+            ],
+        }

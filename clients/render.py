@@ -1,0 +1,39 @@
+"""Pure rendering of admin results as aligned text tables (the CLI's non-JSON output)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from clients.client import BackendRow
+
+BACKEND_COLUMNS = ("id", "model", "kind", "role", "state", "in_flight", "since", "reason", "url")
+
+
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+    headers = [c.upper().replace("_", " ") for c in columns]
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    for row in cells:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def backends(rows: Sequence[BackendRow]) -> str:
+    if not rows:
+        return "no backends registered (add one with `baton backends add`)"
+    return table([asdict(r) for r in rows], BACKEND_COLUMNS)
+
+
+def status(s: Mapping[str, Any]) -> str:
+    head = (
+        f"control {s['control']}  version {s['version']}  policy {s['routing_policy']}  "
+        f"snapshot v{s['snapshot_version']}  in flight {s['in_flight']}  "
+        f"up {s['uptime_seconds']}s"
+    )
+    models = s["models"]
+    if not models:
+        return head + "\nno models served"
+    return head + "\n" + table(models, ("model", "backends", "healthy"))

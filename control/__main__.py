@@ -1,0 +1,59 @@
+"""`baton control --config FILE --listen HOST:PORT`"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+from control import aio
+from control import config as config_mod
+from control.server import ControlPlane
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML file with [[backends]] and settings")
+    parser.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT for gRPC")
+    parser.add_argument(
+        "--routing",
+        default=os.environ.get("ROUTING"),
+        help="routing policy (overrides the config; env ROUTING)",
+    )
+
+
+async def _serve(args: argparse.Namespace, cfg: config_mod.Config) -> int:
+    plane = ControlPlane(cfg, args.listen, admin_token=os.environ.get("BATON_ADMIN_TOKEN") or None)
+    port = await plane.start()
+    host = args.listen.rsplit(":", 1)[0]
+    print(f"CONTROL READY {host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await plane.stop()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_mod.load(args.config)
+        if args.routing:
+            cfg = config_mod.with_routing(cfg, args.routing)
+    except config_mod.ConfigError as exc:
+        print(f"baton control: {exc}", file=sys.stderr)
+        return 2
+    return aio.run(_serve(args, cfg))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="baton control")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The control plane's TOML config: backends and settings. Bad config fails loudly at load."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from control.health import HealthPolicy
+from control.model import Backend, BackendId, BackendKind, Role
+from control.policy import DEFAULT_POLICY, POLICIES
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSettings:
+    interval: float = 2.0
+    timeout: float = 1.0
+    jitter: float = 0.2  # fraction of the interval, so probes of many backends don't align
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    backends: tuple[Backend, ...] = ()
+    routing: str = DEFAULT_POLICY
+    probes: ProbeSettings = field(default_factory=ProbeSettings)
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+
+
+def validate_url(url: str) -> str:
+    """Only plain http(s) origins; credentials in a URL would end up in logs and events."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"backend url must be http(s)://host[:port], got {_redacted(url)!r}")
+    if parts.username or parts.password:
+        raise ConfigError(f"backend url must not carry credentials: {_redacted(url)!r}")
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise ConfigError(f"backend url has a bad port: {_redacted(url)!r}") from exc
+    return url.rstrip("/")
+
+
+def _redacted(url: str) -> str:
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]).geturl()
+
+
+def make_backend(id: str, url: str, model: str, kind: str = "vllm", role: str = "serve") -> Backend:
+    if not id or not isinstance(id, str):
+        raise ConfigError("backend id must be a non-empty string")
+    if not model or not isinstance(model, str):
+        raise ConfigError(f"backend {id!r}: model must be a non-empty string")
+    try:
+        k = BackendKind(kind)
+    except ValueError:
+        raise ConfigError(
+            f"backend {id!r}: kind must be one of {', '.join(BackendKind)}, got {kind!r}"
+        ) from None
+    try:
+        r = Role(role)
+    except ValueError:
+        raise ConfigError(
+            f"backend {id!r}: role must be one of {', '.join(Role)}, got {role!r}"
+        ) from None
+    return Backend(BackendId(id), validate_url(url), model, k, r)
+
+
+def parse(data: dict[str, Any]) -> Config:
+    routing = data.get("routing", DEFAULT_POLICY)
+    if routing not in POLICIES:
+        raise ConfigError(f"routing must be one of {', '.join(sorted(POLICIES))}, got {routing!r}")
+    backends = []
+    for i, raw in enumerate(data.get("backends", [])):
+        if not isinstance(raw, dict):
+            raise ConfigError(f"backends[{i}] must be a table")
+        unknown = set(raw) - {"id", "url", "model", "kind", "role"}
+        if unknown:
+            raise ConfigError(f"backends[{i}]: unknown keys {sorted(unknown)}")
+        missing = {"id", "url", "model"} - set(raw)
+        if missing:
+            raise ConfigError(f"backends[{i}]: missing {sorted(missing)}")
+        backends.append(make_backend(**raw))
+    ids = [b.id for b in backends]
+    if len(ids) != len(set(ids)):
+        raise ConfigError("backend ids must be unique")
+    probes = ProbeSettings(**_table(data, "probes", ProbeSettings))
+    health = HealthPolicy(**_table(data, "health", HealthPolicy))
+    return Config(tuple(backends), routing, probes, health)
+
+
+def with_routing(cfg: Config, routing: str) -> Config:
+    if routing not in POLICIES:
+        raise ConfigError(f"routing must be one of {', '.join(sorted(POLICIES))}, got {routing!r}")
+    return replace(cfg, routing=routing)
+
+
+def _table(data: dict[str, Any], key: str, cls: type) -> dict[str, Any]:
+    table = data.get(key, {})
+    unknown = set(table) - set(cls.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"[{key}]: unknown keys {sorted(unknown)}")
+    return dict(table)
+
+
+def load(path: Path | None) -> Config:
+    if path is None:
+        return Config()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
+    return parse(data)

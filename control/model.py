@@ -1,0 +1,124 @@
+"""Frozen domain types of the control plane. No wire types here: services/convert.py maps them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NewType
+
+BackendId = NewType("BackendId", str)
+
+
+class BackendKind(StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    OPENAI = "openai"
+
+
+class Role(StrEnum):
+    SERVE = "serve"
+    DRAFT = "draft"
+    TARGET = "target"
+
+
+class HealthState(StrEnum):
+    HEALTHY = "healthy"
+    DEMOTED = "demoted"
+    DRAINING = "draining"
+    DOWN = "down"
+
+
+class Reason(StrEnum):
+    """Why a routing decision was made (span attribute and metric label)."""
+
+    SPREAD = "spread"
+    PIN_HIT = "pin-hit"
+    SPILL = "spill"
+    REPIN = "repin"
+    DEGRADED = "degraded"
+    FAILOVER = "failover"
+    NO_BACKEND = "no-backend"
+    UNKNOWN_MODEL = "unknown-model"
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    id: BackendId
+    url: str
+    model: str
+    kind: BackendKind = BackendKind.VLLM
+    role: Role = Role.SERVE
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    state: HealthState
+    reason: str
+    since: float  # unix seconds, from the injected clock
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStatus:
+    backend: Backend
+    health: Health
+
+    @property
+    def routable(self) -> bool:
+        return self.health.state is HealthState.HEALTHY
+
+
+@dataclass(frozen=True, slots=True)
+class RequestShape:
+    """What the shim tells control about a request: sizes and hashes, never prompt text."""
+
+    model: str
+    message_count: int = 0
+    prefix_chain: tuple[bytes, ...] = ()
+    assistant_turns: tuple[bool, ...] = ()
+    prompt_chars: int = 0
+    greedy: bool = True
+    stream: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    request_id: str
+    shape: RequestShape
+    exclude: frozenset[BackendId] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Primary backend first, then ordered fallbacks; empty when no backend can serve."""
+
+    backends: tuple[Backend, ...]
+    reason: Reason
+    snapshot_version: int
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Immutable, versioned view of the fleet; a higher version supersedes a lower one."""
+
+    version: int
+    backends: tuple[BackendStatus, ...]
+
+    def models(self) -> tuple[str, ...]:
+        return tuple(
+            sorted({b.backend.model for b in self.backends if b.backend.role is not Role.DRAFT})
+        )
+
+    def serving(self, model: str) -> tuple[BackendStatus, ...]:
+        """Backends that serve `model` to clients (drafts only serve through a pair)."""
+        return tuple(
+            b
+            for b in self.backends
+            if b.backend.model == model and b.backend.role is not Role.DRAFT
+        )
+
+    def get(self, backend_id: str) -> BackendStatus | None:
+        for b in self.backends:
+            if b.backend.id == backend_id:
+                return b
+        return None

@@ -1,0 +1,86 @@
+"""Wiring of the control plane: grpc.aio server with routing, admin, health and reflection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from baton.v1 import admin_pb2, admin_pb2_grpc, routing_pb2, routing_pb2_grpc
+from control.config import Config
+from control.policy import make_policy
+from control.prober import run_prober
+from control.registry import Registry
+from control.routing import Router
+from control.services.admin import AdminServicer
+from control.services.auth import AdminTokenInterceptor
+from control.services.routing import RoutingServicer
+
+
+class ControlPlane:
+    """Owns the server and background tasks; `start` binds, `stop` shuts down gracefully."""
+
+    def __init__(
+        self,
+        config: Config,
+        listen: str,
+        *,
+        admin_token: str | None = None,
+        clock: Callable[[], float] = time.time,
+        seed: int | None = None,
+    ) -> None:
+        rng = random.Random(seed)
+        self.registry = Registry(config.backends, clock=clock, health_policy=config.health)
+        self.router = Router(self.registry, make_policy(config.routing), rng=rng, clock=clock)
+        self._config = config
+        self._listen = listen
+        self._rng = rng
+        interceptors = [AdminTokenInterceptor(admin_token)] if admin_token else []
+        self.server = grpc.aio.server(interceptors=interceptors)
+        self._tasks: list[asyncio.Task[None]] = []
+        self.port = 0
+
+    async def start(self) -> int:
+        routing_pb2_grpc.add_RoutingServiceServicer_to_server(
+            RoutingServicer(self.router), self.server
+        )
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.router), self.server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self.server)
+        names = (
+            routing_pb2.DESCRIPTOR.services_by_name["RoutingService"].full_name,
+            admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        )
+        reflection.enable_server_reflection(names, self.server)
+        self.port = self.server.add_insecure_port(self._listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self._listen}")
+        await self.server.start()
+        for name in names[:2] + ("",):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._tasks.append(
+            asyncio.create_task(run_prober(self.registry, self._config.probes, self._rng))
+        )
+        self._tasks.append(asyncio.create_task(self._expire_load()))
+        return self.port
+
+    async def _expire_load(self) -> None:
+        while True:
+            await asyncio.sleep(30)
+            self.registry.load.expire(time.time())
+
+    async def stop(self, grace: float = 2.0) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.server.stop(grace)

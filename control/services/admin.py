@@ -1,0 +1,104 @@
+"""AdminService: fleet management for operators (the `baton` CLI). Translation only."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import grpc
+
+from baton.v1 import admin_pb2, admin_pb2_grpc
+from control import config
+from control.registry import RegistryError
+from control.routing import Router
+from control.services import convert
+from control.services.errors import abort_with
+
+VERSION = "0.1.0"
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    def __init__(self, router: Router, *, started: float | None = None) -> None:
+        self._router = router
+        self._registry = router.registry
+        self._started = started if started is not None else time.monotonic()
+
+    async def ListBackends(
+        self, request: admin_pb2.ListBackendsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListBackendsResponse:
+        snap = self._registry.snapshot
+        load = self._registry.in_flight()
+        return admin_pb2.ListBackendsResponse(
+            backends=[convert.status_to_pb(b, load) for b in snap.backends],
+            snapshot_version=snap.version,
+        )
+
+    async def AddBackend(
+        self, request: admin_pb2.AddBackendRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.AddBackendResponse:
+        try:
+            backend = config.make_backend(**convert.backend_fields_from_pb(request.backend))
+            status = self._registry.add(backend)
+        except (RegistryError, config.ConfigError) as exc:
+            await abort_with(context, exc)
+            raise  # unreachable: abort raises
+        return admin_pb2.AddBackendResponse(
+            backend=convert.status_to_pb(status, self._registry.in_flight()),
+            snapshot_version=self._registry.snapshot.version,
+        )
+
+    async def RemoveBackend(
+        self, request: admin_pb2.RemoveBackendRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.RemoveBackendResponse:
+        try:
+            self._registry.remove(request.id)
+        except RegistryError as exc:
+            await abort_with(context, exc)
+        return admin_pb2.RemoveBackendResponse(snapshot_version=self._registry.snapshot.version)
+
+    async def DrainBackend(
+        self, request: admin_pb2.DrainBackendRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DrainBackendResponse:
+        try:
+            status = self._registry.drain(request.id)
+        except RegistryError as exc:
+            await abort_with(context, exc)
+            raise
+        return admin_pb2.DrainBackendResponse(
+            backend=convert.status_to_pb(status, self._registry.in_flight()),
+            snapshot_version=self._registry.snapshot.version,
+        )
+
+    async def UndrainBackend(
+        self, request: admin_pb2.UndrainBackendRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.UndrainBackendResponse:
+        try:
+            status = self._registry.undrain(request.id)
+        except RegistryError as exc:
+            await abort_with(context, exc)
+            raise
+        return admin_pb2.UndrainBackendResponse(
+            backend=convert.status_to_pb(status, self._registry.in_flight()),
+            snapshot_version=self._registry.snapshot.version,
+        )
+
+    async def GetStatus(
+        self, request: admin_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.GetStatusResponse:
+        snap = self._registry.snapshot
+        total: Counter[str] = Counter()
+        healthy: Counter[str] = Counter()
+        for b in snap.backends:
+            total[b.backend.model] += 1
+            healthy[b.backend.model] += b.routable
+        return admin_pb2.GetStatusResponse(
+            version=VERSION,
+            snapshot_version=snap.version,
+            routing_policy=self._router.policy.name,
+            models=[
+                admin_pb2.ModelStatus(model=m, backends=total[m], healthy=healthy[m])
+                for m in sorted(total)
+            ],
+            uptime_seconds=time.monotonic() - self._started,
+            in_flight=self._registry.load.total(),
+        )

@@ -1,0 +1,122 @@
+"""The only border between domain types and generated *_pb2 types on the control side."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from baton.v1 import fleet_pb2, routing_pb2
+from control.model import (
+    Backend,
+    BackendId,
+    BackendKind,
+    BackendStatus,
+    Decision,
+    HealthState,
+    Reason,
+    RequestShape,
+    Role,
+    RouteRequest,
+    Snapshot,
+)
+
+KIND_TO_PB = {
+    BackendKind.VLLM: fleet_pb2.BACKEND_KIND_VLLM,
+    BackendKind.SGLANG: fleet_pb2.BACKEND_KIND_SGLANG,
+    BackendKind.OPENAI: fleet_pb2.BACKEND_KIND_OPENAI,
+}
+KIND_FROM_PB = {v: k for k, v in KIND_TO_PB.items()}
+ROLE_TO_PB = {
+    Role.SERVE: fleet_pb2.BACKEND_ROLE_SERVE,
+    Role.DRAFT: fleet_pb2.BACKEND_ROLE_DRAFT,
+    Role.TARGET: fleet_pb2.BACKEND_ROLE_TARGET,
+}
+ROLE_FROM_PB = {v: k for k, v in ROLE_TO_PB.items()}
+STATE_TO_PB = {
+    HealthState.HEALTHY: fleet_pb2.HEALTH_STATE_HEALTHY,
+    HealthState.DEMOTED: fleet_pb2.HEALTH_STATE_DEMOTED,
+    HealthState.DRAINING: fleet_pb2.HEALTH_STATE_DRAINING,
+    HealthState.DOWN: fleet_pb2.HEALTH_STATE_DOWN,
+}
+REASON_TO_PB = {
+    Reason.SPREAD: routing_pb2.ROUTE_REASON_SPREAD,
+    Reason.PIN_HIT: routing_pb2.ROUTE_REASON_PIN_HIT,
+    Reason.SPILL: routing_pb2.ROUTE_REASON_SPILL,
+    Reason.REPIN: routing_pb2.ROUTE_REASON_REPIN,
+    Reason.DEGRADED: routing_pb2.ROUTE_REASON_DEGRADED,
+    Reason.FAILOVER: routing_pb2.ROUTE_REASON_FAILOVER,
+    Reason.NO_BACKEND: routing_pb2.ROUTE_REASON_NO_BACKEND,
+    Reason.UNKNOWN_MODEL: routing_pb2.ROUTE_REASON_UNKNOWN_MODEL,
+}
+
+
+def backend_to_pb(b: Backend) -> fleet_pb2.Backend:
+    return fleet_pb2.Backend(
+        id=b.id, url=b.url, model=b.model, kind=KIND_TO_PB[b.kind], role=ROLE_TO_PB[b.role]
+    )
+
+
+def backend_from_pb(b: fleet_pb2.Backend) -> Backend:
+    """For trusted messages from control (the shim's side); admin input goes through
+    backend_fields_from_pb and config.make_backend, which validate."""
+    return Backend(
+        BackendId(b.id),
+        b.url,
+        b.model,
+        KIND_FROM_PB.get(b.kind, BackendKind.VLLM),
+        ROLE_FROM_PB.get(b.role, Role.SERVE),
+    )
+
+
+def backend_fields_from_pb(b: fleet_pb2.Backend) -> dict[str, str]:
+    """Raw fields for config.make_backend, which validates them; unset enums get defaults."""
+    kind = KIND_FROM_PB.get(b.kind, BackendKind.VLLM)
+    role = ROLE_FROM_PB.get(b.role, Role.SERVE)
+    return {"id": b.id, "url": b.url, "model": b.model, "kind": kind.value, "role": role.value}
+
+
+def status_to_pb(s: BackendStatus, in_flight: Mapping[BackendId, int]) -> fleet_pb2.BackendStatus:
+    since = Timestamp()
+    since.FromNanoseconds(int(s.health.since * 1e9))
+    return fleet_pb2.BackendStatus(
+        backend=backend_to_pb(s.backend),
+        state=STATE_TO_PB[s.health.state],
+        reason=s.health.reason,
+        since=since,
+        in_flight=in_flight.get(s.backend.id, 0),
+    )
+
+
+def snapshot_to_pb(s: Snapshot, in_flight: Mapping[BackendId, int]) -> fleet_pb2.Snapshot:
+    return fleet_pb2.Snapshot(
+        version=s.version, backends=[status_to_pb(b, in_flight) for b in s.backends]
+    )
+
+
+def shape_from_pb(s: routing_pb2.RequestShape) -> RequestShape:
+    return RequestShape(
+        model=s.model,
+        message_count=s.message_count,
+        prefix_chain=tuple(s.prefix_chain),
+        assistant_turns=tuple(s.assistant_turns),
+        prompt_chars=s.prompt_chars,
+        greedy=s.greedy,
+        stream=s.stream,
+    )
+
+
+def route_request_from_pb(
+    request_id: str, shape: routing_pb2.RequestShape, exclude: tuple[str, ...] = ()
+) -> RouteRequest:
+    return RouteRequest(request_id, shape_from_pb(shape), frozenset(BackendId(e) for e in exclude))
+
+
+def decision_fields(d: Decision) -> dict[str, object]:
+    """Fields shared by RouteResponse and FailoverResponse."""
+    return {
+        "backends": [backend_to_pb(b) for b in d.backends],
+        "reason": REASON_TO_PB[d.reason],
+        "snapshot_version": d.snapshot_version,
+        "detail": d.detail,
+    }

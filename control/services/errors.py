@@ -1,0 +1,28 @@
+"""One table from domain exceptions to gRPC status codes for the control plane's edge."""
+
+from __future__ import annotations
+
+import grpc
+
+from control.config import ConfigError
+from control.registry import BackendExists, BackendNotFound
+
+STATUS_FOR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
+    (BackendNotFound, grpc.StatusCode.NOT_FOUND),
+    (BackendExists, grpc.StatusCode.ALREADY_EXISTS),
+    (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+)
+
+
+def status_for(exc: Exception) -> grpc.StatusCode | None:
+    for cls, code in STATUS_FOR:
+        if isinstance(exc, cls):
+            return code
+    return None
+
+
+async def abort_with(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    code = status_for(exc)
+    if code is None:
+        raise exc
+    await context.abort(code, str(exc))

@@ -1,0 +1,82 @@
+"""RoutingService: what every shim calls per request. Translation only."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+
+from baton.v1 import routing_pb2, routing_pb2_grpc
+from control.model import Snapshot
+from control.routing import Outcome, Router
+from control.services import convert
+
+OK = routing_pb2.OUTCOME_OK
+
+
+class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    async def Route(
+        self, request: routing_pb2.RouteRequest, context: grpc.aio.ServicerContext
+    ) -> routing_pb2.RouteResponse:
+        decision = self._router.route(
+            convert.route_request_from_pb(request.request_id, request.shape)
+        )
+        return routing_pb2.RouteResponse(**convert.decision_fields(decision))
+
+    async def ReportAttemptFailure(
+        self, request: routing_pb2.ReportAttemptFailureRequest, context: grpc.aio.ServicerContext
+    ) -> routing_pb2.ReportAttemptFailureResponse:
+        self._router.attempt_failed(
+            request.request_id, request.backend_id, request.failure or "failure", request.detail
+        )
+        return routing_pb2.ReportAttemptFailureResponse()
+
+    async def ReportOutcomes(
+        self, request: routing_pb2.ReportOutcomesRequest, context: grpc.aio.ServicerContext
+    ) -> routing_pb2.ReportOutcomesResponse:
+        self._router.finished(
+            Outcome(o.request_id, o.backend_id, o.outcome == OK) for o in request.outcomes
+        )
+        return routing_pb2.ReportOutcomesResponse()
+
+    async def Failover(
+        self, request: routing_pb2.FailoverRequest, context: grpc.aio.ServicerContext
+    ) -> routing_pb2.FailoverResponse:
+        route_request = convert.route_request_from_pb(
+            request.request_id, request.shape, tuple(request.exclude_backend_ids)
+        )
+        decision = self._router.failover(
+            route_request, request.failed_backend_id, request.failure or "failure"
+        )
+        return routing_pb2.FailoverResponse(**convert.decision_fields(decision))
+
+    async def WatchSnapshots(
+        self, request: routing_pb2.WatchSnapshotsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[routing_pb2.WatchSnapshotsResponse]:
+        registry = self._router.registry
+        changed = asyncio.Event()
+        changed.set()  # send the current snapshot at once
+
+        # Only the newest snapshot matters to a watcher, so a flag (not a queue) is enough:
+        # a slow watcher skips versions instead of buffering them.
+        def on_publish(_: Snapshot) -> None:
+            changed.set()
+
+        unsubscribe = registry.subscribe(on_publish)
+        sent = request.after_version
+        try:
+            while True:
+                await changed.wait()
+                changed.clear()
+                snap = registry.snapshot
+                if snap.version > sent:
+                    sent = snap.version
+                    yield routing_pb2.WatchSnapshotsResponse(
+                        snapshot=convert.snapshot_to_pb(snap, registry.in_flight())
+                    )
+        finally:
+            unsubscribe()

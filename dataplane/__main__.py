@@ -1,0 +1,78 @@
+"""`baton shim --control HOST:PORT --listen HOST:PORT`"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from control import aio
+from dataplane.app import ShimSettings, make_app
+from dataplane.failover import RetryBudget
+from dataplane.forward import Timeouts
+from dataplane.proxy import ProxySettings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--control", default="127.0.0.1:50051", help="control plane HOST:PORT")
+    parser.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT for the OpenAI API")
+    parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    parser.add_argument("--connect-timeout", type=float, default=3.0)
+    parser.add_argument("--read-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--max-attempts",
+        type=int,
+        default=3,
+        help="backends tried per request before the first byte",
+    )
+    parser.add_argument("--log-level", default="WARNING")
+
+
+def settings_from(args: argparse.Namespace) -> ShimSettings:
+    return ShimSettings(
+        control=args.control,
+        max_body_bytes=args.max_body_bytes,
+        proxy=ProxySettings(
+            timeouts=Timeouts(connect=args.connect_timeout, read=args.read_timeout),
+            budget=RetryBudget(max_attempts=args.max_attempts),
+        ),
+    )
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    host, _, port = args.listen.rpartition(":")
+    app = make_app(settings_from(args))
+    # handler_cancellation: a client that disconnects cancels its handler, which closes the
+    # upstream request and so frees the engine's slot at once.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host or "127.0.0.1", int(port), backlog=1024)
+    await site.start()
+    bound = runner.addresses[0][1]
+    print(f"SHIM READY http://{host or '127.0.0.1'}:{bound}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    return aio.run(_serve(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="baton shim")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Wiring of the shim: one ClientSession and one control channel per process, owned by
+cleanup contexts so they open before the first request and close after the last."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from dataplane.handlers import MAX_BODY, ORACLE, PROXY, add_routes, openai_errors
+from dataplane.oracle import GrpcOracle
+from dataplane.proxy import Proxy, ProxySettings
+
+
+@dataclass(frozen=True, slots=True)
+class ShimSettings:
+    control: str
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_connections: int = 4096
+    # Below common server idle timeouts (uvicorn: 5 s) so we rarely pick a pooled
+    # connection the backend is about to close.
+    keepalive_timeout: float = 3.0
+    proxy: ProxySettings = field(default_factory=ProxySettings)
+
+
+def make_app(settings: ShimSettings) -> web.Application:
+    # client_max_size one byte over the limit: aiohttp raises, the handler answers in
+    # OpenAI's shape.
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[openai_errors])
+    app[MAX_BODY] = settings.max_body_bytes
+
+    async def resources(app: web.Application) -> AsyncIterator[None]:
+        oracle = GrpcOracle(settings.control)
+        connector = aiohttp.TCPConnector(
+            limit=settings.max_connections, keepalive_timeout=settings.keepalive_timeout
+        )
+        async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+            await oracle.start()
+            app[ORACLE] = oracle
+            app[PROXY] = Proxy(session, oracle, settings.proxy)
+            yield
+            await oracle.close()
+
+    app.cleanup_ctx.append(resources)
+    add_routes(app)
+    return app

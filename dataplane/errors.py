@@ -1,0 +1,67 @@
+"""OpenAI-shaped errors: one exception type and one table from kind to HTTP status.
+
+Clients (the OpenAI SDKs) read `{"error": {"message", "type", "param", "code"}}` and map the
+HTTP status to their own exception classes, so both must be right."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import orjson
+
+
+class ErrorKind(StrEnum):
+    INVALID_JSON = "invalid_json"
+    INVALID_REQUEST = "invalid_request_error"
+    BODY_TOO_LARGE = "request_too_large"
+    MODEL_NOT_FOUND = "model_not_found"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    NO_BACKEND = "no_backend_available"
+    CONTROL_UNAVAILABLE = "control_plane_unavailable"
+    BACKEND_FAILED = "backend_failed"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+
+
+# kind -> (HTTP status, OpenAI error `type`)
+STATUS: dict[ErrorKind, tuple[int, str]] = {
+    ErrorKind.INVALID_JSON: (400, "invalid_request_error"),
+    ErrorKind.INVALID_REQUEST: (400, "invalid_request_error"),
+    ErrorKind.BODY_TOO_LARGE: (413, "invalid_request_error"),
+    ErrorKind.MODEL_NOT_FOUND: (404, "invalid_request_error"),
+    ErrorKind.NOT_FOUND: (404, "invalid_request_error"),
+    ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
+    ErrorKind.NO_BACKEND: (503, "service_unavailable"),
+    ErrorKind.CONTROL_UNAVAILABLE: (503, "service_unavailable"),
+    ErrorKind.BACKEND_FAILED: (502, "server_error"),
+    ErrorKind.UPSTREAM_TIMEOUT: (504, "server_error"),
+}
+
+
+class OpenAIError(Exception):
+    def __init__(self, kind: ErrorKind, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.param = param
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.kind][0]
+
+    def body(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": STATUS[self.kind][1],
+                "param": self.param,
+                "code": self.kind.value,
+            }
+        }
+
+    def json(self) -> bytes:
+        return orjson.dumps(self.body())
+
+    def sse(self) -> bytes:
+        """The same error as an SSE event, for streams whose headers are already sent."""
+        return b"data: " + self.json() + b"\n\ndata: [DONE]\n\n"

@@ -1,0 +1,35 @@
+"""Pure: classify upstream failures and bound retries. The plumbing asks, this decides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Failure(StrEnum):
+    CONNECT = "connect"  # refused, unreachable, DNS: nothing was sent
+    DISCONNECT = "disconnect"  # the connection closed before a response status arrived
+    TIMEOUT = "timeout"
+    STATUS_5XX = "status_5xx"
+    OVERLOADED = "status_429"
+    TRUNCATED = "truncated"  # stream ended before [DONE]
+    ERROR_EVENT = "error_event"  # an in-band error chunk on a 200 stream
+
+
+def classify_status(status: int) -> Failure | None:
+    """A status that means "this backend, not this request, is the problem": try another.
+    Other 4xx are the client's: relay them as they are."""
+    if status >= 500:
+        return Failure.STATUS_5XX
+    if status == 429:
+        return Failure.OVERLOADED
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudget:
+    max_attempts: int = 3
+    max_seconds: float = 15.0
+
+    def allows(self, attempts_made: int, elapsed: float) -> bool:
+        return attempts_made < self.max_attempts and elapsed < self.max_seconds

@@ -1,0 +1,95 @@
+"""The shim's HTTP endpoints (OpenAI API surface). Parsing and policy live elsewhere;
+these functions only connect request → validate → route → proxy → response."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from aiohttp import web
+
+from control.model import Reason
+from dataplane.errors import ErrorKind, OpenAIError
+from dataplane.oracle import ControlUnavailable, Oracle
+from dataplane.proxy import Exchange, Proxy
+from dataplane.shape import shape_of
+from dataplane.validate import Endpoint, parse_request
+
+ORACLE = web.AppKey("oracle", Oracle)
+PROXY = web.AppKey("proxy", Proxy)
+MAX_BODY = web.AppKey("max_body", int)
+
+
+def error_response(err: OpenAIError) -> web.Response:
+    return web.Response(body=err.json(), status=err.status, content_type="application/json")
+
+
+async def _completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    app = request.app
+    try:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise OpenAIError(
+                ErrorKind.BODY_TOO_LARGE, f"request body exceeds the limit of {app[MAX_BODY]} bytes"
+            ) from None
+        client = parse_request(raw, endpoint, app[MAX_BODY])
+        ex = Exchange(uuid.uuid4().hex, client, raw)
+        try:
+            decision = await app[ORACLE].route(ex.request_id, shape_of(client))
+        except ControlUnavailable as exc:
+            raise OpenAIError(ErrorKind.CONTROL_UNAVAILABLE, str(exc)) from None
+        if not decision.backends:
+            if decision.reason is Reason.UNKNOWN_MODEL:
+                raise OpenAIError(
+                    ErrorKind.MODEL_NOT_FOUND,
+                    f"The model `{client.model}` does not exist.",
+                    "model",
+                )
+            raise OpenAIError(ErrorKind.NO_BACKEND, decision.detail or "no backend available")
+        return await app[PROXY].serve(request, ex, decision)
+    except OpenAIError as err:
+        return error_response(err)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, Endpoint.CHAT)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, Endpoint.COMPLETIONS)
+
+
+async def models(request: web.Request) -> web.Response:
+    fleet = request.app[ORACLE].fleet
+    created = int(time.time())
+    data = [
+        {"id": m, "object": "model", "created": created, "owned_by": "baton"} for m in fleet.models
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    """aiohttp's own 404/405 are plain text; OpenAI clients expect the JSON error shape."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return error_response(OpenAIError(ErrorKind.NOT_FOUND, f"no route for {request.path}"))
+    except web.HTTPMethodNotAllowed:
+        return error_response(
+            OpenAIError(
+                ErrorKind.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {request.path}"
+            )
+        )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post(Endpoint.CHAT.value, chat_completions)
+    app.router.add_post(Endpoint.COMPLETIONS.value, completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)

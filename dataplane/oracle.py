@@ -1,0 +1,205 @@
+"""What the shim needs from control, as a narrow Protocol, and its gRPC implementation.
+
+Outcome reports are batched off the request path: a finished request costs the client
+nothing, and control sees load drop within one flush interval."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+
+from baton.v1 import routing_pb2, routing_pb2_grpc
+from control.model import Backend, Decision, Reason, RequestShape, Role
+from control.services import convert
+
+log = logging.getLogger("baton.shim.oracle")
+
+
+class ControlUnavailable(Exception):
+    """Control did not answer in time; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    request_id: str
+    backend_id: str
+    model: str
+    ok: bool
+    http_status: int
+    ttft_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """The part of control's snapshot the shim serves locally (e.g. /v1/models)."""
+
+    version: int = 0
+    models: tuple[str, ...] = ()
+    backends: tuple[Backend, ...] = field(default_factory=tuple)
+
+
+class Oracle(Protocol):
+    async def route(self, request_id: str, shape: RequestShape) -> Decision: ...
+
+    async def attempt_failed(
+        self, request_id: str, backend_id: str, failure: str, detail: str
+    ) -> None: ...
+
+    def finished(self, outcome: Outcome) -> None: ...
+
+    @property
+    def fleet(self) -> FleetView: ...
+
+
+def _shape_to_pb(s: RequestShape) -> routing_pb2.RequestShape:
+    return routing_pb2.RequestShape(
+        model=s.model,
+        message_count=s.message_count,
+        prefix_chain=s.prefix_chain,
+        assistant_turns=s.assistant_turns,
+        prompt_chars=s.prompt_chars,
+        greedy=s.greedy,
+        stream=s.stream,
+    )
+
+
+REASON_FROM_PB = {v: k for k, v in convert.REASON_TO_PB.items()}
+
+
+def _decision_from_pb(resp: routing_pb2.RouteResponse | routing_pb2.FailoverResponse) -> Decision:
+    return Decision(
+        tuple(convert.backend_from_pb(b) for b in resp.backends),
+        REASON_FROM_PB.get(resp.reason, Reason.NO_BACKEND),
+        resp.snapshot_version,
+        resp.detail,
+    )
+
+
+class GrpcOracle:
+    def __init__(
+        self,
+        target: str,
+        *,
+        route_timeout: float = 2.0,
+        flush_interval: float = 0.05,
+        max_buffered: int = 10_000,
+    ) -> None:
+        self._channel = grpc.aio.insecure_channel(target)
+        self._stub = routing_pb2_grpc.RoutingServiceStub(self._channel)
+        self._timeout = route_timeout
+        self._flush_interval = flush_interval
+        self._max_buffered = max_buffered
+        self._pending: list[routing_pb2.RequestOutcome] = []
+        self.dropped_outcomes = 0
+        self._fleet = FleetView()
+        self._first_snapshot = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def fleet(self) -> FleetView:
+        return self._fleet
+
+    async def start(self, wait_for_snapshot: float = 10.0) -> None:
+        self._tasks = [asyncio.create_task(self._watch()), asyncio.create_task(self._flusher())]
+        try:
+            await asyncio.wait_for(self._first_snapshot.wait(), wait_for_snapshot)
+        except TimeoutError:
+            log.warning("no snapshot from control yet; serving /v1/models empty until it comes")
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await self._flush()
+        await self._channel.close()
+
+    async def route(self, request_id: str, shape: RequestShape) -> Decision:
+        try:
+            resp = await self._stub.Route(
+                routing_pb2.RouteRequest(request_id=request_id, shape=_shape_to_pb(shape)),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise ControlUnavailable(f"control plane: {exc.code().name}: {exc.details()}") from exc
+        return _decision_from_pb(resp)
+
+    async def attempt_failed(
+        self, request_id: str, backend_id: str, failure: str, detail: str
+    ) -> None:
+        try:
+            await self._stub.ReportAttemptFailure(
+                routing_pb2.ReportAttemptFailureRequest(
+                    request_id=request_id, backend_id=backend_id, failure=failure, detail=detail
+                ),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            # The retry proceeds regardless; the prober will demote the backend too.
+            log.warning("could not report failure of %s: %s", backend_id, exc.code().name)
+
+    def finished(self, outcome: Outcome) -> None:
+        if len(self._pending) >= self._max_buffered:
+            self.dropped_outcomes += 1
+            return
+        self._pending.append(
+            routing_pb2.RequestOutcome(
+                request_id=outcome.request_id,
+                backend_id=outcome.backend_id,
+                model=outcome.model,
+                outcome=routing_pb2.OUTCOME_OK if outcome.ok else routing_pb2.OUTCOME_BACKEND_ERROR,
+                http_status=outcome.http_status,
+                ttft_ms=outcome.ttft_ms,
+                total_ms=outcome.total_ms,
+            )
+        )
+
+    async def _flush(self) -> None:
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        try:
+            await self._stub.ReportOutcomes(
+                routing_pb2.ReportOutcomesRequest(outcomes=batch), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError:
+            # Keep them for the next flush, within the bound.
+            room = self._max_buffered - len(self._pending)
+            self.dropped_outcomes += max(0, len(batch) - room)
+            self._pending = batch[:room] + self._pending
+
+    async def _flusher(self) -> None:
+        while True:
+            await asyncio.sleep(self._flush_interval)
+            await self._flush()
+
+    async def _watch(self) -> None:
+        after = 0
+        while True:
+            try:
+                stream = self._stub.WatchSnapshots(
+                    routing_pb2.WatchSnapshotsRequest(after_version=after)
+                )
+                async for msg in stream:
+                    snap = msg.snapshot
+                    after = snap.version
+                    backends = tuple(convert.backend_from_pb(b.backend) for b in snap.backends)
+                    self._fleet = FleetView(snap.version, models_of(backends), backends)
+                    self._first_snapshot.set()
+            except grpc.aio.AioRpcError as exc:
+                log.debug("snapshot watch: %s; reconnecting", exc.code().name)
+            # Control restarts start versions again from 1: accept whatever it sends next.
+            after = 0
+            await asyncio.sleep(0.5)
+
+
+def models_of(backends: Sequence[Backend]) -> tuple[str, ...]:
+    return tuple(sorted({b.model for b in backends if b.role is not Role.DRAFT}))

@@ -1,0 +1,178 @@
+"""Send a validated request to the decision's backends in order until one answers, then
+relay its answer to the client: whole for plain requests, event by event for streams."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from control.model import Backend, Decision
+from dataplane.errors import ErrorKind, OpenAIError
+from dataplane.failover import Failure, RetryBudget, classify_status
+from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
+from dataplane.oracle import Oracle, Outcome
+from dataplane.sse import SSEParser
+from dataplane.validate import ClientRequest
+
+log = logging.getLogger("baton.shim")
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySettings:
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    budget: RetryBudget = field(default_factory=RetryBudget)
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One client request on its way through the proxy (lifecycle only, no wire objects)."""
+
+    request_id: str
+    client: ClientRequest
+    raw: bytes
+    started: float = field(default_factory=time.monotonic)
+    first_byte: float | None = None
+
+
+class Proxy:
+    def __init__(
+        self, session: aiohttp.ClientSession, oracle: Oracle, settings: ProxySettings
+    ) -> None:
+        self._session = session
+        self._oracle = oracle
+        self._settings = settings
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def serve(
+        self, request: web.Request, ex: Exchange, decision: Decision
+    ) -> web.StreamResponse:
+        last: AttemptFailed | None = None
+        for attempt, backend in enumerate(decision.backends):
+            if not self._settings.budget.allows(attempt, time.monotonic() - ex.started):
+                break
+            try:
+                upstream = await self._open(ex, backend)
+            except AttemptFailed as failed:
+                last = failed
+                self._report_failure(ex, backend, failed)
+                continue
+            try:
+                if ex.client.stream and upstream.status == 200:
+                    return await self._relay_stream(request, ex, backend, upstream)
+                return await self._relay_whole(ex, backend, upstream)
+            except AttemptFailed as failed:
+                last = failed
+                self._report_failure(ex, backend, failed)
+            except (asyncio.CancelledError, ConnectionResetError):
+                # The client went away: closing the upstream (below) stops the generation,
+                # and control must not count the request as in flight any longer.
+                self._oracle.finished(
+                    Outcome(ex.request_id, backend.id, ex.client.model, False, 499)
+                )
+                raise
+            finally:
+                upstream.close()
+        detail = f" (last: {last})" if last else ""
+        raise OpenAIError(ErrorKind.BACKEND_FAILED, f"no backend could serve the request{detail}")
+
+    async def _open(self, ex: Exchange, backend: Backend) -> aiohttp.ClientResponse:
+        upstream = await open_attempt(
+            self._session, backend, ex.client.endpoint.value, ex.raw, self._settings.timeouts
+        )
+        failure = classify_status(upstream.status)
+        if failure is not None:
+            upstream.close()
+            raise AttemptFailed(failure, f"status {upstream.status}")
+        return upstream
+
+    async def _relay_whole(
+        self, ex: Exchange, backend: Backend, upstream: aiohttp.ClientResponse
+    ) -> web.Response:
+        try:
+            body = await upstream.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise classify_exception(exc) from exc
+        self._finished(ex, backend, upstream.status)
+        return web.Response(
+            body=body,
+            status=upstream.status,
+            headers={
+                "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                "X-Request-Id": ex.request_id,
+            },
+        )
+
+    async def _relay_stream(
+        self, request: web.Request, ex: Exchange, backend: Backend, upstream: aiohttp.ClientResponse
+    ) -> web.StreamResponse:
+        parser = SSEParser()
+        content = upstream.content
+        # Read the first piece before sending headers: a backend that dies before its first
+        # byte is still retried invisibly, and the client gets a 200 from whoever answers.
+        try:
+            first = await content.readany()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise classify_exception(exc) from exc
+        if not first:
+            raise AttemptFailed(Failure.DISCONNECT, "stream closed before its first byte")
+        resp = web.StreamResponse(
+            status=200, headers={**SSE_HEADERS, "X-Request-Id": ex.request_id}
+        )
+        await resp.prepare(request)
+        done = False
+        chunk = first
+        try:
+            while chunk:
+                events = parser.feed(chunk)
+                if events:
+                    if ex.first_byte is None:
+                        ex.first_byte = time.monotonic()
+                    done = done or any(e.is_done for e in events)
+                    await resp.write(b"".join(e.raw for e in events))
+                chunk = await content.readany()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("request %s: stream from %s failed: %s", ex.request_id, backend.id, exc)
+        if not done:
+            # Never a silent truncation: the client gets an explicit error and the end marker.
+            self._report_failure(ex, backend, AttemptFailed(Failure.TRUNCATED, "no [DONE]"))
+            await resp.write(
+                OpenAIError(
+                    ErrorKind.BACKEND_FAILED,
+                    f"backend {backend.id} failed mid-stream; the response is incomplete",
+                ).sse()
+            )
+        else:
+            self._finished(ex, backend, 200)
+        await resp.write_eof()
+        return resp
+
+    def _finished(self, ex: Exchange, backend: Backend, status: int) -> None:
+        now = time.monotonic()
+        first = ex.first_byte or now
+        self._oracle.finished(
+            Outcome(
+                ex.request_id,
+                backend.id,
+                ex.client.model,
+                status < 400,
+                status,
+                ttft_ms=(first - ex.started) * 1000,
+                total_ms=(now - ex.started) * 1000,
+            )
+        )
+
+    def _report_failure(self, ex: Exchange, backend: Backend, failed: AttemptFailed) -> None:
+        log.info("request %s: %s failed: %s", ex.request_id, backend.id, failed)
+        task = asyncio.create_task(
+            self._oracle.attempt_failed(ex.request_id, backend.id, failed.failure, failed.detail)
+        )
+        # Keep a reference until done so the report isn't garbage-collected mid-flight.
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -1,0 +1,62 @@
+"""Pure: a request's shape for control — sizes and keyed hashes, never prompt text.
+
+prefix chain: h_i = H_key(h_{i-1} || canonical(message_i)); two conversations share h_i
+exactly when their first i messages are identical, which is what prefix affinity needs."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+from control.model import RequestShape
+from dataplane.validate import ClientRequest, Endpoint
+
+DEFAULT_KEY = b"baton-prefix-v1"
+DIGEST_SIZE = 16
+
+
+def canonical(message: Any) -> bytes:
+    """Key order and whitespace must not change the hash; orjson with sorted keys is stable."""
+    return orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+
+
+def prefix_chain(messages: list[Any], key: bytes = DEFAULT_KEY) -> tuple[bytes, ...]:
+    chain: list[bytes] = []
+    prev = b""
+    for m in messages:
+        prev = hashlib.blake2b(prev + canonical(m), digest_size=DIGEST_SIZE, key=key).digest()
+        chain.append(prev)
+    return tuple(chain)
+
+
+def _chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(p.get("text", "")) for p in content if isinstance(p, dict))
+    return 0
+
+
+def shape_of(req: ClientRequest, key: bytes = DEFAULT_KEY) -> RequestShape:
+    body = req.body
+    if req.endpoint is Endpoint.CHAT:
+        messages = body["messages"]
+        turns = tuple(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+        chars = sum(_chars(m.get("content")) for m in messages if isinstance(m, dict))
+    else:
+        # A completion prompt is one "message" for affinity purposes.
+        messages = [body["prompt"]]
+        turns = (False,)
+        prompt = body["prompt"]
+        chars = len(prompt) if isinstance(prompt, str | list) else 0
+    return RequestShape(
+        model=req.model,
+        message_count=len(messages),
+        prefix_chain=prefix_chain(messages, key),
+        assistant_turns=turns,
+        prompt_chars=chars,
+        greedy=req.greedy,
+        stream=req.stream,
+    )

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from control.config import ConfigError, load, parse
+from control.model import BackendKind, Role
+
+
+def test_loads_backends_and_settings(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        'routing = "roundrobin"\n[probes]\ninterval = 0.5\n'
+        '[[backends]]\nid = "a"\nurl = "http://127.0.0.1:8001/"\nmodel = "m"\n'
+        'kind = "sglang"\nrole = "target"\n'
+    )
+    cfg = load(path)
+    (b,) = cfg.backends
+    assert (b.id, b.url, b.kind, b.role) == ("a", "http://127.0.0.1:8001", BackendKind.SGLANG,
+                                             Role.TARGET)
+    assert cfg.probes.interval == 0.5
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"backends": [{"id": "a", "url": "ftp://h", "model": "m"}]}, "http\\(s\\)"),
+        ({"backends": [{"id": "a", "url": "http://u:p@h:1", "model": "m"}]}, "credentials"),
+        ({"backends": [{"id": "a", "url": "http://h:99999", "model": "m"}]}, "port"),
+        ({"backends": [{"id": "a", "url": "http://h", "model": "m", "kind": "tgi"}]}, "kind"),
+        ({"backends": [{"id": "a", "url": "http://h", "model": "m", "role": "x"}]}, "role"),
+        ({"backends": [{"id": "a", "url": "http://h"}]}, "missing"),
+        ({"backends": [{"id": "a", "url": "http://h", "model": "m", "weight": 1}]}, "unknown"),
+        ({"backends": [{"id": "a", "url": "http://h", "model": "m"}] * 2}, "unique"),
+        ({"routing": "magic"}, "routing"),
+        ({"probes": {"intervall": 1}}, "unknown"),
+    ],
+)
+def test_bad_config_is_refused_with_a_reason(data: dict, message: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ConfigError, match=message):
+        parse(data)
+
+
+def test_credentials_never_echoed() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse({"backends": [{"id": "a", "url": "http://user:hunter2@h:1", "model": "m"}]})
+    assert "hunter2" not in str(info.value)
+
+
+def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[backends]\n")
+    with pytest.raises(ConfigError, match="TOML"):
+        load(bad)

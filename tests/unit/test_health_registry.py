@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import pytest
+
+from control.health import HealthPolicy
+from control.model import Backend, BackendId, HealthState, Snapshot
+from control.registry import BackendExists, BackendNotFound, Registry
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def backend(bid: str) -> Backend:
+    return Backend(BackendId(bid), f"http://127.0.0.1:1/{bid}", "m")
+
+
+def make(*ids: str) -> tuple[Registry, FakeClock]:
+    clock = FakeClock()
+    return Registry([backend(i) for i in ids], clock=clock,
+                    health_policy=HealthPolicy(readmit_after=2, down_after=3)), clock
+
+
+def state(reg: Registry, bid: str) -> HealthState:
+    s = reg.snapshot.get(bid)
+    assert s is not None
+    return s.health.state
+
+
+def test_passive_failure_demotes_at_once_with_reason_and_time() -> None:
+    reg, clock = make("a", "b")
+    clock.t = 1234.0
+    reg.report_failure("a", "connect: refused")
+    s = reg.snapshot.get("a")
+    assert s is not None and s.health.state is HealthState.DEMOTED
+    assert s.health.reason == "connect: refused" and s.health.since == 1234.0
+    assert state(reg, "b") is HealthState.HEALTHY
+
+
+def test_readmission_needs_consecutive_good_probes() -> None:
+    reg, _ = make("a")
+    reg.report_failure("a", "boom")
+    reg.probe_result("a", True)
+    assert state(reg, "a") is HealthState.DEMOTED
+    reg.probe_result("a", False, "timeout")
+    reg.probe_result("a", True)
+    assert state(reg, "a") is HealthState.DEMOTED
+    reg.probe_result("a", True)
+    assert state(reg, "a") is HealthState.HEALTHY
+
+
+def test_repeated_probe_failures_mark_down() -> None:
+    reg, _ = make("a")
+    for _ in range(3):
+        reg.probe_result("a", False, "refused")
+    assert state(reg, "a") is HealthState.DOWN
+
+
+def test_drain_dominates_probes_and_undrain_restores() -> None:
+    reg, _ = make("a")
+    reg.drain("a")
+    reg.probe_result("a", True)
+    reg.report_failure("a", "x")
+    assert state(reg, "a") is HealthState.DRAINING
+    reg.undrain("a")
+    assert state(reg, "a") is HealthState.HEALTHY
+
+
+def test_snapshots_are_versioned_and_published_only_on_visible_change() -> None:
+    reg, _ = make("a")
+    seen: list[Snapshot] = []
+    reg.subscribe(seen.append)
+    v0 = reg.snapshot.version
+    reg.probe_result("a", True)  # healthy stays healthy: no new snapshot
+    assert seen == []
+    reg.add(backend("b"))
+    reg.drain("b")
+    reg.remove("a")
+    assert [s.version for s in seen] == [v0 + 1, v0 + 2, v0 + 3]
+    assert [b.backend.id for b in seen[-1].backends] == ["b"]
+    # Old snapshots are untouched by later changes.
+    assert [b.backend.id for b in seen[0].backends] == ["a", "b"]
+
+
+def test_refusals() -> None:
+    reg, _ = make("a")
+    with pytest.raises(BackendExists):
+        reg.add(backend("a"))
+    with pytest.raises(BackendNotFound):
+        reg.drain("zz")
+    assert reg.report_failure("zz", "gone") is None  # removed mid-request: ignored
+
+
+def test_load_is_released_and_expires() -> None:
+    reg, _ = make("a")
+    reg.load.acquire("r1", BackendId("a"), now=0.0)
+    reg.load.acquire("r2", BackendId("a"), now=0.0)
+    assert reg.in_flight()["a"] == 2
+    reg.load.release("r1")
+    assert reg.in_flight()["a"] == 1
+    assert reg.load.expire(now=10_000.0) == 1
+    assert dict(reg.in_flight()) == {}

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+from random import Random
+
+from control.model import (
+    Backend,
+    BackendId,
+    BackendStatus,
+    Health,
+    HealthState,
+    Reason,
+    RequestShape,
+    Role,
+    RouteRequest,
+    Snapshot,
+)
+from control.policy import make_policy
+from control.policy.roundrobin import RoundRobin
+
+
+def status(bid: str, state: HealthState = HealthState.HEALTHY, model: str = "m",
+           role: Role = Role.SERVE) -> BackendStatus:
+    return BackendStatus(
+        Backend(BackendId(bid), f"http://127.0.0.1:1/{bid}", model, role=role),
+        Health(state, "", 0.0),
+    )
+
+
+def req(model: str = "m", exclude: tuple[str, ...] = ()) -> RouteRequest:
+    return RouteRequest("r", RequestShape(model=model), frozenset(BackendId(e) for e in exclude))
+
+
+def decide(policy: RoundRobin, snap: Snapshot, request: RouteRequest):  # type: ignore[no-untyped-def]
+    return policy.decide(request, snap, {}, rng=Random(0), now=0.0)
+
+
+def test_primary_rotates_and_fallbacks_follow_the_ring() -> None:
+    snap = Snapshot(1, (status("a"), status("b"), status("c")))
+    rr = RoundRobin()
+    orders = [[b.id for b in decide(rr, snap, req()).backends] for _ in range(4)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+
+
+def test_unhealthy_excluded_and_other_models_ignored() -> None:
+    snap = Snapshot(
+        3,
+        (
+            status("a", HealthState.DEMOTED),
+            status("b"),
+            status("c", HealthState.DRAINING),
+            status("d", HealthState.DOWN),
+            status("x", model="other"),
+        ),
+    )
+    d = decide(RoundRobin(), snap, req())
+    assert [b.id for b in d.backends] == ["b"]
+    assert d.reason is Reason.SPREAD and d.snapshot_version == 3
+
+
+def test_exclusions_are_respected() -> None:
+    snap = Snapshot(1, (status("a"), status("b")))
+    d = decide(RoundRobin(), snap, req(exclude=("a",)))
+    assert [b.id for b in d.backends] == ["b"]
+
+
+def test_unknown_model_and_no_backend_are_decisions_not_errors() -> None:
+    snap = Snapshot(7, (status("a", HealthState.DEMOTED),))
+    unknown = decide(RoundRobin(), snap, req(model="nope"))
+    assert unknown.backends == () and unknown.reason is Reason.UNKNOWN_MODEL
+    none = decide(RoundRobin(), snap, req())
+    assert none.backends == () and none.reason is Reason.NO_BACKEND
+    assert "a=demoted" in none.detail
+
+
+def test_drafts_do_not_serve_clients() -> None:
+    snap = Snapshot(1, (status("d", role=Role.DRAFT), status("t", role=Role.TARGET)))
+    assert [b.id for b in decide(RoundRobin(), snap, req()).backends] == ["t"]
+
+
+def test_counters_are_per_model() -> None:
+    snap = Snapshot(1, (status("a"), status("b"), status("x", model="o"), status("y", model="o")))
+    rr = RoundRobin()
+    assert decide(rr, snap, req("m")).backends[0].id == "a"
+    assert decide(rr, snap, req("o")).backends[0].id == "x"
+    assert decide(rr, snap, req("m")).backends[0].id == "b"
+
+
+def test_policy_table() -> None:
+    assert make_policy("roundrobin").name == "roundrobin"
+    try:
+        make_policy("nope")
+    except ValueError as exc:
+        assert "roundrobin" in str(exc)
+    else:
+        raise AssertionError("unknown policy accepted")
