@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
 
-from clients.client import AdminClient
+from clients.client import AdminClient, AdminError
+from clients.procs import Part, StartFailed
 from control import config as config_mod
 
 SIM_MODEL = "baton-sim"
@@ -33,50 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-timeout", type=float, default=30.0)
 
 
-class Child:
-    """A started part; `ready` is the address it printed on its READY line."""
-
-    def __init__(self, name: str, argv: list[str], timeout: float) -> None:
-        self.name = name
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", *argv],
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,  # Ctrl-C reaches `baton up`, which stops children in order
-        )
-        self.ready = self._await_ready(timeout)
-
-    def _await_ready(self, timeout: float) -> str:
-        line: list[str] = []
-        reader = threading.Thread(
-            target=lambda: line.append(self.proc.stdout.readline()),  # type: ignore[union-attr]
-            daemon=True,
-        )
-        reader.start()
-        reader.join(timeout)
-        text = line[0].strip() if line else ""
-        if " READY " not in text:
-            self.stop()
-            raise RuntimeError(f"{self.name} did not start (exit {self.proc.poll()}): {text!r}")
-        return text.rsplit(" ", 1)[1]
-
-    def stop(self, grace: float = 5.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_mod.load(args.config)
     except config_mod.ConfigError as exc:
         print(f"baton up: {exc}", file=sys.stderr)
         return 2
-    children: list[Child] = []
+    children: list[Part] = []
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -84,14 +47,14 @@ def run(args: argparse.Namespace) -> int:
         control_argv = ["control", "--listen", args.control_listen]
         if args.config:
             control_argv += ["--config", str(args.config)]
-        control = Child("control", control_argv, args.ready_timeout)
+        control = Part("control", control_argv, timeout=args.ready_timeout)
         children.append(control)
         if not cfg.backends:
             _start_fleet(args, control.ready, children)
-        shim = Child(
+        shim = Part(
             "shim",
             ["dataplane", "--control", control.ready, "--listen", args.listen],
-            args.ready_timeout,
+            timeout=args.ready_timeout,
         )
         children.append(shim)
         print(
@@ -108,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 )
                 return 1
         return 0
-    except RuntimeError as exc:
+    except (StartFailed, AdminError) as exc:
         print(f"baton up: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -117,10 +80,10 @@ def run(args: argparse.Namespace) -> int:
             child.stop()
 
 
-def _start_fleet(args: argparse.Namespace, control: str, children: list[Child]) -> None:
+def _start_fleet(args: argparse.Namespace, control: str, children: list[Part]) -> None:
     with AdminClient(control, token=os.environ.get("BATON_ADMIN_TOKEN")) as admin:
         for i in range(args.sim):
-            sim = Child(
+            sim = Part(
                 f"sim-{i}",
                 [
                     "sim",
@@ -131,7 +94,7 @@ def _start_fleet(args: argparse.Namespace, control: str, children: list[Child]) 
                     "--chip-seed",
                     str(i),
                 ],
-                args.ready_timeout,
+                timeout=args.ready_timeout,
             )
             children.append(sim)
             admin.add_backend(f"sim-{i}", sim.ready, args.sim_model, "vllm", "serve")

@@ -1,0 +1,78 @@
+"""Start a Baton part (control, shim, sim) as a child process and wait for its READY line.
+Used by `baton up`, the integration tests and the benchmarks, so all run the real thing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+
+
+class StartFailed(RuntimeError):
+    pass
+
+
+class Part:
+    """`ready` is the address the part printed on its `<NAME> READY <address>` line."""
+
+    def __init__(
+        self,
+        name: str,
+        module_argv: Sequence[str],
+        *,
+        timeout: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        stderr: int | None = None,
+    ) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", *module_argv],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env={**os.environ, **(env or {})},
+            # Own process group: Ctrl-C reaches the parent, which stops parts in order.
+            start_new_session=True,
+        )
+        self.ready = self._await_ready(timeout)
+
+    def _await_ready(self, timeout: float) -> str:
+        line: list[str] = []
+        stdout = self.proc.stdout
+        assert stdout is not None  # noqa: S101 - we asked for a pipe
+        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        text = line[0].strip() if line else ""
+        if " READY " not in text:
+            self.kill()
+            raise StartFailed(f"{self.name} did not start (exit {self.proc.poll()}): {text!r}")
+        return text.rsplit(" ", 1)[1]
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group, so an engine's children die with it."""
+        if self.alive:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        if sig == signal.SIGKILL:
+            self.proc.wait()
+
+    def stop(self, grace: float = 5.0) -> int:
+        if self.alive:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        return self.proc.returncode

@@ -1,0 +1,133 @@
+"""Real processes on 127.0.0.1 with free ports: sims, control, shims. Every wait is bounded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from clients.procs import Part
+
+MODEL = "toy"
+# The sim's cost model zeroed: tests measure behaviour, not speed.
+FAST_SIM = ("--prefill-us-per-token", "0", "--decode-ms-per-step", "0")
+
+
+def start_sim(*extra: str, model: str = MODEL) -> Part:
+    return Part("sim", ["sim", "--listen", "127.0.0.1:0", "--model", model, *FAST_SIM, *extra])
+
+
+def write_config(
+    path: Path, backends: Sequence[tuple[str, str]], model: str = MODEL, extra: str = ""
+) -> Path:
+    lines = [extra, "[probes]", "interval = 0.2", "timeout = 0.5", ""]
+    for bid, url in backends:
+        lines += ["[[backends]]", f'id = "{bid}"', f'url = "{url}"', f'model = "{model}"', ""]
+    path.write_text("\n".join(lines))
+    return path
+
+
+def start_control(config: Path, *extra: str, env: dict[str, str] | None = None) -> Part:
+    return Part(
+        "control", ["control", "--config", str(config), "--listen", "127.0.0.1:0", *extra], env=env
+    )
+
+
+def start_shim(control: str, *extra: str) -> Part:
+    return Part("shim", ["dataplane", "--control", control, "--listen", "127.0.0.1:0", *extra])
+
+
+@dataclass
+class Fleet:
+    sims: dict[str, Part]
+    control: Part
+    shim: Part
+    parts: list[Part] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return self.shim.ready + "/v1"
+
+    def baton(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the real CLI against this fleet's control plane."""
+        import os
+
+        return subprocess.run(
+            [sys.executable, "-m", "clients.cli", *args, "--control", self.control.ready],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, **(env or {})},
+        )
+
+    def backends(self) -> dict[str, dict[str, object]]:
+        out = self.baton("backends", "list", "--json")
+        assert out.returncode == 0, out.stderr
+        return {row["id"]: row for row in json.loads(out.stdout)}
+
+
+@contextmanager
+def fleet(
+    tmp_path: Path,
+    n: int = 2,
+    *,
+    sim_args: Sequence[str] = (),
+    shim_args: Sequence[str] = (),
+    control_env: dict[str, str] | None = None,
+) -> Iterator[Fleet]:
+    parts: list[Part] = []
+    try:
+        sims = {}
+        for i in range(n):
+            sims[f"s{i}"] = start_sim(*sim_args)
+            parts.append(sims[f"s{i}"])
+        config = write_config(tmp_path / "control.toml", [(k, p.ready) for k, p in sims.items()])
+        control = start_control(config, env=control_env)
+        parts.append(control)
+        shim = start_shim(control.ready, *shim_args)
+        parts.append(shim)
+        yield Fleet(sims, control, shim, parts)
+    finally:
+        for p in reversed(parts):
+            p.stop(grace=3)
+
+
+def http(
+    method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def metric(base: str, name: str, labels: str = "") -> float:
+    """One sample from a sim's Prometheus /metrics (summed over label sets matching `labels`)."""
+    _, text = http("GET", base + "/metrics")
+    total = 0.0
+    found = False
+    for line in text.decode().splitlines():
+        if line.startswith(name) and (line[len(name)] in " {") and labels in line:
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    assert found, f"metric {name}{{{labels}}} not exported"
+    return total
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(interval)
+    return check()

@@ -1,0 +1,108 @@
+"""The `baton` admin CLI against a real control plane, and control's gRPC surface."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import openai
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from tests.integration.harness import MODEL, fleet, metric, start_sim
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "clients.cli", *args], capture_output=True, text=True, timeout=30
+    )
+
+
+def test_list_status_add_drain_undrain_remove(tmp_path: Path) -> None:
+    with fleet(tmp_path, n=2) as f:
+        table = f.baton("backends", "list")
+        assert table.returncode == 0
+        assert table.stdout.splitlines()[0].split()[:5] == ["ID", "MODEL", "KIND", "ROLE", "STATE"]
+        assert {"s0", "s1"} <= {line.split()[0] for line in table.stdout.splitlines()[1:]}
+
+        status = json.loads(f.baton("status", "--json").stdout)
+        assert status["routing_policy"] == "roundrobin"
+        assert status["models"] == [{"model": MODEL, "backends": 2, "healthy": 2}]
+
+        drained = f.baton("backends", "drain", "s0", "--json")
+        assert json.loads(drained.stdout)["state"] == "draining"
+        c = openai.OpenAI(base_url=f.base_url, api_key="x", max_retries=0)
+        for _ in range(4):
+            c.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        assert metric(f.sims["s0"].ready, "vllm:request_success_total") == 0
+        assert metric(f.sims["s1"].ready, "vllm:request_success_total") == 4
+        assert f.backends()["s0"]["reason"] == "drained by admin"
+
+        assert (
+            json.loads(f.baton("backends", "undrain", "s0", "--json").stdout)["state"] == "healthy"
+        )
+
+        extra = start_sim()
+        f.parts.append(extra)
+        added = f.baton("backends", "add", "s2", "--url", extra.ready, "--model", MODEL, "--json")
+        assert added.returncode == 0, added.stderr
+        assert set(f.backends()) == {"s0", "s1", "s2"}
+        for _ in range(3):
+            c.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        assert metric(extra.ready, "vllm:request_success_total") >= 1
+
+        assert f.baton("backends", "remove", "s2").returncode == 0
+        assert set(f.backends()) == {"s0", "s1"}
+
+
+def test_refusals_are_readable_with_nonzero_exit(tmp_path: Path) -> None:
+    with fleet(tmp_path, n=1) as f:
+        dup = f.baton("backends", "add", "s0", "--url", "http://127.0.0.1:1", "--model", "m")
+        assert dup.returncode == 1 and "ALREADY_EXISTS" in dup.stderr and "s0" in dup.stderr
+        bad = f.baton("backends", "add", "z", "--url", "ftp://x", "--model", "m")
+        assert bad.returncode == 1 and "http(s)" in bad.stderr
+        missing = f.baton("backends", "drain", "nope")
+        assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+
+
+def test_unreachable_control_plane_says_so() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    out = run_cli("backends", "list", "--control", f"127.0.0.1:{port}", "--timeout", "1")
+    assert out.returncode == 1
+    assert "cannot reach the control plane" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_admin_token_is_enforced_and_routing_stays_open(tmp_path: Path) -> None:
+    with fleet(tmp_path, n=1, control_env={"BATON_ADMIN_TOKEN": "s3cret"}) as f:
+        denied = f.baton("backends", "list", env={"BATON_ADMIN_TOKEN": ""})
+        assert denied.returncode == 1 and "UNAUTHENTICATED" in denied.stderr
+        wrong = f.baton("status", env={"BATON_ADMIN_TOKEN": "guess"})
+        assert wrong.returncode == 1
+        ok = f.baton("backends", "list", "--json", env={"BATON_ADMIN_TOKEN": "s3cret"})
+        assert ok.returncode == 0 and json.loads(ok.stdout)[0]["id"] == "s0"
+        c = openai.OpenAI(base_url=f.base_url, api_key="x", max_retries=0)
+        assert c.completions.create(model=MODEL, prompt="x", max_tokens=2).choices[0].text
+
+
+def test_grpc_health_and_reflection(tmp_path: Path) -> None:
+    with fleet(tmp_path, n=1) as f, grpc.insecure_channel(f.control.ready) as channel:
+        check = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="baton.v1.RoutingService"), timeout=5
+        )
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
+        names = {s.name for r in replies for s in r.list_services_response.service}
+        assert {"baton.v1.RoutingService", "baton.v1.AdminService"} <= names
