@@ -20,6 +20,7 @@ test: $(STAMP) lint
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 protos: $(STAMP)
 	$(PY) scripts/gen_protos.py

@@ -76,13 +76,13 @@ class AdminClient:
                 request, timeout=self._timeout, metadata=self._metadata
             )
         except grpc.RpcError as exc:
-            code = exc.code()  # type: ignore[attr-defined]
+            code = exc.code()
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise AdminError(
                     f"cannot reach the control plane at {self.target} ({code.name}); "
                     "is `baton control` running there?"
                 ) from None
-            raise AdminError(f"{code.name}: {exc.details()}") from None  # type: ignore[attr-defined]
+            raise AdminError(f"{code.name}: {exc.details()}") from None
 
     def list_backends(self) -> list[BackendRow]:
         resp = self._call("ListBackends", admin_pb2.ListBackendsRequest())

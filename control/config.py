@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -104,7 +104,9 @@ def with_routing(cfg: Config, routing: str) -> Config:
 
 def _table(data: dict[str, Any], key: str, cls: type) -> dict[str, Any]:
     table = data.get(key, {})
-    unknown = set(table) - set(cls.__dataclass_fields__)
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{key}] must be a table")
+    unknown = set(table) - {f.name for f in fields(cls)}
     if unknown:
         raise ConfigError(f"[{key}]: unknown keys {sorted(unknown)}")
     return dict(table)

@@ -11,7 +11,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from grpc_tools import protoc
+from grpc_tools import protoc  # type: ignore[import-untyped]
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
@@ -52,4 +52,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

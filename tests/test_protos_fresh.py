@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_generated_stubs_are_up_to_date(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, str(ROOT / "scripts/gen_protos.py"), "--out", str(tmp_path)],
-        check=True, capture_output=True,
+        check=True,
+        capture_output=True,
     )
     fresh = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     committed_dir = ROOT / "baton"

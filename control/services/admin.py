@@ -5,14 +5,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-import grpc
-
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control import config
 from control.registry import RegistryError
 from control.routing import Router
 from control.services import convert
-from control.services.errors import abort_with
+from control.services.errors import Context, abort_with
 
 VERSION = "0.1.0"
 
@@ -24,7 +22,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self._started = started if started is not None else time.monotonic()
 
     async def ListBackends(
-        self, request: admin_pb2.ListBackendsRequest, context: grpc.aio.ServicerContext
+        self, request: admin_pb2.ListBackendsRequest, context: Context
     ) -> admin_pb2.ListBackendsResponse:
         snap = self._registry.snapshot
         load = self._registry.in_flight()
@@ -34,7 +32,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         )
 
     async def AddBackend(
-        self, request: admin_pb2.AddBackendRequest, context: grpc.aio.ServicerContext
+        self, request: admin_pb2.AddBackendRequest, context: Context
     ) -> admin_pb2.AddBackendResponse:
         try:
             backend = config.make_backend(**convert.backend_fields_from_pb(request.backend))
@@ -48,7 +46,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         )
 
     async def RemoveBackend(
-        self, request: admin_pb2.RemoveBackendRequest, context: grpc.aio.ServicerContext
+        self, request: admin_pb2.RemoveBackendRequest, context: Context
     ) -> admin_pb2.RemoveBackendResponse:
         try:
             self._registry.remove(request.id)
@@ -57,7 +55,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return admin_pb2.RemoveBackendResponse(snapshot_version=self._registry.snapshot.version)
 
     async def DrainBackend(
-        self, request: admin_pb2.DrainBackendRequest, context: grpc.aio.ServicerContext
+        self, request: admin_pb2.DrainBackendRequest, context: Context
     ) -> admin_pb2.DrainBackendResponse:
         try:
             status = self._registry.drain(request.id)
@@ -70,7 +68,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         )
 
     async def UndrainBackend(
-        self, request: admin_pb2.UndrainBackendRequest, context: grpc.aio.ServicerContext
+        self, request: admin_pb2.UndrainBackendRequest, context: Context
     ) -> admin_pb2.UndrainBackendResponse:
         try:
             status = self._registry.undrain(request.id)
@@ -83,7 +81,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         )
 
     async def GetStatus(
-        self, request: admin_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
+        self, request: admin_pb2.GetStatusRequest, context: Context
     ) -> admin_pb2.GetStatusResponse:
         snap = self._registry.snapshot
         total: Counter[str] = Counter()

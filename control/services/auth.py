@@ -4,30 +4,33 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 
+from control.services.errors import Context
+
 ADMIN_PREFIX = "/baton.v1.AdminService/"
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+
+
+async def _deny(request: Any, context: Context) -> Any:
+    await context.abort(
+        grpc.StatusCode.UNAUTHENTICATED,
+        "admin token missing or wrong: set BATON_ADMIN_TOKEN to control's token",
+    )
 
 
 class AdminTokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}".encode()
-
-        async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "admin token missing or wrong: set BATON_ADMIN_TOKEN to control's token",
-            )
-
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny: Handler = grpc.unary_unary_rpc_method_handler(_deny)
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> Handler | None:
         if details.method.startswith(ADMIN_PREFIX):
             metadata = dict(details.invocation_metadata or ())
             given = metadata.get("authorization", "")

@@ -112,11 +112,19 @@ def route_request_from_pb(
     return RouteRequest(request_id, shape_from_pb(shape), frozenset(BackendId(e) for e in exclude))
 
 
-def decision_fields(d: Decision) -> dict[str, object]:
-    """Fields shared by RouteResponse and FailoverResponse."""
-    return {
-        "backends": [backend_to_pb(b) for b in d.backends],
-        "reason": REASON_TO_PB[d.reason],
-        "snapshot_version": d.snapshot_version,
-        "detail": d.detail,
-    }
+def route_response(d: Decision) -> routing_pb2.RouteResponse:
+    return routing_pb2.RouteResponse(
+        backends=[backend_to_pb(b) for b in d.backends],
+        reason=REASON_TO_PB[d.reason],
+        snapshot_version=d.snapshot_version,
+        detail=d.detail,
+    )
+
+
+def failover_response(d: Decision) -> routing_pb2.FailoverResponse:
+    return routing_pb2.FailoverResponse(
+        backends=[backend_to_pb(b) for b in d.backends],
+        reason=REASON_TO_PB[d.reason],
+        snapshot_version=d.snapshot_version,
+        detail=d.detail,
+    )

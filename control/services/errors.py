@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeAlias
+
 import grpc
 
 from control.config import ConfigError
 from control.registry import BackendExists, BackendNotFound
+
+# grpc's stubs make the context generic; servicers here handle many message types.
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 STATUS_FOR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (BackendNotFound, grpc.StatusCode.NOT_FOUND),
@@ -21,7 +26,7 @@ def status_for(exc: Exception) -> grpc.StatusCode | None:
     return None
 
 
-async def abort_with(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+async def abort_with(context: Context, exc: Exception) -> None:
     code = status_for(exc)
     if code is None:
         raise exc

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import grpc
-
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.model import Snapshot
 from control.routing import Outcome, Router
 from control.services import convert
+from control.services.errors import Context
 
 OK = routing_pb2.OUTCOME_OK
 
@@ -20,15 +19,15 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         self._router = router
 
     async def Route(
-        self, request: routing_pb2.RouteRequest, context: grpc.aio.ServicerContext
+        self, request: routing_pb2.RouteRequest, context: Context
     ) -> routing_pb2.RouteResponse:
         decision = self._router.route(
             convert.route_request_from_pb(request.request_id, request.shape)
         )
-        return routing_pb2.RouteResponse(**convert.decision_fields(decision))
+        return convert.route_response(decision)
 
     async def ReportAttemptFailure(
-        self, request: routing_pb2.ReportAttemptFailureRequest, context: grpc.aio.ServicerContext
+        self, request: routing_pb2.ReportAttemptFailureRequest, context: Context
     ) -> routing_pb2.ReportAttemptFailureResponse:
         self._router.attempt_failed(
             request.request_id, request.backend_id, request.failure or "failure", request.detail
@@ -36,7 +35,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         return routing_pb2.ReportAttemptFailureResponse()
 
     async def ReportOutcomes(
-        self, request: routing_pb2.ReportOutcomesRequest, context: grpc.aio.ServicerContext
+        self, request: routing_pb2.ReportOutcomesRequest, context: Context
     ) -> routing_pb2.ReportOutcomesResponse:
         self._router.finished(
             Outcome(o.request_id, o.backend_id, o.outcome == OK) for o in request.outcomes
@@ -44,7 +43,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         return routing_pb2.ReportOutcomesResponse()
 
     async def Failover(
-        self, request: routing_pb2.FailoverRequest, context: grpc.aio.ServicerContext
+        self, request: routing_pb2.FailoverRequest, context: Context
     ) -> routing_pb2.FailoverResponse:
         route_request = convert.route_request_from_pb(
             request.request_id, request.shape, tuple(request.exclude_backend_ids)
@@ -52,10 +51,10 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         decision = self._router.failover(
             route_request, request.failed_backend_id, request.failure or "failure"
         )
-        return routing_pb2.FailoverResponse(**convert.decision_fields(decision))
+        return convert.failover_response(decision)
 
     async def WatchSnapshots(
-        self, request: routing_pb2.WatchSnapshotsRequest, context: grpc.aio.ServicerContext
+        self, request: routing_pb2.WatchSnapshotsRequest, context: Context
     ) -> AsyncIterator[routing_pb2.WatchSnapshotsResponse]:
         registry = self._router.registry
         changed = asyncio.Event()

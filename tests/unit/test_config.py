@@ -17,8 +17,12 @@ def test_loads_backends_and_settings(tmp_path: Path) -> None:
     )
     cfg = load(path)
     (b,) = cfg.backends
-    assert (b.id, b.url, b.kind, b.role) == ("a", "http://127.0.0.1:8001", BackendKind.SGLANG,
-                                             Role.TARGET)
+    assert (b.id, b.url, b.kind, b.role) == (
+        "a",
+        "http://127.0.0.1:8001",
+        BackendKind.SGLANG,
+        Role.TARGET,
+    )
     assert cfg.probes.interval == 0.5
 
 

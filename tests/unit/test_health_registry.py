@@ -21,8 +21,11 @@ def backend(bid: str) -> Backend:
 
 def make(*ids: str) -> tuple[Registry, FakeClock]:
     clock = FakeClock()
-    return Registry([backend(i) for i in ids], clock=clock,
-                    health_policy=HealthPolicy(readmit_after=2, down_after=3)), clock
+    return Registry(
+        [backend(i) for i in ids],
+        clock=clock,
+        health_policy=HealthPolicy(readmit_after=2, down_after=3),
+    ), clock
 
 
 def state(reg: Registry, bid: str) -> HealthState:

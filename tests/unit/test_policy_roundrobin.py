@@ -18,8 +18,9 @@ from control.policy import make_policy
 from control.policy.roundrobin import RoundRobin
 
 
-def status(bid: str, state: HealthState = HealthState.HEALTHY, model: str = "m",
-           role: Role = Role.SERVE) -> BackendStatus:
+def status(
+    bid: str, state: HealthState = HealthState.HEALTHY, model: str = "m", role: Role = Role.SERVE
+) -> BackendStatus:
     return BackendStatus(
         Backend(BackendId(bid), f"http://127.0.0.1:1/{bid}", model, role=role),
         Health(state, "", 0.0),

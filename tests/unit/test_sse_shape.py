@@ -17,7 +17,7 @@ def test_events_split_across_arbitrary_chunk_boundaries() -> None:
 
 def test_crlf_and_multiline_data_and_truncation() -> None:
     p = SSEParser()
-    events = p.feed(b"data: a\r\ndata: b\r\n\r\ndata: {\"cut")
+    events = p.feed(b'data: a\r\ndata: b\r\n\r\ndata: {"cut')
     assert [e.data for e in events] == [b"a\nb"]
     assert p.pending == b'data: {"cut'  # EOF here means the stream was cut mid-event
 
@@ -25,15 +25,25 @@ def test_crlf_and_multiline_data_and_truncation() -> None:
 def test_prefix_chain_shares_exactly_the_common_prefix() -> None:
     sys_msg = {"role": "system", "content": "you are terse"}
     a = prefix_chain([sys_msg, {"role": "user", "content": "one"}])
-    b = prefix_chain([{"content": "you are terse", "role": "system"},  # key order ignored
-                      {"role": "user", "content": "two"}])
+    b = prefix_chain(
+        [
+            {"content": "you are terse", "role": "system"},  # key order ignored
+            {"role": "user", "content": "two"},
+        ]
+    )
     assert a[0] == b[0] and a[1] != b[1]
     assert prefix_chain([sys_msg], key=b"other")[0] != a[0]
 
 
 def test_shape_carries_no_text() -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": "secret words"},
-                                       {"role": "assistant", "content": "ok"}], "temperature": 0}
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "secret words"},
+            {"role": "assistant", "content": "ok"},
+        ],
+        "temperature": 0,
+    }
     shape = shape_of(ClientRequest(Endpoint.CHAT, body, "m", False, True))
     assert shape.message_count == 2 and shape.assistant_turns == (False, True)
     assert shape.prompt_chars == len("secret words") + 2
