@@ -1,7 +1,7 @@
 """What the shim needs from control, as a narrow Protocol, and its gRPC implementation.
 
-Outcome reports are batched off the request path: a finished request costs the client
-nothing, and control sees load drop within one flush interval."""
+Routes and outcome reports share one RouteStream; a finished request costs the client
+nothing, and control sees load drop with the next route or within one flush interval."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import grpc
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.model import Backend, Decision, Reason, RequestShape, Role
 from control.services import convert
+from dataplane.routestream import RouteStream, StreamBroken
 
 log = logging.getLogger("baton.shim.oracle")
 
@@ -82,6 +83,10 @@ def _decision_from_pb(resp: routing_pb2.RouteResponse | routing_pb2.FailoverResp
     )
 
 
+def models_of(backends: Sequence[Backend]) -> tuple[str, ...]:
+    return tuple(sorted({b.model for b in backends if b.role is not Role.DRAFT}))
+
+
 class GrpcOracle:
     def __init__(
         self,
@@ -93,11 +98,9 @@ class GrpcOracle:
     ) -> None:
         self._channel = grpc.aio.insecure_channel(target)
         self._stub = routing_pb2_grpc.RoutingServiceStub(self._channel)
+        self._stream = RouteStream(self._stub, max_outcomes=max_buffered, timeout=route_timeout)
         self._timeout = route_timeout
         self._flush_interval = flush_interval
-        self._max_buffered = max_buffered
-        self._pending: list[routing_pb2.RequestOutcome] = []
-        self.dropped_outcomes = 0
         self._fleet = FleetView()
         self._first_snapshot = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -105,6 +108,10 @@ class GrpcOracle:
     @property
     def fleet(self) -> FleetView:
         return self._fleet
+
+    @property
+    def dropped_outcomes(self) -> int:
+        return self._stream.dropped_outcomes
 
     async def start(self, wait_for_snapshot: float = 10.0) -> None:
         self._tasks = [asyncio.create_task(self._watch()), asyncio.create_task(self._flusher())]
@@ -119,17 +126,19 @@ class GrpcOracle:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        await self._flush()
+        await self._stream.close()
         await self._channel.close()
 
     async def route(self, request_id: str, shape: RequestShape) -> Decision:
+        request = routing_pb2.RouteRequest(request_id=request_id, shape=_shape_to_pb(shape))
         try:
-            resp = await self._stub.Route(
-                routing_pb2.RouteRequest(request_id=request_id, shape=_shape_to_pb(shape)),
-                timeout=self._timeout,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise ControlUnavailable(f"control plane: {exc.code().name}: {exc.details()}") from exc
+            resp = await self._stream.route(request)
+        except TimeoutError:
+            raise ControlUnavailable(
+                f"control plane did not answer within {self._timeout:g}s"
+            ) from None
+        except StreamBroken as exc:
+            raise ControlUnavailable(f"control plane: {exc}") from None
         return _decision_from_pb(resp)
 
     async def attempt_failed(
@@ -147,10 +156,7 @@ class GrpcOracle:
             log.warning("could not report failure of %s: %s", backend_id, exc.code().name)
 
     def finished(self, outcome: Outcome) -> None:
-        if len(self._pending) >= self._max_buffered:
-            self.dropped_outcomes += 1
-            return
-        self._pending.append(
+        self._stream.report(
             routing_pb2.RequestOutcome(
                 request_id=outcome.request_id,
                 backend_id=outcome.backend_id,
@@ -162,24 +168,11 @@ class GrpcOracle:
             )
         )
 
-    async def _flush(self) -> None:
-        if not self._pending:
-            return
-        batch, self._pending = self._pending, []
-        try:
-            await self._stub.ReportOutcomes(
-                routing_pb2.ReportOutcomesRequest(outcomes=batch), timeout=self._timeout
-            )
-        except grpc.aio.AioRpcError:
-            # Keep them for the next flush, within the bound.
-            room = self._max_buffered - len(self._pending)
-            self.dropped_outcomes += max(0, len(batch) - room)
-            self._pending = batch[:room] + self._pending
-
     async def _flusher(self) -> None:
+        # Outcomes ride along with routes; this only matters when the shim goes idle.
         while True:
             await asyncio.sleep(self._flush_interval)
-            await self._flush()
+            self._stream.flush()
 
     async def _watch(self) -> None:
         after = 0
@@ -199,7 +192,3 @@ class GrpcOracle:
             # Control restarts start versions again from 1: accept whatever it sends next.
             after = 0
             await asyncio.sleep(0.5)
-
-
-def models_of(backends: Sequence[Backend]) -> tuple[str, ...]:
-    return tuple(sorted({b.model for b in backends if b.role is not Role.DRAFT}))

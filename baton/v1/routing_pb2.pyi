@@ -175,6 +175,75 @@ class RouteResponse(_message.Message):
 Global___RouteResponse: _TypeAlias = RouteResponse  # noqa: Y015
 
 @_typing.final
+class RouteStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUTES_FIELD_NUMBER: _builtins.int
+    OUTCOMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def routes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteRequest]: ...
+    @_builtins.property
+    def outcomes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RequestOutcome]: ...
+    def __init__(
+        self,
+        *,
+        routes: _abc.Iterable[Global___RouteRequest] | None = ...,
+        outcomes: _abc.Iterable[Global___RequestOutcome] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcomes", b"outcomes", "routes", b"routes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteStreamRequest: _TypeAlias = RouteStreamRequest  # noqa: Y015
+
+@_typing.final
+class RouteStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteResult]:
+        """One result per route of a request message, in any order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___RouteResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteStreamResponse: _TypeAlias = RouteStreamResponse  # noqa: Y015
+
+@_typing.final
+class RouteResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    @_builtins.property
+    def response(self) -> Global___RouteResponse: ...
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        response: Global___RouteResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteResult: _TypeAlias = RouteResult  # noqa: Y015
+
+@_typing.final
 class ReportAttemptFailureRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

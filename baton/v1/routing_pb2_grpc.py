@@ -40,6 +40,11 @@ class RoutingServiceStub:
                 request_serializer=baton_dot_v1_dot_routing__pb2.RouteRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_routing__pb2.RouteResponse.FromString,
                 _registered_method=True)
+        self.RouteStream = channel.stream_stream(
+                '/baton.v1.RoutingService/RouteStream',
+                request_serializer=baton_dot_v1_dot_routing__pb2.RouteStreamRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_routing__pb2.RouteStreamResponse.FromString,
+                _registered_method=True)
         self.ReportAttemptFailure = channel.unary_unary(
                 '/baton.v1.RoutingService/ReportAttemptFailure',
                 request_serializer=baton_dot_v1_dot_routing__pb2.ReportAttemptFailureRequest.SerializeToString,
@@ -68,6 +73,14 @@ class RoutingServiceServicer:
 
     def Route(self, request, context):
         """Where to send a new request: a primary backend and ordered fallbacks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RouteStream(self, request_iterator, context):
+        """The shims' hot path: Route requests and finished-request outcomes, batched both ways
+        on one long-lived stream per shim (a unary call per request costs several times more).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -108,6 +121,11 @@ def add_RoutingServiceServicer_to_server(servicer, server):
                     servicer.Route,
                     request_deserializer=baton_dot_v1_dot_routing__pb2.RouteRequest.FromString,
                     response_serializer=baton_dot_v1_dot_routing__pb2.RouteResponse.SerializeToString,
+            ),
+            'RouteStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.RouteStream,
+                    request_deserializer=baton_dot_v1_dot_routing__pb2.RouteStreamRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_routing__pb2.RouteStreamResponse.SerializeToString,
             ),
             'ReportAttemptFailure': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportAttemptFailure,
@@ -158,6 +176,33 @@ class RoutingService:
             '/baton.v1.RoutingService/Route',
             baton_dot_v1_dot_routing__pb2.RouteRequest.SerializeToString,
             baton_dot_v1_dot_routing__pb2.RouteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RouteStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/baton.v1.RoutingService/RouteStream',
+            baton_dot_v1_dot_routing__pb2.RouteStreamRequest.SerializeToString,
+            baton_dot_v1_dot_routing__pb2.RouteStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

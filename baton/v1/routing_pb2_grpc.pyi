@@ -35,6 +35,10 @@ class RoutingServiceStub:
     def __new__(cls, channel: _aio.Channel) -> RoutingServiceAsyncStub: ...
     Route: _grpc.UnaryUnaryMultiCallable[_routing_pb2.RouteRequest, _routing_pb2.RouteResponse]
     """Where to send a new request: a primary backend and ordered fallbacks."""
+    RouteStream: _grpc.StreamStreamMultiCallable[_routing_pb2.RouteStreamRequest, _routing_pb2.RouteStreamResponse]
+    """The shims' hot path: Route requests and finished-request outcomes, batched both ways
+    on one long-lived stream per shim (a unary call per request costs several times more).
+    """
     ReportAttemptFailure: _grpc.UnaryUnaryMultiCallable[_routing_pb2.ReportAttemptFailureRequest, _routing_pb2.ReportAttemptFailureResponse]
     """An attempt failed before any byte reached the client: demote the backend now."""
     ReportOutcomes: _grpc.UnaryUnaryMultiCallable[_routing_pb2.ReportOutcomesRequest, _routing_pb2.ReportOutcomesResponse]
@@ -51,6 +55,10 @@ class RoutingServiceAsyncStub(RoutingServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Route: _aio.UnaryUnaryMultiCallable[_routing_pb2.RouteRequest, _routing_pb2.RouteResponse]  # type: ignore[assignment]
     """Where to send a new request: a primary backend and ordered fallbacks."""
+    RouteStream: _aio.StreamStreamMultiCallable[_routing_pb2.RouteStreamRequest, _routing_pb2.RouteStreamResponse]  # type: ignore[assignment]
+    """The shims' hot path: Route requests and finished-request outcomes, batched both ways
+    on one long-lived stream per shim (a unary call per request costs several times more).
+    """
     ReportAttemptFailure: _aio.UnaryUnaryMultiCallable[_routing_pb2.ReportAttemptFailureRequest, _routing_pb2.ReportAttemptFailureResponse]  # type: ignore[assignment]
     """An attempt failed before any byte reached the client: demote the backend now."""
     ReportOutcomes: _aio.UnaryUnaryMultiCallable[_routing_pb2.ReportOutcomesRequest, _routing_pb2.ReportOutcomesResponse]  # type: ignore[assignment]
@@ -70,6 +78,16 @@ class RoutingServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_routing_pb2.RouteResponse, _abc.Awaitable[_routing_pb2.RouteResponse]]:
         """Where to send a new request: a primary backend and ordered fallbacks."""
+
+    @_abc_1.abstractmethod
+    def RouteStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_routing_pb2.RouteStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_routing_pb2.RouteStreamResponse], _abc.AsyncIterator[_routing_pb2.RouteStreamResponse]]:
+        """The shims' hot path: Route requests and finished-request outcomes, batched both ways
+        on one long-lived stream per shim (a unary call per request costs several times more).
+        """
 
     @_abc_1.abstractmethod
     def ReportAttemptFailure(

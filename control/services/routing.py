@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.model import Snapshot
@@ -26,6 +26,34 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         )
         return convert.route_response(decision)
 
+    async def RouteStream(
+        self,
+        request_iterator: AsyncIterator[routing_pb2.RouteStreamRequest],
+        context: Context,
+    ) -> AsyncIterator[routing_pb2.RouteStreamResponse]:
+        async for msg in request_iterator:
+            if msg.outcomes:
+                self._finished(msg.outcomes)
+            if msg.routes:
+                yield routing_pb2.RouteStreamResponse(
+                    results=[
+                        routing_pb2.RouteResult(
+                            request_id=r.request_id,
+                            response=convert.route_response(
+                                self._router.route(
+                                    convert.route_request_from_pb(r.request_id, r.shape)
+                                )
+                            ),
+                        )
+                        for r in msg.routes
+                    ]
+                )
+
+    def _finished(self, outcomes: Iterable[routing_pb2.RequestOutcome]) -> None:
+        self._router.finished(
+            Outcome(o.request_id, o.backend_id, o.outcome == OK) for o in outcomes
+        )
+
     async def ReportAttemptFailure(
         self, request: routing_pb2.ReportAttemptFailureRequest, context: Context
     ) -> routing_pb2.ReportAttemptFailureResponse:
@@ -37,9 +65,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
     async def ReportOutcomes(
         self, request: routing_pb2.ReportOutcomesRequest, context: Context
     ) -> routing_pb2.ReportOutcomesResponse:
-        self._router.finished(
-            Outcome(o.request_id, o.backend_id, o.outcome == OK) for o in request.outcomes
-        )
+        self._finished(request.outcomes)
         return routing_pb2.ReportOutcomesResponse()
 
     async def Failover(

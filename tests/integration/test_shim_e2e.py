@@ -151,3 +151,19 @@ def test_client_disconnect_cancels_the_upstream_generation(tmp_path: Path) -> No
             assert wait_until(lambda: metric(sim, "vllm:num_requests_running") == 1, 5)
         # 2000 tokens at 20 ms would take 40 s; the engine must stop within a few.
         assert wait_until(lambda: metric(sim, "vllm:num_requests_running") == 0, 5)
+
+
+def test_control_plane_down_is_a_clear_503_and_recovers_with_it(tmp_path: Path) -> None:
+    with fleet(tmp_path, n=1) as f:
+        c = client(f.base_url)
+        assert c.completions.create(model=MODEL, prompt="x", max_tokens=2).choices[0].text
+        f.control.kill()
+        status, body = http(
+            "POST",
+            f.base_url + "/completions",
+            json.dumps({"model": MODEL, "prompt": "x"}).encode(),
+            {"Content-Type": "application/json"},
+        )
+        assert status == 503
+        assert json.loads(body)["error"]["code"] == "control_plane_unavailable"
+        assert http("GET", f.shim.ready + "/health")[0] == 200  # the shim itself survives

@@ -1,0 +1,142 @@
+"""The shim's end of RouteStream: one long-lived bidirectional stream to control that
+carries every Route request and outcome report, batched.
+
+Why: a unary gRPC call from Python costs ~0.5 ms of round trip and ~0.3 ms of CPU across
+both ends; a message on an open stream costs well under half, and under load many requests
+share one message. One writer task sends whatever has queued since its last write."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import grpc
+
+from baton.v1 import routing_pb2, routing_pb2_grpc
+
+
+class StreamBroken(Exception):
+    pass
+
+
+class RouteStream:
+    def __init__(
+        self, stub: routing_pb2_grpc.RoutingServiceStub, *, max_outcomes: int, timeout: float
+    ) -> None:
+        self._stub = stub
+        self._timeout = timeout
+        self._call: Any = None  # grpc.aio.StreamStreamCall while open
+        # request id -> (answer, deadline on the loop clock)
+        self._pending: dict[str, tuple[asyncio.Future[routing_pb2.RouteResponse], float]] = {}
+        self._routes: list[routing_pb2.RouteRequest] = []
+        self._outcomes: list[routing_pb2.RequestOutcome] = []
+        self._max_outcomes = max_outcomes
+        self._wake = asyncio.Event()
+        self._write_started: float | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.dropped_outcomes = 0
+
+    async def route(self, request: routing_pb2.RouteRequest) -> routing_pb2.RouteResponse:
+        loop = asyncio.get_running_loop()
+        if not self._tasks:
+            self._tasks = [asyncio.create_task(self._writer()), asyncio.create_task(self._sweep())]
+        fut: asyncio.Future[routing_pb2.RouteResponse] = loop.create_future()
+        self._pending[request.request_id] = (fut, loop.time() + self._timeout)
+        self._routes.append(request)
+        self._wake.set()
+        try:
+            return await fut
+        finally:
+            self._pending.pop(request.request_id, None)
+
+    def report(self, outcome: routing_pb2.RequestOutcome) -> None:
+        """Queued; sent with the next routes, or by flush() when the shim is idle."""
+        if len(self._outcomes) >= self._max_outcomes:
+            self.dropped_outcomes += 1
+            return
+        self._outcomes.append(outcome)
+
+    def flush(self) -> None:
+        if self._outcomes and self._tasks:
+            self._wake.set()
+
+    async def _writer(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not (self._routes or self._outcomes):
+                continue
+            call = self._open()
+            routes, self._routes = self._routes, []
+            outcomes, self._outcomes = self._outcomes, []
+            self._write_started = loop.time()
+            try:
+                await call.write(routing_pb2.RouteStreamRequest(routes=routes, outcomes=outcomes))
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                self._outcomes = outcomes + self._outcomes  # resent on the next stream
+                self._broken(type(exc).__name__)
+            finally:
+                self._write_started = None
+
+    def _open(self) -> Any:
+        if self._call is None:
+            self._call = self._stub.RouteStream()  # type: ignore[call-arg]
+            self._tasks.append(asyncio.create_task(self._read(self._call)))
+        return self._call
+
+    async def _read(self, call: Any) -> None:
+        reason = "stream closed by control"
+        try:
+            async for msg in call:
+                for result in msg.results:
+                    entry = self._pending.get(result.request_id)
+                    if entry is not None and not entry[0].done():
+                        entry[0].set_result(result.response)
+        except grpc.aio.AioRpcError as exc:
+            reason = f"{exc.code().name}: {exc.details()}"
+        if self._call is call:
+            self._broken(reason)
+
+    def _broken(self, reason: str) -> None:
+        """Fail every waiting request now; the next route() opens a fresh stream."""
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+        for fut, _ in self._pending.values():
+            if not fut.done():
+                fut.set_exception(StreamBroken(reason))
+
+    async def _sweep(self) -> None:
+        """Deadlines are enforced here, ten times a second, not by a timer per request: at
+        one request in flight a per-call timer is a measurable share of the added latency."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(0.1, self._timeout / 4))
+            now = loop.time()
+            started = self._write_started
+            if started is not None and now - started > self._timeout:
+                # A write that never completes (control hung): restart the writer.
+                self._tasks[0].cancel()
+                self._tasks[0] = asyncio.create_task(self._writer())
+                self._write_started = None
+                self._broken("write timed out")
+            for fut, deadline in list(self._pending.values()):
+                if deadline <= now and not fut.done():
+                    fut.set_exception(TimeoutError())
+
+    async def close(self) -> None:
+        if self._outcomes and self._tasks:
+            self._wake.set()
+            await asyncio.sleep(0)  # let the writer take the last outcomes
+        call, self._call = self._call, None
+        if call is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(call.done_writing(), self._timeout)
+            call.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
