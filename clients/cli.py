@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 
@@ -59,6 +60,24 @@ def cmd_status(args: argparse.Namespace, c: AdminClient) -> None:
     _print(args, s, render.status(s))
 
 
+def cmd_events(args: argparse.Namespace, c: AdminClient) -> None:
+    try:
+        since = render.parse_since(args.since, time.time()) if args.since else None
+    except ValueError as exc:
+        raise AdminError(str(exc)) from None
+    rows = c.events(
+        kind=args.kind,
+        request_id=args.request_id,
+        backend_id=args.backend,
+        since=since,
+        limit=args.limit,
+    )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(render.events(rows))
+
+
 def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parent = _admin_parent()
     backends = sub.add_parser("backends", help="list and change the fleet's backends")
@@ -82,6 +101,13 @@ def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
         p.add_argument("id")
         p.set_defaults(admin=fn)
     sub.add_parser("status", parents=[parent], help="fleet summary").set_defaults(admin=cmd_status)
+    ev = sub.add_parser("events", parents=[parent], help="the audit log (failovers, retries...)")
+    ev.add_argument("--kind", default="", help="failover, retry, health, admin, route")
+    ev.add_argument("--request-id", default="")
+    ev.add_argument("--backend", default="")
+    ev.add_argument("--since", default="", help="5m, 2h, or an ISO 8601 time")
+    ev.add_argument("--limit", type=int, default=1000)
+    ev.set_defaults(admin=cmd_events)
 
 
 def _add_run_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -3,9 +3,11 @@ Errors come out as AdminError with a message a person can act on."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import grpc
 
@@ -127,3 +129,20 @@ class AdminClient:
                 for m in resp.models
             ],
         }
+
+    def events(
+        self,
+        *,
+        kind: str = "",
+        request_id: str = "",
+        backend_id: str = "",
+        since: float | None = None,
+        limit: int = 1000,
+    ) -> list[dict[str, Any]]:
+        request = admin_pb2.ListEventsRequest(
+            kind=kind, request_id=request_id, backend_id=backend_id, limit=limit
+        )
+        if since is not None:
+            request.since.FromNanoseconds(int(since * 1e9))
+        resp = self._call("ListEvents", request)
+        return [json.loads(e.json) for e in resp.events]  # type: ignore[attr-defined]

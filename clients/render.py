@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
 
 from clients.client import BackendRow
@@ -37,3 +38,39 @@ def status(s: Mapping[str, Any]) -> str:
     if not models:
         return head + "\nno models served"
     return head + "\n" + table(models, ("model", "backends", "healthy"))
+
+
+EVENT_COLUMNS = ("time", "kind", "request_id", "backend_id", "summary")
+SUMMARY_SKIP = {"v", "seq", "time", "kind", "request_id", "backend_id"}
+
+
+def events(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "no matching events"
+    flat = [
+        {
+            **r,
+            "time": datetime.fromtimestamp(r["time"], UTC).isoformat(timespec="milliseconds"),
+            "summary": " ".join(
+                f"{k}={v}" for k, v in r.items() if k not in SUMMARY_SKIP and v not in ("", None)
+            ),
+        }
+        for r in rows
+    ]
+    return table(flat, EVENT_COLUMNS)
+
+
+def parse_since(text: str, now: float) -> float:
+    """`30s`, `5m`, `2h`, `1d` ago, or an ISO 8601 time (UTC when no zone is given)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text and text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
+        return now - float(text[:-1]) * units[text[-1]]
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"--since wants e.g. 5m, 2h or 2026-11-29T10:00:00, not {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from control import health
+from control.events import EventKind, EventLog
 from control.health import HealthPolicy, HealthRecord
 from control.load import Load
 from control.model import Backend, BackendId, BackendStatus, Snapshot
@@ -34,8 +35,10 @@ class Registry:
         *,
         clock: Clock,
         health_policy: HealthPolicy | None = None,
+        events: EventLog | None = None,
     ) -> None:
         self._clock = clock
+        self.events = events if events is not None else EventLog(clock)
         self._policy = health_policy or HealthPolicy()
         self._backends: dict[BackendId, Backend] = {}
         self._health: dict[BackendId, HealthRecord] = {}
@@ -69,6 +72,15 @@ class Registry:
         self._backends[backend.id] = backend
         self._health[backend.id] = HealthRecord.new(self._clock())
         self._publish()
+        self.events.record(
+            EventKind.ADMIN,
+            backend_id=backend.id,
+            action="add",
+            url=backend.url,
+            model=backend.model,
+            kind_of_backend=backend.kind.value,
+            role=backend.role.value,
+        )
         return self._status(backend.id)
 
     def remove(self, backend_id: str) -> None:
@@ -76,12 +88,17 @@ class Registry:
         del self._backends[bid]
         del self._health[bid]
         self._publish()
+        self.events.record(EventKind.ADMIN, backend_id=bid, action="remove")
 
     def drain(self, backend_id: str) -> BackendStatus:
-        return self._update(backend_id, lambda rec, now: health.drain(rec, now))
+        status = self._update(backend_id, lambda rec, now: health.drain(rec, now))
+        self.events.record(EventKind.ADMIN, backend_id=backend_id, action="drain")
+        return status
 
     def undrain(self, backend_id: str) -> BackendStatus:
-        return self._update(backend_id, lambda rec, now: health.undrain(rec, now))
+        status = self._update(backend_id, lambda rec, now: health.undrain(rec, now))
+        self.events.record(EventKind.ADMIN, backend_id=backend_id, action="undrain")
+        return status
 
     # -- health --------------------------------------------------------------------------
 
@@ -124,6 +141,14 @@ class Registry:
         # Streak counters change on every probe; only a visible change is a new snapshot.
         if after.health != before.health:
             self._publish()
+            if after.health.state is not before.health.state:
+                self.events.record(
+                    EventKind.HEALTH,
+                    backend_id=bid,
+                    state=after.health.state.value,
+                    previous=before.health.state.value,
+                    reason=after.health.reason,
+                )
         return self._status(bid)
 
     def _publish(self) -> None:

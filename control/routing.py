@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from random import Random
 
+from control.events import EventKind
 from control.model import BackendId, Decision, Reason, RouteRequest
 from control.policy import Policy
 from control.registry import Registry
@@ -38,6 +39,17 @@ class Router:
         return decision
 
     def attempt_failed(self, request_id: str, backend_id: str, failure: str, detail: str) -> None:
+        """Before the first byte: the shim retries on its next fallback."""
+        self._demote(request_id, backend_id, failure, detail)
+        self.registry.events.record(
+            EventKind.RETRY,
+            request_id=request_id,
+            backend_id=backend_id,
+            failure=failure,
+            detail=detail,
+        )
+
+    def _demote(self, request_id: str, backend_id: str, failure: str, detail: str) -> None:
         reason = f"{failure}: {detail}" if detail else failure
         self.registry.report_failure(backend_id, reason)
         self.registry.load.release(request_id)
@@ -46,7 +58,7 @@ class Router:
         self, request: RouteRequest, failed_backend_id: str, failure: str, detail: str = ""
     ) -> Decision:
         """A stream died mid-generation: demote its backend and pick another for the resume."""
-        self.attempt_failed(request.request_id, failed_backend_id, failure, detail)
+        self._demote(request.request_id, failed_backend_id, failure, detail)
         excluded = request.exclude | {BackendId(failed_backend_id)}
         decision = self.route(replace(request, exclude=excluded))
         if decision.backends:

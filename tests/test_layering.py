@@ -23,9 +23,34 @@ PURE_MODULES = [
     "dataplane/failover.py",
     "dataplane/errors.py",
     "clients/render.py",
+    *(
+        f"sim/{name}.py"
+        for name in (
+            "tokenizer",
+            "model",
+            "chat_template",
+            "costmodel",
+            "faults",
+            "protocol",
+            "generation",
+            "responses",
+            "specdecode",
+        )
+    ),
 ]
 
-FORBIDDEN = ("grpc", "aiohttp", "asyncio", "opentelemetry", "time", "random", "socket", "requests")
+FORBIDDEN = (
+    "grpc",
+    "aiohttp",
+    "asyncio",
+    "opentelemetry",
+    "time",
+    "random",
+    "socket",
+    "requests",
+    "os",
+    "prometheus_client",
+)
 # `from random import Random` (a type for an injected rng) is allowed; the module-global
 # generator and the clock are not.
 ALLOWED_FROM = {("random", "Random")}

@@ -23,41 +23,46 @@ _sym_db = _symbol_database.Default()
 
 
 from baton.v1 import fleet_pb2 as baton_dot_v1_dot_fleet__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x62\x61ton/v1/admin.proto\x12\x08\x62\x61ton.v1\x1a\x14\x62\x61ton/v1/fleet.proto\"\x15\n\x13ListBackendsRequest\"[\n\x14ListBackendsResponse\x12)\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"7\n\x11\x41\x64\x64\x42\x61\x63kendRequest\x12\"\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x11.baton.v1.Backend\"X\n\x12\x41\x64\x64\x42\x61\x63kendResponse\x12(\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"\"\n\x14RemoveBackendRequest\x12\n\n\x02id\x18\x01 \x01(\t\"1\n\x15RemoveBackendResponse\x12\x18\n\x10snapshot_version\x18\x01 \x01(\x04\"!\n\x13\x44rainBackendRequest\x12\n\n\x02id\x18\x01 \x01(\t\"Z\n\x14\x44rainBackendResponse\x12(\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"#\n\x15UndrainBackendRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\\\n\x16UndrainBackendResponse\x12(\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"\x12\n\x10GetStatusRequest\"?\n\x0bModelStatus\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61\x63kends\x18\x02 \x01(\r\x12\x0f\n\x07healthy\x18\x03 \x01(\r\"\xa8\x01\n\x11GetStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\x12\x16\n\x0erouting_policy\x18\x03 \x01(\t\x12%\n\x06models\x18\x04 \x03(\x0b\x32\x15.baton.v1.ModelStatus\x12\x16\n\x0euptime_seconds\x18\x05 \x01(\x01\x12\x11\n\tin_flight\x18\x06 \x01(\r2\xe2\x03\n\x0c\x41\x64minService\x12M\n\x0cListBackends\x12\x1d.baton.v1.ListBackendsRequest\x1a\x1e.baton.v1.ListBackendsResponse\x12G\n\nAddBackend\x12\x1b.baton.v1.AddBackendRequest\x1a\x1c.baton.v1.AddBackendResponse\x12P\n\rRemoveBackend\x12\x1e.baton.v1.RemoveBackendRequest\x1a\x1f.baton.v1.RemoveBackendResponse\x12M\n\x0c\x44rainBackend\x12\x1d.baton.v1.DrainBackendRequest\x1a\x1e.baton.v1.DrainBackendResponse\x12S\n\x0eUndrainBackend\x12\x1f.baton.v1.UndrainBackendRequest\x1a .baton.v1.UndrainBackendResponse\x12\x44\n\tGetStatus\x12\x1a.baton.v1.GetStatusRequest\x1a\x1b.baton.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x62\x61ton/v1/admin.proto\x12\x08\x62\x61ton.v1\x1a\x14\x62\x61ton/v1/fleet.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x15\n\x13ListBackendsRequest\"[\n\x14ListBackendsResponse\x12)\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"7\n\x11\x41\x64\x64\x42\x61\x63kendRequest\x12\"\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x11.baton.v1.Backend\"X\n\x12\x41\x64\x64\x42\x61\x63kendResponse\x12(\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"\"\n\x14RemoveBackendRequest\x12\n\n\x02id\x18\x01 \x01(\t\"1\n\x15RemoveBackendResponse\x12\x18\n\x10snapshot_version\x18\x01 \x01(\x04\"!\n\x13\x44rainBackendRequest\x12\n\n\x02id\x18\x01 \x01(\t\"Z\n\x14\x44rainBackendResponse\x12(\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"#\n\x15UndrainBackendRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\\\n\x16UndrainBackendResponse\x12(\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"\x12\n\x10GetStatusRequest\"?\n\x0bModelStatus\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61\x63kends\x18\x02 \x01(\r\x12\x0f\n\x07healthy\x18\x03 \x01(\r\"\xa8\x01\n\x11GetStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\x12\x16\n\x0erouting_policy\x18\x03 \x01(\t\x12%\n\x06models\x18\x04 \x03(\x0b\x32\x15.baton.v1.ModelStatus\x12\x16\n\x0euptime_seconds\x18\x05 \x01(\x01\x12\x11\n\tin_flight\x18\x06 \x01(\r\"\x83\x01\n\x11ListEventsRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x12\n\nbackend_id\x18\x03 \x01(\t\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05limit\x18\x05 \x01(\r\"5\n\x12ListEventsResponse\x12\x1f\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x0f.baton.v1.Event2\xab\x04\n\x0c\x41\x64minService\x12M\n\x0cListBackends\x12\x1d.baton.v1.ListBackendsRequest\x1a\x1e.baton.v1.ListBackendsResponse\x12G\n\nAddBackend\x12\x1b.baton.v1.AddBackendRequest\x1a\x1c.baton.v1.AddBackendResponse\x12P\n\rRemoveBackend\x12\x1e.baton.v1.RemoveBackendRequest\x1a\x1f.baton.v1.RemoveBackendResponse\x12M\n\x0c\x44rainBackend\x12\x1d.baton.v1.DrainBackendRequest\x1a\x1e.baton.v1.DrainBackendResponse\x12S\n\x0eUndrainBackend\x12\x1f.baton.v1.UndrainBackendRequest\x1a .baton.v1.UndrainBackendResponse\x12\x44\n\tGetStatus\x12\x1a.baton.v1.GetStatusRequest\x1a\x1b.baton.v1.GetStatusResponse\x12G\n\nListEvents\x12\x1b.baton.v1.ListEventsRequest\x1a\x1c.baton.v1.ListEventsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'baton.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LISTBACKENDSREQUEST']._serialized_start=56
-  _globals['_LISTBACKENDSREQUEST']._serialized_end=77
-  _globals['_LISTBACKENDSRESPONSE']._serialized_start=79
-  _globals['_LISTBACKENDSRESPONSE']._serialized_end=170
-  _globals['_ADDBACKENDREQUEST']._serialized_start=172
-  _globals['_ADDBACKENDREQUEST']._serialized_end=227
-  _globals['_ADDBACKENDRESPONSE']._serialized_start=229
-  _globals['_ADDBACKENDRESPONSE']._serialized_end=317
-  _globals['_REMOVEBACKENDREQUEST']._serialized_start=319
-  _globals['_REMOVEBACKENDREQUEST']._serialized_end=353
-  _globals['_REMOVEBACKENDRESPONSE']._serialized_start=355
-  _globals['_REMOVEBACKENDRESPONSE']._serialized_end=404
-  _globals['_DRAINBACKENDREQUEST']._serialized_start=406
-  _globals['_DRAINBACKENDREQUEST']._serialized_end=439
-  _globals['_DRAINBACKENDRESPONSE']._serialized_start=441
-  _globals['_DRAINBACKENDRESPONSE']._serialized_end=531
-  _globals['_UNDRAINBACKENDREQUEST']._serialized_start=533
-  _globals['_UNDRAINBACKENDREQUEST']._serialized_end=568
-  _globals['_UNDRAINBACKENDRESPONSE']._serialized_start=570
-  _globals['_UNDRAINBACKENDRESPONSE']._serialized_end=662
-  _globals['_GETSTATUSREQUEST']._serialized_start=664
-  _globals['_GETSTATUSREQUEST']._serialized_end=682
-  _globals['_MODELSTATUS']._serialized_start=684
-  _globals['_MODELSTATUS']._serialized_end=747
-  _globals['_GETSTATUSRESPONSE']._serialized_start=750
-  _globals['_GETSTATUSRESPONSE']._serialized_end=918
-  _globals['_ADMINSERVICE']._serialized_start=921
-  _globals['_ADMINSERVICE']._serialized_end=1403
+  _globals['_LISTBACKENDSREQUEST']._serialized_start=89
+  _globals['_LISTBACKENDSREQUEST']._serialized_end=110
+  _globals['_LISTBACKENDSRESPONSE']._serialized_start=112
+  _globals['_LISTBACKENDSRESPONSE']._serialized_end=203
+  _globals['_ADDBACKENDREQUEST']._serialized_start=205
+  _globals['_ADDBACKENDREQUEST']._serialized_end=260
+  _globals['_ADDBACKENDRESPONSE']._serialized_start=262
+  _globals['_ADDBACKENDRESPONSE']._serialized_end=350
+  _globals['_REMOVEBACKENDREQUEST']._serialized_start=352
+  _globals['_REMOVEBACKENDREQUEST']._serialized_end=386
+  _globals['_REMOVEBACKENDRESPONSE']._serialized_start=388
+  _globals['_REMOVEBACKENDRESPONSE']._serialized_end=437
+  _globals['_DRAINBACKENDREQUEST']._serialized_start=439
+  _globals['_DRAINBACKENDREQUEST']._serialized_end=472
+  _globals['_DRAINBACKENDRESPONSE']._serialized_start=474
+  _globals['_DRAINBACKENDRESPONSE']._serialized_end=564
+  _globals['_UNDRAINBACKENDREQUEST']._serialized_start=566
+  _globals['_UNDRAINBACKENDREQUEST']._serialized_end=601
+  _globals['_UNDRAINBACKENDRESPONSE']._serialized_start=603
+  _globals['_UNDRAINBACKENDRESPONSE']._serialized_end=695
+  _globals['_GETSTATUSREQUEST']._serialized_start=697
+  _globals['_GETSTATUSREQUEST']._serialized_end=715
+  _globals['_MODELSTATUS']._serialized_start=717
+  _globals['_MODELSTATUS']._serialized_end=780
+  _globals['_GETSTATUSRESPONSE']._serialized_start=783
+  _globals['_GETSTATUSRESPONSE']._serialized_end=951
+  _globals['_LISTEVENTSREQUEST']._serialized_start=954
+  _globals['_LISTEVENTSREQUEST']._serialized_end=1085
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=1087
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=1140
+  _globals['_ADMINSERVICE']._serialized_start=1143
+  _globals['_ADMINSERVICE']._serialized_end=1698
 # @@protoc_insertion_point(module_scope)

@@ -65,6 +65,11 @@ class AdminServiceStub:
                 request_serializer=baton_dot_v1_dot_admin__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_admin__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/baton.v1.AdminService/ListEvents',
+                request_serializer=baton_dot_v1_dot_admin__pb2.ListEventsRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.ListEventsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -107,6 +112,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEvents(self, request, context):
+        """Audit events, newest `limit` matching the filters, oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -139,6 +151,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=baton_dot_v1_dot_admin__pb2.GetStatusRequest.FromString,
                     response_serializer=baton_dot_v1_dot_admin__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.ListEventsRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.ListEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -304,6 +321,33 @@ class AdminService:
             '/baton.v1.AdminService/GetStatus',
             baton_dot_v1_dot_admin__pb2.GetStatusRequest.SerializeToString,
             baton_dot_v1_dot_admin__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/ListEvents',
+            baton_dot_v1_dot_admin__pb2.ListEventsRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.ListEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,8 @@ class AdminServiceStub:
     DrainBackend: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DrainBackendRequest, _admin_pb2.DrainBackendResponse]
     UndrainBackend: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UndrainBackendRequest, _admin_pb2.UndrainBackendResponse]
     GetStatus: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetStatusRequest, _admin_pb2.GetStatusResponse]
+    ListEvents: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]
+    """Audit events, newest `limit` matching the filters, oldest first."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -51,6 +53,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     DrainBackend: _aio.UnaryUnaryMultiCallable[_admin_pb2.DrainBackendRequest, _admin_pb2.DrainBackendResponse]  # type: ignore[assignment]
     UndrainBackend: _aio.UnaryUnaryMultiCallable[_admin_pb2.UndrainBackendRequest, _admin_pb2.UndrainBackendResponse]  # type: ignore[assignment]
     GetStatus: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetStatusRequest, _admin_pb2.GetStatusResponse]  # type: ignore[assignment]
+    ListEvents: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]  # type: ignore[assignment]
+    """Audit events, newest `limit` matching the filters, oldest first."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Operator-facing fleet management. Requires the admin bearer token when control has one."""
@@ -96,5 +100,13 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.GetStatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.GetStatusResponse, _abc.Awaitable[_admin_pb2.GetStatusResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListEvents(
+        self,
+        request: _admin_pb2.ListEventsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListEventsResponse, _abc.Awaitable[_admin_pb2.ListEventsResponse]]:
+        """Audit events, newest `limit` matching the filters, oldest first."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -25,23 +25,25 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x62\x61ton/v1/fleet.proto\x12\x08\x62\x61ton.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"{\n\x07\x42\x61\x63kend\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12#\n\x04kind\x18\x04 \x01(\x0e\x32\x15.baton.v1.BackendKind\x12#\n\x04role\x18\x05 \x01(\x0e\x32\x15.baton.v1.BackendRole\"\xa7\x01\n\rBackendStatus\x12\"\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x11.baton.v1.Backend\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.baton.v1.HealthState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tin_flight\x18\x05 \x01(\r\"F\n\x08Snapshot\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12)\n\x08\x62\x61\x63kends\x18\x02 \x03(\x0b\x32\x17.baton.v1.BackendStatus*t\n\x0b\x42\x61\x63kendKind\x12\x1c\n\x18\x42\x41\x43KEND_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42\x41\x43KEND_KIND_VLLM\x10\x01\x12\x17\n\x13\x42\x41\x43KEND_KIND_SGLANG\x10\x02\x12\x17\n\x13\x42\x41\x43KEND_KIND_OPENAI\x10\x03*t\n\x0b\x42\x61\x63kendRole\x12\x1c\n\x18\x42\x41\x43KEND_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42\x41\x43KEND_ROLE_SERVE\x10\x01\x12\x16\n\x12\x42\x41\x43KEND_ROLE_DRAFT\x10\x02\x12\x17\n\x13\x42\x41\x43KEND_ROLE_TARGET\x10\x03*\x91\x01\n\x0bHealthState\x12\x1c\n\x18HEALTH_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14HEALTH_STATE_HEALTHY\x10\x01\x12\x18\n\x14HEALTH_STATE_DEMOTED\x10\x02\x12\x19\n\x15HEALTH_STATE_DRAINING\x10\x03\x12\x15\n\x11HEALTH_STATE_DOWN\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x62\x61ton/v1/fleet.proto\x12\x08\x62\x61ton.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"{\n\x07\x42\x61\x63kend\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12#\n\x04kind\x18\x04 \x01(\x0e\x32\x15.baton.v1.BackendKind\x12#\n\x04role\x18\x05 \x01(\x0e\x32\x15.baton.v1.BackendRole\"\xa7\x01\n\rBackendStatus\x12\"\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x11.baton.v1.Backend\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.baton.v1.HealthState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tin_flight\x18\x05 \x01(\r\"F\n\x08Snapshot\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12)\n\x08\x62\x61\x63kends\x18\x02 \x03(\x0b\x32\x17.baton.v1.BackendStatus\"\x82\x01\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x12\n\nbackend_id\x18\x05 \x01(\t\x12\x0c\n\x04json\x18\x06 \x01(\t*t\n\x0b\x42\x61\x63kendKind\x12\x1c\n\x18\x42\x41\x43KEND_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42\x41\x43KEND_KIND_VLLM\x10\x01\x12\x17\n\x13\x42\x41\x43KEND_KIND_SGLANG\x10\x02\x12\x17\n\x13\x42\x41\x43KEND_KIND_OPENAI\x10\x03*t\n\x0b\x42\x61\x63kendRole\x12\x1c\n\x18\x42\x41\x43KEND_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42\x41\x43KEND_ROLE_SERVE\x10\x01\x12\x16\n\x12\x42\x41\x43KEND_ROLE_DRAFT\x10\x02\x12\x17\n\x13\x42\x41\x43KEND_ROLE_TARGET\x10\x03*\x91\x01\n\x0bHealthState\x12\x1c\n\x18HEALTH_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14HEALTH_STATE_HEALTHY\x10\x01\x12\x18\n\x14HEALTH_STATE_DEMOTED\x10\x02\x12\x19\n\x15HEALTH_STATE_DRAINING\x10\x03\x12\x15\n\x11HEALTH_STATE_DOWN\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'baton.v1.fleet_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BACKENDKIND']._serialized_start=434
-  _globals['_BACKENDKIND']._serialized_end=550
-  _globals['_BACKENDROLE']._serialized_start=552
-  _globals['_BACKENDROLE']._serialized_end=668
-  _globals['_HEALTHSTATE']._serialized_start=671
-  _globals['_HEALTHSTATE']._serialized_end=816
+  _globals['_BACKENDKIND']._serialized_start=567
+  _globals['_BACKENDKIND']._serialized_end=683
+  _globals['_BACKENDROLE']._serialized_start=685
+  _globals['_BACKENDROLE']._serialized_end=801
+  _globals['_HEALTHSTATE']._serialized_start=804
+  _globals['_HEALTHSTATE']._serialized_end=949
   _globals['_BACKEND']._serialized_start=67
   _globals['_BACKEND']._serialized_end=190
   _globals['_BACKENDSTATUS']._serialized_start=193
   _globals['_BACKENDSTATUS']._serialized_end=360
   _globals['_SNAPSHOT']._serialized_start=362
   _globals['_SNAPSHOT']._serialized_end=432
+  _globals['_EVENT']._serialized_start=435
+  _globals['_EVENT']._serialized_end=565
 # @@protoc_insertion_point(module_scope)

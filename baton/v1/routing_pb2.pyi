@@ -75,6 +75,81 @@ OUTCOME_BACKEND_ERROR: Outcome.ValueType  # 3
 OUTCOME_CANCELLED: Outcome.ValueType  # 4
 Global___Outcome: _TypeAlias = Outcome  # noqa: Y015
 
+class _ResumePath:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ResumePathEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ResumePath.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RESUME_PATH_UNSPECIFIED: _ResumePath.ValueType  # 0
+    RESUME_PATH_TOKEN: _ResumePath.ValueType  # 1
+    """prompt token ids + generated token ids on /v1/completions: token-exact."""
+    RESUME_PATH_TEXT: _ResumePath.ValueType  # 2
+    """the text sent so far (continue_final_message / prompt + text): may re-tokenize."""
+
+class ResumePath(_ResumePath, metaclass=_ResumePathEnumTypeWrapper):
+    """How a stream was resumed on the new backend."""
+
+RESUME_PATH_UNSPECIFIED: ResumePath.ValueType  # 0
+RESUME_PATH_TOKEN: ResumePath.ValueType  # 1
+"""prompt token ids + generated token ids on /v1/completions: token-exact."""
+RESUME_PATH_TEXT: ResumePath.ValueType  # 2
+"""the text sent so far (continue_final_message / prompt + text): may re-tokenize."""
+Global___ResumePath: _TypeAlias = ResumePath  # noqa: Y015
+
+class _SeamVerdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SeamVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SeamVerdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SEAM_VERDICT_UNSPECIFIED: _SeamVerdict.ValueType  # 0
+    SEAM_VERDICT_VERIFIED: _SeamVerdict.ValueType  # 1
+    """The new backend regenerated the last m tokens exactly; the overlap was dropped."""
+    SEAM_VERDICT_DIVERGENT: _SeamVerdict.ValueType  # 2
+    """It did not; the resume was redone from the exact prefix the client saw."""
+    SEAM_VERDICT_UNCHECKED: _SeamVerdict.ValueType  # 3
+    """No check was possible or asked for (m = 0, text path, too few tokens sent)."""
+    SEAM_VERDICT_SAMPLED: _SeamVerdict.ValueType  # 4
+    """Sampled decoding: resumed, not expected to be byte-identical."""
+
+class SeamVerdict(_SeamVerdict, metaclass=_SeamVerdictEnumTypeWrapper):
+    """What the seam check found where the new backend took over."""
+
+SEAM_VERDICT_UNSPECIFIED: SeamVerdict.ValueType  # 0
+SEAM_VERDICT_VERIFIED: SeamVerdict.ValueType  # 1
+"""The new backend regenerated the last m tokens exactly; the overlap was dropped."""
+SEAM_VERDICT_DIVERGENT: SeamVerdict.ValueType  # 2
+"""It did not; the resume was redone from the exact prefix the client saw."""
+SEAM_VERDICT_UNCHECKED: SeamVerdict.ValueType  # 3
+"""No check was possible or asked for (m = 0, text path, too few tokens sent)."""
+SEAM_VERDICT_SAMPLED: SeamVerdict.ValueType  # 4
+"""Sampled decoding: resumed, not expected to be byte-identical."""
+Global___SeamVerdict: _TypeAlias = SeamVerdict  # noqa: Y015
+
+class _FailoverOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FailoverOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FailoverOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FAILOVER_OUTCOME_UNSPECIFIED: _FailoverOutcome.ValueType  # 0
+    FAILOVER_OUTCOME_RESUMED: _FailoverOutcome.ValueType  # 1
+    FAILOVER_OUTCOME_REFUSED: _FailoverOutcome.ValueType  # 2
+    """The request cannot be resumed faithfully (guided output, penalties, tool call in flight)."""
+    FAILOVER_OUTCOME_EXHAUSTED: _FailoverOutcome.ValueType  # 3
+    """Resume attempts or resume time ran out, or no backend was left."""
+
+class FailoverOutcome(_FailoverOutcome, metaclass=_FailoverOutcomeEnumTypeWrapper): ...
+
+FAILOVER_OUTCOME_UNSPECIFIED: FailoverOutcome.ValueType  # 0
+FAILOVER_OUTCOME_RESUMED: FailoverOutcome.ValueType  # 1
+FAILOVER_OUTCOME_REFUSED: FailoverOutcome.ValueType  # 2
+"""The request cannot be resumed faithfully (guided output, penalties, tool call in flight)."""
+FAILOVER_OUTCOME_EXHAUSTED: FailoverOutcome.ValueType  # 3
+"""Resume attempts or resume time ran out, or no backend was left."""
+Global___FailoverOutcome: _TypeAlias = FailoverOutcome  # noqa: Y015
+
 @_typing.final
 class RequestShape(_message.Message):
     """The request's shape. Prompt text never leaves the shim: only sizes and hashes."""
@@ -472,3 +547,77 @@ class WatchSnapshotsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchSnapshotsResponse: _TypeAlias = WatchSnapshotsResponse  # noqa: Y015
+
+@_typing.final
+class ReportFailoverRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TRACE_ID_FIELD_NUMBER: _builtins.int
+    FROM_BACKEND_ID_FIELD_NUMBER: _builtins.int
+    TO_BACKEND_ID_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
+    CHOICE_INDEX_FIELD_NUMBER: _builtins.int
+    TOKENS_SENT_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    SEAM_FIELD_NUMBER: _builtins.int
+    GAP_MS_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    trace_id: _builtins.str
+    from_backend_id: _builtins.str
+    to_backend_id: _builtins.str
+    failure: _builtins.str
+    """Failure class of the old stream: truncated, error_event, abort, stall, disconnect..."""
+    choice_index: _builtins.int
+    tokens_sent: _builtins.int
+    """Tokens the client had received from this choice when the old stream failed."""
+    path: Global___ResumePath.ValueType
+    seam: Global___SeamVerdict.ValueType
+    gap_ms: _builtins.float
+    """From detecting the failure to the first resumed byte sent to the client."""
+    attempt: _builtins.int
+    """1 for the first failover of this request, 2 for the next..."""
+    outcome: Global___FailoverOutcome.ValueType
+    detail: _builtins.str
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        trace_id: _builtins.str = ...,
+        from_backend_id: _builtins.str = ...,
+        to_backend_id: _builtins.str = ...,
+        failure: _builtins.str = ...,
+        choice_index: _builtins.int = ...,
+        tokens_sent: _builtins.int = ...,
+        path: Global___ResumePath.ValueType = ...,
+        seam: Global___SeamVerdict.ValueType = ...,
+        gap_ms: _builtins.float = ...,
+        attempt: _builtins.int = ...,
+        outcome: Global___FailoverOutcome.ValueType = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "choice_index", b"choice_index", "detail", b"detail", "failure", b"failure", "from_backend_id", b"from_backend_id", "gap_ms", b"gap_ms", "outcome", b"outcome", "path", b"path", "request_id", b"request_id", "seam", b"seam", "to_backend_id", b"to_backend_id", "tokens_sent", b"tokens_sent", "trace_id", b"trace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportFailoverRequest: _TypeAlias = ReportFailoverRequest  # noqa: Y015
+
+@_typing.final
+class ReportFailoverResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportFailoverResponse: _TypeAlias = ReportFailoverResponse  # noqa: Y015

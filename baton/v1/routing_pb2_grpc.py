@@ -60,6 +60,11 @@ class RoutingServiceStub:
                 request_serializer=baton_dot_v1_dot_routing__pb2.FailoverRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_routing__pb2.FailoverResponse.FromString,
                 _registered_method=True)
+        self.ReportFailover = channel.unary_unary(
+                '/baton.v1.RoutingService/ReportFailover',
+                request_serializer=baton_dot_v1_dot_routing__pb2.ReportFailoverRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_routing__pb2.ReportFailoverResponse.FromString,
+                _registered_method=True)
         self.WatchSnapshots = channel.unary_stream(
                 '/baton.v1.RoutingService/WatchSnapshots',
                 request_serializer=baton_dot_v1_dot_routing__pb2.WatchSnapshotsRequest.SerializeToString,
@@ -107,6 +112,13 @@ class RoutingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportFailover(self, request, context):
+        """How a failover ended (path, seam verdict, gap): one audit event per failover.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchSnapshots(self, request, context):
         """The current snapshot, then every newer one (shims keep the last for degraded mode).
         """
@@ -141,6 +153,11 @@ def add_RoutingServiceServicer_to_server(servicer, server):
                     servicer.Failover,
                     request_deserializer=baton_dot_v1_dot_routing__pb2.FailoverRequest.FromString,
                     response_serializer=baton_dot_v1_dot_routing__pb2.FailoverResponse.SerializeToString,
+            ),
+            'ReportFailover': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportFailover,
+                    request_deserializer=baton_dot_v1_dot_routing__pb2.ReportFailoverRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_routing__pb2.ReportFailoverResponse.SerializeToString,
             ),
             'WatchSnapshots': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchSnapshots,
@@ -284,6 +301,33 @@ class RoutingService:
             '/baton.v1.RoutingService/Failover',
             baton_dot_v1_dot_routing__pb2.FailoverRequest.SerializeToString,
             baton_dot_v1_dot_routing__pb2.FailoverResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportFailover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.RoutingService/ReportFailover',
+            baton_dot_v1_dot_routing__pb2.ReportFailoverRequest.SerializeToString,
+            baton_dot_v1_dot_routing__pb2.ReportFailoverResponse.FromString,
             options,
             channel_credentials,
             insecure,

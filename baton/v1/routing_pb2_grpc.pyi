@@ -45,6 +45,8 @@ class RoutingServiceStub:
     """Finished requests, batched by the shim: releases load and feeds pins and stats."""
     Failover: _grpc.UnaryUnaryMultiCallable[_routing_pb2.FailoverRequest, _routing_pb2.FailoverResponse]
     """A stream failed mid-generation: where to resume it."""
+    ReportFailover: _grpc.UnaryUnaryMultiCallable[_routing_pb2.ReportFailoverRequest, _routing_pb2.ReportFailoverResponse]
+    """How a failover ended (path, seam verdict, gap): one audit event per failover."""
     WatchSnapshots: _grpc.UnaryStreamMultiCallable[_routing_pb2.WatchSnapshotsRequest, _routing_pb2.WatchSnapshotsResponse]
     """The current snapshot, then every newer one (shims keep the last for degraded mode)."""
 
@@ -65,6 +67,8 @@ class RoutingServiceAsyncStub(RoutingServiceStub):
     """Finished requests, batched by the shim: releases load and feeds pins and stats."""
     Failover: _aio.UnaryUnaryMultiCallable[_routing_pb2.FailoverRequest, _routing_pb2.FailoverResponse]  # type: ignore[assignment]
     """A stream failed mid-generation: where to resume it."""
+    ReportFailover: _aio.UnaryUnaryMultiCallable[_routing_pb2.ReportFailoverRequest, _routing_pb2.ReportFailoverResponse]  # type: ignore[assignment]
+    """How a failover ended (path, seam verdict, gap): one audit event per failover."""
     WatchSnapshots: _aio.UnaryStreamMultiCallable[_routing_pb2.WatchSnapshotsRequest, _routing_pb2.WatchSnapshotsResponse]  # type: ignore[assignment]
     """The current snapshot, then every newer one (shims keep the last for degraded mode)."""
 
@@ -112,6 +116,14 @@ class RoutingServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_routing_pb2.FailoverResponse, _abc.Awaitable[_routing_pb2.FailoverResponse]]:
         """A stream failed mid-generation: where to resume it."""
+
+    @_abc_1.abstractmethod
+    def ReportFailover(
+        self,
+        request: _routing_pb2.ReportFailoverRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_routing_pb2.ReportFailoverResponse, _abc.Awaitable[_routing_pb2.ReportFailoverResponse]]:
+        """How a failover ended (path, seam verdict, gap): one audit event per failover."""
 
     @_abc_1.abstractmethod
     def WatchSnapshots(

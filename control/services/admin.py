@@ -100,3 +100,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             uptime_seconds=time.monotonic() - self._started,
             in_flight=self._registry.load.total(),
         )
+
+    async def ListEvents(
+        self, request: admin_pb2.ListEventsRequest, context: Context
+    ) -> admin_pb2.ListEventsResponse:
+        events = self._registry.events.query(convert.event_query_from_pb(request))
+        return admin_pb2.ListEventsResponse(events=[convert.event_to_pb(e) for e in events])

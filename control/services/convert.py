@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import orjson
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from baton.v1 import fleet_pb2, routing_pb2
+from baton.v1 import admin_pb2, fleet_pb2, routing_pb2
+from control.events import Event, EventQuery
 from control.model import (
     Backend,
     BackendId,
@@ -77,13 +79,11 @@ def backend_fields_from_pb(b: fleet_pb2.Backend) -> dict[str, str]:
 
 
 def status_to_pb(s: BackendStatus, in_flight: Mapping[BackendId, int]) -> fleet_pb2.BackendStatus:
-    since = Timestamp()
-    since.FromNanoseconds(int(s.health.since * 1e9))
     return fleet_pb2.BackendStatus(
         backend=backend_to_pb(s.backend),
         state=STATE_TO_PB[s.health.state],
         reason=s.health.reason,
-        since=since,
+        since=timestamp(s.health.since),
         in_flight=in_flight.get(s.backend.id, 0),
     )
 
@@ -128,3 +128,60 @@ def failover_response(d: Decision) -> routing_pb2.FailoverResponse:
         snapshot_version=d.snapshot_version,
         detail=d.detail,
     )
+
+
+def timestamp(seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def event_to_pb(e: Event) -> fleet_pb2.Event:
+    return fleet_pb2.Event(
+        seq=e.seq,
+        time=timestamp(e.time),
+        kind=e.kind.value,
+        request_id=e.request_id,
+        backend_id=e.backend_id,
+        json=orjson.dumps(e.to_json()).decode(),
+    )
+
+
+def event_query_from_pb(q: admin_pb2.ListEventsRequest) -> EventQuery:
+    since = q.since.ToNanoseconds() / 1e9 if q.HasField("since") else 0.0
+    return EventQuery(q.kind, q.request_id, q.backend_id, since, q.limit or 1000)
+
+
+PATH_FROM_PB = {
+    routing_pb2.RESUME_PATH_TOKEN: "token",
+    routing_pb2.RESUME_PATH_TEXT: "text",
+}
+SEAM_FROM_PB = {
+    routing_pb2.SEAM_VERDICT_VERIFIED: "verified",
+    routing_pb2.SEAM_VERDICT_DIVERGENT: "divergent",
+    routing_pb2.SEAM_VERDICT_UNCHECKED: "unchecked",
+    routing_pb2.SEAM_VERDICT_SAMPLED: "sampled",
+}
+FAILOVER_OUTCOME_FROM_PB = {
+    routing_pb2.FAILOVER_OUTCOME_RESUMED: "resumed",
+    routing_pb2.FAILOVER_OUTCOME_REFUSED: "refused",
+    routing_pb2.FAILOVER_OUTCOME_EXHAUSTED: "exhausted",
+}
+
+
+def failover_fields(r: routing_pb2.ReportFailoverRequest) -> dict[str, object]:
+    """The failover event's body, from the shim's report."""
+    return {
+        "trace_id": r.trace_id,
+        "from_backend": r.from_backend_id,
+        "to_backend": r.to_backend_id,
+        "failure": r.failure,
+        "choice": r.choice_index,
+        "tokens_sent": r.tokens_sent,
+        "path": PATH_FROM_PB.get(r.path, "none"),
+        "seam": SEAM_FROM_PB.get(r.seam, "none"),
+        "gap_ms": round(r.gap_ms, 3),
+        "attempt": r.attempt,
+        "outcome": FAILOVER_OUTCOME_FROM_PB.get(r.outcome, "unknown"),
+        "detail": r.detail,
+    }

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable
 
 from baton.v1 import routing_pb2, routing_pb2_grpc
+from control.events import EventKind
 from control.model import Snapshot
 from control.routing import Outcome, Router
 from control.services import convert
@@ -78,6 +79,17 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             route_request, request.failed_backend_id, request.failure or "failure"
         )
         return convert.failover_response(decision)
+
+    async def ReportFailover(
+        self, request: routing_pb2.ReportFailoverRequest, context: Context
+    ) -> routing_pb2.ReportFailoverResponse:
+        self._router.registry.events.record(
+            EventKind.FAILOVER,
+            request_id=request.request_id,
+            backend_id=request.from_backend_id,
+            **convert.failover_fields(request),
+        )
+        return routing_pb2.ReportFailoverResponse()
 
     async def WatchSnapshots(
         self, request: routing_pb2.WatchSnapshotsRequest, context: Context

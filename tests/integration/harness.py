@@ -24,9 +24,13 @@ def start_sim(*extra: str, model: str = MODEL) -> Part:
 
 
 def write_config(
-    path: Path, backends: Sequence[tuple[str, str]], model: str = MODEL, extra: str = ""
+    path: Path,
+    backends: Sequence[tuple[str, str]],
+    model: str = MODEL,
+    extra: str = "",
+    probe_interval: float = 0.2,
 ) -> Path:
-    lines = [extra, "[probes]", "interval = 0.2", "timeout = 0.5", ""]
+    lines = [extra, "[probes]", f"interval = {probe_interval}", "timeout = 0.5", ""]
     for bid, url in backends:
         lines += ["[[backends]]", f'id = "{bid}"', f'url = "{url}"', f'model = "{model}"', ""]
     path.write_text("\n".join(lines))
@@ -82,6 +86,7 @@ def fleet(
     sim_args: Sequence[str] = (),
     shim_args: Sequence[str] = (),
     control_env: dict[str, str] | None = None,
+    probe_interval: float = 0.2,
 ) -> Iterator[Fleet]:
     parts: list[Part] = []
     try:
@@ -89,7 +94,11 @@ def fleet(
         for i in range(n):
             sims[f"s{i}"] = start_sim(*sim_args)
             parts.append(sims[f"s{i}"])
-        config = write_config(tmp_path / "control.toml", [(k, p.ready) for k, p in sims.items()])
+        config = write_config(
+            tmp_path / "control.toml",
+            [(k, p.ready) for k, p in sims.items()],
+            probe_interval=probe_interval,
+        )
         control = start_control(config, env=control_env)
         parts.append(control)
         shim = start_shim(control.ready, *shim_args)

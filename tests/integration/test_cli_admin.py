@@ -61,6 +61,18 @@ def test_list_status_add_drain_undrain_remove(tmp_path: Path) -> None:
         assert f.baton("backends", "remove", "s2").returncode == 0
         assert set(f.backends()) == {"s0", "s1"}
 
+        admin = json.loads(f.baton("events", "--kind", "admin", "--json").stdout)
+        assert [(e["action"], e["backend_id"]) for e in admin] == [
+            ("drain", "s0"),
+            ("undrain", "s0"),
+            ("add", "s2"),
+            ("remove", "s2"),
+        ]
+        table = f.baton("events", "--kind", "admin", "--since", "10m")
+        assert table.returncode == 0 and "action=drain" in table.stdout
+        bad = f.baton("events", "--since", "yesterday-ish")
+        assert bad.returncode == 1 and "--since" in bad.stderr
+
 
 def test_refusals_are_readable_with_nonzero_exit(tmp_path: Path) -> None:
     with fleet(tmp_path, n=1) as f:

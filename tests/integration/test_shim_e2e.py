@@ -60,7 +60,8 @@ def test_models_health_and_round_robin_spread(tmp_path: Path) -> None:
 
 
 def test_connect_failure_before_first_byte_is_retried_and_demotes(tmp_path: Path) -> None:
-    with fleet(tmp_path, n=2) as f:
+    # Probes slow enough that only the shim's report can demote the dead backend.
+    with fleet(tmp_path, n=2, probe_interval=60) as f:
         f.sims["s0"].kill()
         c = client(f.base_url)
         # Round robin puts every other request on the dead one first: all must still be 200.
@@ -77,9 +78,15 @@ def test_connect_failure_before_first_byte_is_retried_and_demotes(tmp_path: Path
                 text = c.completions.create(model=MODEL, prompt="hi", max_tokens=8).choices[0].text
             assert text
         rows = f.backends()
-        assert rows["s0"]["state"] in ("demoted", "down")
-        assert "connect" in str(rows["s0"]["reason"]) or "probe" in str(rows["s0"]["reason"])
+        assert rows["s0"]["state"] == "demoted"
+        assert str(rows["s0"]["reason"]).startswith("connect")
         assert rows["s1"]["state"] == "healthy"
+        retries = json.loads(f.baton("events", "--kind", "retry", "--json").stdout)
+        assert retries and {e["backend_id"] for e in retries} == {"s0"}
+        assert {e["failure"] for e in retries} == {"connect"}
+        assert all(e["v"] == 1 and e["request_id"] for e in retries)
+        health = json.loads(f.baton("events", "--kind", "health", "--json").stdout)
+        assert any(e["backend_id"] == "s0" and e["state"] == "demoted" for e in health)
 
 
 def test_all_backends_dead_is_a_clear_503_or_502(tmp_path: Path) -> None:

@@ -1,0 +1,98 @@
+"""The audit log: every failover, retry, health and admin change as a versioned event.
+Events carry ids, counts and hashes, never prompt text. Kept in a bounded ring in memory;
+readers query it or follow it live."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class EventKind(StrEnum):
+    ROUTE = "route"
+    RETRY = "retry"
+    FAILOVER = "failover"
+    HEALTH = "health"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    seq: int
+    time: float
+    kind: EventKind
+    request_id: str = ""
+    backend_id: str = ""
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "v": SCHEMA_VERSION,
+            "seq": self.seq,
+            "time": self.time,
+            "kind": self.kind.value,
+            "request_id": self.request_id,
+            "backend_id": self.backend_id,
+            **self.data,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EventQuery:
+    kind: str = ""
+    request_id: str = ""
+    backend_id: str = ""
+    since: float = 0.0
+    limit: int = 1000
+
+    def matches(self, e: Event) -> bool:
+        return (
+            (not self.kind or e.kind == self.kind)
+            and (not self.request_id or e.request_id == self.request_id)
+            and (not self.backend_id or e.backend_id == self.backend_id)
+            and e.time >= self.since
+        )
+
+
+Listener = Callable[[Event], None]
+
+
+class EventLog:
+    def __init__(self, clock: Callable[[], float], capacity: int = 100_000) -> None:
+        self._clock = clock
+        self._events: deque[Event] = deque(maxlen=capacity)
+        self._seq = 0
+        self._listeners: list[Listener] = []
+
+    def record(
+        self, kind: EventKind, *, request_id: str = "", backend_id: str = "", **data: Any
+    ) -> Event:
+        self._seq += 1
+        event = Event(self._seq, self._clock(), kind, request_id, backend_id, data)
+        self._events.append(event)
+        for listener in list(self._listeners):
+            listener(event)
+        return event
+
+    def query(self, q: EventQuery) -> list[Event]:
+        """The newest `limit` matching events, oldest first."""
+        found: list[Event] = []
+        for e in reversed(self._events):
+            if q.matches(e):
+                found.append(e)
+                if len(found) >= q.limit:
+                    break
+        found.reverse()
+        return found
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._events)

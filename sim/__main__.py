@@ -1,0 +1,146 @@
+"""``python -m sim`` / ``baton sim``: run one simulated vLLM-flavoured engine.
+
+Prints exactly one line ``SIM READY http://HOST:PORT`` once the port is bound
+(``--listen 127.0.0.1:0`` reports the real port), then serves until SIGINT or
+SIGTERM and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+
+from sim.costmodel import CostParams
+from sim.faults import FaultSpecError, parse_fault_spec
+from sim.model import ModelConfig
+from sim.protocol import Limits
+from sim.server import SimConfig, start_server
+from sim.specdecode import SpecConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("server")
+    g.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT (port 0 = pick one)")
+    g.add_argument("--model", default="toy", help="served model name")
+    g.add_argument("--max-model-len", type=int, default=8192)
+    g.add_argument("--max-num-seqs", type=int, default=256,
+                   help="requests decoding at once; more wait (vllm:num_requests_waiting)")
+    g.add_argument("--default-max-tokens", type=int, default=64,
+                   help="max_tokens when a request gives none")
+    g.add_argument("--default-temperature", type=float, default=0.0,
+                   help="temperature when a request gives none (the toy's generation config)")
+    g.add_argument("--slow-start", type=float, default=0.0, metavar="S",
+                   help="sleep S seconds before binding the port")
+    m = parser.add_argument_group("model")
+    m.add_argument("--model-seed", type=int, default=0, help="the toy model's weights")
+    m.add_argument("--chip-seed", type=int, default=0, help="this replica's numeric noise")
+    m.add_argument("--tie-rate", type=float, default=0.0,
+                   help="fraction of positions that are near-ties (chips may disagree there)")
+    m.add_argument("--eos-rate", type=float, default=0.0,
+                   help="per-position chance the model emits EOS (0 = run to max_tokens)")
+    c = parser.add_argument_group("cost model (all 0 = as fast as possible)")
+    c.add_argument("--prefill-us-per-token", type=float, default=20.0,
+                   help="prefill time per prompt token not in the prefix cache")
+    c.add_argument("--decode-ms-per-step", type=float, default=5.0)
+    c.add_argument("--batch-slowdown", type=float, default=0.02,
+                   help="extra step time per additional concurrent sequence (0.02 = +2%%)")
+    c.add_argument("--cache-blocks", type=int, default=4096, help="prefix cache size (0 = off)")
+    c.add_argument("--block-size", type=int, default=16)
+    c.add_argument("--instant", action="store_true",
+                   help="zero prefill and decode time (tests, router overhead benchmarks)")
+    s = parser.add_argument_group("speculative decoding (counters only; output is unchanged)")
+    s.add_argument("--num-speculative-tokens", type=int, default=0,
+                   help="pose as a target with a draft proposing K tokens per step (0 = off)")
+    s.add_argument("--spec-acceptance", type=float, default=0.7,
+                   help="chance each draft token is accepted")
+    f = parser.add_argument_group("faults")
+    f.add_argument("--fault", default="", metavar="SPEC",
+                   help="applied to every request, e.g. 'die-after=5'; "
+                        "the X-Sim-Fault header overrides it per request")
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    instant = args.instant
+    try:
+        faults = parse_fault_spec(args.fault)
+    except FaultSpecError as e:
+        raise SystemExit(f"--fault: {e}") from None
+    return SimConfig(
+        model=ModelConfig(
+            seed=args.model_seed,
+            chip_seed=args.chip_seed,
+            tie_rate=args.tie_rate,
+            eos_rate=args.eos_rate,
+        ),
+        limits=Limits(
+            model=args.model,
+            max_model_len=args.max_model_len,
+            default_max_tokens=args.default_max_tokens,
+            default_temperature=args.default_temperature,
+        ),
+        cost=CostParams(
+            prefill_us_per_token=0.0 if instant else args.prefill_us_per_token,
+            decode_ms_per_step=0.0 if instant else args.decode_ms_per_step,
+            batch_slowdown=args.batch_slowdown,
+            cache_blocks=args.cache_blocks,
+            block_size=args.block_size,
+        ),
+        faults=faults,
+        max_num_seqs=args.max_num_seqs,
+        spec=SpecConfig(num_tokens=args.num_speculative_tokens, acceptance=args.spec_acceptance),
+    )
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise SystemExit(f"--listen must be HOST:PORT, got {listen!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+async def serve(cfg: SimConfig, host: str, port: int, slow_start: float = 0.0) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    if slow_start > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), slow_start)
+        if stop.is_set():
+            return
+    runner, bound_port = await start_server(cfg, host, port)
+    print(f"SIM READY http://{_url_host(host)}:{bound_port}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    host, port = _split_listen(args.listen)
+    try:
+        import uvloop
+    except ImportError:  # optional: plain asyncio works, just slower
+        asyncio.run(serve(cfg, host, port, args.slow_start))
+    else:
+        uvloop.run(serve(cfg, host, port, args.slow_start))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Request bodies -> validated domain values (pure). Mirrors vLLM's field rules.
+
+Unknown fields are accepted and ignored, as vLLM does. Errors raise ApiError,
+which the server renders as ``{"error": {"message","type","param","code"}}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sim.chat_template import TemplateError, parse_messages, render
+from sim.tokenizer import BOS, Tokenizer
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, "BadRequestError", param)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-server facts a request is validated against."""
+
+    model: str
+    max_model_len: int
+    default_max_tokens: int
+    default_temperature: float
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0  # EOS and stop strings are suppressed before this many outputs
+
+
+@dataclass(frozen=True, slots=True)
+class GenRequest:
+    kind: Literal["chat", "completion"]
+    prompt_ids: list[int]  # never mutated; a list to avoid copying long prompts
+    params: SamplingParams
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    return_token_ids: bool = False
+    role: str = "assistant"  # chat only: role of the streamed message
+
+
+def check_model(body: Mapping[str, Any], limits: Limits) -> None:
+    model = body.get("model")
+    if model is None:
+        return  # vLLM falls back to the served model
+    if not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
+    if model != limits.model:
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+
+
+def parse_chat(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRequest:
+    check_model(body, limits)
+    try:
+        messages = parse_messages(body.get("messages"))
+        add_gen = _opt(body, "add_generation_prompt", bool, True)
+        cont = _opt(body, "continue_final_message", bool, False)
+        text = render(messages, add_generation_prompt=add_gen, continue_final_message=cont)
+    except TemplateError as e:
+        raise bad_request(str(e), "messages") from None
+    prompt_ids = tok.encode(text)
+    max_tokens = _opt(body, "max_completion_tokens", int, None)
+    if max_tokens is None:
+        max_tokens = _opt(body, "max_tokens", int, None)
+    role = "assistant" if add_gen else messages[-1].role
+    return _finish(body, "chat", prompt_ids, max_tokens, limits, role=role)
+
+
+def parse_completion(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRequest:
+    check_model(body, limits)
+    add_special = _opt(body, "add_special_tokens", bool, True)
+    prompt_ids = prompt_to_ids(body.get("prompt"), tok, add_special)
+    max_tokens = _opt(body, "max_tokens", int, None)
+    return _finish(body, "completion", prompt_ids, max_tokens, limits)
+
+
+def prompt_to_ids(prompt: object, tok: Tokenizer, add_special_tokens: bool) -> list[int]:
+    """A string, a list of ids, or a one-element list of either (a batch of one)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = tok.encode(prompt)
+        return [BOS, *ids] if add_special_tokens else ids
+    if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+        if not prompt:
+            raise bad_request("'prompt' must not be empty", "prompt")
+        if not tok.valid_ids(prompt):
+            raise bad_request(
+                f"'prompt' token ids must be integers in [0, {tok.vocab_size})", "prompt"
+            )
+        return prompt
+    raise bad_request(
+        "'prompt' must be a string or a list of token ids (one prompt per request)", "prompt"
+    )
+
+
+def _finish(
+    body: Mapping[str, Any],
+    kind: Literal["chat", "completion"],
+    prompt_ids: list[int],
+    max_tokens: int | None,
+    limits: Limits,
+    role: str = "assistant",
+) -> GenRequest:
+    stream = _opt(body, "stream", bool, False)
+    stream_options = body.get("stream_options")
+    include_usage = False
+    if stream_options is not None:
+        if not isinstance(stream_options, Mapping):
+            raise bad_request("'stream_options' must be an object", "stream_options")
+        if not stream:
+            raise bad_request("Stream options can only be defined when stream=True.")
+        include_usage = _opt(stream_options, "include_usage", bool, False)
+    n = _opt(body, "n", int, 1)
+    if not 1 <= n <= 128:
+        raise bad_request("'n' must be between 1 and 128", "n")
+    params = SamplingParams(
+        max_tokens=_max_tokens(max_tokens, len(prompt_ids), limits),
+        temperature=_opt(body, "temperature", float, limits.default_temperature),
+        top_p=_opt(body, "top_p", float, 1.0),
+        top_k=_opt(body, "top_k", int, 0),
+        seed=_opt(body, "seed", int, None),
+        stop=_stops(body.get("stop")),
+        ignore_eos=_opt(body, "ignore_eos", bool, False),
+        min_tokens=_opt(body, "min_tokens", int, 0),
+    )
+    if params.temperature < 0:
+        raise bad_request("'temperature' must be >= 0", "temperature")
+    if not 0 < params.top_p <= 1:
+        raise bad_request("'top_p' must be in (0, 1]", "top_p")
+    if not 0 <= params.min_tokens <= params.max_tokens:
+        raise bad_request("'min_tokens' must be between 0 and max_tokens", "min_tokens")
+    if params.top_k < -1:
+        raise bad_request("'top_k' must be -1 (disable) or at least 1", "top_k")
+    return GenRequest(
+        kind=kind,
+        prompt_ids=prompt_ids,
+        params=params,
+        n=n,
+        stream=stream,
+        include_usage=include_usage,
+        return_token_ids=_opt(body, "return_token_ids", bool, False),
+        role=role,
+    )
+
+
+def _max_tokens(requested: int | None, prompt_len: int, limits: Limits) -> int:
+    room = limits.max_model_len - prompt_len
+    if requested is None:
+        if room < 1:
+            raise bad_request(_too_long(limits, prompt_len, 1))
+        return min(limits.default_max_tokens, room)
+    if requested < 1:
+        raise bad_request(f"max_tokens must be at least 1, got {requested}.", "max_tokens")
+    if requested > room:
+        raise bad_request(_too_long(limits, prompt_len, requested))
+    return requested
+
+
+def _too_long(limits: Limits, prompt_len: int, max_tokens: int) -> str:
+    # vLLM's wording, so clients that pattern-match it keep working.
+    return (
+        f"This model's maximum context length is {limits.max_model_len} tokens. However, you "
+        f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the messages, "
+        f"{max_tokens} in the completion). Please reduce the length of the messages or completion."
+    )
+
+
+def _stops(raw: object) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        return (raw,) if raw else ()
+    if isinstance(raw, list) and all(isinstance(s, str) for s in raw):
+        return tuple(s for s in raw if s)
+    raise bad_request("'stop' must be a string or a list of strings", "stop")
+
+
+def _opt(body: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
+    """Optional typed field; null means default. Rejects bools posing as numbers."""
+    value = body.get(key)
+    if value is None:
+        return default
+    if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, bool):
+        raise bad_request(f"'{key}' must be an integer", key)
+    if not isinstance(value, kind):
+        raise bad_request(f"'{key}' must be of type {kind.__name__}", key)
+    return value

@@ -1,0 +1,167 @@
+"""OpenAI/vLLM response and SSE chunk shapes (pure dict builders + SSE framing).
+
+Placement of the vLLM ``return_token_ids`` fields (vLLM >= 0.10.2):
+* chat: ``prompt_token_ids`` at the TOP level of the first (role) chunk of each
+  choice and of the non-streaming response; ``token_ids`` on each choice.
+* completions: ``prompt_token_ids`` and ``token_ids`` both on the choice; the
+  prompt ids only on the first chunk of each choice.
+``finish_reason`` rides on the chunk of the last token (as vLLM does), and
+``system_fingerprint`` only on terminal chunks (the finish chunk, or the usage
+chunk when include_usage is on), as in current vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    id: str
+    created: int
+    model: str
+    fingerprint: str
+    chat: bool
+    return_token_ids: bool
+    include_usage: bool
+    role: str = "assistant"
+
+    @property
+    def chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceResult:
+    text: str
+    token_ids: Sequence[int]
+    finish_reason: str
+    stop_reason: str | None = None
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _chunk(meta: Meta, choice: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": meta.id,
+        "object": meta.chunk_object,
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [choice],
+    }
+
+
+def role_chunk(meta: Meta, index: int, prompt_ids: Sequence[int]) -> dict[str, Any]:
+    """Chat only: the first chunk of each choice."""
+    chunk = _chunk(
+        meta,
+        {
+            "index": index,
+            "delta": {"role": meta.role, "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        },
+    )
+    if meta.return_token_ids:
+        chunk["prompt_token_ids"] = prompt_ids
+    return chunk
+
+
+def token_chunk(
+    meta: Meta,
+    index: int,
+    text: str,
+    token_ids: Sequence[int],
+    finish_reason: str | None = None,
+    stop_reason: str | None = None,
+    prompt_ids: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """One generated token (or the abort marker when token_ids is empty)."""
+    if meta.chat:
+        choice: dict[str, Any] = {"index": index, "delta": {"content": text}}
+    else:
+        choice = {"index": index, "text": text}
+    choice["logprobs"] = None
+    choice["finish_reason"] = finish_reason
+    if finish_reason is not None:
+        choice["stop_reason"] = stop_reason
+    if meta.return_token_ids:
+        if prompt_ids is not None and not meta.chat:
+            choice["prompt_token_ids"] = prompt_ids
+        choice["token_ids"] = token_ids
+    chunk = _chunk(meta, choice)
+    if finish_reason is not None and not meta.include_usage:
+        chunk["system_fingerprint"] = meta.fingerprint
+    return chunk
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def usage_chunk(meta: Meta, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "id": meta.id,
+        "object": meta.chunk_object,
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [],
+        "usage": usage(prompt_tokens, completion_tokens),
+        "system_fingerprint": meta.fingerprint,
+    }
+
+
+def error_body(message: str, type_: str = "InternalServerError", code: int = 500) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+def error_event(message: str, type_: str = "InternalServerError", code: int = 500) -> bytes:
+    """vLLM's in-stream error (engine died mid-generation); followed by [DONE]."""
+    return sse(error_body(message, type_, code))
+
+
+def full_response(
+    meta: Meta, prompt_ids: Sequence[int], results: Sequence[ChoiceResult]
+) -> dict[str, Any]:
+    """Non-streaming body for chat or completions."""
+    choices: list[dict[str, Any]] = []
+    for i, r in enumerate(results):
+        if meta.chat:
+            choice: dict[str, Any] = {
+                "index": i,
+                "message": {"role": meta.role, "content": r.text, "tool_calls": []},
+            }
+        else:
+            choice = {"index": i, "text": r.text}
+        choice["logprobs"] = None
+        choice["finish_reason"] = r.finish_reason
+        choice["stop_reason"] = r.stop_reason
+        if meta.return_token_ids:
+            if not meta.chat:
+                choice["prompt_token_ids"] = prompt_ids
+            choice["token_ids"] = r.token_ids
+        choices.append(choice)
+    body: dict[str, Any] = {
+        "id": meta.id,
+        "object": "chat.completion" if meta.chat else "text_completion",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": choices,
+        "usage": usage(len(prompt_ids), sum(len(r.token_ids) for r in results)),
+        "system_fingerprint": meta.fingerprint,
+    }
+    if meta.chat and meta.return_token_ids:
+        body["prompt_token_ids"] = prompt_ids
+    return body

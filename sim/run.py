@@ -1,0 +1,244 @@
+"""One generation request's life on the server: admit, prefill, decode, faults, bookkeeping.
+
+Plumbing around the pure parts (Sequence, CostParams, FaultSpec, responses).
+With every cost at 0 the hot path never sleeps, and a stream is written in a
+few large writes; with a decode cost each step is flushed as it is produced so
+streaming is real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import time
+from random import Random
+from typing import TYPE_CHECKING, NoReturn
+
+import orjson
+from aiohttp import web
+
+from sim import responses as r
+from sim import specdecode
+from sim.faults import FaultKind, FaultSpec
+from sim.generation import Sequence
+from sim.protocol import GenRequest
+
+if TYPE_CHECKING:
+    from sim.server import SimState
+
+_FLUSH_EVERY = 64  # chunks buffered per write when nothing is paced
+
+
+class Dropped(Exception):
+    """The connection was cut on purpose (die/reset fault); nothing more to send."""
+
+
+class Run:
+    def __init__(self, state: SimState, req: GenRequest, faults: FaultSpec, meta: r.Meta) -> None:
+        self.state = state
+        self.req = req
+        self.faults = faults
+        self.meta = meta
+        self.t0 = time.perf_counter()
+        self.ttft_recorded = False
+        self.emitted = 0
+        self.outcome = "abort"  # until proven otherwise: cancellation lands here
+        h = self.prompt_hash = state.model.start(req.prompt_ids)
+        self.seqs = [
+            Sequence(state.model, req.prompt_ids, req.params, index=i, prompt_hash=h)
+            for i in range(req.n)
+        ]
+        self._check_faults = not faults.empty
+        self._prefill_s = 0.0
+
+    # -- lifecycle -----------------------------------------------------------
+    def begin(self) -> None:
+        st, m = self.state, self.state.metrics
+        st.running_requests += 1
+        st.running_seqs += self.req.n
+        m.running.set(st.running_requests)
+        prompt = self.req.prompt_ids
+        m.prompt_tokens.inc(len(prompt))
+        lookup = st.cache.lookup(prompt)
+        st.cache.insert(prompt)
+        m.cache_queries.inc(lookup.query_tokens)
+        if lookup.hit_tokens:
+            m.cache_hits.inc(lookup.hit_tokens)
+        self._prefill_s = st.cfg.cost.prefill_seconds(lookup.uncached_tokens)
+
+    def end(self) -> None:
+        st, m = self.state, self.state.metrics
+        st.running_requests -= 1
+        st.running_seqs -= self.req.n
+        m.running.set(st.running_requests)
+        generated = sum(len(s.token_ids) for s in self.seqs)
+        if generated:
+            m.generation_tokens.inc(generated)
+            if m.spec is not None:
+                rng = Random(hash((self.prompt_hash, st.cfg.model.chip_seed)))
+                m.spec.add(specdecode.count(st.cfg.spec, generated, rng))
+        m.success[self.outcome].inc()
+        m.e2e.observe(time.perf_counter() - self.t0)
+        if st.cache.capacity:
+            if self.outcome in ("stop", "length"):
+                # vLLM keeps the blocks of the finished sequence: the next turn of a
+                # conversation can hit them (up to where retokenization differs).
+                st.cache.insert(self.req.prompt_ids + self.seqs[0].token_ids)
+            m.kv_usage.set(st.cache.used_blocks / st.cache.capacity)
+
+    async def _prefill(self) -> None:
+        if self._prefill_s > 0:
+            await asyncio.sleep(self._prefill_s)
+
+    def _step_delay(self) -> float:
+        return self.state.cfg.cost.decode_step_seconds(self.state.running_seqs)
+
+    def _first_token(self) -> None:
+        if not self.ttft_recorded:
+            self.ttft_recorded = True
+            self.state.metrics.ttft.observe(time.perf_counter() - self.t0)
+
+    def _settle(self) -> None:
+        reason = self.seqs[0].finish_reason
+        self.outcome = reason if reason in ("stop", "length") else "abort"
+
+    # -- non-streaming -------------------------------------------------------
+    async def complete(self, request: web.Request) -> web.Response:
+        await self._prefill()
+        if not self._check_faults and self.state.cfg.cost.decode_ms_per_step <= 0:
+            # Nothing to pace or inject: generate each choice in one tight loop.
+            for seq in self.seqs:
+                seq.run_to_end()
+            self._first_token()
+            self._settle()
+            return _json(200, self._full_body())
+        seqs, step_no = self.seqs, 0
+        while any(not s.finished for s in seqs):
+            if step_no:
+                delay = self._step_delay()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            step_no += 1
+            for seq in seqs:
+                if seq.finished:
+                    continue
+                if self._check_faults and (kind := self.faults.due(self.emitted)) is not None:
+                    if kind is FaultKind.STALL:
+                        await asyncio.sleep(self.faults.stall_for)
+                    elif kind is FaultKind.ERROR:
+                        self.outcome = "error"
+                        return _json(500, r.error_body("injected fault: engine error"))
+                    elif kind is FaultKind.ABORT:
+                        self.outcome = "abort"
+                        return _json(200, self._full_body())
+                    else:
+                        _cut(request, kind)
+                seq.step()
+                self.emitted += 1
+            self._first_token()
+        self._settle()
+        return _json(200, self._full_body())
+
+    def _full_body(self) -> dict[str, object]:
+        results = [
+            r.ChoiceResult(s.output_text(), s.token_ids, s.finish_reason or "abort", s.stop_reason)
+            for s in self.seqs
+        ]
+        return r.full_response(self.meta, self.req.prompt_ids, results)
+
+    # -- streaming -----------------------------------------------------------
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        await self._prefill()
+        meta, req, seqs = self.meta, self.req, self.seqs
+        paced = self.state.cfg.cost.decode_ms_per_step > 0
+        buf: list[bytes] = []
+        if meta.chat:
+            buf.extend(r.sse(r.role_chunk(meta, i, req.prompt_ids)) for i in range(req.n))
+        first = [not meta.chat] * req.n  # completions carry prompt ids on the first token
+        step_no = 0
+        while any(not s.finished for s in seqs):
+            if step_no:
+                if paced:
+                    await resp.write(b"".join(buf))
+                    buf.clear()
+                    await asyncio.sleep(self._step_delay())
+                elif len(buf) >= _FLUSH_EVERY:
+                    await resp.write(b"".join(buf))
+                    buf.clear()
+            step_no += 1
+            for i, seq in enumerate(seqs):
+                if seq.finished:
+                    continue
+                if self._check_faults and (kind := self.faults.due(self.emitted)) is not None:
+                    await resp.write(b"".join(buf))
+                    buf.clear()
+                    if await self._stream_fault(request, resp, kind):
+                        return resp
+                ev = seq.step()
+                self.emitted += 1
+                prompt = req.prompt_ids if first[i] else None
+                first[i] = False
+                buf.append(
+                    r.sse(r.token_chunk(meta, i, ev.text, [ev.token_id], ev.finish_reason,
+                                        ev.stop_reason, prompt))
+                )
+            self._first_token()
+        if meta.include_usage:
+            buf.append(r.sse(r.usage_chunk(meta, len(req.prompt_ids), self._generated())))
+        buf.append(r.DONE)
+        await resp.write(b"".join(buf))
+        self._settle()
+        return resp
+
+    def _generated(self) -> int:
+        return sum(len(s.token_ids) for s in self.seqs)
+
+    async def _stream_fault(
+        self, request: web.Request, resp: web.StreamResponse, kind: FaultKind
+    ) -> bool:
+        """Apply a due fault; True when the stream is over."""
+        if kind is FaultKind.STALL:
+            await asyncio.sleep(self.faults.stall_for)
+            return False
+        if kind is FaultKind.ERROR:
+            self.outcome = "error"
+            await resp.write(r.error_event("injected fault: engine error") + r.DONE)
+            return True
+        if kind is FaultKind.ABORT:
+            self.outcome = "abort"
+            out = [
+                r.sse(r.token_chunk(self.meta, i, "", [], "abort"))
+                for i, s in enumerate(self.seqs)
+                if not s.finished
+            ]
+            if self.meta.include_usage:
+                usage = r.usage_chunk(self.meta, len(self.req.prompt_ids), self._generated())
+                out.append(r.sse(usage))
+            await resp.write(b"".join(out) + r.DONE)
+            return True
+        _cut(request, kind)
+
+
+def _cut(request: web.Request, kind: FaultKind) -> NoReturn:
+    """exit / die / reset: end the process or the connection right now."""
+    if kind is FaultKind.EXIT:
+        os._exit(1)
+    transport = request.transport
+    if transport is not None:
+        if kind is FaultKind.RESET:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                # Linger 0: close() sends RST instead of FIN.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        transport.abort()
+    raise Dropped
+
+
+def _json(status: int, body: object) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")

@@ -1,0 +1,287 @@
+"""aiohttp wiring of the simulated engine: endpoints, errors, admission.
+
+Only translation lives here: JSON <-> domain values (sim.protocol), the
+per-request lifecycle (sim.run), and one error shape for every failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from sim import responses as r
+from sim.chat_template import TemplateError, parse_messages, render
+from sim.costmodel import CostParams, PrefixCache
+from sim.faults import NO_FAULTS, FaultSpec, FaultSpecError, parse_fault_spec
+from sim.metrics import CONTENT_TYPE, SimMetrics
+from sim.model import ModelConfig, ToyModel
+from sim.protocol import (
+    ApiError,
+    GenRequest,
+    Limits,
+    bad_request,
+    check_model,
+    parse_chat,
+    parse_completion,
+    prompt_to_ids,
+)
+from sim.run import Dropped, Run
+from sim.specdecode import SpecConfig
+from sim.tokenizer import Tokenizer, build_tokenizer
+
+FAULT_HEADER = "X-Sim-Fault"
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    model: ModelConfig
+    limits: Limits
+    cost: CostParams
+    faults: FaultSpec = NO_FAULTS
+    max_num_seqs: int = 256
+    spec: SpecConfig = SpecConfig()
+
+
+class SimState:
+    """Everything one sim server owns; created inside the running loop."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.tokenizer = build_tokenizer()
+        self.model = ToyModel(cfg.model, self.tokenizer)
+        self.cache = PrefixCache(cfg.cost.cache_blocks, cfg.cost.block_size)
+        self.metrics = SimMetrics(cfg.limits.model, spec_positions=cfg.spec.num_tokens)
+        self.fingerprint = f"sim-{cfg.model.seed}"
+        self.created = int(time.time())
+        self.running_requests = 0
+        self.running_seqs = 0  # sequences decoding now; drives the batch slowdown
+        self.waiting = 0
+        self.slots = asyncio.Semaphore(max(1, cfg.max_num_seqs))
+
+
+STATE = web.AppKey("sim_state", SimState)
+Parser = Callable[[Mapping[str, Any], Tokenizer, Limits], GenRequest]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(cfg: SimConfig) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
+    app[STATE] = SimState(cfg)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/version", version)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def start_server(
+    cfg: SimConfig, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, int]:
+    """Bind and serve in the running loop; returns the runner (cleanup() stops it) and port.
+
+    handler_cancellation: a client disconnect cancels the handler, so generation
+    stops at once (the router's "disconnect cancels upstream" relies on it).
+    """
+    runner = web.AppRunner(create_app(cfg), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    addresses = runner.addresses
+    return runner, (addresses[0][1] if addresses else port)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """One error shape for everything, including aiohttp's own 404/405/413."""
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return error_response(e)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error_response(ApiError(e.status, e.reason, _error_type(e.status)))
+
+
+def error_response(e: ApiError) -> web.Response:
+    return web.Response(
+        status=e.status, body=orjson.dumps(e.body()), content_type="application/json"
+    )
+
+
+def _error_type(status: int) -> str:
+    try:
+        name = HTTPStatus(status).phrase.replace(" ", "").replace("-", "")
+    except ValueError:
+        name = "Unknown"
+    return name if name.endswith("Error") else name + "Error"
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as e:
+        raise bad_request(f"Invalid JSON body: {e}") from None
+    if not isinstance(body, dict):
+        raise bad_request("Request body must be a JSON object")
+    return body
+
+
+# -- generation ----------------------------------------------------------------
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_chat)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_completion)
+
+
+async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
+    state = request.app[STATE]
+    faults = _request_faults(request, state)
+    if faults.status is not None:
+        raise ApiError(faults.status, "injected fault", _error_type(faults.status))
+    if faults.garbage:
+        return await _garbage(request)
+    req = parse(await _json_body(request), state.tokenizer, state.cfg.limits)
+    chat = parse is parse_chat
+    meta = r.Meta(
+        id=("chatcmpl-" if chat else "cmpl-") + os.urandom(16).hex(),
+        created=int(time.time()),
+        model=state.cfg.limits.model,
+        fingerprint=state.fingerprint,
+        chat=chat,
+        return_token_ids=req.return_token_ids,
+        include_usage=req.include_usage,
+        role=req.role,
+    )
+    run = Run(state, req, faults, meta)
+    await _admit(state)
+    run.begin()
+    try:
+        if req.stream:
+            return await run.stream(request)
+        return await run.complete(request)
+    except Dropped:
+        return web.Response(status=500)  # never sent: the transport is gone
+    except ConnectionResetError:
+        # The client went away between awaits; with handler_cancellation a
+        # disconnect usually arrives as CancelledError instead (same outcome).
+        return web.Response(status=499)
+    finally:
+        run.end()
+        state.slots.release()
+
+
+async def _admit(state: SimState) -> None:
+    """Wait for a slot (max_num_seqs); waiting requests show in num_requests_waiting."""
+    if not state.slots.locked():
+        await state.slots.acquire()  # does not suspend when a slot is free
+        return
+    state.waiting += 1
+    state.metrics.waiting.set(state.waiting)
+    try:
+        await state.slots.acquire()
+    finally:
+        state.waiting -= 1
+        state.metrics.waiting.set(state.waiting)
+
+
+def _request_faults(request: web.Request, state: SimState) -> FaultSpec:
+    header = request.headers.get(FAULT_HEADER)
+    if header is None:
+        return state.cfg.faults
+    try:
+        return parse_fault_spec(header).over(state.cfg.faults)
+    except FaultSpecError as e:
+        raise bad_request(f"{FAULT_HEADER}: {e}") from None
+
+
+async def _garbage(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    resp.force_close()
+    await resp.prepare(request)
+    await resp.write(b"data: {this is not json\n\nevent: ???\n\n\x00\xff garbage\n\ndata: [[[\n\n")
+    return resp
+
+
+# -- tokenizer endpoints ---------------------------------------------------------
+async def tokenize(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = await _json_body(request)
+    check_model(body, state.cfg.limits)
+    add_special = body.get("add_special_tokens")
+    if "messages" in body:
+        try:
+            text = render(
+                parse_messages(body["messages"]),
+                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                continue_final_message=bool(body.get("continue_final_message", False)),
+            )
+        except TemplateError as e:
+            raise bad_request(str(e), "messages") from None
+        ids = state.tokenizer.encode(text)  # the template already starts with <|bos|>
+    elif isinstance(body.get("prompt"), str):
+        ids = prompt_to_ids(body["prompt"], state.tokenizer, add_special is not False)
+    else:
+        raise bad_request("'prompt' (a string) or 'messages' is required")
+    return _ok({"count": len(ids), "max_model_len": state.cfg.limits.max_model_len, "tokens": ids})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = await _json_body(request)
+    check_model(body, state.cfg.limits)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not state.tokenizer.valid_ids(tokens):
+        raise bad_request(
+            f"'tokens' must be a list of token ids in [0, {state.tokenizer.vocab_size})", "tokens"
+        )
+    return _ok({"prompt": state.tokenizer.decode(tokens)})
+
+
+# -- info endpoints ----------------------------------------------------------------
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    name = state.cfg.limits.model
+    card = {
+        "id": name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "sim",
+        "root": name,
+        "parent": None,
+        "max_model_len": state.cfg.limits.max_model_len,
+        "permission": [],
+    }
+    return _ok({"object": "list", "data": [card]})
+
+
+async def version(request: web.Request) -> web.Response:
+    return _ok({"version": "sim"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def _ok(body: object) -> web.Response:
+    return web.Response(body=orjson.dumps(body), content_type="application/json")

@@ -1,0 +1,153 @@
+"""Byte-level BPE tokenizer for the toy model.
+
+Ids 0..255 are raw bytes, 256..261 are special tokens, 262+ are merges built
+in code from a fixed list of English fragments. Because merges exist, text that
+the model emitted as several small tokens can re-encode to fewer, larger ones —
+the retokenization drift that makes text-level resume unfaithful (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+BOS = 256
+EOS = 257
+SYSTEM = 258
+USER = 259
+ASSISTANT = 260
+END = 261
+
+SPECIAL_TOKENS: dict[str, int] = {
+    "<|bos|>": BOS,
+    "<|eos|>": EOS,
+    "<|system|>": SYSTEM,
+    "<|user|>": USER,
+    "<|assistant|>": ASSISTANT,
+    "<|end|>": END,
+}
+FIRST_MERGE_ID = 262
+
+# Target strings in merge-rank order. Each is reduced to one token by adding
+# merges of adjacent symbols (see _build_merges), so the list reads as "what the
+# vocabulary contains" rather than as raw merge pairs.
+_MERGE_TARGETS: tuple[str, ...] = (
+    "th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "ti", "es", "or",
+    "te", "of", "ed", "is", "it", "al", "ar", "st", "to", "nt", "ng", "se", "ha",
+    "as", "ou", "io", "le", "ve", "co", "me", "de", "hi", "ri", "ro", "ic", "ne",
+    "ea", "ra", "ce", "li", "ch", "ll", "be", "ma", "si", "om", "ur",
+    " t", " a", " s", " w", " o", " i", " c", " b", " p", " m", " f", " d", " h",
+    " r", " l", " n", " e", " g", " u", " y",
+    "the", "ing", "and", "ion", "ent", "her", "for", "tha", "nth", "int", "ere",
+    "tio", "ter", "hat", "ate", "all", "ver", "his", "ati", "are", "ith", "con",
+    "res", "rea", "ons", "est", "com", "pro", "men", "ess", "ome", "oun",
+    " the", " th", " an", " in", " of", " to", " and", " is", " it", " be", " as",
+    " at", " on", " he", " we", " co", " re", " pro", " wh", " fo", " for",
+    " that", " with", " this", " from", " have", " not", " are", " was", " you",
+    " they", " his", " her", " one", " all", " can", " but", " had", " what",
+    " there", " which", " their", " will", " would", " about", " when", " more",
+    " time", " some", " into", " other", " than", " then", " them", " these",
+    "tion", "ation", "ment", "ness", "able", "ting", "ther", "ight", "ough",
+    "ence", "ance", "ould", "ever", "ally", "ical", "ions", "ings", "ated",
+    " model", " token", " route", " stream", " cache", " engine", " fleet",
+    "ly", "  ",
+)
+
+# GPT-2 style pre-tokenization: merges never cross these pieces. Special token
+# strings are matched first so templates render to their ids.
+_SPECIAL_RE = "|".join(re.escape(s) for s in SPECIAL_TOKENS)
+_PRETOKEN_RE = re.compile(
+    rf"({_SPECIAL_RE})| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+"
+)
+_WORD_CACHE_MAX = 100_000
+
+
+def _build_merges() -> tuple[dict[tuple[int, int], int], list[bytes]]:
+    """Turn _MERGE_TARGETS into BPE merges (pair -> new id == rank)."""
+    pieces: list[bytes] = [bytes([b]) for b in range(256)]
+    pieces += [s.encode() for s in SPECIAL_TOKENS]
+    merges: dict[tuple[int, int], int] = {}
+    known: dict[bytes, int] = {}
+    for target in _MERGE_TARGETS:
+        raw = target.encode()
+        if raw in known:
+            continue
+        symbols = _apply_merges(list(raw), merges)
+        # Merge left to right until one symbol remains; intermediates are
+        # prefixes of real fragments, so they are harmless vocabulary.
+        while len(symbols) > 1:
+            pair = (symbols[0], symbols[1])
+            new_id = len(pieces)
+            merges[pair] = new_id
+            pieces.append(pieces[pair[0]] + pieces[pair[1]])
+            known[pieces[new_id]] = new_id
+            symbols = _apply_merges(list(raw), merges)
+    return merges, pieces
+
+
+def _apply_merges(symbols: list[int], merges: dict[tuple[int, int], int]) -> list[int]:
+    """Classic BPE: repeatedly merge the adjacent pair with the lowest rank."""
+    while len(symbols) > 1:
+        best_rank = -1
+        best_at = -1
+        for i in range(len(symbols) - 1):
+            rank = merges.get((symbols[i], symbols[i + 1]), -1)
+            if rank >= 0 and (best_rank < 0 or rank < best_rank):
+                best_rank, best_at = rank, i
+        if best_at < 0:
+            break
+        symbols[best_at : best_at + 2] = [best_rank]
+    return symbols
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenizer:
+    """Immutable vocabulary plus a (mutable, bounded) per-word encode cache."""
+
+    merges: dict[tuple[int, int], int]
+    pieces: tuple[bytes, ...]
+    texts: tuple[str, ...]  # decoded text of each id (specials as their names)
+    _cache: dict[str, tuple[int, ...]]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.pieces)
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids. Special token strings map to their ids (like HF added tokens)."""
+        out: list[int] = []
+        cache = self._cache
+        for m in _PRETOKEN_RE.finditer(text):
+            piece = m.group(0)
+            special = m.group(1)
+            if special is not None:
+                out.append(SPECIAL_TOKENS[special])
+                continue
+            ids = cache.get(piece)
+            if ids is None:
+                ids = tuple(_apply_merges(list(piece.encode()), self.merges))
+                if len(cache) >= _WORD_CACHE_MAX:
+                    cache.clear()
+                cache[piece] = ids
+            out.extend(ids)
+        return out
+
+    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
+        """Ids -> text; partial UTF-8 becomes U+FFFD."""
+        pieces = self.pieces
+        if skip_special_tokens:
+            raw = b"".join(pieces[i] for i in ids if not BOS <= i < FIRST_MERGE_ID)
+        else:
+            raw = b"".join(pieces[i] for i in ids)
+        return raw.decode("utf-8", errors="replace")
+
+    def valid_ids(self, ids: Sequence[object]) -> bool:
+        n = len(self.pieces)
+        return all(type(i) is int and 0 <= i < n for i in ids)
+
+
+def build_tokenizer() -> Tokenizer:
+    merges, pieces = _build_merges()
+    texts = tuple(p.decode("utf-8", errors="replace") for p in pieces)
+    return Tokenizer(merges=merges, pieces=tuple(pieces), texts=texts, _cache={})
