@@ -15,6 +15,7 @@ from dataplane.app import ShimSettings, make_app
 from dataplane.failover import RetryBudget
 from dataplane.forward import Timeouts
 from dataplane.proxy import ProxySettings
+from dataplane.streaming import ResumeSettings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +30,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=3,
         help="backends tried per request before the first byte",
     )
+    resume = parser.add_argument_group("mid-stream failover")
+    resume.add_argument(
+        "--seam-tokens",
+        type=int,
+        default=4,
+        help="resume this many tokens early and check them (0 = off)",
+    )
+    resume.add_argument("--max-resumes", type=int, default=3, help="failovers per request")
+    resume.add_argument("--max-resume-seconds", type=float, default=30.0)
+    resume.add_argument(
+        "--first-token-timeout",
+        type=float,
+        default=120.0,
+        help="seconds without a first token before a stream counts as stalled",
+    )
+    resume.add_argument(
+        "--inter-token-timeout",
+        type=float,
+        default=30.0,
+        help="seconds between chunks before a stream counts as stalled",
+    )
     parser.add_argument("--log-level", default="WARNING")
 
 
@@ -39,6 +61,13 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
         proxy=ProxySettings(
             timeouts=Timeouts(connect=args.connect_timeout, read=args.read_timeout),
             budget=RetryBudget(max_attempts=args.max_attempts),
+            resume=ResumeSettings(
+                seam_tokens=args.seam_tokens,
+                max_resumes=args.max_resumes,
+                max_resume_seconds=args.max_resume_seconds,
+                first_token_timeout=args.first_token_timeout,
+                inter_token_timeout=args.inter_token_timeout,
+            ),
         ),
     )
 

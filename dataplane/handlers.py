@@ -34,9 +34,9 @@ async def _completion(request: web.Request, endpoint: Endpoint) -> web.StreamRes
                 ErrorKind.BODY_TOO_LARGE, f"request body exceeds the limit of {app[MAX_BODY]} bytes"
             ) from None
         client = parse_request(raw, endpoint, app[MAX_BODY])
-        ex = Exchange(uuid.uuid4().hex, client, raw)
+        ex = Exchange(uuid.uuid4().hex, client, raw, shape_of(client))
         try:
-            decision = await app[ORACLE].route(ex.request_id, shape_of(client))
+            decision = await app[ORACLE].route(ex.request_id, ex.shape)
         except ControlUnavailable as exc:
             raise OpenAIError(ErrorKind.CONTROL_UNAVAILABLE, str(exc)) from None
         if not decision.backends:

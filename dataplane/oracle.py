@@ -38,6 +38,25 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
+class FailoverReport:
+    """How one choice's failover ended; becomes one audit event in control."""
+
+    request_id: str
+    from_backend: str
+    to_backend: str
+    failure: str
+    choice: int
+    tokens_sent: int
+    path: str  # token | text | "" when no resume was attempted
+    seam: str  # verified | divergent | unchecked | sampled | ""
+    gap_ms: float
+    attempt: int
+    outcome: str  # resumed | refused | exhausted
+    detail: str = ""
+    trace_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class FleetView:
     """The part of control's snapshot the shim serves locally (e.g. /v1/models)."""
 
@@ -54,6 +73,17 @@ class Oracle(Protocol):
     ) -> None: ...
 
     def finished(self, outcome: Outcome) -> None: ...
+
+    async def failover(
+        self,
+        request_id: str,
+        shape: RequestShape,
+        failed_backend_id: str,
+        failure: str,
+        exclude: Sequence[str],
+    ) -> Decision: ...
+
+    def report_failover(self, report: FailoverReport) -> None: ...
 
     @property
     def fleet(self) -> FleetView: ...
@@ -72,6 +102,9 @@ def _shape_to_pb(s: RequestShape) -> routing_pb2.RequestShape:
 
 
 REASON_FROM_PB = {v: k for k, v in convert.REASON_TO_PB.items()}
+PATH_TO_PB = {v: k for k, v in convert.PATH_FROM_PB.items()}
+SEAM_TO_PB = {v: k for k, v in convert.SEAM_FROM_PB.items()}
+OUTCOME_TO_PB = {v: k for k, v in convert.FAILOVER_OUTCOME_FROM_PB.items()}
 
 
 def _decision_from_pb(resp: routing_pb2.RouteResponse | routing_pb2.FailoverResponse) -> Decision:
@@ -104,6 +137,7 @@ class GrpcOracle:
         self._fleet = FleetView()
         self._first_snapshot = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
 
     @property
     def fleet(self) -> FleetView:
@@ -154,6 +188,57 @@ class GrpcOracle:
         except grpc.aio.AioRpcError as exc:
             # The retry proceeds regardless; the prober will demote the backend too.
             log.warning("could not report failure of %s: %s", backend_id, exc.code().name)
+
+    async def failover(
+        self,
+        request_id: str,
+        shape: RequestShape,
+        failed_backend_id: str,
+        failure: str,
+        exclude: Sequence[str],
+    ) -> Decision:
+        try:
+            resp = await self._stub.Failover(
+                routing_pb2.FailoverRequest(
+                    request_id=request_id,
+                    shape=_shape_to_pb(shape),
+                    failed_backend_id=failed_backend_id,
+                    failure=failure,
+                    exclude_backend_ids=list(exclude),
+                ),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise ControlUnavailable(f"control plane: {exc.code().name}: {exc.details()}") from exc
+        return _decision_from_pb(resp)
+
+    def report_failover(self, report: FailoverReport) -> None:
+        task = asyncio.create_task(self._report_failover(report))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _report_failover(self, r: FailoverReport) -> None:
+        try:
+            await self._stub.ReportFailover(
+                routing_pb2.ReportFailoverRequest(
+                    request_id=r.request_id,
+                    trace_id=r.trace_id,
+                    from_backend_id=r.from_backend,
+                    to_backend_id=r.to_backend,
+                    failure=r.failure,
+                    choice_index=r.choice,
+                    tokens_sent=r.tokens_sent,
+                    path=PATH_TO_PB.get(r.path, routing_pb2.RESUME_PATH_UNSPECIFIED),
+                    seam=SEAM_TO_PB.get(r.seam, routing_pb2.SEAM_VERDICT_UNSPECIFIED),
+                    gap_ms=r.gap_ms,
+                    attempt=r.attempt,
+                    outcome=OUTCOME_TO_PB[r.outcome],
+                    detail=r.detail,
+                ),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.warning("could not report failover of %s: %s", r.request_id, exc.code().name)
 
     def finished(self, outcome: Outcome) -> None:
         self._stream.report(

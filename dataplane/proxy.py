@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from control.model import Backend, Decision
+from control.model import Backend, Decision, RequestShape
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget, classify_status
 from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
 from dataplane.oracle import Oracle, Outcome
-from dataplane.sse import SSEParser
+from dataplane.streaming import ResumeSettings, StreamRelay, with_token_ids
 from dataplane.validate import ClientRequest
 
 log = logging.getLogger("baton.shim")
@@ -28,6 +28,7 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 class ProxySettings:
     timeouts: Timeouts = field(default_factory=Timeouts)
     budget: RetryBudget = field(default_factory=RetryBudget)
+    resume: ResumeSettings = field(default_factory=ResumeSettings)
 
 
 @dataclass(slots=True)
@@ -37,6 +38,7 @@ class Exchange:
     request_id: str
     client: ClientRequest
     raw: bytes
+    shape: RequestShape
     started: float = field(default_factory=time.monotonic)
     first_byte: float | None = None
 
@@ -83,8 +85,9 @@ class Proxy:
         raise OpenAIError(ErrorKind.BACKEND_FAILED, f"no backend could serve the request{detail}")
 
     async def _open(self, ex: Exchange, backend: Backend) -> aiohttp.ClientResponse:
+        body = with_token_ids(ex.client, backend, ex.raw)
         upstream = await open_attempt(
-            self._session, backend, ex.client.endpoint.value, ex.raw, self._settings.timeouts
+            self._session, backend, ex.client.endpoint.value, body, self._settings.timeouts
         )
         failure = classify_status(upstream.status)
         if failure is not None:
@@ -110,14 +113,16 @@ class Proxy:
         )
 
     async def _relay_stream(
-        self, request: web.Request, ex: Exchange, backend: Backend, upstream: aiohttp.ClientResponse
+        self,
+        request: web.Request,
+        ex: Exchange,
+        backend: Backend,
+        upstream: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
-        parser = SSEParser()
-        content = upstream.content
         # Read the first piece before sending headers: a backend that dies before its first
         # byte is still retried invisibly, and the client gets a 200 from whoever answers.
         try:
-            first = await content.readany()
+            first = await upstream.content.readany()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise classify_exception(exc) from exc
         if not first:
@@ -126,30 +131,21 @@ class Proxy:
             status=200, headers={**SSE_HEADERS, "X-Request-Id": ex.request_id}
         )
         await resp.prepare(request)
-        done = False
-        chunk = first
+        relay = StreamRelay(
+            session=self._session,
+            oracle=self._oracle,
+            timeouts=self._settings.timeouts,
+            settings=self._settings.resume,
+            resp=resp,
+            request_id=ex.request_id,
+            client=ex.client,
+            shape=ex.shape,
+        )
         try:
-            while chunk:
-                events = parser.feed(chunk)
-                if events:
-                    if ex.first_byte is None:
-                        ex.first_byte = time.monotonic()
-                    done = done or any(e.is_done for e in events)
-                    await resp.write(b"".join(e.raw for e in events))
-                chunk = await content.readany()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("request %s: stream from %s failed: %s", ex.request_id, backend.id, exc)
-        if not done:
-            # Never a silent truncation: the client gets an explicit error and the end marker.
-            self._report_failure(ex, backend, AttemptFailed(Failure.TRUNCATED, "no [DONE]"))
-            await resp.write(
-                OpenAIError(
-                    ErrorKind.BACKEND_FAILED,
-                    f"backend {backend.id} failed mid-stream; the response is incomplete",
-                ).sse()
-            )
-        else:
-            self._finished(ex, backend, 200)
+            complete = await relay.run(backend, upstream, first)
+        finally:
+            ex.first_byte = relay.first_byte
+        self._finished(ex, relay.served_by or backend, 200 if complete else 502)
         await resp.write_eof()
         return resp
 

@@ -1,0 +1,225 @@
+"""Pure stream stitching: one client stream out of the first backend's stream and the
+resumed ones. Keeps the first stream's id/created/model/system_fingerprint, never sends a
+second role delta, removes fields the client did not ask for (the token ids requested for
+resume), converts resumed completion chunks to the client's format, runs stop strings
+across the seam and answers include_usage over the whole generation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from dataplane.resume import ChoiceProgress
+from dataplane.validate import ClientRequest, Endpoint
+
+FAILED_FINISH = frozenset({"abort", "error"})
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class Identity:
+    id: str = ""
+    created: int = 0
+    model: str = ""
+    system_fingerprint: str | None = None
+
+
+def choice_text(choice: dict[str, Any], chat: bool) -> str:
+    if chat:
+        delta = choice.get("delta") or {}
+        return delta.get("content") or ""
+    return choice.get("text") or ""
+
+
+def expected_choices(client: ClientRequest) -> int:
+    n = client.body.get("n") or 1
+    prompt = client.body.get("prompt")
+    if client.endpoint is Endpoint.COMPLETIONS and isinstance(prompt, list) and prompt:
+        if isinstance(prompt[0], str | list):
+            return n * len(prompt)  # a batch of prompts: n choices each
+    return int(n)
+
+
+class StopMatcher:
+    """After a seam the engine cannot see a stop string that starts before it, so the shim
+    matches stop strings itself over held-back + new text, holding back a possible prefix."""
+
+    def __init__(self, stops: list[str], include: bool, pending: str = "") -> None:
+        self._stops = [s for s in stops if s]
+        self._include = include
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._buf = pending
+
+    def feed(self, text: str) -> tuple[str, str | None]:
+        """(text safe to send now, the stop string that ended the output or None)."""
+        self._buf += text
+        hits = [(self._buf.find(s), s) for s in self._stops if s in self._buf]
+        if hits:
+            at, stop = min(hits)
+            out = self._buf[: at + len(stop)] if self._include else self._buf[:at]
+            self._buf = ""
+            return out, stop
+        cut = max(0, len(self._buf) - self._hold)
+        out, self._buf = self._buf[:cut], self._buf[cut:]
+        return out, None
+
+    def flush(self) -> str:
+        out, self._buf = self._buf, ""
+        return out
+
+
+class Stitcher:
+    def __init__(self, client: ClientRequest, *, strip_ids: bool) -> None:
+        self.chat = client.endpoint is Endpoint.CHAT
+        self.strip_ids = strip_ids
+        options = client.body.get("stream_options") or {}
+        self.want_usage = bool(options.get("include_usage"))
+        self.ident = Identity()
+        self.choices: dict[int, ChoiceProgress] = {}
+        self._prompt_ids: list[int] | None = None  # chat: top-level, shared by all choices
+        self.usage: dict[str, Any] | None = None
+        self.resumed = False
+        self.extra_prompt_tokens: int | None = None  # text path: learned from a resume's usage
+        # Every choice the client will get, so one that failed before its first chunk is
+        # known to be unfinished too.
+        for index in range(expected_choices(client)):
+            self.choice(index)
+
+    def choice(self, index: int) -> ChoiceProgress:
+        p = self.choices.get(index)
+        if p is None:
+            p = self.choices[index] = ChoiceProgress(index, self._prompt_ids)
+        return p
+
+    def unfinished(self) -> list[ChoiceProgress]:
+        return [p for p in self.choices.values() if not p.finished]
+
+    # -- the first backend's stream ------------------------------------------------------
+
+    def original(self, data: bytes, raw: bytes) -> tuple[bytes | None, str | None]:
+        """One event of the first stream: (bytes for the client or None, failure or None)."""
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return None, "garbage"
+        if not isinstance(obj, dict):
+            return None, "garbage"
+        if "error" in obj and not obj.get("choices"):
+            return None, "error_event"
+        if not self.ident.id:
+            self.ident = Identity(obj.get("id", ""), obj.get("created", 0), obj.get("model", ""))
+        if obj.get("system_fingerprint"):
+            self.ident.system_fingerprint = obj["system_fingerprint"]
+        if "prompt_token_ids" in obj:
+            self._prompt_ids = obj["prompt_token_ids"]
+            for p in self.choices.values():
+                p.prompt_ids = self._prompt_ids
+        choices = obj.get("choices") or []
+        if not choices and "usage" in obj:
+            self.usage = obj["usage"]
+            return (self._clean(obj, raw) if self.want_usage else None), None
+        failure = None
+        for ch in choices:
+            failure = self._track(ch) or failure
+        if failure is not None:
+            raw = b""  # _track edited the chunk: serialise the edited one
+        return self._clean(obj, raw), failure
+
+    def _track(self, ch: dict[str, Any]) -> str | None:
+        p = self.choice(ch.get("index", 0))
+        if "prompt_token_ids" in ch:
+            p.prompt_ids = ch["prompt_token_ids"]
+        if self.chat and (ch.get("delta") or {}).get("tool_calls"):
+            p.tool_call = True
+        p.add(choice_text(ch, self.chat), ch.get("token_ids"))
+        finish = ch.get("finish_reason")
+        if finish in FAILED_FINISH:
+            # The text up to here is real; the finish is the engine's failure, not the answer.
+            ch["finish_reason"] = None
+            ch.pop("stop_reason", None)
+            return f"finish_{finish}"
+        if finish:
+            p.finish_reason = finish
+            p.stop_reason = ch.get("stop_reason")
+        return None
+
+    def _clean(self, obj: dict[str, Any], raw: bytes) -> bytes:
+        if not self.strip_ids:
+            return raw or sse(obj)
+        obj.pop("prompt_token_ids", None)
+        for ch in obj.get("choices") or ():
+            ch.pop("token_ids", None)
+            ch.pop("prompt_token_ids", None)
+        return sse(obj)
+
+    # -- resumed streams -----------------------------------------------------------------
+
+    def chunk(
+        self,
+        index: int,
+        text: str,
+        ids: list[int],
+        finish: str | None = None,
+        stop_reason: str | int | None = None,
+    ) -> bytes:
+        """A chunk in the client's format, as if the first backend had sent it."""
+        choice: dict[str, Any] = {"index": index}
+        if self.chat:
+            choice["delta"] = {"content": text} if text else {}
+        else:
+            choice["text"] = text
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish
+        if finish:
+            choice["stop_reason"] = stop_reason
+        if not self.strip_ids:
+            choice["token_ids"] = ids
+        obj: dict[str, Any] = {
+            "id": self.ident.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.ident.created,
+            "model": self.ident.model,
+            "choices": [choice],
+        }
+        if finish and self.ident.system_fingerprint:
+            obj["system_fingerprint"] = self.ident.system_fingerprint
+        return sse(obj)
+
+    def ending(self) -> bytes:
+        """Usage over the whole generation (when asked and a resume happened), then [DONE]."""
+        if not (self.want_usage and self.resumed):
+            return DONE
+        prompt = self._prompt_tokens()
+        completion = sum(p.generated for p in self.choices.values())
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        obj: dict[str, Any] = {
+            "id": self.ident.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.ident.created,
+            "model": self.ident.model,
+            "choices": [],
+            "usage": usage,
+        }
+        if self.ident.system_fingerprint:
+            obj["system_fingerprint"] = self.ident.system_fingerprint
+        return sse(obj) + DONE
+
+    def _prompt_tokens(self) -> int:
+        ids = next((p.prompt_ids for p in self.choices.values() if p.prompt_ids), None)
+        if ids is not None:
+            return len(ids)
+        if self.usage is not None:
+            return int(self.usage.get("prompt_tokens", 0))
+        return self.extra_prompt_tokens or 0
