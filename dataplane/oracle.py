@@ -51,7 +51,7 @@ class FailoverReport:
     seam: str  # verified | divergent | unchecked | sampled | ""
     gap_ms: float
     attempt: int
-    outcome: str  # resumed | refused | exhausted
+    outcome: str  # resumed | failed (another attempt follows) | refused | exhausted
     detail: str = ""
     trace_id: str = ""
 

@@ -204,7 +204,7 @@ class StreamRelay:
                         r.seam.value if r.seam else "",
                         r.gap_ms,
                         attempt,
-                        "resumed" if r.failure is None else "exhausted",
+                        "resumed" if r.failure is None else "failed",
                         r.detail,
                     )
                 )

@@ -139,6 +139,8 @@ class _FailoverOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Failo
     """The request cannot be resumed faithfully (guided output, penalties, tool call in flight)."""
     FAILOVER_OUTCOME_EXHAUSTED: _FailoverOutcome.ValueType  # 3
     """Resume attempts or resume time ran out, or no backend was left."""
+    FAILOVER_OUTCOME_FAILED: _FailoverOutcome.ValueType  # 4
+    """This resume attempt failed too (its backend died, diverged twice...); another follows."""
 
 class FailoverOutcome(_FailoverOutcome, metaclass=_FailoverOutcomeEnumTypeWrapper): ...
 
@@ -148,6 +150,8 @@ FAILOVER_OUTCOME_REFUSED: FailoverOutcome.ValueType  # 2
 """The request cannot be resumed faithfully (guided output, penalties, tool call in flight)."""
 FAILOVER_OUTCOME_EXHAUSTED: FailoverOutcome.ValueType  # 3
 """Resume attempts or resume time ran out, or no backend was left."""
+FAILOVER_OUTCOME_FAILED: FailoverOutcome.ValueType  # 4
+"""This resume attempt failed too (its backend died, diverged twice...); another follows."""
 Global___FailoverOutcome: _TypeAlias = FailoverOutcome  # noqa: Y015
 
 @_typing.final

@@ -166,6 +166,7 @@ FAILOVER_OUTCOME_FROM_PB = {
     routing_pb2.FAILOVER_OUTCOME_RESUMED: "resumed",
     routing_pb2.FAILOVER_OUTCOME_REFUSED: "refused",
     routing_pb2.FAILOVER_OUTCOME_EXHAUSTED: "exhausted",
+    routing_pb2.FAILOVER_OUTCOME_FAILED: "failed",
 }
 
 

@@ -29,10 +29,18 @@ def write_config(
     model: str = MODEL,
     extra: str = "",
     probe_interval: float = 0.2,
+    kind: str = "vllm",
 ) -> Path:
     lines = [extra, "[probes]", f"interval = {probe_interval}", "timeout = 0.5", ""]
     for bid, url in backends:
-        lines += ["[[backends]]", f'id = "{bid}"', f'url = "{url}"', f'model = "{model}"', ""]
+        lines += [
+            "[[backends]]",
+            f'id = "{bid}"',
+            f'url = "{url}"',
+            f'model = "{model}"',
+            f'kind = "{kind}"',
+            "",
+        ]
     path.write_text("\n".join(lines))
     return path
 
@@ -87,17 +95,23 @@ def fleet(
     shim_args: Sequence[str] = (),
     control_env: dict[str, str] | None = None,
     probe_interval: float = 0.2,
+    per_sim: Sequence[Sequence[str]] = (),
+    kind: str = "vllm",
 ) -> Iterator[Fleet]:
+    """n sims s0..s{n-1} (per_sim[i] adds flags to sim i), control, one shim. Round robin
+    sends a fresh fleet's first request to s0."""
     parts: list[Part] = []
     try:
         sims = {}
         for i in range(n):
-            sims[f"s{i}"] = start_sim(*sim_args)
+            extra = per_sim[i] if i < len(per_sim) else ()
+            sims[f"s{i}"] = start_sim(*sim_args, *extra)
             parts.append(sims[f"s{i}"])
         config = write_config(
             tmp_path / "control.toml",
             [(k, p.ready) for k, p in sims.items()],
             probe_interval=probe_interval,
+            kind=kind,
         )
         control = start_control(config, env=control_env)
         parts.append(control)

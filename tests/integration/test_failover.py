@@ -1,0 +1,276 @@
+"""Mid-stream failover through real processes: backends die, stall or send errors while
+streaming, and the client still gets one unbroken, byte-identical stream."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from clients.procs import Part
+from tests.integration.harness import MODEL, Fleet, fleet, http, start_sim
+
+pytestmark = pytest.mark.timeout(120)
+
+PROMPT = "the quick brown fox"
+MESSAGES = [{"role": "user", "content": PROMPT}]
+TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def reference() -> Iterator[Part]:
+    """A healthy sim of the same model: what an uninterrupted stream says."""
+    sim = start_sim()
+    yield sim
+    sim.stop()
+
+
+def sdk(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+def uninterrupted(ref: Part, endpoint: str, **kw: Any) -> str:
+    c = sdk(ref.ready + "/v1")
+    if endpoint == "chat":
+        r = c.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, **kw)
+        return r.choices[0].message.content or ""
+    return c.completions.create(model=MODEL, prompt=PROMPT, temperature=0, **kw).choices[0].text
+
+
+def streamed(f: Fleet, endpoint: str, **kw: Any) -> tuple[str, list[Any]]:
+    c = sdk(f.base_url)
+    if endpoint == "chat":
+        chunks = list(
+            c.chat.completions.create(
+                model=MODEL, messages=MESSAGES, temperature=0, stream=True, **kw
+            )
+        )
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    else:
+        chunks = list(
+            c.completions.create(model=MODEL, prompt=PROMPT, temperature=0, stream=True, **kw)
+        )
+        text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    return text, chunks
+
+
+def failovers(f: Fleet) -> list[dict[str, Any]]:
+    out = f.baton("events", "--kind", "failover", "--json")
+    assert out.returncode == 0, out.stderr
+    return list(json.loads(out.stdout))
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("after", [1, 12, 22])  # after the first token, mid-way, near the end
+def test_engine_crash_mid_stream_is_invisible(
+    tmp_path: Path, reference: Part, endpoint: str, after: int
+) -> None:
+    want = uninterrupted(reference, endpoint, max_tokens=TOKENS)
+    crash = ("--fault", f"exit-after={after}")
+    with fleet(tmp_path, n=2, per_sim=[crash], probe_interval=60) as f:
+        text, chunks = streamed(
+            f, endpoint, max_tokens=TOKENS, stream_options={"include_usage": True}
+        )
+        assert not f.sims["s0"].alive  # the engine process really died mid-stream
+        assert text == want
+        assert len({ch.id for ch in chunks}) == 1 and len({ch.created for ch in chunks}) == 1
+        finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+        assert finishes.count("length") == 1 and finishes[-1] == "length"
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == TOKENS
+        if endpoint == "chat":
+            roles = [ch.choices[0].delta.role for ch in chunks if ch.choices]
+            assert roles.count("assistant") == 1  # no second role delta
+        (event,) = failovers(f)
+        assert (event["from_backend"], event["to_backend"]) == ("s0", "s1")
+        assert event["tokens_sent"] == after and event["path"] == "token"
+        assert event["seam"] == ("verified" if after >= 4 else "unchecked")
+        assert event["outcome"] == "resumed" and event["gap_ms"] > 0
+        assert PROMPT not in json.dumps(event)
+
+
+def test_sigkill_from_outside_mid_stream(tmp_path: Path, reference: Part) -> None:
+    want = uninterrupted(reference, "chat", max_tokens=40)
+    slow = ("--decode-ms-per-step", "10")
+    with fleet(tmp_path, n=2, per_sim=[slow]) as f:
+        c = sdk(f.base_url)
+        text, seen = "", 0
+        for ch in c.chat.completions.create(
+            model=MODEL, messages=MESSAGES, temperature=0, max_tokens=40, stream=True
+        ):
+            if ch.choices and ch.choices[0].delta.content:
+                text += ch.choices[0].delta.content
+                seen += 1
+                if seen == 8:
+                    f.sims["s0"].kill()  # SIGKILL the engine that is serving us
+        assert text == want
+        (event,) = failovers(f)
+        assert event["from_backend"] == "s0" and event["seam"] == "verified"
+
+
+def test_backend_dying_during_the_resume_itself(tmp_path: Path, reference: Part) -> None:
+    want = uninterrupted(reference, "completions", max_tokens=TOKENS)
+    # s1 and s2 die 3 tokens into their resumes, inside the 4-token seam overlap.
+    per_sim = [
+        ("--fault", "exit-after=6"),
+        ("--fault", "exit-after=3"),
+        ("--fault", "exit-after=3"),
+    ]
+    with fleet(tmp_path, n=4, per_sim=per_sim, probe_interval=60) as f:
+        text, _ = streamed(f, "completions", max_tokens=TOKENS)
+        assert text == want
+        events = failovers(f)
+        assert events[-1]["outcome"] == "resumed" and events[-1]["to_backend"] == "s3"
+        assert [e["outcome"] for e in events[:-1]] == ["failed"] * (len(events) - 1)
+        assert len(events) >= 2
+
+
+@pytest.mark.parametrize(
+    ("fault", "failure"),
+    [
+        ("error-after=5", "error_event"),  # vLLM's in-band error chunk on a 200 stream
+        ("abort-after=5", "finish_abort"),
+        ("stall-after=5", "stall"),
+        ("die-after=5", "disconnect"),
+        ("reset-after=5", "disconnect"),
+        ("garbage", "garbage"),
+    ],
+)
+def test_every_failure_class_is_detected_and_resumed(
+    tmp_path: Path, reference: Part, fault: str, failure: str
+) -> None:
+    want = uninterrupted(reference, "chat", max_tokens=TOKENS)
+    with fleet(
+        tmp_path,
+        n=2,
+        per_sim=[("--fault", fault)],
+        probe_interval=60,
+        shim_args=("--inter-token-timeout", "0.5"),
+    ) as f:
+        text, _ = streamed(f, "chat", max_tokens=TOKENS)
+        assert text == want
+        (event,) = failovers(f)
+        assert event["failure"] == failure and event["outcome"] == "resumed"
+
+
+def test_n_choices_are_resumed_each(tmp_path: Path, reference: Part) -> None:
+    want = uninterrupted(reference, "completions", max_tokens=TOKENS)
+    with fleet(tmp_path, n=2, per_sim=[("--fault", "die-after=9")], probe_interval=60) as f:
+        chunks = list(
+            sdk(f.base_url).completions.create(
+                model=MODEL, prompt=PROMPT, temperature=0, max_tokens=TOKENS, n=2, stream=True
+            )
+        )
+        texts = {
+            i: "".join(
+                ch.choices[0].text for ch in chunks if ch.choices and ch.choices[0].index == i
+            )
+            for i in (0, 1)
+        }
+        assert texts == {0: want, 1: want}
+        assert sorted(e["choice"] for e in failovers(f)) == [0, 1]
+
+
+def test_stop_string_spanning_the_seam_is_honoured(tmp_path: Path, reference: Part) -> None:
+    full = uninterrupted(reference, "completions", max_tokens=TOKENS)
+    stop = full[10:13]
+    assert stop not in full[:10] and stop.strip()
+    want = uninterrupted(reference, "completions", max_tokens=TOKENS, stop=[stop])
+    assert want == full[:10]
+    # Die right after the token that starts the stop string: the engine held it back.
+    pieces = token_texts(reference, TOKENS)
+    k = next(i for i in range(len(pieces)) if len("".join(pieces[: i + 1])) > 10)
+    with fleet(tmp_path, n=2, per_sim=[("--fault", f"die-after={k + 1}")], probe_interval=60) as f:
+        text, chunks = streamed(f, "completions", max_tokens=TOKENS, stop=[stop])
+        assert text == want
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        (event,) = failovers(f)
+        assert event["tokens_sent"] == k + 1
+
+
+def token_texts(ref: Part, n: int) -> list[str]:
+    """The text of each generated token, from a stream that sends one token per chunk."""
+    status, body = http(
+        "POST",
+        ref.ready + "/v1/completions",
+        json.dumps(
+            {"model": MODEL, "prompt": PROMPT, "max_tokens": n, "temperature": 0, "stream": True}
+        ).encode(),
+        {"Content-Type": "application/json"},
+    )
+    assert status == 200
+    return [
+        json.loads(line[6:])["choices"][0]["text"]
+        for line in body.decode().splitlines()
+        if line.startswith("data: {") and '"choices":[{' in line
+    ]
+
+
+def sse_events(body: bytes) -> list[Any]:
+    return [
+        json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]"
+        for line in body.decode().splitlines()
+        if line.startswith("data: ")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"presence_penalty": 0.3}, "presence_penalty"),
+        ({"guided_json": {"type": "object"}}, "guided"),
+        ({"response_format": {"type": "json_object"}}, "JSON"),
+    ],
+)
+def test_refusals_end_with_an_error_event_never_a_truncation(
+    tmp_path: Path, extra: dict[str, Any], words: str
+) -> None:
+    with fleet(tmp_path, n=2, per_sim=[("--fault", "die-after=5")], probe_interval=60) as f:
+        body = {
+            "model": MODEL,
+            "messages": MESSAGES,
+            "max_tokens": TOKENS,
+            "stream": True,
+            "temperature": 0,
+            **extra,
+        }
+        status, raw = http(
+            "POST",
+            f.base_url + "/chat/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        assert status == 200
+        events = sse_events(raw)
+        assert events[-1] == "[DONE]" and "error" in events[-2]
+        assert words in events[-2]["error"]["message"]
+        (event,) = failovers(f)
+        assert event["outcome"] == "refused" and words in event["detail"]
+
+
+def test_exhausted_budget_is_an_error_event(tmp_path: Path) -> None:
+    dying = ("--fault", "die-after=3")
+    with fleet(tmp_path, n=2, per_sim=[dying, dying], probe_interval=60) as f:
+        status, raw = http(
+            "POST",
+            f.base_url + "/completions",
+            json.dumps(
+                {
+                    "model": MODEL,
+                    "prompt": PROMPT,
+                    "max_tokens": TOKENS,
+                    "stream": True,
+                    "temperature": 0,
+                }
+            ).encode(),
+            {"Content-Type": "application/json"},
+        )
+        assert status == 200
+        events = sse_events(raw)
+        assert events[-1] == "[DONE]" and "error" in events[-2]
+        assert events[-2]["error"]["code"] == "backend_failed"
+        assert failovers(f)[-1]["outcome"] == "exhausted"

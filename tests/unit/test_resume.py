@@ -1,0 +1,166 @@
+from __future__ import annotations
+
+import pytest
+
+from dataplane.resume import (
+    ChoiceProgress,
+    Refused,
+    ResumePath,
+    Seam,
+    SeamCheck,
+    overlap,
+    plan_resume,
+    static_refusal,
+)
+from dataplane.validate import ClientRequest, Endpoint
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def chat(**extra: object) -> ClientRequest:
+    body = {"model": "m", "messages": MSGS, "stream": True, "temperature": 0, **extra}
+    return ClientRequest(Endpoint.CHAT, body, "m", True, body.get("temperature") == 0)
+
+
+def comp(prompt: object = "once", **extra: object) -> ClientRequest:
+    body = {"model": "m", "prompt": prompt, "stream": True, "temperature": 0, **extra}
+    return ClientRequest(Endpoint.COMPLETIONS, body, "m", True, body.get("temperature") == 0)
+
+
+def progress(
+    chunks: list[tuple[list[int], str]], prompt: list[int] | None = (1, 2)
+) -> ChoiceProgress:  # type: ignore[assignment]
+    p = ChoiceProgress(0, list(prompt) if prompt is not None else None)
+    for ids, text in chunks:
+        p.add(text, ids)
+    return p
+
+
+ONE_PER_CHUNK = [([10 + i], f"t{i}") for i in range(8)]
+
+
+def test_token_plan_resumes_m_early_with_remaining_budget_and_same_params() -> None:
+    p = progress(ONE_PER_CHUNK)
+    plan = plan_resume(
+        chat(max_tokens=20, top_k=5, stop_token_ids=[9]), p, token_path=True, seam_tokens=4
+    )
+    assert plan.path is ResumePath.TOKEN and plan.endpoint is Endpoint.COMPLETIONS
+    assert plan.body["prompt"] == [1, 2, 10, 11, 12, 13]
+    assert plan.body["max_tokens"] == 20 - 4
+    assert plan.body["top_k"] == 5 and plan.body["stop_token_ids"] == [9]
+    assert plan.body["return_token_ids"] is True and plan.body["stream"] is True
+    assert "messages" not in plan.body
+    assert plan.overlap_ids == (14, 15, 16, 17) and plan.overlap_text == "t4t5t6t7"
+    assert plan.seam is Seam.VERIFIED
+
+
+def test_exact_plan_has_no_overlap() -> None:
+    plan = plan_resume(
+        chat(max_tokens=20), progress(ONE_PER_CHUNK), token_path=True, seam_tokens=4, exact=True
+    )
+    assert plan.body["prompt"] == [1, 2, *range(10, 18)] and plan.body["max_tokens"] == 12
+    assert plan.overlap_ids == () and plan.seam is Seam.UNCHECKED
+
+
+def test_sampled_and_stop_strings_skip_the_check() -> None:
+    sampled = plan_resume(
+        chat(temperature=0.7, seed=3), progress(ONE_PER_CHUNK), token_path=True, seam_tokens=4
+    )
+    assert sampled.seam is Seam.SAMPLED and sampled.overlap_ids == () and sampled.body["seed"] == 3
+    stops = plan_resume(chat(stop=["x"]), progress(ONE_PER_CHUNK), token_path=True, seam_tokens=4)
+    assert stops.seam is Seam.UNCHECKED and stops.needs_held_text
+
+
+def test_overlap_starts_at_a_settled_boundary() -> None:
+    # Chunk 3 released no text (held back): the overlap may not start right after it.
+    p = progress([([1], "a"), ([2], "b"), ([3], ""), ([4], "cd"), ([5], "e")])
+    assert overlap(p, 2) == (3, "cde")
+    # Multi-token chunks: the overlap covers whole chunks.
+    q = progress([([1, 2], "ab"), ([3, 4, 5], "cde")])
+    assert overlap(q, 2) == (3, "cde")
+    assert overlap(q, 4) == (5, "abcde")
+    assert overlap(q, 0) == (0, "")
+
+
+def test_text_path_for_chat_and_completions() -> None:
+    p = progress([([], "Hello"), ([], " wor")], prompt=None)
+    plan = plan_resume(chat(max_tokens=10), p, token_path=True, seam_tokens=4)
+    assert plan.path is ResumePath.TEXT and plan.endpoint is Endpoint.CHAT
+    assert plan.body["messages"][-1] == {"role": "assistant", "content": "Hello wor"}
+    assert plan.body["continue_final_message"] is True
+    assert plan.body["add_generation_prompt"] is False
+    assert plan.body["max_tokens"] == 8 and plan.body["n"] == 1
+    c = plan_resume(comp("Say:"), p, token_path=False, seam_tokens=4)
+    assert c.body["prompt"] == "Say:Hello wor" and c.endpoint is Endpoint.COMPLETIONS
+    with pytest.raises(Refused):
+        plan_resume(comp([5, 6, 7]), p, token_path=False, seam_tokens=4)
+
+
+def test_client_prefill_is_extended_not_duplicated() -> None:
+    msgs = [*MSGS, {"role": "assistant", "content": "Sure: "}]
+    req = chat(messages=msgs, continue_final_message=True, add_generation_prompt=False)
+    plan = plan_resume(req, progress([([], "yes")], prompt=None), token_path=False, seam_tokens=0)
+    assert plan.body["messages"][-1]["content"] == "Sure: yes"
+    assert len(plan.body["messages"]) == 2
+
+
+def test_nothing_sent_restarts_the_request() -> None:
+    plan = plan_resume(chat(max_tokens=7), ChoiceProgress(0), token_path=True, seam_tokens=4)
+    assert plan.endpoint is Endpoint.CHAT and plan.body["messages"] == MSGS
+    assert plan.body["max_tokens"] == 7
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ({"guided_json": {"type": "object"}}, "guided"),
+        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "JSON"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"presence_penalty": -1}, "presence_penalty"),
+        ({"logprobs": True}, "logprobs"),
+    ],
+)
+def test_refusals_name_the_reason(extra: dict[str, object], words: str) -> None:
+    assert words in (static_refusal(chat(**extra).body) or "")
+    with pytest.raises(Refused, match=words):
+        plan_resume(chat(**extra), progress(ONE_PER_CHUNK), token_path=True, seam_tokens=4)
+
+
+def test_tool_call_in_flight_is_refused() -> None:
+    p = progress(ONE_PER_CHUNK)
+    p.tool_call = True
+    with pytest.raises(Refused, match="tool call"):
+        plan_resume(chat(), p, token_path=True, seam_tokens=4)
+
+
+def test_zero_penalties_are_fine() -> None:
+    assert static_refusal(chat(frequency_penalty=0, presence_penalty=0.0).body) is None
+
+
+def test_seam_check_verified_drops_the_overlap_across_chunk_boundaries() -> None:
+    check = SeamCheck((14, 15), "t4t5")
+    assert check.feed([14], "t4", False) is None and check.verdict is None
+    assert check.feed([15, 16], "t5t6", False) == ([16], "t6")
+    assert check.verdict is Seam.VERIFIED
+    assert check.feed([17], "t7", False) == ([17], "t7")
+
+
+def test_seam_check_waits_for_held_back_text() -> None:
+    check = SeamCheck((14,), "é")
+    assert check.feed([14], "", False) is None  # incomplete UTF-8 held back
+    assert check.feed([15], "éx", False) == ([15], "x")
+
+
+def test_seam_check_divergent() -> None:
+    check = SeamCheck((14, 15), "t4t5")
+    assert check.feed([14], "t4", False) is None
+    assert check.feed([99], "zz", False) is None
+    assert check.verdict is Seam.DIVERGENT
+    early = SeamCheck((14, 15), "t4t5")
+    assert early.feed([14], "t4", True) is None and early.verdict is Seam.DIVERGENT
+
+
+def test_no_overlap_is_unchecked_pass_through() -> None:
+    check = SeamCheck((), "")
+    assert check.verdict is Seam.UNCHECKED
+    assert check.feed([1], "a", False) == ([1], "a")
