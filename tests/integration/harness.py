@@ -41,6 +41,7 @@ def write_config(
             f'kind = "{kind}"',
             "",
         ]
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     return path
 

@@ -274,3 +274,157 @@ def test_exhausted_budget_is_an_error_event(tmp_path: Path) -> None:
         assert events[-1] == "[DONE]" and "error" in events[-2]
         assert events[-2]["error"]["code"] == "backend_failed"
         assert failovers(f)[-1]["outcome"] == "exhausted"
+
+
+def test_text_path_drifts_where_the_token_path_does_not(tmp_path: Path, reference: Part) -> None:
+    from sim.tokenizer import build_tokenizer
+
+    want = uninterrupted(reference, "completions", max_tokens=TOKENS)
+    status, body = http(
+        "POST",
+        reference.ready + "/v1/completions",
+        json.dumps(
+            {
+                "model": MODEL,
+                "prompt": PROMPT,
+                "max_tokens": TOKENS,
+                "temperature": 0,
+                "return_token_ids": True,
+            }
+        ).encode(),
+        {"Content-Type": "application/json"},
+    )
+    choice = json.loads(body)["choices"][0]
+    prompt_ids, ids = choice["prompt_token_ids"], choice["token_ids"]
+    k = 12
+    tok = build_tokenizer()
+    # The cause: re-tokenizing prompt + text merges tokens the model emitted separately.
+    assert prompt_ids[:1] + tok.encode(PROMPT + tok.decode(ids[:k])) != prompt_ids + ids[:k]
+    crash = [("--fault", f"exit-after={k}")]
+    with fleet(tmp_path / "text", n=2, per_sim=crash, probe_interval=60, kind="openai") as f:
+        text, _ = streamed(f, "completions", max_tokens=TOKENS)
+        (event,) = failovers(f)
+        assert event["path"] == "text" and event["seam"] == "unchecked"
+        assert text[: len(tok.decode(ids[:k]))] == want[: len(tok.decode(ids[:k]))]
+        assert text != want  # same text so far, different token history, another continuation
+    with fleet(tmp_path / "token", n=2, per_sim=crash, probe_interval=60) as f:
+        text, _ = streamed(f, "completions", max_tokens=TOKENS)
+        assert failovers(f)[0]["path"] == "token"
+        assert text == want
+
+
+def teacher_forced(sim: Part, prompt_ids: list[int], prefix: list[int], n: int) -> list[int]:
+    """The greedy tokens `sim` produces after exactly prompt + prefix."""
+    status, body = http(
+        "POST",
+        sim.ready + "/v1/completions",
+        json.dumps(
+            {
+                "model": MODEL,
+                "prompt": prompt_ids + prefix,
+                "max_tokens": n,
+                "temperature": 0,
+                "return_token_ids": True,
+            }
+        ).encode(),
+        {"Content-Type": "application/json"},
+    )
+    assert status == 200
+    return list(json.loads(body)["choices"][0]["token_ids"])
+
+
+def test_chip_noise_shows_as_divergent_seams_where_replicas_disagree(tmp_path: Path) -> None:
+    noise = ("--tie-rate", "0.5")
+    ref0, ref1 = start_sim(*noise, "--chip-seed", "0"), start_sim(*noise, "--chip-seed", "1")
+    k, m = 12, 4
+    try:
+        cases: dict[str, tuple[str, list[int], list[int]]] = {}
+        for i in range(40):  # bounded search for one prompt of each kind
+            prompt = f"prompt number {i}"
+            status, body = http(
+                "POST",
+                ref0.ready + "/v1/completions",
+                json.dumps(
+                    {
+                        "model": MODEL,
+                        "prompt": prompt,
+                        "max_tokens": k,
+                        "temperature": 0,
+                        "return_token_ids": True,
+                    }
+                ).encode(),
+                {"Content-Type": "application/json"},
+            )
+            ch = json.loads(body)["choices"][0]
+            pids, ids0 = ch["prompt_token_ids"], ch["token_ids"]
+            # Where replica 1 would disagree, teacher-forced on replica 0's tokens.
+            agree = all(
+                teacher_forced(ref1, pids, ids0[:j], 1) == [ids0[j]] for j in range(k - m, k)
+            )
+            cases.setdefault("verified" if agree else "divergent", (prompt, pids, ids0))
+            if len(cases) == 2:
+                break
+        assert set(cases) == {"verified", "divergent"}
+        for verdict, (prompt, pids, ids0) in cases.items():
+            per_sim = [
+                (*noise, "--chip-seed", "0", "--fault", f"exit-after={k}"),
+                (*noise, "--chip-seed", "1"),
+            ]
+            with fleet(tmp_path / verdict, n=2, per_sim=per_sim, probe_interval=60) as f:
+                got = sdk(f.base_url).completions.create(
+                    model=MODEL, prompt=prompt, temperature=0, max_tokens=TOKENS, stream=True
+                )
+                text = "".join(ch.choices[0].text for ch in got)
+                (event,) = failovers(f)
+                assert event["seam"] == verdict
+            # Either way the continuation is conditioned on exactly what the client saw.
+            rest = teacher_forced(ref1, pids, ids0, TOKENS - k)
+            from sim.tokenizer import build_tokenizer
+
+            assert text == build_tokenizer().decode(ids0 + rest)
+    finally:
+        ref0.stop()
+        ref1.stop()
+
+
+def test_sampled_decoding_resumes_and_is_marked(tmp_path: Path) -> None:
+    with fleet(tmp_path, n=2, per_sim=[("--fault", "die-after=6")], probe_interval=60) as f:
+        chunks = list(
+            sdk(f.base_url).chat.completions.create(
+                model=MODEL,
+                messages=MESSAGES,
+                temperature=0.8,
+                seed=7,
+                max_tokens=TOKENS,
+                stream=True,
+            )
+        )
+        assert chunks[-1].choices[0].finish_reason == "length"
+        (event,) = failovers(f)
+        assert event["seam"] == "sampled" and event["outcome"] == "resumed"
+
+
+def test_client_disconnect_during_a_resume_cancels_everything(tmp_path: Path) -> None:
+    import socket
+
+    from tests.integration.harness import metric, wait_until
+
+    per_sim = [("--fault", "die-after=5"), ("--decode-ms-per-step", "20")]
+    with fleet(tmp_path, n=2, per_sim=per_sim, probe_interval=60) as f:
+        host, port = f.shim.ready.removeprefix("http://").split(":")
+        body = json.dumps(
+            {"model": MODEL, "prompt": PROMPT, "max_tokens": 2000, "stream": True, "temperature": 0}
+        )
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(
+                f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                f"\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+            )
+            received = b""
+            while received.count(b"data:") < 12:  # past the seam: s1 is generating
+                received += sock.recv(65536)
+            resumed_on = f.sims["s1"].ready
+            assert metric(resumed_on, "vllm:num_requests_running") == 1
+        # 2000 tokens at 20 ms would take 40 s; the resumed generation must stop now.
+        assert wait_until(lambda: metric(resumed_on, "vllm:num_requests_running") == 0, 5)
+        assert metric(f.sims["s0"].ready, "vllm:num_requests_running") == 0
