@@ -37,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=4,
         help="resume this many tokens early and check them (0 = off)",
     )
+    resume.add_argument(
+        "--seam-mode",
+        choices=("parallel", "inline"),
+        default="parallel",
+        help="parallel: resume from the exact prefix and verify the overlap "
+        "in a side request (no added gap); inline: resume m tokens early",
+    )
     resume.add_argument("--max-resumes", type=int, default=3, help="failovers per request")
     resume.add_argument("--max-resume-seconds", type=float, default=30.0)
     resume.add_argument(
@@ -63,6 +70,7 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
             budget=RetryBudget(max_attempts=args.max_attempts),
             resume=ResumeSettings(
                 seam_tokens=args.seam_tokens,
+                seam_mode=args.seam_mode,
                 max_resumes=args.max_resumes,
                 max_resume_seconds=args.max_resume_seconds,
                 first_token_timeout=args.first_token_timeout,

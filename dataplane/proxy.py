@@ -140,6 +140,7 @@ class Proxy:
             request_id=ex.request_id,
             client=ex.client,
             shape=ex.shape,
+            background=self._background,
         )
         try:
             complete = await relay.run(backend, upstream, first)

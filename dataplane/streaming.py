@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 import orjson
@@ -20,7 +20,15 @@ from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, classify_status
 from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
 from dataplane.oracle import ControlUnavailable, FailoverReport, Oracle
-from dataplane.resume import ChoiceProgress, Refused, ResumePath, Seam, SeamCheck, plan_resume
+from dataplane.resume import (
+    ChoiceProgress,
+    Refused,
+    ResumePath,
+    ResumePlan,
+    Seam,
+    SeamCheck,
+    plan_resume,
+)
 from dataplane.sse import SSEParser
 from dataplane.stitch import FAILED_FINISH, Stitcher, StopMatcher, choice_text
 from dataplane.validate import ClientRequest, Endpoint
@@ -37,6 +45,9 @@ class ResumeSettings:
     max_resume_seconds: float = 30.0  # from the first failure to giving up
     first_token_timeout: float = 120.0  # no token this long after the request: a stall
     inter_token_timeout: float = 30.0  # no chunk this long between tokens: a stall
+    # parallel: stream from the exact prefix and verify the overlap in a side request;
+    # inline: resume m tokens early and check them before sending (costs m decode steps).
+    seam_mode: str = "parallel"
 
 
 class StreamFailed(Exception):
@@ -54,6 +65,7 @@ class ChoiceResume:
     gap_ms: float = 0.0
     failure: str | None = None
     detail: str = ""
+    verdict: asyncio.Task[Seam] | None = None  # a parallel seam check still running
 
 
 async def read_events(
@@ -96,7 +108,11 @@ class StreamRelay:
         request_id: str,
         client: ClientRequest,
         shape: RequestShape,
+        background: set[asyncio.Task[None]],
     ) -> None:
+        """`background`: the proxy's set of tasks that may outlive this request (a seam
+        check still running when the stream ends), kept referenced until they finish."""
+        self._background = background
         self._session = session
         self._oracle = oracle
         self._timeouts = timeouts
@@ -192,7 +208,8 @@ class StreamRelay:
                 *(self._resume_choice(backend, p, detected) for p in pending)
             )
             for p, r in zip(pending, results, strict=True):
-                self._oracle.report_failover(
+                self._report(
+                    r,
                     FailoverReport(
                         self._rid,
                         failed_backend.id,
@@ -206,13 +223,26 @@ class StreamRelay:
                         attempt,
                         "resumed" if r.failure is None else "failed",
                         r.detail,
-                    )
+                    ),
                 )
             self.served_by = backend
             broken = [r for r in results if r.failure is not None]
             if broken:
                 exclude.append(failed_backend.id)
                 failed_backend, failure = backend, broken[0].failure or "failure"
+
+    def _report(self, result: ChoiceResume, report: FailoverReport) -> None:
+        if result.verdict is None:
+            self._oracle.report_failover(report)
+            return
+
+        async def when_checked(verdict: asyncio.Task[Seam]) -> None:
+            seam = await verdict
+            self._oracle.report_failover(replace(report, seam=seam.value))
+
+        task = asyncio.create_task(when_checked(result.verdict))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _oracle_failover(
         self, failed: Backend, failure: str, exclude: list[str]
@@ -256,53 +286,95 @@ class StreamRelay:
         self, backend: Backend, p: ChoiceProgress, detected: float
     ) -> ChoiceResume:
         result = ChoiceResume()
-        exact = False
-        while True:
-            try:
-                plan = plan_resume(
-                    self._client,
-                    p,
-                    token_path=backend.kind in TOKEN_KINDS,
-                    seam_tokens=self._settings.seam_tokens,
-                    exact=exact,
+        token_path = backend.kind in TOKEN_KINDS
+        # Parallel seam check: stream from the exact prefix at once and verify the overlap
+        # in a side request, so the check costs the client no decode steps.
+        parallel = self._settings.seam_mode == "parallel"
+        exact = parallel
+        verify: asyncio.Task[Seam] | None = None
+        try:
+            while True:
+                try:
+                    plan = plan_resume(
+                        self._client,
+                        p,
+                        token_path=token_path,
+                        seam_tokens=self._settings.seam_tokens,
+                        exact=exact,
+                    )
+                    if parallel and verify is None and result.seam is None:
+                        check = plan_resume(
+                            self._client,
+                            p,
+                            token_path=token_path,
+                            seam_tokens=self._settings.seam_tokens,
+                        )
+                        if check.seam is Seam.VERIFIED:
+                            verify = asyncio.create_task(self._verify(backend, check))
+                        result.seam = check.seam if verify is None else None
+                except Refused as why:
+                    result.failure, result.detail = "refused", str(why)
+                    return result
+                result.path = plan.path
+                if result.seam is None and verify is None:  # a divergent try keeps its verdict
+                    result.seam = plan.seam if plan.seam is not Seam.VERIFIED else None
+                try:
+                    held = await self._held_text(backend, p) if plan.needs_held_text else ""
+                    upstream = await self._open(backend, plan.endpoint, plan.body)
+                except AttemptFailed as failed:
+                    result.failure, result.detail = failed.failure, failed.detail
+                    return result
+                seam = SeamCheck(plan.overlap_ids, plan.overlap_text)
+                stops = (
+                    StopMatcher(
+                        _stops(self._client),
+                        bool(self._client.body.get("include_stop_str_in_output")),
+                        held,
+                    )
+                    if plan.needs_held_text
+                    else None
                 )
-            except Refused as why:
-                result.failure, result.detail = "refused", str(why)
+                try:
+                    outcome = await self._relay_resumed(
+                        upstream, p, plan.endpoint, seam, stops, detected, result
+                    )
+                except StreamFailed as failed:
+                    result.failure, result.detail = failed.failure, str(failed)
+                    return result
+                finally:
+                    upstream.close()
+                if outcome == "divergent":
+                    result.seam, exact = Seam.DIVERGENT, True
+                    continue
+                if verify is not None:
+                    # Reported when it lands; the client's stream need not wait for it.
+                    result.verdict, verify = verify, None
+                elif result.seam is None:
+                    result.seam = seam.verdict
                 return result
-            result.path = plan.path
-            if result.seam is None:  # a divergent first try keeps its verdict
-                result.seam = plan.seam if plan.seam is not Seam.VERIFIED else None
-            try:
-                held = await self._held_text(backend, p) if plan.needs_held_text else ""
-                upstream = await self._open(backend, plan.endpoint, plan.body)
-            except AttemptFailed as failed:
-                result.failure, result.detail = failed.failure, failed.detail
-                return result
-            seam = SeamCheck(plan.overlap_ids, plan.overlap_text)
-            stops = (
-                StopMatcher(
-                    _stops(self._client),
-                    bool(self._client.body.get("include_stop_str_in_output")),
-                    held,
-                )
-                if plan.needs_held_text
-                else None
-            )
-            try:
-                outcome = await self._relay_resumed(
-                    upstream, p, plan.endpoint, seam, stops, detected, result
-                )
-            except StreamFailed as failed:
-                result.failure, result.detail = failed.failure, str(failed)
-                return result
-            finally:
-                upstream.close()
-            if outcome == "divergent":
-                result.seam, exact = Seam.DIVERGENT, True
-                continue
-            if result.seam is None:
-                result.seam = seam.verdict
-            return result
+        finally:
+            if verify is not None:  # the resume failed: its verdict no longer matters
+                verify.cancel()
+
+    async def _verify(self, backend: Backend, check: ResumePlan) -> Seam:
+        """Would `backend` regenerate the overlap the client already has? One short,
+        non-streaming request over the shared prefix (its KV cache is warm from the resume)."""
+        body = {**check.body, "stream": False, "max_tokens": len(check.overlap_ids)}
+        body.pop("min_tokens", None)
+        try:
+            async with self._session.post(
+                backend.url + Endpoint.COMPLETIONS.value,
+                data=orjson.dumps(body),
+                headers={"Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=self._settings.max_resume_seconds),
+            ) as resp:
+                if resp.status != 200:
+                    return Seam.UNCHECKED
+                choice = (orjson.loads(await resp.read()).get("choices") or [{}])[0]
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+            return Seam.UNCHECKED
+        got = tuple(choice.get("token_ids") or ())
+        return Seam.VERIFIED if got == check.overlap_ids else Seam.DIVERGENT
 
     async def _relay_resumed(
         self,

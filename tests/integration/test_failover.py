@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from clients.procs import Part
-from tests.integration.harness import MODEL, Fleet, fleet, http, start_sim
+from tests.integration.harness import MODEL, Fleet, fleet, http, start_sim, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,20 +58,38 @@ def streamed(f: Fleet, endpoint: str, **kw: Any) -> tuple[str, list[Any]]:
     return text, chunks
 
 
-def failovers(f: Fleet) -> list[dict[str, Any]]:
-    out = f.baton("events", "--kind", "failover", "--json")
-    assert out.returncode == 0, out.stderr
-    return list(json.loads(out.stdout))
+def failovers(f: Fleet, at_least: int = 1) -> list[dict[str, Any]]:
+    """The failover audit events; waits (bounded) for at least `at_least` of them, since a
+    parallel seam check reports its event when it lands, which may be after the stream."""
+    events: list[dict[str, Any]] = []
+
+    def enough() -> bool:
+        out = f.baton("events", "--kind", "failover", "--json")
+        assert out.returncode == 0, out.stderr
+        events[:] = json.loads(out.stdout)
+        return len(events) >= at_least
+
+    wait_until(enough, 5)
+    return events
 
 
-@pytest.mark.parametrize("endpoint", ["chat", "completions"])
-@pytest.mark.parametrize("after", [1, 12, 22])  # after the first token, mid-way, near the end
+@pytest.mark.parametrize(
+    ("endpoint", "after", "mode"),
+    [
+        *((e, a, "parallel") for e in ("chat", "completions") for a in (1, 12, 22)),
+        # after the first token, mid-way, near the end; and the inline seam check
+        ("chat", 12, "inline"),
+        ("completions", 22, "inline"),
+    ],
+)
 def test_engine_crash_mid_stream_is_invisible(
-    tmp_path: Path, reference: Part, endpoint: str, after: int
+    tmp_path: Path, reference: Part, endpoint: str, after: int, mode: str
 ) -> None:
     want = uninterrupted(reference, endpoint, max_tokens=TOKENS)
     crash = ("--fault", f"exit-after={after}")
-    with fleet(tmp_path, n=2, per_sim=[crash], probe_interval=60) as f:
+    with fleet(
+        tmp_path, n=2, per_sim=[crash], probe_interval=60, shim_args=("--seam-mode", mode)
+    ) as f:
         text, chunks = streamed(
             f, endpoint, max_tokens=TOKENS, stream_options={"include_usage": True}
         )
@@ -122,7 +140,7 @@ def test_backend_dying_during_the_resume_itself(tmp_path: Path, reference: Part)
     with fleet(tmp_path, n=4, per_sim=per_sim, probe_interval=60) as f:
         text, _ = streamed(f, "completions", max_tokens=TOKENS)
         assert text == want
-        events = failovers(f)
+        events = failovers(f, 2)
         assert events[-1]["outcome"] == "resumed" and events[-1]["to_backend"] == "s3"
         assert [e["outcome"] for e in events[:-1]] == ["failed"] * (len(events) - 1)
         assert len(events) >= 2
@@ -171,7 +189,7 @@ def test_n_choices_are_resumed_each(tmp_path: Path, reference: Part) -> None:
             for i in (0, 1)
         }
         assert texts == {0: want, 1: want}
-        assert sorted(e["choice"] for e in failovers(f)) == [0, 1]
+        assert sorted(e["choice"] for e in failovers(f, 2)) == [0, 1]
 
 
 def test_stop_string_spanning_the_seam_is_honoured(tmp_path: Path, reference: Part) -> None:
@@ -333,7 +351,10 @@ def teacher_forced(sim: Part, prompt_ids: list[int], prefix: list[int], n: int) 
     return list(json.loads(body)["choices"][0]["token_ids"])
 
 
-def test_chip_noise_shows_as_divergent_seams_where_replicas_disagree(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["parallel", "inline"])
+def test_chip_noise_shows_as_divergent_seams_where_replicas_disagree(
+    tmp_path: Path, mode: str
+) -> None:
     noise = ("--tie-rate", "0.5")
     ref0, ref1 = start_sim(*noise, "--chip-seed", "0"), start_sim(*noise, "--chip-seed", "1")
     k, m = 12, 4
@@ -370,7 +391,13 @@ def test_chip_noise_shows_as_divergent_seams_where_replicas_disagree(tmp_path: P
                 (*noise, "--chip-seed", "0", "--fault", f"exit-after={k}"),
                 (*noise, "--chip-seed", "1"),
             ]
-            with fleet(tmp_path / verdict, n=2, per_sim=per_sim, probe_interval=60) as f:
+            with fleet(
+                tmp_path / verdict,
+                n=2,
+                per_sim=per_sim,
+                probe_interval=60,
+                shim_args=("--seam-mode", mode),
+            ) as f:
                 got = sdk(f.base_url).completions.create(
                     model=MODEL, prompt=prompt, temperature=0, max_tokens=TOKENS, stream=True
                 )

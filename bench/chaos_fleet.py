@@ -1,0 +1,192 @@
+"""The failover benchmark's fleet: B sims, one control, one shim, plus a floor sim outside the
+fleet; and the chaos that SIGKILLs fleet sims and restarts them on their old ports.
+
+The schedule (when to kill, which draw picks the victim, how long it stays dead) is a pure
+function of the seed; only whether a victim is eligible depends on what has happened, and that
+rule (`eligible`) is pure too."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from random import Random
+
+from clients.procs import Part, StartFailed
+
+MODEL = "toy"
+PROBE_INTERVAL = 0.2
+# Control re-admits a sim after 2 good probes: one that has been up this long can take a resume.
+SETTLE_S = 3 * PROBE_INTERVAL
+RESTART_TRIES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Kill:
+    at: float  # seconds after the chaos starts
+    draw: float  # in [0, 1): picks the victim among those eligible at that moment
+    restart_after: float  # seconds the victim stays dead before its restart begins
+
+
+def chaos_schedule(seed: int, kill_every: float, count: int) -> list[Kill]:
+    """`count` kills, intervals uniform in [0.5, 1.5] x kill_every, restarts after 0.1-0.5 s."""
+    rng = Random(seed)
+    at, out = 0.0, []
+    for _ in range(count):
+        at += kill_every * rng.uniform(0.5, 1.5)
+        out.append(Kill(round(at, 6), rng.random(), round(rng.uniform(0.1, 0.5), 6)))
+    return out
+
+
+def eligible(up_since: Mapping[str, float | None], now: float, settle: float) -> list[str]:
+    """Sims that may be killed now (sorted): alive ones whose death still leaves another sim
+    that has been up for `settle` seconds, so a resume always has somewhere to go.
+    `up_since` is None for a sim that is dead or restarting."""
+    alive = sorted(k for k, t in up_since.items() if t is not None)
+    settled = {k for k in alive if (t := up_since[k]) is not None and now - t >= settle}
+    return [k for k in alive if settled - {k}]
+
+
+def pick(draw: float, candidates: Sequence[str]) -> str | None:
+    return candidates[min(int(draw * len(candidates)), len(candidates) - 1)] if candidates else None
+
+
+class Fleet:
+    """Real processes; `close()` stops every one of them, including sims restarted later."""
+
+    def __init__(self, logdir: Path, backends: int, sim_args: Sequence[str] = ()) -> None:
+        self._logdir = logdir
+        self._sim_args = tuple(sim_args)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._others: list[Part] = []
+        self.sims: dict[str, Part] = {}
+        self.ports: dict[str, int] = {}
+        self.up_since: dict[str, float | None] = {}
+        logdir.mkdir(parents=True, exist_ok=True)
+        try:
+            for i in range(backends):
+                sid = f"s{i}"
+                self.sims[sid] = self._sim(sid, "127.0.0.1:0")
+                self.ports[sid] = int(self.sims[sid].ready.rsplit(":", 1)[1])
+                self.up_since[sid] = time.monotonic()
+            # Outside the fleet, prefix cache off: every floor sample pays its whole prefill.
+            self.floor = self._start("floor", ["sim", "--listen", "127.0.0.1:0", "--model", MODEL,
+                                               *self._sim_args, "--cache-blocks", "0"])  # fmt: skip
+            config = logdir / "failover.control.toml"
+            config.write_text(control_toml(self.sims))
+            self.control = self._start(
+                "control", ["control", "--config", str(config), "--listen", "127.0.0.1:0"]
+            )
+            self.shim = self._start(
+                "shim", ["dataplane", "--control", self.control.ready, "--listen", "127.0.0.1:0"]
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, name: str, argv: list[str]) -> Part:
+        # Parts log to files: a warning per failover must not garble the table.
+        with (self._logdir / f"failover.{name}.log").open("ab") as log:
+            part = Part(name, argv, stderr=log.fileno())
+        with self._lock:
+            self._others.append(part)
+        return part
+
+    def _sim(self, sid: str, listen: str) -> Part:
+        with (self._logdir / f"failover.{sid}.log").open("ab") as log:
+            return Part(sid, ["sim", "--listen", listen, "--model", MODEL, *self._sim_args],
+                        stderr=log.fileno())  # fmt: skip
+
+    def kill(self, sid: str) -> None:
+        with self._lock:
+            self.up_since[sid] = None
+            part = self.sims[sid]
+        part.kill()  # SIGKILL to the process group; waits for the exit
+        if part.proc.stdout:
+            part.proc.stdout.close()
+
+    def restart(self, sid: str) -> bool:
+        """Same port, so control's registry entry stays valid; the port can be briefly busy."""
+        for _ in range(RESTART_TRIES):
+            if self._closed:
+                return False
+            try:
+                part = self._sim(sid, f"127.0.0.1:{self.ports[sid]}")
+            except StartFailed:
+                time.sleep(0.25)
+                continue
+            with self._lock:
+                if self._closed:  # closed while we were starting: do not leak it
+                    part.stop(1.0)
+                    return False
+                self.sims[sid] = part
+                self.up_since[sid] = time.monotonic()
+            return True
+        return False
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            parts = [*reversed(self._others), *self.sims.values()]
+        for part in parts:
+            with contextlib.suppress(Exception):
+                part.stop(3.0)
+
+
+def control_toml(sims: Mapping[str, Part]) -> str:
+    lines = ["[probes]", f"interval = {PROBE_INTERVAL}", ""]
+    for sid, part in sims.items():
+        lines += ["[[backends]]", f'id = "{sid}"', f'url = "{part.ready}"',
+                  f'model = "{MODEL}"', 'kind = "vllm"', ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def running_fleet(logdir: Path, backends: int) -> Iterator[Fleet]:
+    fleet = Fleet(logdir, backends)
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+
+
+@dataclass(slots=True)
+class KillLog:
+    kills: list[tuple[float, str]]  # (monotonic time, sim id)
+    restarts: list[tuple[float, str, bool]]  # (monotonic time it was up or gave up, id, ok)
+    skipped: int = 0  # planned kills with no eligible victim
+
+
+async def chaos(
+    fleet: Fleet, schedule: Sequence[Kill], stop: asyncio.Event, log: KillLog,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:  # fmt: skip
+    """Run the schedule until `stop` is set or it runs out; then wait for pending restarts, so
+    the fleet is whole again (bounded: each restart tries RESTART_TRIES times)."""
+    t0 = clock()
+    async with asyncio.TaskGroup() as tg:
+        for k in schedule:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, t0 + k.at - clock()))
+            if stop.is_set():
+                break
+            victim = pick(k.draw, eligible(fleet.up_since, clock(), SETTLE_S))
+            if victim is None:
+                log.skipped += 1
+                continue
+            await asyncio.to_thread(fleet.kill, victim)
+            log.kills.append((clock(), victim))
+            tg.create_task(_restart_later(fleet, victim, k.restart_after, log, clock))
+
+
+async def _restart_later(
+    fleet: Fleet, sid: str, delay: float, log: KillLog, clock: Callable[[], float]
+) -> None:
+    await asyncio.sleep(delay)
+    ok = await asyncio.to_thread(fleet.restart, sid)
+    log.restarts.append((clock(), sid, ok))
