@@ -1,5 +1,6 @@
-"""The failover benchmark's fleet: B sims, one control, one shim, plus a floor sim outside the
-fleet; and the chaos that SIGKILLs fleet sims and restarts them on their old ports.
+"""The failover benchmark's moving parts: the fleet (B sims, one control, one shim, plus a
+floor sim outside the fleet), the chaos that SIGKILLs fleet sims and restarts them on their old
+ports, and the streaming client that records exactly what a client saw.
 
 The schedule (when to kill, which draw picks the victim, how long it stays dead) is a pure
 function of the seed; only whether a victim is eligible depends on what has happened, and that
@@ -9,12 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from random import Random
+from typing import Any
+
+import aiohttp
+import orjson
 
 from clients.procs import Part, StartFailed
 
@@ -75,8 +83,19 @@ class Fleet:
                 self.ports[sid] = int(self.sims[sid].ready.rsplit(":", 1)[1])
                 self.up_since[sid] = time.monotonic()
             # Outside the fleet, prefix cache off: every floor sample pays its whole prefill.
-            self.floor = self._start("floor", ["sim", "--listen", "127.0.0.1:0", "--model", MODEL,
-                                               *self._sim_args, "--cache-blocks", "0"])  # fmt: skip
+            self.floor = self._start(
+                "floor",
+                [
+                    "sim",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--model",
+                    MODEL,
+                    *self._sim_args,
+                    "--cache-blocks",
+                    "0",
+                ],
+            )
             config = logdir / "failover.control.toml"
             config.write_text(control_toml(self.sims))
             self.control = self._start(
@@ -99,8 +118,11 @@ class Fleet:
 
     def _sim(self, sid: str, listen: str) -> Part:
         with (self._logdir / f"failover.{sid}.log").open("ab") as log:
-            return Part(sid, ["sim", "--listen", listen, "--model", MODEL, *self._sim_args],
-                        stderr=log.fileno())  # fmt: skip
+            return Part(
+                sid,
+                ["sim", "--listen", listen, "--model", MODEL, *self._sim_args],
+                stderr=log.fileno(),
+            )
 
     def kill(self, sid: str) -> None:
         with self._lock:
@@ -141,8 +163,14 @@ class Fleet:
 def control_toml(sims: Mapping[str, Part]) -> str:
     lines = ["[probes]", f"interval = {PROBE_INTERVAL}", ""]
     for sid, part in sims.items():
-        lines += ["[[backends]]", f'id = "{sid}"', f'url = "{part.ready}"',
-                  f'model = "{MODEL}"', 'kind = "vllm"', ""]  # fmt: skip
+        lines += [
+            "[[backends]]",
+            f'id = "{sid}"',
+            f'url = "{part.ready}"',
+            f'model = "{MODEL}"',
+            'kind = "vllm"',
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -163,9 +191,12 @@ class KillLog:
 
 
 async def chaos(
-    fleet: Fleet, schedule: Sequence[Kill], stop: asyncio.Event, log: KillLog,
+    fleet: Fleet,
+    schedule: Sequence[Kill],
+    stop: asyncio.Event,
+    log: KillLog,
     clock: Callable[[], float] = time.monotonic,
-) -> None:  # fmt: skip
+) -> None:
     """Run the schedule until `stop` is set or it runs out; then wait for pending restarts, so
     the fleet is whole again (bounded: each restart tries RESTART_TRIES times)."""
     t0 = clock()
@@ -190,3 +221,114 @@ async def _restart_later(
     await asyncio.sleep(delay)
     ok = await asyncio.to_thread(fleet.restart, sid)
     log.restarts.append((clock(), sid, ok))
+
+
+# -- the client ------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class StreamRecord:
+    prompt: int
+    target: str  # "baton" or the sim's id
+    rid: str = ""
+    status: int = 0
+    text: str = ""
+    done: bool = False
+    error: str = ""  # the error event, or the exception the client got
+    start: float = 0.0  # monotonic
+    first: float | None = None  # first data event carrying text
+    end: float = 0.0
+    max_stall_ms: float = 0.0  # longest wait between two text events: a failover shows here
+
+    @property
+    def verdict(self) -> str:
+        if self.status != 200 or self.error:
+            return "failed"
+        return "completed" if self.done else "truncated"
+
+
+async def stream_one(
+    session: aiohttp.ClientSession, url: str, body: Mapping[str, Any], rec: StreamRecord
+) -> StreamRecord:
+    """One streaming completion; fills `rec` with what the client saw, never raises."""
+    rec.start = last = time.monotonic()
+    try:
+        async with session.post(url + "/v1/completions", json=body) as resp:
+            rec.status, rec.rid = resp.status, resp.headers.get("X-Request-Id", "")
+            if resp.status != 200:
+                rec.error = (await resp.text())[:300]
+                return rec
+            async for line in resp.content:
+                data = line.strip().removeprefix(b"data: ")
+                if data == b"[DONE]":
+                    rec.done = True
+                elif data.startswith(b"{"):
+                    obj = orjson.loads(data)
+                    if "error" in obj:
+                        rec.error = data.decode()
+                    for ch in obj.get("choices") or ():
+                        if ch.get("text"):
+                            now = time.monotonic()
+                            rec.first = rec.first or now
+                            rec.max_stall_ms = max(rec.max_stall_ms, (now - last) * 1e3)
+                            rec.text, last = rec.text + ch["text"], now
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: bad JSON
+        rec.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        rec.end = time.monotonic()
+    return rec
+
+
+async def load(
+    session: aiohttp.ClientSession,
+    n: int,
+    conc: int,
+    tokens: int,
+    prompts: Sequence[str],
+    target: Callable[[int], tuple[str, str]],
+) -> list[StreamRecord]:
+    """n streams, closed loop at `conc`; request i uses prompt i % len(prompts) and
+    `target(i)` = (name, base URL)."""
+    out: list[StreamRecord] = []
+    counter = iter(range(n))
+
+    async def worker() -> None:
+        for i in counter:
+            name, url = target(i)
+            body = {
+                "model": MODEL,
+                "prompt": prompts[i % len(prompts)],
+                "max_tokens": tokens,
+                "temperature": 0,
+                "stream": True,
+            }
+            out.append(await stream_one(session, url, body, StreamRecord(i % len(prompts), name)))
+
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(conc):
+            tg.create_task(worker())
+    return out
+
+
+def failover_events(control: str, settle_s: float = 0.5, tries: int = 10) -> list[dict[str, Any]]:
+    """Through the real CLI; reports reach control asynchronously, so read until stable."""
+    argv = [
+        sys.executable,
+        "-m",
+        "clients.cli",
+        "events",
+        "--kind",
+        "failover",
+        "--json",
+        "--limit",
+        "100000",
+        "--control",
+        control,
+    ]
+    last: list[dict[str, Any]] | None = None
+    for _ in range(tries):
+        time.sleep(settle_s)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
+        now: list[dict[str, Any]] = json.loads(out.stdout)
+        if last is not None and len(now) == len(last):
+            return now
+        last = now
+    return last or []

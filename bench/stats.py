@@ -226,3 +226,14 @@ def cpu_rows(cells: Sequence[Cell]) -> list[list[str]]:
             fmt(bu.get("control", NAN)),
         ])  # fmt: skip
     return rows
+
+
+def finite(value: Any) -> Any:
+    """NaN (a metric not measured) becomes None, recursively: JSON has no NaN."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value

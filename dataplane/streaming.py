@@ -132,10 +132,10 @@ class StreamRelay:
             await self._pump(upstream, first)
         except StreamFailed as failed:
             upstream.close()
-            if self.stitcher.unfinished() or not self.stitcher.choices:
+            if self.stitcher.unfinished():
                 return await self._failover(backend, failed)
             # Every choice had finished: only the tail (usage, [DONE]) was lost.
-            self.stitcher.resumed = True
+            self.stitcher.resumed = self.stitcher.usage is None
         await self._resp.write(self.stitcher.ending())
         return True
 

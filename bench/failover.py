@@ -1,0 +1,338 @@
+"""`python -m bench.failover`: streams through Baton while backends are SIGKILLed mid-stream.
+
+B sims (default cost model, so a 64-token stream lasts ~0.35 s and can be killed mid-way), one
+control and one shim run as real processes (bench/chaos_fleet.py). Phases, in one run:
+
+1. Reference: each prompt's uninterrupted greedy completion, non-streaming, from sim s0, with
+   its prompt and generated token ids. Every client stream is checked byte-identical to it.
+2. No-kill overhead: N/4 streams direct (round robin over the sims, so each sim carries the same
+   batch as behind the shim), then N/4 through the shim, both at concurrency C.
+3. Chaos: N streams through the shim at concurrency C while a sim is SIGKILLed every ~kill-every
+   seconds and restarted on its old port 0.1-0.5 s later (never leaving no settled sim).
+4. Floor: for up to FLOOR_SAMPLES resumed failovers, the TTFT of one direct stream whose prompt
+   is that request's prompt ids + the `tokens_sent` reference ids, i.e. exactly what the resume
+   had to prefill. Measured after the load, one at a time, on a separate sim of the same cost
+   model with its prefix cache OFF: each sample pays its full prefill (at most ~1.6 ms here), the
+   most a resume target could pay, with no batch and no CPU contention. Its TTFT includes the
+   client's HTTP round trip; the shim's gap includes the control Failover RPC and the stitching.
+
+Prints a table and PASS/FAIL lines (benchmarks never gate) and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from random import Random
+from typing import Any
+
+import aiohttp
+
+from bench import stats
+from bench.chaos_fleet import (
+    MODEL,
+    Fleet,
+    KillLog,
+    StreamRecord,
+    chaos,
+    chaos_schedule,
+    failover_events,
+    load,
+    running_fleet,
+    stream_one,
+)
+from bench.overhead import await_serving
+
+DEFAULT_JSON = Path(__file__).parent / "results" / "failover.json"
+FLOOR_SAMPLES = 50
+WORDS = (
+    "amber river quietly stone north lantern maple orbit velvet harbor cinder meadow "
+    "falcon copper thistle glacier echo saffron willow beacon ember prism tundra"
+).split()
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    prompt: str
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    text: str
+
+
+def make_prompts(seed: int, count: int) -> list[str]:
+    rng = Random(seed)
+    return [" ".join(rng.sample(WORDS, rng.randint(3, 6))) for _ in range(count)]
+
+
+# -- pure aggregation -----------------------------------------------------------------------------
+def ms(values: Sequence[float]) -> dict[str, float]:
+    return {"p50": stats.percentile(values, 50), "p99": stats.percentile(values, 99)}
+
+
+def summarize(
+    records: Sequence[StreamRecord],
+    refs: Sequence[Reference],
+    events: Sequence[Mapping[str, Any]],
+    floors_ms: Sequence[float],
+    kills: int,
+) -> dict[str, Any]:
+    """Everything the report prints, from raw records; no I/O."""
+    verdicts = Counter(r.verdict for r in records)
+    completed = [r for r in records if r.verdict == "completed"]
+    differs = [r.rid for r in completed if r.text != refs[r.prompt].text]
+    resumed = [e for e in events if e.get("outcome") == "resumed"]
+    gaps = [float(e["gap_ms"]) for e in resumed]
+    touched = {e.get("request_id") for e in events}
+    gap50, floor50 = stats.percentile(gaps, 50), stats.percentile(floors_ms, 50)
+    return {
+        "requests": len(records),
+        "completed": verdicts["completed"],
+        "failed": verdicts["failed"],
+        "truncated": verdicts["truncated"],
+        "identical_pct": 100 * (len(completed) - len(differs)) / len(completed)
+        if completed
+        else stats.NAN,
+        "non_identical": differs,
+        "bad_streams": [
+            {
+                "rid": r.rid,
+                "verdict": r.verdict,
+                "status": r.status,
+                "error": r.error[:300],
+                "failures": sorted(
+                    {str(e.get("failure")) for e in events if e.get("request_id") == r.rid}
+                ),
+            }
+            for r in records
+            if r.verdict != "completed"
+        ],
+        "failovers": len(events),
+        "by_outcome": dict(Counter(str(e.get("outcome")) for e in events)),
+        "by_seam": dict(Counter(str(e.get("seam") or "-") for e in events)),
+        "by_failure": dict(Counter(str(e.get("failure")) for e in events)),
+        "gap_ms": ms(gaps),
+        "floor_ms": ms(floors_ms),
+        "floor_samples": len(floors_ms),
+        "gap_over_floor": gap50 / floor50 if floor50 > 0 else stats.NAN,
+        "client_stall_ms": ms([r.max_stall_ms for r in records if r.rid in touched]),
+        "kills": kills,
+    }
+
+
+def overhead(direct: Sequence[StreamRecord], baton: Sequence[StreamRecord]) -> dict[str, Any]:
+    def side(rs: Sequence[StreamRecord]) -> dict[str, float]:
+        ok = [r for r in rs if r.verdict == "completed" and r.first is not None]
+        return {
+            "ttft_p50": stats.percentile([(r.first or r.end) - r.start for r in ok], 50) * 1e3,
+            "total_p50": stats.percentile([r.end - r.start for r in ok], 50) * 1e3,
+            "errors": len(rs) - len(ok),
+        }
+
+    return {"direct": side(direct), "baton": side(baton)}
+
+
+def targets(s: Mapping[str, Any]) -> list[stats.Target]:
+    return [
+        stats.Target("client-visible errors + truncated streams", s["failed"] + s["truncated"], 0),
+        stats.Target("byte-identical % of completed", s["identical_pct"], 100, True),
+        stats.Target("failover gap p50 / floor p50", s["gap_over_floor"], 1.5),
+    ]
+
+
+def report(s: Mapping[str, Any], o: Mapping[str, Any]) -> str:
+    def counts(d: Mapping[str, int]) -> str:
+        return " ".join(f"{k}={v}" for k, v in sorted(d.items())) or "-"
+
+    f, d, b = stats.fmt, o["direct"], o["baton"]
+    rows = [
+        [
+            "requests completed/failed/truncated",
+            f"{s['completed']}/{s['failed']}/{s['truncated']} of {s['requests']}",
+        ],
+        ["byte-identical (of completed)", f"{f(s['identical_pct'], 1)} %"],
+        ["kills performed", str(s["kills"])],
+        ["failover events", str(s["failovers"])],
+        ["  by outcome", counts(s["by_outcome"])],
+        ["  by seam", counts(s["by_seam"])],
+        ["  by failure", counts(s["by_failure"])],
+        ["gap p50/p99 (ms)", f"{f(s['gap_ms']['p50'])} / {f(s['gap_ms']['p99'])}"],
+        [
+            f"floor p50/p99 (ms, n={s['floor_samples']})",
+            f"{f(s['floor_ms']['p50'])} / {f(s['floor_ms']['p99'])}",
+        ],
+        ["gap p50 / floor p50", f(s["gap_over_floor"])],
+        [
+            "client max stall p50/p99 (ms)",
+            f"{f(s['client_stall_ms']['p50'])} / {f(s['client_stall_ms']['p99'])}",
+        ],
+        ["no-kill TTFT p50 baton/direct (ms)", f"{f(b['ttft_p50'])} / {f(d['ttft_p50'])}"],
+        ["no-kill total p50 baton/direct (ms)", f"{f(b['total_p50'])} / {f(d['total_p50'])}"],
+        ["no-kill errors baton/direct", f"{b['errors']}/{d['errors']}"],
+    ]
+    lines = [stats.render_table(("metric", "value"), rows), ""]
+    for t in targets(s):
+        op = ">=" if t.higher_is_better else "<="
+        lines.append(f"{t.verdict}  {t.name}: {stats.fmt(t.value, 3)} ({op} {t.limit:g})")
+    return "\n".join(lines)
+
+
+# -- I/O ----------------------------------------------------------------------------------------
+async def reference(
+    session: aiohttp.ClientSession, url: str, prompt: str, tokens: int
+) -> Reference:
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "return_token_ids": True,
+    }
+    async with session.post(url + "/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        ch = (await resp.json())["choices"][0]
+    return Reference(prompt, tuple(ch["prompt_token_ids"]), tuple(ch["token_ids"]), ch["text"])
+
+
+async def floor_ttft(
+    session: aiohttp.ClientSession, url: str, ref: Reference, sent: int, tokens: int
+) -> float:
+    body = {
+        "model": MODEL,
+        "prompt": [*ref.prompt_ids, *ref.token_ids[:sent]],
+        "max_tokens": max(1, tokens - sent),
+        "temperature": 0,
+        "stream": True,
+    }
+    rec = await stream_one(session, url, body, StreamRecord(0, "floor"))
+    return ((rec.first or rec.end) - rec.start) * 1e3 if rec.verdict == "completed" else stats.NAN
+
+
+@dataclass(slots=True)
+class Plan:
+    requests: int
+    concurrency: int
+    backends: int
+    tokens: int
+    kill_every: float
+    seed: int
+    prompts: int = 16
+
+
+async def run(fleet: Fleet, plan: Plan) -> dict[str, Any]:
+    prompts = make_prompts(plan.seed, plan.prompts)
+    sims = list(fleet.sims)
+    timeout = aiohttp.ClientTimeout(total=120, sock_connect=5)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        s0 = fleet.sims["s0"].ready
+        refs = await asyncio.gather(*(reference(session, s0, p, plan.tokens) for p in prompts))
+        quarter = max(1, plan.requests // 4)
+        direct = await load(
+            session,
+            quarter,
+            plan.concurrency,
+            plan.tokens,
+            prompts,
+            lambda i: (sims[i % len(sims)], fleet.sims[sims[i % len(sims)]].ready),
+        )
+        baton = await load(
+            session,
+            quarter,
+            plan.concurrency,
+            plan.tokens,
+            prompts,
+            lambda i: ("baton", fleet.shim.ready),
+        )
+        stop, kills = asyncio.Event(), KillLog([], [])
+        schedule = chaos_schedule(plan.seed, plan.kill_every, count=10_000)
+        chaos_task = asyncio.create_task(chaos(fleet, schedule, stop, kills))
+        t0 = time.monotonic()
+        records = await load(
+            session,
+            plan.requests,
+            plan.concurrency,
+            plan.tokens,
+            prompts,
+            lambda i: ("baton", fleet.shim.ready),
+        )
+        load_s = time.monotonic() - t0
+        stop.set()
+        await chaos_task
+        events = await asyncio.to_thread(failover_events, fleet.control.ready)
+        by_rid = {r.rid: r for r in records}
+        resumed = [e for e in events if e.get("outcome") == "resumed" and e["request_id"] in by_rid]
+        sample = Random(plan.seed).sample(resumed, min(FLOOR_SAMPLES, len(resumed)))
+        floors = [
+            await floor_ttft(
+                session,
+                fleet.floor.ready,
+                refs[by_rid[e["request_id"]].prompt],
+                int(e["tokens_sent"]),
+                plan.tokens,
+            )
+            for e in sample
+        ]
+    summary = summarize(
+        records, refs, events, [v for v in floors if not math.isnan(v)], len(kills.kills)
+    )
+    return {
+        "summary": summary,
+        "overhead": overhead(direct, baton),
+        "load_s": load_s,
+        "kills": kills.kills,
+        "restarts": kills.restarts,
+        "skipped_kills": kills.skipped,
+        "events": events,
+        "records": [asdict(r) for r in records],
+        "floor_samples": [{**e, "floor_ms": v} for e, v in zip(sample, floors, strict=True)],
+    }
+
+
+def parse_args(argv: list[str] | None) -> tuple[Plan, Path]:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.failover",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--quick", action="store_true", help="40 requests")
+    p.add_argument("--requests", type=int, help="streams in the chaos phase (default 200)")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--backends", type=int, default=3)
+    p.add_argument("--tokens", type=int, default=64, help="max_tokens per stream")
+    p.add_argument("--kill-every", type=float, default=0.4, help="mean seconds between kills")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    a = p.parse_args(argv)
+    if a.backends < 2:
+        p.error("--backends must be at least 2: a resume needs somewhere to go")
+    n = a.requests if a.requests is not None else (40 if a.quick else 200)
+    return Plan(n, a.concurrency, a.backends, a.tokens, a.kill_every, a.seed), a.json
+
+
+def main(argv: list[str] | None = None) -> int:
+    plan, json_path = parse_args(argv)
+    try:
+        with running_fleet(json_path.parent, plan.backends) as fleet:
+            await_serving(fleet.shim.ready)
+            doc = asyncio.run(run(fleet, plan))
+    except KeyboardInterrupt:
+        print("interrupted; all parts stopped", file=sys.stderr)
+        return 130
+    print(report(doc["summary"], doc["overhead"]))
+    doc["plan"] = asdict(plan)
+    doc["targets"] = [{**asdict(t), "verdict": t.verdict} for t in targets(doc["summary"])]
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(stats.finite(doc), allow_nan=False))
+    print(f"\nwrote {json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
