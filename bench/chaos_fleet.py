@@ -124,13 +124,16 @@ class Fleet:
                 stderr=log.fileno(),
             )
 
-    def kill(self, sid: str) -> None:
+    def kill(self, sid: str) -> float:
+        """SIGKILL the sim's process group; returns the monotonic time just before the signal."""
         with self._lock:
             self.up_since[sid] = None
             part = self.sims[sid]
-        part.kill()  # SIGKILL to the process group; waits for the exit
+        at = time.monotonic()
+        part.kill()  # waits for the exit
         if part.proc.stdout:
             part.proc.stdout.close()
+        return at
 
     def restart(self, sid: str) -> bool:
         """Same port, so control's registry entry stays valid; the port can be briefly busy."""
@@ -185,7 +188,7 @@ def running_fleet(logdir: Path, backends: int) -> Iterator[Fleet]:
 
 @dataclass(slots=True)
 class KillLog:
-    kills: list[tuple[float, str]]  # (monotonic time, sim id)
+    kills: list[tuple[float, str]]  # (monotonic time of the SIGKILL, sim id)
     restarts: list[tuple[float, str, bool]]  # (monotonic time it was up or gave up, id, ok)
     skipped: int = 0  # planned kills with no eligible victim
 
@@ -210,8 +213,7 @@ async def chaos(
             if victim is None:
                 log.skipped += 1
                 continue
-            await asyncio.to_thread(fleet.kill, victim)
-            log.kills.append((clock(), victim))
+            log.kills.append((await asyncio.to_thread(fleet.kill, victim), victim))
             tg.create_task(_restart_later(fleet, victim, k.restart_after, log, clock))
 
 
@@ -237,6 +239,8 @@ class StreamRecord:
     first: float | None = None  # first data event carrying text
     end: float = 0.0
     max_stall_ms: float = 0.0  # longest wait between two text events: a failover shows here
+    stall_end: float = 0.0  # when the text that ended that wait arrived (monotonic)
+    last: float = 0.0  # when the latest text arrived
 
     @property
     def verdict(self) -> str:
@@ -244,12 +248,20 @@ class StreamRecord:
             return "failed"
         return "completed" if self.done else "truncated"
 
+    def add(self, text: str, now: float) -> None:
+        """Text arrived at `now`: the first sets TTFT, a later one may end the longest stall."""
+        if self.first is None:
+            self.first = now
+        elif (now - self.last) * 1e3 > self.max_stall_ms:
+            self.max_stall_ms, self.stall_end = (now - self.last) * 1e3, now
+        self.text, self.last = self.text + text, now
+
 
 async def stream_one(
     session: aiohttp.ClientSession, url: str, body: Mapping[str, Any], rec: StreamRecord
 ) -> StreamRecord:
     """One streaming completion; fills `rec` with what the client saw, never raises."""
-    rec.start = last = time.monotonic()
+    rec.start = time.monotonic()
     try:
         async with session.post(url + "/v1/completions", json=body) as resp:
             rec.status, rec.rid = resp.status, resp.headers.get("X-Request-Id", "")
@@ -266,10 +278,7 @@ async def stream_one(
                         rec.error = data.decode()
                     for ch in obj.get("choices") or ():
                         if ch.get("text"):
-                            now = time.monotonic()
-                            rec.first = rec.first or now
-                            rec.max_stall_ms = max(rec.max_stall_ms, (now - last) * 1e3)
-                            rec.text, last = rec.text + ch["text"], now
+                            rec.add(ch["text"], time.monotonic())
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: bad JSON
         rec.error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -310,19 +319,8 @@ async def load(
 
 def failover_events(control: str, settle_s: float = 0.5, tries: int = 10) -> list[dict[str, Any]]:
     """Through the real CLI; reports reach control asynchronously, so read until stable."""
-    argv = [
-        sys.executable,
-        "-m",
-        "clients.cli",
-        "events",
-        "--kind",
-        "failover",
-        "--json",
-        "--limit",
-        "100000",
-        "--control",
-        control,
-    ]
+    cli = "-m clients.cli events --kind failover --json --limit 100000 --control".split()
+    argv = [sys.executable, *cli, control]
     last: list[dict[str, Any]] | None = None
     for _ in range(tries):
         time.sleep(settle_s)
@@ -332,3 +330,12 @@ def failover_events(control: str, settle_s: float = 0.5, tries: int = 10) -> lis
             return now
         last = now
     return last or []
+
+
+def machine_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat: the difference over a
+    phase says whether the machine was saturated (every part here shares its cores)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return sum(ticks) - idle, sum(ticks)

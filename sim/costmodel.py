@@ -40,6 +40,25 @@ class CostParams:
         return self.decode_ms_per_step * 1e-3 * (1.0 + extra)
 
 
+class PrefillQueue:
+    """Prefill is compute-bound: a card works through concurrent prefills one after another
+    (so piling a cold burst onto one replica costs what it costs on a real fleet), while
+    decode steps of running sequences are batched (see decode_step_seconds)."""
+
+    __slots__ = ("_free_at",)
+
+    def __init__(self) -> None:
+        self._free_at = 0.0
+
+    def admit(self, now: float, seconds: float) -> float:
+        """Seconds from `now` until this prefill is done, queued behind earlier ones."""
+        if seconds <= 0:
+            return 0.0
+        start = max(now, self._free_at)
+        self._free_at = start + seconds
+        return self._free_at - now
+
+
 @dataclass(frozen=True, slots=True)
 class CacheLookup:
     query_tokens: int  # prompt tokens looked up (vLLM's prefix_cache_queries)

@@ -90,7 +90,8 @@ class Run:
 
     async def _prefill(self) -> None:
         if self._prefill_s > 0:
-            await asyncio.sleep(self._prefill_s)
+            now = asyncio.get_running_loop().time()
+            await asyncio.sleep(self.state.prefill.admit(now, self._prefill_s))
 
     def _step_delay(self) -> float:
         return self.state.cfg.cost.decode_step_seconds(self.state.running_seqs)

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from sim import responses as r
 from sim.chat_template import TemplateError, parse_messages, render
-from sim.costmodel import CostParams, PrefixCache
+from sim.costmodel import CostParams, PrefillQueue, PrefixCache
 from sim.faults import NO_FAULTS, FaultSpec, FaultSpecError, parse_fault_spec
 from sim.metrics import CONTENT_TYPE, SimMetrics
 from sim.model import ModelConfig, ToyModel
@@ -64,6 +64,7 @@ class SimState:
         self.created = int(time.time())
         self.running_requests = 0
         self.running_seqs = 0  # sequences decoding now; drives the batch slowdown
+        self.prefill = PrefillQueue()  # one card's compute: prefills take turns
         self.waiting = 0
         self.slots = asyncio.Semaphore(max(1, cfg.max_num_seqs))
 

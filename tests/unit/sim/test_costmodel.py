@@ -77,3 +77,15 @@ def test_spec_decode_counters_follow_the_acceptance_rate() -> None:
     assert list(c.accepted_per_pos) == sorted(c.accepted_per_pos, reverse=True)
     assert 0.6 == pytest.approx(c.accepted_per_pos[0] / c.drafts, abs=0.03)
     assert count(SpecConfig(num_tokens=3, acceptance=0.0), 50, Random(0)).accepted_tokens == 0
+
+
+def test_prefills_queue_behind_each_other_on_one_card() -> None:
+    from pytest import approx
+
+    from sim.costmodel import PrefillQueue
+
+    q = PrefillQueue()
+    assert q.admit(10.0, 0.5) == approx(0.5)  # idle card: just its own prefill
+    assert q.admit(10.1, 0.5) == approx(0.9)  # waits for the first (done at 10.5), then 0.5
+    assert q.admit(20.0, 0.2) == approx(0.2)  # the card went idle again
+    assert q.admit(20.0, 0.0) == 0.0  # a fully cached prompt never waits
