@@ -228,9 +228,8 @@ async def _restart_later(
 # -- the client ------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class StreamRecord:
-    prompt: int
-    target: str  # "baton" or the sim's id
-    rid: str = ""
+    prompt: int  # index into the prompt list
+    rid: str = ""  # X-Request-Id: joins the stream with its failover events
     status: int = 0
     text: str = ""
     done: bool = False
@@ -292,24 +291,19 @@ async def load(
     conc: int,
     tokens: int,
     prompts: Sequence[str],
-    target: Callable[[int], tuple[str, str]],
+    url: Callable[[int], str],
 ) -> list[StreamRecord]:
-    """n streams, closed loop at `conc`; request i uses prompt i % len(prompts) and
-    `target(i)` = (name, base URL)."""
+    """n greedy streams, closed loop at `conc`; request i sends prompt i % len(prompts) to
+    base URL `url(i)`."""
     out: list[StreamRecord] = []
-    counter = iter(range(n))
+    counter = iter(range(n))  # shared: each worker takes the next request index
 
     async def worker() -> None:
         for i in counter:
-            name, url = target(i)
-            body = {
-                "model": MODEL,
-                "prompt": prompts[i % len(prompts)],
-                "max_tokens": tokens,
-                "temperature": 0,
-                "stream": True,
-            }
-            out.append(await stream_one(session, url, body, StreamRecord(i % len(prompts), name)))
+            p = i % len(prompts)
+            body = {"model": MODEL, "prompt": prompts[p], "max_tokens": tokens,
+                    "temperature": 0, "stream": True}  # fmt: skip
+            out.append(await stream_one(session, url(i), body, StreamRecord(p)))
 
     async with asyncio.TaskGroup() as tg:
         for _ in range(conc):

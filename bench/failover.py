@@ -28,7 +28,7 @@ import math
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from random import Random
@@ -46,6 +46,7 @@ from bench.chaos_fleet import (
     chaos_schedule,
     failover_events,
     load,
+    machine_busy,
     running_fleet,
     stream_one,
 )
@@ -82,7 +83,7 @@ def summarize(
     refs: Sequence[Reference],
     events: Sequence[Mapping[str, Any]],
     floors_ms: Sequence[float],
-    kills: int,
+    kills: Sequence[tuple[float, str]],
 ) -> dict[str, Any]:
     """Everything the report prints, from raw records; no I/O."""
     verdicts = Counter(r.verdict for r in records)
@@ -123,8 +124,30 @@ def summarize(
         "floor_samples": len(floors_ms),
         "gap_over_floor": gap50 / floor50 if floor50 > 0 else stats.NAN,
         "client_stall_ms": ms([r.max_stall_ms for r in records if r.rid in touched]),
-        "kills": kills,
+        "kill_to_resume_ms": ms(kill_to_resume(records, events, kills)),
+        "kills": len(kills),
     }
+
+
+def kill_to_resume(
+    records: Sequence[StreamRecord],
+    events: Sequence[Mapping[str, Any]],
+    kills: Sequence[tuple[float, str]],
+    window_s: float = 1.0,
+) -> list[float]:
+    """Per stream resumed on its first try: from the SIGKILL of the backend it lost to the
+    client receiving the text that ended its longest stall (ms). The gap the shim reports
+    starts later, when it noticed; the difference is detection plus delivery."""
+    by_rid = {r.rid: r for r in records}
+    out = []
+    for e in events:
+        r = by_rid.get(e.get("request_id", ""))
+        if r is None or e.get("outcome") != "resumed" or e.get("attempt") != 1 or not r.stall_end:
+            continue
+        before = [t for t, sid in kills if sid == e.get("from_backend") and t <= r.stall_end]
+        if before and r.stall_end - max(before) <= window_s:
+            out.append((r.stall_end - max(before)) * 1e3)
+    return out
 
 
 def overhead(direct: Sequence[StreamRecord], baton: Sequence[StreamRecord]) -> dict[str, Any]:
@@ -147,36 +170,36 @@ def targets(s: Mapping[str, Any]) -> list[stats.Target]:
     ]
 
 
-def report(s: Mapping[str, Any], o: Mapping[str, Any]) -> str:
+def report(s: Mapping[str, Any], o: Mapping[str, Any], busy: Mapping[str, float]) -> str:
     def counts(d: Mapping[str, int]) -> str:
         return " ".join(f"{k}={v}" for k, v in sorted(d.items())) or "-"
 
-    f, d, b = stats.fmt, o["direct"], o["baton"]
+    def p50_99(d: Mapping[str, float]) -> str:
+        return f"{stats.fmt(d['p50'])} / {stats.fmt(d['p99'])}"
+
+    def vs(key: str) -> str:
+        return f"{stats.fmt(o['baton'][key])} / {stats.fmt(o['direct'][key])}"
+
+    done = f"{s['completed']}/{s['failed']}/{s['truncated']} of {s['requests']}"
     rows = [
-        [
-            "requests completed/failed/truncated",
-            f"{s['completed']}/{s['failed']}/{s['truncated']} of {s['requests']}",
-        ],
-        ["byte-identical (of completed)", f"{f(s['identical_pct'], 1)} %"],
+        ["requests completed/failed/truncated", done],
+        ["byte-identical (of completed)", f"{stats.fmt(s['identical_pct'], 1)} %"],
         ["kills performed", str(s["kills"])],
         ["failover events", str(s["failovers"])],
         ["  by outcome", counts(s["by_outcome"])],
         ["  by seam", counts(s["by_seam"])],
         ["  by failure", counts(s["by_failure"])],
-        ["gap p50/p99 (ms)", f"{f(s['gap_ms']['p50'])} / {f(s['gap_ms']['p99'])}"],
-        [
-            f"floor p50/p99 (ms, n={s['floor_samples']})",
-            f"{f(s['floor_ms']['p50'])} / {f(s['floor_ms']['p99'])}",
-        ],
-        ["gap p50 / floor p50", f(s["gap_over_floor"])],
-        [
-            "client max stall p50/p99 (ms)",
-            f"{f(s['client_stall_ms']['p50'])} / {f(s['client_stall_ms']['p99'])}",
-        ],
-        ["no-kill TTFT p50 baton/direct (ms)", f"{f(b['ttft_p50'])} / {f(d['ttft_p50'])}"],
-        ["no-kill total p50 baton/direct (ms)", f"{f(b['total_p50'])} / {f(d['total_p50'])}"],
-        ["no-kill errors baton/direct", f"{b['errors']}/{d['errors']}"],
-    ]
+        ["gap p50 / p99 (ms)", p50_99(s["gap_ms"])],
+        [f"floor p50 / p99 (ms, n={s['floor_samples']})", p50_99(s["floor_ms"])],
+        ["gap p50 / floor p50", stats.fmt(s["gap_over_floor"])],
+        ["SIGKILL -> resumed text p50 / p99 (ms)", p50_99(s["kill_to_resume_ms"])],
+        ["client max stall p50 / p99 (ms)", p50_99(s["client_stall_ms"])],
+        ["no-kill TTFT p50 baton / direct (ms)", vs("ttft_p50")],
+        ["no-kill total p50 baton / direct (ms)", vs("total_p50")],
+        ["no-kill errors baton / direct", f"{o['baton']['errors']} / {o['direct']['errors']}"],
+        ["CPU busy direct / baton / chaos", " / ".join(stats.fmt(busy.get(k, stats.NAN))
+                                                       for k in ("direct", "baton", "chaos"))],
+    ]  # fmt: skip
     lines = [stats.render_table(("metric", "value"), rows), ""]
     for t in targets(s):
         op = ">=" if t.higher_is_better else "<="
@@ -211,7 +234,7 @@ async def floor_ttft(
         "temperature": 0,
         "stream": True,
     }
-    rec = await stream_one(session, url, body, StreamRecord(0, "floor"))
+    rec = await stream_one(session, url, body, StreamRecord(0))
     return ((rec.first or rec.end) - rec.start) * 1e3 if rec.verdict == "completed" else stats.NAN
 
 
@@ -228,63 +251,48 @@ class Plan:
 
 async def run(fleet: Fleet, plan: Plan) -> dict[str, Any]:
     prompts = make_prompts(plan.seed, plan.prompts)
-    sims = list(fleet.sims)
+    sims, busy = list(fleet.sims), {}
     timeout = aiohttp.ClientTimeout(total=120, sock_connect=5)
     async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def phase(name: str, n: int, to: Callable[[int], str]) -> list[StreamRecord]:
+            # An unrecorded round first, so connection set-up is in neither side's numbers.
+            await load(session, plan.concurrency, plan.concurrency, plan.tokens, prompts, to)
+            before = machine_busy()
+            out = await load(session, n, plan.concurrency, plan.tokens, prompts, to)
+            busy[name] = cpu_busy(before, machine_busy())
+            return out
+
         s0 = fleet.sims["s0"].ready
         refs = await asyncio.gather(*(reference(session, s0, p, plan.tokens) for p in prompts))
         quarter = max(1, plan.requests // 4)
-        direct = await load(
-            session,
-            quarter,
-            plan.concurrency,
-            plan.tokens,
-            prompts,
-            lambda i: (sims[i % len(sims)], fleet.sims[sims[i % len(sims)]].ready),
-        )
-        baton = await load(
-            session,
-            quarter,
-            plan.concurrency,
-            plan.tokens,
-            prompts,
-            lambda i: ("baton", fleet.shim.ready),
-        )
+        # Direct goes round robin over the sims, so each carries the batch it has behind Baton.
+        direct = await phase("direct", quarter, lambda i: fleet.sims[sims[i % len(sims)]].ready)
+        baton = await phase("baton", quarter, lambda i: fleet.shim.ready)
         stop, kills = asyncio.Event(), KillLog([], [])
         schedule = chaos_schedule(plan.seed, plan.kill_every, count=10_000)
         chaos_task = asyncio.create_task(chaos(fleet, schedule, stop, kills))
         t0 = time.monotonic()
-        records = await load(
-            session,
-            plan.requests,
-            plan.concurrency,
-            plan.tokens,
-            prompts,
-            lambda i: ("baton", fleet.shim.ready),
-        )
+        try:
+            records = await phase("chaos", plan.requests, lambda i: fleet.shim.ready)
+        finally:
+            stop.set()
+            await chaos_task
         load_s = time.monotonic() - t0
-        stop.set()
-        await chaos_task
         events = await asyncio.to_thread(failover_events, fleet.control.ready)
         by_rid = {r.rid: r for r in records}
-        resumed = [e for e in events if e.get("outcome") == "resumed" and e["request_id"] in by_rid]
+        resumed = [e for e in events if e["outcome"] == "resumed" and e["request_id"] in by_rid]
         sample = Random(plan.seed).sample(resumed, min(FLOOR_SAMPLES, len(resumed)))
         floors = [
-            await floor_ttft(
-                session,
-                fleet.floor.ready,
-                refs[by_rid[e["request_id"]].prompt],
-                int(e["tokens_sent"]),
-                plan.tokens,
-            )
+            await floor_ttft(session, fleet.floor.ready, refs[by_rid[e["request_id"]].prompt],
+                             int(e["tokens_sent"]), plan.tokens)
             for e in sample
-        ]
-    summary = summarize(
-        records, refs, events, [v for v in floors if not math.isnan(v)], len(kills.kills)
-    )
+        ]  # fmt: skip
+    measured = [v for v in floors if not math.isnan(v)]
     return {
-        "summary": summary,
+        "summary": summarize(records, refs, events, measured, kills.kills),
         "overhead": overhead(direct, baton),
+        "cpu_busy": busy,
         "load_s": load_s,
         "kills": kills.kills,
         "restarts": kills.restarts,
@@ -293,6 +301,12 @@ async def run(fleet: Fleet, plan: Plan) -> dict[str, Any]:
         "records": [asdict(r) for r in records],
         "floor_samples": [{**e, "floor_ms": v} for e, v in zip(sample, floors, strict=True)],
     }
+
+
+def cpu_busy(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Fraction of all cores busy between two `machine_busy` samples."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else stats.NAN
 
 
 def parse_args(argv: list[str] | None) -> tuple[Plan, Path]:
@@ -325,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; all parts stopped", file=sys.stderr)
         return 130
-    print(report(doc["summary"], doc["overhead"]))
+    print(report(doc["summary"], doc["overhead"], doc["cpu_busy"]))
     doc["plan"] = asdict(plan)
     doc["targets"] = [{**asdict(t), "verdict": t.verdict} for t in targets(doc["summary"])]
     json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -78,6 +78,19 @@ def cmd_events(args: argparse.Namespace, c: AdminClient) -> None:
         print(render.events(rows))
 
 
+def cmd_pins_list(args: argparse.Namespace, c: AdminClient) -> None:
+    rows, total = c.pins(backend_id=args.backend, limit=args.limit)
+    if args.json:
+        print(json.dumps({"total": total, "pins": rows}, indent=2))
+    else:
+        print(render.pins(rows, total))
+
+
+def cmd_pins_clear(args: argparse.Namespace, c: AdminClient) -> None:
+    cleared = c.clear_pins(args.backend)
+    _print(args, {"cleared": cleared}, f"cleared {cleared} pins")
+
+
 def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parent = _admin_parent()
     backends = sub.add_parser("backends", help="list and change the fleet's backends")
@@ -101,6 +114,15 @@ def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
         p.add_argument("id")
         p.set_defaults(admin=fn)
     sub.add_parser("status", parents=[parent], help="fleet summary").set_defaults(admin=cmd_status)
+    pins = sub.add_parser("pins", help="prefix-affinity pins")
+    psub = pins.add_subparsers(dest="action", required=True)
+    plist = psub.add_parser("list", parents=[parent], help="most recently used first")
+    plist.add_argument("--backend", default="")
+    plist.add_argument("--limit", type=int, default=100)
+    plist.set_defaults(admin=cmd_pins_list)
+    pclear = psub.add_parser("clear", parents=[parent], help="forget pins (all, or one backend's)")
+    pclear.add_argument("--backend", default="")
+    pclear.set_defaults(admin=cmd_pins_clear)
     ev = sub.add_parser("events", parents=[parent], help="the audit log (failovers, retries...)")
     ev.add_argument("--kind", default="", help="failover, retry, health, admin, route")
     ev.add_argument("--request-id", default="")

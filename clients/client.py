@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2
 from control.model import BackendKind, HealthState, Role
@@ -36,9 +37,12 @@ class BackendRow:
     in_flight: int
 
 
+def _iso(ts: Timestamp) -> str:
+    return datetime.fromtimestamp(ts.ToNanoseconds() / 1e9, UTC).isoformat(timespec="seconds")
+
+
 def _row(s: fleet_pb2.BackendStatus) -> BackendRow:
     b = s.backend
-    since = datetime.fromtimestamp(s.since.ToNanoseconds() / 1e9, UTC)
     return BackendRow(
         id=b.id,
         url=b.url,
@@ -47,7 +51,7 @@ def _row(s: fleet_pb2.BackendStatus) -> BackendRow:
         role=convert.ROLE_FROM_PB.get(b.role, Role.SERVE).value,
         state=STATE_FROM_PB.get(s.state, HealthState.DOWN).value,
         reason=s.reason,
-        since=since.isoformat(timespec="seconds"),
+        since=_iso(s.since),
         in_flight=s.in_flight,
     )
 
@@ -146,3 +150,26 @@ class AdminClient:
             request.since.FromNanoseconds(int(since * 1e9))
         resp = self._call("ListEvents", request)
         return [json.loads(e.json) for e in resp.events]  # type: ignore[attr-defined]
+
+    def pins(self, *, backend_id: str = "", limit: int = 100) -> tuple[list[dict[str, Any]], int]:
+        resp: admin_pb2.ListPinsResponse = self._call(  # type: ignore[assignment]
+            "ListPins", admin_pb2.ListPinsRequest(backend_id=backend_id, limit=limit)
+        )
+        rows = [
+            {
+                "prefix": p.prefix.hex()[:16],
+                "backend_id": p.backend_id,
+                "depth": p.depth,
+                "hits": p.hits,
+                "created": _iso(p.created),
+                "last_used": _iso(p.last_used),
+            }
+            for p in resp.pins
+        ]
+        return rows, resp.total
+
+    def clear_pins(self, backend_id: str = "") -> int:
+        resp: admin_pb2.ClearPinsResponse = self._call(  # type: ignore[assignment]
+            "ClearPins", admin_pb2.ClearPinsRequest(backend_id=backend_id)
+        )
+        return resp.cleared

@@ -74,3 +74,12 @@ def parse_since(text: str, now: float) -> float:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return when.timestamp()
+
+
+PIN_COLUMNS = ("prefix", "backend_id", "depth", "hits", "last_used", "created")
+
+
+def pins(rows: Sequence[Mapping[str, Any]], total: int) -> str:
+    if not rows:
+        return "no pins"
+    return f"{total} pins (showing {len(rows)})\n" + table(rows, PIN_COLUMNS)

@@ -25,11 +25,20 @@ class ProbeSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AffinitySettings:
+    pin_capacity: int = 100_000  # pins kept (LRU beyond)
+    pin_ttl: float = 1800.0  # seconds a pin lives without use
+    spill_factor: float = 2.0  # adaptive: spill when pinned in-flight > factor x mean + slack
+    spill_slack: int = 2
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     backends: tuple[Backend, ...] = ()
     routing: str = DEFAULT_POLICY
     probes: ProbeSettings = field(default_factory=ProbeSettings)
     health: HealthPolicy = field(default_factory=HealthPolicy)
+    affinity: AffinitySettings = field(default_factory=AffinitySettings)
 
 
 def validate_url(url: str) -> str:
@@ -93,7 +102,8 @@ def parse(data: dict[str, Any]) -> Config:
         raise ConfigError("backend ids must be unique")
     probes = ProbeSettings(**_table(data, "probes", ProbeSettings))
     health = HealthPolicy(**_table(data, "health", HealthPolicy))
-    return Config(tuple(backends), routing, probes, health)
+    affinity = AffinitySettings(**_table(data, "affinity", AffinitySettings))
+    return Config(tuple(backends), routing, probes, health, affinity)
 
 
 def with_routing(cfg: Config, routing: str) -> Config:

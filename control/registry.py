@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from control import health
+from control.affinity import PinTable
 from control.events import EventKind, EventLog
 from control.health import HealthPolicy, HealthRecord
 from control.load import Load
@@ -36,6 +37,7 @@ class Registry:
         clock: Clock,
         health_policy: HealthPolicy | None = None,
         events: EventLog | None = None,
+        pins: PinTable | None = None,
     ) -> None:
         self._clock = clock
         self.events = events if events is not None else EventLog(clock)
@@ -44,6 +46,7 @@ class Registry:
         self._health: dict[BackendId, HealthRecord] = {}
         self._listeners: list[Listener] = []
         self.load = Load()
+        self.pins = pins if pins is not None else PinTable()
         now = clock()
         for b in backends:
             if b.id in self._backends:
@@ -87,6 +90,7 @@ class Registry:
         bid = self._known(backend_id)
         del self._backends[bid]
         del self._health[bid]
+        self.pins.drop_backend(bid)
         self._publish()
         self.events.record(EventKind.ADMIN, backend_id=bid, action="remove")
 

@@ -1,5 +1,6 @@
-"""Control's per-request logic: ask the policy, account the load, take failure reports.
-Thin on purpose: the decision is the policy's, the state is the registry's."""
+"""Control's per-request logic: look up the request's pin, ask the policy, account load and
+pins, take failure and outcome reports. Thin on purpose: the decision is the policy's, the
+state is the registry's."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from random import Random
 
 from control.events import EventKind
 from control.model import BackendId, Decision, Reason, RouteRequest
-from control.policy import Policy
+from control.policy import Policy, RoutingView
 from control.registry import Registry
+
+# Decisions that put the request where its pinned prefix already is.
+FOLLOWED_PIN = frozenset({Reason.PIN_HIT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +22,8 @@ class Outcome:
     request_id: str
     backend_id: str
     ok: bool
+    reply_chain_hash: bytes = b""
+    message_count: int = 0
 
 
 class Router:
@@ -29,13 +35,32 @@ class Router:
         self._rng = rng
         self._clock = clock
 
-    def route(self, request: RouteRequest) -> Decision:
+    def route(self, request: RouteRequest, *, reason: Reason | None = None) -> Decision:
         now = self._clock()
-        decision = self.policy.decide(
-            request, self.registry.snapshot, self.registry.in_flight(), rng=self._rng, now=now
-        )
+        reg = self.registry
+        chain = request.shape.prefix_chain
+        match = reg.pins.longest(chain, now) if chain else None
+        view = RoutingView(reg.snapshot, reg.in_flight(), match)
+        decision = self.policy.decide(request, view, rng=self._rng, now=now)
+        if reason is not None and decision.backends:
+            decision = replace(decision, reason=reason)
         if decision.backends:
-            self.registry.load.acquire(request.request_id, decision.backends[0].id, now)
+            primary = decision.backends[0].id
+            reg.load.acquire(request.request_id, primary, now)
+            if match is not None and decision.reason in FOLLOWED_PIN:
+                reg.pins.touch(match, now)
+            # Wherever it goes, that backend's cache now holds this prefix.
+            reg.pins.pin_chain(chain, primary, now)
+        reg.events.record(
+            EventKind.ROUTE,
+            request_id=request.request_id,
+            backend_id=decision.backends[0].id if decision.backends else "",
+            reason=decision.reason.value,
+            policy=self.policy.name,
+            model=request.shape.model,
+            pin_depth=match.index + 1 if match else 0,
+            snapshot=decision.snapshot_version,
+        )
         return decision
 
     def attempt_failed(self, request_id: str, backend_id: str, failure: str, detail: str) -> None:
@@ -60,11 +85,17 @@ class Router:
         """A stream died mid-generation: demote its backend and pick another for the resume."""
         self._demote(request.request_id, failed_backend_id, failure, detail)
         excluded = request.exclude | {BackendId(failed_backend_id)}
-        decision = self.route(replace(request, exclude=excluded))
-        if decision.backends:
-            decision = replace(decision, reason=Reason.FAILOVER)
-        return decision
+        return self.route(replace(request, exclude=excluded), reason=Reason.FAILOVER)
 
     def finished(self, outcomes: Iterable[Outcome]) -> None:
+        now = self._clock()
         for outcome in outcomes:
             self.registry.load.release(outcome.request_id)
+            if outcome.ok and outcome.reply_chain_hash and outcome.backend_id:
+                # The next turn's prefix ends with this reply: pin it where it was generated.
+                self.registry.pins.pin(
+                    outcome.reply_chain_hash,
+                    BackendId(outcome.backend_id),
+                    outcome.message_count + 1,
+                    now,
+                )

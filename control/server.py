@@ -13,8 +13,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from baton.v1 import admin_pb2, admin_pb2_grpc, routing_pb2, routing_pb2_grpc
+from control.affinity import PinTable
 from control.config import Config
-from control.policy import make_policy
+from control.policy import SpillGuard, make_policy
 from control.prober import run_prober
 from control.registry import Registry
 from control.routing import Router
@@ -36,8 +37,16 @@ class ControlPlane:
         seed: int | None = None,
     ) -> None:
         rng = random.Random(seed)
-        self.registry = Registry(config.backends, clock=clock, health_policy=config.health)
-        self.router = Router(self.registry, make_policy(config.routing), rng=rng, clock=clock)
+        self.registry = Registry(
+            config.backends,
+            clock=clock,
+            health_policy=config.health,
+            pins=PinTable(config.affinity.pin_capacity, config.affinity.pin_ttl),
+        )
+        guard = SpillGuard(config.affinity.spill_factor, config.affinity.spill_slack)
+        self.router = Router(
+            self.registry, make_policy(config.routing, guard), rng=rng, clock=clock
+        )
         self._config = config
         self._listen = listen
         self._rng = rng
@@ -76,6 +85,7 @@ class ControlPlane:
         while True:
             await asyncio.sleep(30)
             self.registry.load.expire(time.time())
+            self.registry.pins.expire(time.time())
 
     async def stop(self, grace: float = 2.0) -> None:
         for task in self._tasks:

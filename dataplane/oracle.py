@@ -35,6 +35,8 @@ class Outcome:
     http_status: int
     ttft_ms: float = 0.0
     total_ms: float = 0.0
+    reply_chain_hash: bytes = b""  # chat: the next turn's prefix, to pin where it was served
+    message_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +252,8 @@ class GrpcOracle:
                 http_status=outcome.http_status,
                 ttft_ms=outcome.ttft_ms,
                 total_ms=outcome.total_ms,
+                reply_chain_hash=outcome.reply_chain_hash,
+                message_count=outcome.message_count,
             )
         )
 

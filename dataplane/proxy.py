@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from control.model import Backend, Decision, RequestShape
@@ -16,8 +17,9 @@ from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget, classify_status
 from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
 from dataplane.oracle import Oracle, Outcome
+from dataplane.shape import reply_hash
 from dataplane.streaming import ResumeSettings, StreamRelay, with_token_ids
-from dataplane.validate import ClientRequest
+from dataplane.validate import ClientRequest, Endpoint
 
 log = logging.getLogger("baton.shim")
 
@@ -102,7 +104,7 @@ class Proxy:
             body = await upstream.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise classify_exception(exc) from exc
-        self._finished(ex, backend, upstream.status)
+        self._finished(ex, backend, upstream.status, _chat_reply(body, ex.client))
         return web.Response(
             body=body,
             status=upstream.status,
@@ -146,13 +148,17 @@ class Proxy:
             complete = await relay.run(backend, upstream, first)
         finally:
             ex.first_byte = relay.first_byte
-        self._finished(ex, relay.served_by or backend, 200 if complete else 502)
+        reply = relay.stitcher.choices[0].text if complete and relay.stitcher.choices else None
+        self._finished(ex, relay.served_by or backend, 200 if complete else 502, reply)
         await resp.write_eof()
         return resp
 
-    def _finished(self, ex: Exchange, backend: Backend, status: int) -> None:
+    def _finished(
+        self, ex: Exchange, backend: Backend, status: int, reply: str | None = None
+    ) -> None:
         now = time.monotonic()
         first = ex.first_byte or now
+        pin = reply is not None and ex.client.endpoint is Endpoint.CHAT
         self._oracle.finished(
             Outcome(
                 ex.request_id,
@@ -162,6 +168,8 @@ class Proxy:
                 status,
                 ttft_ms=(first - ex.started) * 1000,
                 total_ms=(now - ex.started) * 1000,
+                reply_chain_hash=reply_hash(ex.shape.prefix_chain, reply or "") if pin else b"",
+                message_count=ex.shape.message_count,
             )
         )
 
@@ -173,3 +181,15 @@ class Proxy:
         # Keep a reference until done so the report isn't garbage-collected mid-flight.
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _chat_reply(body: bytes, client: ClientRequest) -> str | None:
+    """The assistant's text of a whole chat answer (choice 0), for the next turn's pin."""
+    if client.endpoint is not Endpoint.CHAT:
+        return None
+    try:
+        message = orjson.loads(body)["choices"][0]["message"]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return None
+    content = message.get("content") if isinstance(message, dict) else None
+    return content if isinstance(content, str) else None

@@ -351,3 +351,127 @@ class ListEventsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListEventsResponse: _TypeAlias = ListEventsResponse  # noqa: Y015
+
+@_typing.final
+class ListPinsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    BACKEND_ID_FIELD_NUMBER: _builtins.int
+    limit: _builtins.int
+    """0 means the server's default (100)."""
+    backend_id: _builtins.str
+    """Empty: pins to any backend."""
+    def __init__(
+        self,
+        *,
+        limit: _builtins.int = ...,
+        backend_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPinsRequest: _TypeAlias = ListPinsRequest  # noqa: Y015
+
+@_typing.final
+class PinInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFIX_FIELD_NUMBER: _builtins.int
+    BACKEND_ID_FIELD_NUMBER: _builtins.int
+    DEPTH_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    LAST_USED_FIELD_NUMBER: _builtins.int
+    HITS_FIELD_NUMBER: _builtins.int
+    prefix: _builtins.bytes
+    """The chain hash of the pinned message prefix (never the text)."""
+    backend_id: _builtins.str
+    depth: _builtins.int
+    """Messages covered by the prefix."""
+    hits: _builtins.int
+    @_builtins.property
+    def created(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def last_used(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        prefix: _builtins.bytes = ...,
+        backend_id: _builtins.str = ...,
+        depth: _builtins.int = ...,
+        created: _timestamp_pb2.Timestamp | None = ...,
+        last_used: _timestamp_pb2.Timestamp | None = ...,
+        hits: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "last_used", b"last_used"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "created", b"created", "depth", b"depth", "hits", b"hits", "last_used", b"last_used", "prefix", b"prefix"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PinInfo: _TypeAlias = PinInfo  # noqa: Y015
+
+@_typing.final
+class ListPinsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PINS_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    total: _builtins.int
+    @_builtins.property
+    def pins(self) -> _containers.RepeatedCompositeFieldContainer[Global___PinInfo]: ...
+    def __init__(
+        self,
+        *,
+        pins: _abc.Iterable[Global___PinInfo] | None = ...,
+        total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pins", b"pins", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPinsResponse: _TypeAlias = ListPinsResponse  # noqa: Y015
+
+@_typing.final
+class ClearPinsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BACKEND_ID_FIELD_NUMBER: _builtins.int
+    backend_id: _builtins.str
+    """Empty: every pin."""
+    def __init__(
+        self,
+        *,
+        backend_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClearPinsRequest: _TypeAlias = ClearPinsRequest  # noqa: Y015
+
+@_typing.final
+class ClearPinsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLEARED_FIELD_NUMBER: _builtins.int
+    cleared: _builtins.int
+    def __init__(
+        self,
+        *,
+        cleared: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cleared", b"cleared"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClearPinsResponse: _TypeAlias = ClearPinsResponse  # noqa: Y015

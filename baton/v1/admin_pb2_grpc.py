@@ -70,6 +70,16 @@ class AdminServiceStub:
                 request_serializer=baton_dot_v1_dot_admin__pb2.ListEventsRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_admin__pb2.ListEventsResponse.FromString,
                 _registered_method=True)
+        self.ListPins = channel.unary_unary(
+                '/baton.v1.AdminService/ListPins',
+                request_serializer=baton_dot_v1_dot_admin__pb2.ListPinsRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.ListPinsResponse.FromString,
+                _registered_method=True)
+        self.ClearPins = channel.unary_unary(
+                '/baton.v1.AdminService/ClearPins',
+                request_serializer=baton_dot_v1_dot_admin__pb2.ClearPinsRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.ClearPinsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -119,6 +129,19 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPins(self, request, context):
+        """Prefix-affinity pins, most recently used first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearPins(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -156,6 +179,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListEvents,
                     request_deserializer=baton_dot_v1_dot_admin__pb2.ListEventsRequest.FromString,
                     response_serializer=baton_dot_v1_dot_admin__pb2.ListEventsResponse.SerializeToString,
+            ),
+            'ListPins': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPins,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.ListPinsRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.ListPinsResponse.SerializeToString,
+            ),
+            'ClearPins': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearPins,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.ClearPinsRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.ClearPinsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -348,6 +381,60 @@ class AdminService:
             '/baton.v1.AdminService/ListEvents',
             baton_dot_v1_dot_admin__pb2.ListEventsRequest.SerializeToString,
             baton_dot_v1_dot_admin__pb2.ListEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPins(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/ListPins',
+            baton_dot_v1_dot_admin__pb2.ListPinsRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.ListPinsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearPins(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/ClearPins',
+            baton_dot_v1_dot_admin__pb2.ClearPinsRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.ClearPinsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,9 @@ class AdminServiceStub:
     GetStatus: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetStatusRequest, _admin_pb2.GetStatusResponse]
     ListEvents: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]
     """Audit events, newest `limit` matching the filters, oldest first."""
+    ListPins: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListPinsRequest, _admin_pb2.ListPinsResponse]
+    """Prefix-affinity pins, most recently used first."""
+    ClearPins: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ClearPinsRequest, _admin_pb2.ClearPinsResponse]
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -55,6 +58,9 @@ class AdminServiceAsyncStub(AdminServiceStub):
     GetStatus: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetStatusRequest, _admin_pb2.GetStatusResponse]  # type: ignore[assignment]
     ListEvents: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]  # type: ignore[assignment]
     """Audit events, newest `limit` matching the filters, oldest first."""
+    ListPins: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListPinsRequest, _admin_pb2.ListPinsResponse]  # type: ignore[assignment]
+    """Prefix-affinity pins, most recently used first."""
+    ClearPins: _aio.UnaryUnaryMultiCallable[_admin_pb2.ClearPinsRequest, _admin_pb2.ClearPinsResponse]  # type: ignore[assignment]
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Operator-facing fleet management. Requires the admin bearer token when control has one."""
@@ -108,5 +114,20 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListEventsResponse, _abc.Awaitable[_admin_pb2.ListEventsResponse]]:
         """Audit events, newest `limit` matching the filters, oldest first."""
+
+    @_abc_1.abstractmethod
+    def ListPins(
+        self,
+        request: _admin_pb2.ListPinsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListPinsResponse, _abc.Awaitable[_admin_pb2.ListPinsResponse]]:
+        """Prefix-affinity pins, most recently used first."""
+
+    @_abc_1.abstractmethod
+    def ClearPins(
+        self,
+        request: _admin_pb2.ClearPinsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ClearPinsResponse, _abc.Awaitable[_admin_pb2.ClearPinsResponse]]: ...
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -380,6 +380,7 @@ class RequestOutcome(_message.Message):
     COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
     REPLY_CHAIN_HASH_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     backend_id: _builtins.str
     outcome: Global___Outcome.ValueType
@@ -391,6 +392,8 @@ class RequestOutcome(_message.Message):
     reply_chain_hash: _builtins.bytes
     """Chain hash of the prompt plus the assistant's reply: the next turn's prefix."""
     model: _builtins.str
+    message_count: _builtins.int
+    """Messages in the request (the reply is message message_count + 1)."""
     def __init__(
         self,
         *,
@@ -404,10 +407,11 @@ class RequestOutcome(_message.Message):
         completion_tokens: _builtins.int = ...,
         reply_chain_hash: _builtins.bytes = ...,
         model: _builtins.str = ...,
+        message_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "completion_tokens", b"completion_tokens", "http_status", b"http_status", "model", b"model", "outcome", b"outcome", "prompt_tokens", b"prompt_tokens", "reply_chain_hash", b"reply_chain_hash", "request_id", b"request_id", "total_ms", b"total_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "completion_tokens", b"completion_tokens", "http_status", b"http_status", "message_count", b"message_count", "model", b"model", "outcome", b"outcome", "prompt_tokens", b"prompt_tokens", "reply_chain_hash", b"reply_chain_hash", "request_id", b"request_id", "total_ms", b"total_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from control.policy.base import Policy
+from control.policy.adaptive import Adaptive, SpillGuard
+from control.policy.affinity import Affinity
+from control.policy.base import Policy, RoutingView
 from control.policy.roundrobin import RoundRobin
 
-POLICIES: dict[str, Callable[[], Policy]] = {
-    "roundrobin": RoundRobin,
+POLICIES: dict[str, Callable[[SpillGuard], Policy]] = {
+    "roundrobin": lambda guard: RoundRobin(),
+    "affinity": lambda guard: Affinity(),
+    "adaptive": lambda guard: Adaptive(guard),
 }
 
-DEFAULT_POLICY = "roundrobin"
+DEFAULT_POLICY = "adaptive"
 
 
-def make_policy(name: str) -> Policy:
+def make_policy(name: str, guard: SpillGuard | None = None) -> Policy:
     try:
-        return POLICIES[name]()
+        factory = POLICIES[name]
     except KeyError:
         known = ", ".join(sorted(POLICIES))
         raise ValueError(f"unknown routing policy {name!r} (known: {known})") from None
+    return factory(guard or SpillGuard())
 
 
-__all__ = ["DEFAULT_POLICY", "POLICIES", "Policy", "make_policy"]
+__all__ = ["DEFAULT_POLICY", "POLICIES", "Policy", "RoutingView", "SpillGuard", "make_policy"]

@@ -4,23 +4,37 @@ randomness (both come in as arguments), and they never raise for "no capacity"."
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from random import Random
 from typing import Protocol
 
-from control.model import BackendId, BackendStatus, Decision, Reason, RouteRequest, Snapshot
+from control.affinity import PinMatch
+from control.model import (
+    Backend,
+    BackendId,
+    BackendStatus,
+    Decision,
+    Reason,
+    RouteRequest,
+    Snapshot,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingView:
+    """What a policy may read: the fleet, its load, and the request's longest pinned prefix
+    (looked up by the router, which owns the pin table)."""
+
+    snapshot: Snapshot
+    load: Mapping[BackendId, int]
+    pin: PinMatch | None = None
 
 
 class Policy(Protocol):
     name: str
 
     def decide(
-        self,
-        request: RouteRequest,
-        snapshot: Snapshot,
-        load: Mapping[BackendId, int],
-        *,
-        rng: Random,
-        now: float,
+        self, request: RouteRequest, view: RoutingView, *, rng: Random, now: float
     ) -> Decision: ...
 
 
@@ -47,3 +61,22 @@ def candidates(
             f"no routable backend for {request.shape.model!r} ({states})",
         )
     return routable, None
+
+
+class Spreader:
+    """A per-model counter over the routable backends: the primary advances by one per
+    call, the rest follow in ring order as fallbacks. The counter is the policy's own
+    bookkeeping, not fleet state: losing it on restart only shifts where the ring starts."""
+
+    def __init__(self) -> None:
+        self._next: dict[str, int] = {}
+
+    def ring(self, model: str, routable: tuple[BackendStatus, ...]) -> tuple[Backend, ...]:
+        start = self._next.get(model, 0) % len(routable)
+        self._next[model] = start + 1
+        return tuple(b.backend for b in routable[start:] + routable[:start])
+
+
+def first(primary: Backend, ring: tuple[Backend, ...]) -> tuple[Backend, ...]:
+    """`primary`, then the ring's other backends as fallbacks."""
+    return (primary, *(b for b in ring if b.id != primary.id))

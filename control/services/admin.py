@@ -7,6 +7,7 @@ from collections import Counter
 
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control import config
+from control.events import EventKind
 from control.registry import RegistryError
 from control.routing import Router
 from control.services import convert
@@ -106,3 +107,26 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.ListEventsResponse:
         events = self._registry.events.query(convert.event_query_from_pb(request))
         return admin_pb2.ListEventsResponse(events=[convert.event_to_pb(e) for e in events])
+
+    async def ListPins(
+        self, request: admin_pb2.ListPinsRequest, context: Context
+    ) -> admin_pb2.ListPinsResponse:
+        pins = self._registry.pins
+        chosen = [
+            p
+            for p in reversed(list(pins))
+            if not request.backend_id or p.backend_id == request.backend_id
+        ][: request.limit or 100]
+        return admin_pb2.ListPinsResponse(
+            pins=[convert.pin_to_pb(p) for p in chosen], total=len(pins)
+        )
+
+    async def ClearPins(
+        self, request: admin_pb2.ClearPinsRequest, context: Context
+    ) -> admin_pb2.ClearPinsResponse:
+        pins = self._registry.pins
+        cleared = pins.drop_backend(request.backend_id) if request.backend_id else pins.clear()
+        self._registry.events.record(
+            EventKind.ADMIN, backend_id=request.backend_id, action="clear-pins", cleared=cleared
+        )
+        return admin_pb2.ClearPinsResponse(cleared=cleared)

@@ -8,6 +8,7 @@ import orjson
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from baton.v1 import admin_pb2, fleet_pb2, routing_pb2
+from control.affinity import Pin
 from control.events import Event, EventQuery
 from control.model import (
     Backend,
@@ -186,3 +187,14 @@ def failover_fields(r: routing_pb2.ReportFailoverRequest) -> dict[str, object]:
         "outcome": FAILOVER_OUTCOME_FROM_PB.get(r.outcome, "unknown"),
         "detail": r.detail,
     }
+
+
+def pin_to_pb(p: Pin) -> admin_pb2.PinInfo:
+    return admin_pb2.PinInfo(
+        prefix=p.prefix,
+        backend_id=p.backend_id,
+        depth=p.depth,
+        created=timestamp(p.created),
+        last_used=timestamp(p.last_used),
+        hits=p.hits,
+    )

@@ -52,7 +52,10 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
 
     def _finished(self, outcomes: Iterable[routing_pb2.RequestOutcome]) -> None:
         self._router.finished(
-            Outcome(o.request_id, o.backend_id, o.outcome == OK) for o in outcomes
+            Outcome(
+                o.request_id, o.backend_id, o.outcome == OK, o.reply_chain_hash, o.message_count
+            )
+            for o in outcomes
         )
 
     async def ReportAttemptFailure(

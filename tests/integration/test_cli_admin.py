@@ -33,7 +33,7 @@ def test_list_status_add_drain_undrain_remove(tmp_path: Path) -> None:
         assert {"s0", "s1"} <= {line.split()[0] for line in table.stdout.splitlines()[1:]}
 
         status = json.loads(f.baton("status", "--json").stdout)
-        assert status["routing_policy"] == "roundrobin"
+        assert status["routing_policy"] == "adaptive"
         assert status["models"] == [{"model": MODEL, "backends": 2, "healthy": 2}]
 
         drained = f.baton("backends", "drain", "s0", "--json")

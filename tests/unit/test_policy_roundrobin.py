@@ -14,7 +14,7 @@ from control.model import (
     RouteRequest,
     Snapshot,
 )
-from control.policy import make_policy
+from control.policy import RoutingView, make_policy
 from control.policy.roundrobin import RoundRobin
 
 
@@ -32,7 +32,7 @@ def req(model: str = "m", exclude: tuple[str, ...] = ()) -> RouteRequest:
 
 
 def decide(policy: RoundRobin, snap: Snapshot, request: RouteRequest):  # type: ignore[no-untyped-def]
-    return policy.decide(request, snap, {}, rng=Random(0), now=0.0)
+    return policy.decide(request, RoutingView(snap, {}), rng=Random(0), now=0.0)
 
 
 def test_primary_rotates_and_fallbacks_follow_the_ring() -> None:
