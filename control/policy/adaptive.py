@@ -13,14 +13,17 @@ from control.policy.base import RoutingView, Spreader, candidates, first
 @dataclass(frozen=True, slots=True)
 class SpillGuard:
     """A pinned backend is overloaded when its in-flight count exceeds factor x the mean of
-    the routable backends plus slack (slack keeps small fleets at low load from spilling)."""
+    the other routable backends plus slack (slack keeps an idle fleet from spilling warm
+    turns over one or two requests; comparing with the others, not a mean that includes
+    the pinned one, lets a two-card fleet spill at all)."""
 
     factor: float = 2.0
     slack: int = 2
 
-    def overloaded(self, pinned: int, loads: list[int]) -> bool:
-        mean = sum(loads) / len(loads) if loads else 0.0
-        return pinned > self.factor * mean + self.slack
+    def overloaded(self, pinned: int, others: list[int]) -> bool:
+        if not others:
+            return False
+        return pinned > self.factor * (sum(others) / len(others)) + self.slack
 
 
 class Adaptive:
@@ -56,18 +59,16 @@ class Adaptive:
         if pinned is None:
             return Decision(ring, Reason.REPIN, version, f"pinned {pinned_id} is gone")
         load = view.load
-        if self._guard.overloaded(
-            load.get(pinned_id, 0), [load.get(b.backend.id, 0) for b in routable]
-        ):
-            others = [b for b in routable if b.backend.id != pinned_id]
-            if others:
-                target = _least_loaded(others, ring, load)
-                return Decision(
-                    first(target.backend, ring),
-                    Reason.SPILL,
-                    version,
-                    f"pinned {pinned_id} has {load.get(pinned_id, 0)} in flight",
-                )
+        others = [b for b in routable if b.backend.id != pinned_id]
+        in_flight = load.get(pinned_id, 0)
+        if self._guard.overloaded(in_flight, [load.get(b.backend.id, 0) for b in others]):
+            target = _least_loaded(others, ring, load)
+            return Decision(
+                first(target.backend, ring),
+                Reason.SPILL,
+                version,
+                f"pinned {pinned_id} has {in_flight} in flight",
+            )
         return Decision(first(pinned.backend, ring), Reason.PIN_HIT, version)
 
 
