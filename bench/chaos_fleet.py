@@ -15,8 +15,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from random import Random
 from typing import Any
@@ -63,12 +63,16 @@ def pick(draw: float, candidates: Sequence[str]) -> str | None:
     return candidates[min(int(draw * len(candidates)), len(candidates) - 1)] if candidates else None
 
 
+def sim_argv(listen: str, *extra: str) -> list[str]:
+    # The sims' default cost model: streams last long enough to be killed mid-way.
+    return ["sim", "--listen", listen, "--model", MODEL, *extra]
+
+
 class Fleet:
     """Real processes; `close()` stops every one of them, including sims restarted later."""
 
-    def __init__(self, logdir: Path, backends: int, sim_args: Sequence[str] = ()) -> None:
+    def __init__(self, logdir: Path, backends: int) -> None:
         self._logdir = logdir
-        self._sim_args = tuple(sim_args)
         self._lock = threading.Lock()
         self._closed = False
         self._others: list[Part] = []
@@ -77,52 +81,30 @@ class Fleet:
         self.up_since: dict[str, float | None] = {}
         logdir.mkdir(parents=True, exist_ok=True)
         try:
-            for i in range(backends):
-                sid = f"s{i}"
-                self.sims[sid] = self._sim(sid, "127.0.0.1:0")
+            for sid in (f"s{i}" for i in range(backends)):
+                self.sims[sid] = self._start(sid, sim_argv("127.0.0.1:0"), other=False)
                 self.ports[sid] = int(self.sims[sid].ready.rsplit(":", 1)[1])
                 self.up_since[sid] = time.monotonic()
             # Outside the fleet, prefix cache off: every floor sample pays its whole prefill.
-            self.floor = self._start(
-                "floor",
-                [
-                    "sim",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--model",
-                    MODEL,
-                    *self._sim_args,
-                    "--cache-blocks",
-                    "0",
-                ],
-            )
+            self.floor = self._start("floor", sim_argv("127.0.0.1:0", "--cache-blocks", "0"))
             config = logdir / "failover.control.toml"
             config.write_text(control_toml(self.sims))
-            self.control = self._start(
-                "control", ["control", "--config", str(config), "--listen", "127.0.0.1:0"]
-            )
-            self.shim = self._start(
-                "shim", ["dataplane", "--control", self.control.ready, "--listen", "127.0.0.1:0"]
-            )
+            argv = ["control", "--config", str(config), "--listen", "127.0.0.1:0"]
+            self.control = self._start("control", argv)
+            argv = ["dataplane", "--control", self.control.ready, "--listen", "127.0.0.1:0"]
+            self.shim = self._start("shim", argv)
         except BaseException:
             self.close()
             raise
 
-    def _start(self, name: str, argv: list[str]) -> Part:
+    def _start(self, name: str, argv: list[str], other: bool = True) -> Part:
         # Parts log to files: a warning per failover must not garble the table.
         with (self._logdir / f"failover.{name}.log").open("ab") as log:
             part = Part(name, argv, stderr=log.fileno())
-        with self._lock:
-            self._others.append(part)
+        if other:
+            with self._lock:
+                self._others.append(part)
         return part
-
-    def _sim(self, sid: str, listen: str) -> Part:
-        with (self._logdir / f"failover.{sid}.log").open("ab") as log:
-            return Part(
-                sid,
-                ["sim", "--listen", listen, "--model", MODEL, *self._sim_args],
-                stderr=log.fileno(),
-            )
 
     def kill(self, sid: str) -> float:
         """SIGKILL the sim's process group; returns the monotonic time just before the signal."""
@@ -141,7 +123,7 @@ class Fleet:
             if self._closed:
                 return False
             try:
-                part = self._sim(sid, f"127.0.0.1:{self.ports[sid]}")
+                part = self._start(sid, sim_argv(f"127.0.0.1:{self.ports[sid]}"), other=False)
             except StartFailed:
                 time.sleep(0.25)
                 continue
@@ -154,6 +136,12 @@ class Fleet:
             return True
         return False
 
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -164,26 +152,11 @@ class Fleet:
 
 
 def control_toml(sims: Mapping[str, Part]) -> str:
-    lines = ["[probes]", f"interval = {PROBE_INTERVAL}", ""]
-    for sid, part in sims.items():
-        lines += [
-            "[[backends]]",
-            f'id = "{sid}"',
-            f'url = "{part.ready}"',
-            f'model = "{MODEL}"',
-            'kind = "vllm"',
-            "",
-        ]
-    return "\n".join(lines)
-
-
-@contextlib.contextmanager
-def running_fleet(logdir: Path, backends: int) -> Iterator[Fleet]:
-    fleet = Fleet(logdir, backends)
-    try:
-        yield fleet
-    finally:
-        fleet.close()
+    tables = (
+        f'[[backends]]\nid = "{sid}"\nurl = "{p.ready}"\nmodel = "{MODEL}"\nkind = "vllm"\n'
+        for sid, p in sims.items()
+    )
+    return "\n".join([f"[probes]\ninterval = {PROBE_INTERVAL}\n", *tables])
 
 
 @dataclass(slots=True)
@@ -235,11 +208,10 @@ class StreamRecord:
     done: bool = False
     error: str = ""  # the error event, or the exception the client got
     start: float = 0.0  # monotonic
-    first: float | None = None  # first data event carrying text
     end: float = 0.0
-    max_stall_ms: float = 0.0  # longest wait between two text events: a failover shows here
-    stall_end: float = 0.0  # when the text that ended that wait arrived (monotonic)
-    last: float = 0.0  # when the latest text arrived
+    # Seconds after `start` at which each text chunk arrived; the sim and the shim send one
+    # chunk per token, so index k is generated token k and a resume's seam is at tokens_sent.
+    arrivals: list[float] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -248,12 +220,8 @@ class StreamRecord:
         return "completed" if self.done else "truncated"
 
     def add(self, text: str, now: float) -> None:
-        """Text arrived at `now`: the first sets TTFT, a later one may end the longest stall."""
-        if self.first is None:
-            self.first = now
-        elif (now - self.last) * 1e3 > self.max_stall_ms:
-            self.max_stall_ms, self.stall_end = (now - self.last) * 1e3, now
-        self.text, self.last = self.text + text, now
+        self.text += text
+        self.arrivals.append(now - self.start)
 
 
 async def stream_one(
@@ -327,9 +295,14 @@ def failover_events(control: str, settle_s: float = 0.5, tries: int = 10) -> lis
 
 
 def machine_busy() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs since boot, from /proc/stat: the difference over a
-    phase says whether the machine was saturated (every part here shares its cores)."""
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
     with open("/proc/stat") as f:
         ticks = [int(v) for v in f.readline().split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle + iowait
-    return sum(ticks) - idle, sum(ticks)
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # minus idle and iowait
+
+
+def busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Fraction of all cores busy between two `machine_busy` samples: whether the machine,
+    which every part here shares, was saturated."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else float("nan")

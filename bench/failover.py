@@ -26,10 +26,9 @@ import asyncio
 import json
 import math
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from random import Random
 from typing import Any
@@ -42,12 +41,12 @@ from bench.chaos_fleet import (
     Fleet,
     KillLog,
     StreamRecord,
+    busy_fraction,
     chaos,
     chaos_schedule,
     failover_events,
     load,
     machine_busy,
-    running_fleet,
     stream_one,
 )
 from bench.overhead import await_serving
@@ -74,10 +73,6 @@ def make_prompts(seed: int, count: int) -> list[str]:
 
 
 # -- pure aggregation -----------------------------------------------------------------------------
-def ms(values: Sequence[float]) -> dict[str, float]:
-    return {"p50": stats.percentile(values, 50), "p99": stats.percentile(values, 99)}
-
-
 def summarize(
     records: Sequence[StreamRecord],
     refs: Sequence[Reference],
@@ -88,73 +83,78 @@ def summarize(
     """Everything the report prints, from raw records; no I/O."""
     verdicts = Counter(r.verdict for r in records)
     completed = [r for r in records if r.verdict == "completed"]
-    differs = [r.rid for r in completed if r.text != refs[r.prompt].text]
+    differs = [r for r in completed if r.text != refs[r.prompt].text]
     resumed = [e for e in events if e.get("outcome") == "resumed"]
     gaps = [float(e["gap_ms"]) for e in resumed]
-    touched = {e.get("request_id") for e in events}
     gap50, floor50 = stats.percentile(gaps, 50), stats.percentile(floors_ms, 50)
     return {
         "requests": len(records),
         "completed": verdicts["completed"],
         "failed": verdicts["failed"],
         "truncated": verdicts["truncated"],
-        "identical_pct": 100 * (len(completed) - len(differs)) / len(completed)
-        if completed
-        else stats.NAN,
-        "non_identical": differs,
-        "bad_streams": [
-            {
-                "rid": r.rid,
-                "verdict": r.verdict,
-                "status": r.status,
-                "error": r.error[:300],
-                "failures": sorted(
-                    {str(e.get("failure")) for e in events if e.get("request_id") == r.rid}
-                ),
-            }
-            for r in records
-            if r.verdict != "completed"
-        ],
+        "identical_pct": 100 * (1 - len(differs) / len(completed)) if completed else stats.NAN,
+        "non_identical": [difference(r, refs[r.prompt].text) for r in differs],
+        "bad_streams": [bad_stream(r, events) for r in records if r.verdict != "completed"],
         "failovers": len(events),
         "by_outcome": dict(Counter(str(e.get("outcome")) for e in events)),
         "by_seam": dict(Counter(str(e.get("seam") or "-") for e in events)),
         "by_failure": dict(Counter(str(e.get("failure")) for e in events)),
-        "gap_ms": ms(gaps),
-        "floor_ms": ms(floors_ms),
+        "gap_ms": stats.p50_p99(gaps),
+        "floor_ms": stats.p50_p99(floors_ms),
         "floor_samples": len(floors_ms),
         "gap_over_floor": gap50 / floor50 if floor50 > 0 else stats.NAN,
-        "client_stall_ms": ms([r.max_stall_ms for r in records if r.rid in touched]),
-        "kill_to_resume_ms": ms(kill_to_resume(records, events, kills)),
+        **seam_timing(records, events, kills),
         "kills": len(kills),
     }
 
 
-def kill_to_resume(
+def bad_stream(r: StreamRecord, events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Evidence for a stream the client saw fail: what it got and the failovers behind it."""
+    mine = [e for e in events if e.get("request_id") == r.rid]
+    return {"rid": r.rid, "verdict": r.verdict, "status": r.status, "error": r.error[:300],
+            "tokens": len(r.arrivals), "failovers": mine}  # fmt: skip
+
+
+def difference(r: StreamRecord, want: str) -> dict[str, Any]:
+    """Where a stream first differs from the reference, with a little context either side."""
+    at = next((i for i, (a, b) in enumerate(zip(r.text, want, strict=False)) if a != b), None)
+    at = min(len(r.text), len(want)) if at is None else at
+    lo = max(0, at - 20)
+    return {"rid": r.rid, "prompt": r.prompt, "at_char": at,
+            "got": r.text[lo : at + 20], "want": want[lo : at + 20]}  # fmt: skip
+
+
+def seam_timing(
     records: Sequence[StreamRecord],
     events: Sequence[Mapping[str, Any]],
     kills: Sequence[tuple[float, str]],
     window_s: float = 1.0,
-) -> list[float]:
-    """Per stream resumed on its first try: from the SIGKILL of the backend it lost to the
-    client receiving the text that ended its longest stall (ms). The gap the shim reports
-    starts later, when it noticed; the difference is detection plus delivery."""
+) -> dict[str, dict[str, float]]:
+    """What the client saw at each resumed seam (ms): the wait between the last token from the
+    old backend and the first resumed one (`seam_stall_ms`), and the time from the SIGKILL of
+    the old backend to that first resumed token (`kill_to_resume_ms`; kills more than
+    `window_s` earlier are not this seam's). The shim's gap starts when it noticed the
+    failure, so kill_to_resume minus gap is detection plus delivery."""
     by_rid = {r.rid: r for r in records}
-    out = []
+    stalls, since_kill = [], []
     for e in events:
-        r = by_rid.get(e.get("request_id", ""))
-        if r is None or e.get("outcome") != "resumed" or e.get("attempt") != 1 or not r.stall_end:
+        r, k = by_rid.get(e.get("request_id", "")), int(e.get("tokens_sent", 0))
+        if r is None or e.get("outcome") != "resumed" or len(r.arrivals) <= k:
             continue
-        before = [t for t, sid in kills if sid == e.get("from_backend") and t <= r.stall_end]
-        if before and r.stall_end - max(before) <= window_s:
-            out.append((r.stall_end - max(before)) * 1e3)
-    return out
+        if k > 0:
+            stalls.append((r.arrivals[k] - r.arrivals[k - 1]) * 1e3)
+        at = r.start + r.arrivals[k]
+        before = [t for t, sid in kills if sid == e.get("from_backend") and t <= at]
+        if before and at - max(before) <= window_s:
+            since_kill.append((at - max(before)) * 1e3)
+    return {"seam_stall_ms": stats.p50_p99(stalls), "kill_to_resume_ms": stats.p50_p99(since_kill)}
 
 
 def overhead(direct: Sequence[StreamRecord], baton: Sequence[StreamRecord]) -> dict[str, Any]:
     def side(rs: Sequence[StreamRecord]) -> dict[str, float]:
-        ok = [r for r in rs if r.verdict == "completed" and r.first is not None]
+        ok = [r for r in rs if r.verdict == "completed" and r.arrivals]
         return {
-            "ttft_p50": stats.percentile([(r.first or r.end) - r.start for r in ok], 50) * 1e3,
+            "ttft_p50": stats.percentile([r.arrivals[0] for r in ok], 50) * 1e3,
             "total_p50": stats.percentile([r.end - r.start for r in ok], 50) * 1e3,
             "errors": len(rs) - len(ok),
         }
@@ -193,31 +193,23 @@ def report(s: Mapping[str, Any], o: Mapping[str, Any], busy: Mapping[str, float]
         [f"floor p50 / p99 (ms, n={s['floor_samples']})", p50_99(s["floor_ms"])],
         ["gap p50 / floor p50", stats.fmt(s["gap_over_floor"])],
         ["SIGKILL -> resumed text p50 / p99 (ms)", p50_99(s["kill_to_resume_ms"])],
-        ["client max stall p50 / p99 (ms)", p50_99(s["client_stall_ms"])],
+        ["client wait at the seam p50 / p99 (ms)", p50_99(s["seam_stall_ms"])],
         ["no-kill TTFT p50 baton / direct (ms)", vs("ttft_p50")],
         ["no-kill total p50 baton / direct (ms)", vs("total_p50")],
         ["no-kill errors baton / direct", f"{o['baton']['errors']} / {o['direct']['errors']}"],
         ["CPU busy direct / baton / chaos", " / ".join(stats.fmt(busy.get(k, stats.NAN))
                                                        for k in ("direct", "baton", "chaos"))],
     ]  # fmt: skip
-    lines = [stats.render_table(("metric", "value"), rows), ""]
-    for t in targets(s):
-        op = ">=" if t.higher_is_better else "<="
-        lines.append(f"{t.verdict}  {t.name}: {stats.fmt(t.value, 3)} ({op} {t.limit:g})")
-    return "\n".join(lines)
+    table = stats.render_table(("metric", "value"), rows)
+    return "\n".join([table, "", *stats.target_lines(targets(s))])
 
 
 # -- I/O ----------------------------------------------------------------------------------------
 async def reference(
     session: aiohttp.ClientSession, url: str, prompt: str, tokens: int
 ) -> Reference:
-    body = {
-        "model": MODEL,
-        "prompt": prompt,
-        "max_tokens": tokens,
-        "temperature": 0,
-        "return_token_ids": True,
-    }
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+            "return_token_ids": True}  # fmt: skip
     async with session.post(url + "/v1/completions", json=body) as resp:
         resp.raise_for_status()
         ch = (await resp.json())["choices"][0]
@@ -227,15 +219,11 @@ async def reference(
 async def floor_ttft(
     session: aiohttp.ClientSession, url: str, ref: Reference, sent: int, tokens: int
 ) -> float:
-    body = {
-        "model": MODEL,
-        "prompt": [*ref.prompt_ids, *ref.token_ids[:sent]],
-        "max_tokens": max(1, tokens - sent),
-        "temperature": 0,
-        "stream": True,
-    }
+    # Exactly what a resume after `sent` tokens prefills; its first token is the next one.
+    body = {"model": MODEL, "prompt": [*ref.prompt_ids, *ref.token_ids[:sent]],
+            "max_tokens": max(1, tokens - sent), "temperature": 0, "stream": True}  # fmt: skip
     rec = await stream_one(session, url, body, StreamRecord(0))
-    return ((rec.first or rec.end) - rec.start) * 1e3 if rec.verdict == "completed" else stats.NAN
+    return rec.arrivals[0] * 1e3 if rec.verdict == "completed" and rec.arrivals else stats.NAN
 
 
 @dataclass(slots=True)
@@ -249,64 +237,77 @@ class Plan:
     prompts: int = 16
 
 
-async def run(fleet: Fleet, plan: Plan) -> dict[str, Any]:
-    prompts = make_prompts(plan.seed, plan.prompts)
-    sims, busy = list(fleet.sims), {}
-    timeout = aiohttp.ClientTimeout(total=120, sock_connect=5)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+@dataclass(slots=True)
+class Phases:
+    """The run's phases over one client session; `busy` collects each phase's CPU use."""
 
-        async def phase(name: str, n: int, to: Callable[[int], str]) -> list[StreamRecord]:
-            # An unrecorded round first, so connection set-up is in neither side's numbers.
-            await load(session, plan.concurrency, plan.concurrency, plan.tokens, prompts, to)
-            before = machine_busy()
-            out = await load(session, n, plan.concurrency, plan.tokens, prompts, to)
-            busy[name] = cpu_busy(before, machine_busy())
-            return out
+    fleet: Fleet
+    plan: Plan
+    session: aiohttp.ClientSession
+    prompts: list[str]
+    busy: dict[str, float] = field(default_factory=dict)
 
-        s0 = fleet.sims["s0"].ready
-        refs = await asyncio.gather(*(reference(session, s0, p, plan.tokens) for p in prompts))
-        quarter = max(1, plan.requests // 4)
-        # Direct goes round robin over the sims, so each carries the batch it has behind Baton.
-        direct = await phase("direct", quarter, lambda i: fleet.sims[sims[i % len(sims)]].ready)
-        baton = await phase("baton", quarter, lambda i: fleet.shim.ready)
-        stop, kills = asyncio.Event(), KillLog([], [])
-        schedule = chaos_schedule(plan.seed, plan.kill_every, count=10_000)
-        chaos_task = asyncio.create_task(chaos(fleet, schedule, stop, kills))
-        t0 = time.monotonic()
+    async def load(self, name: str, n: int, to: Callable[[int], str]) -> list[StreamRecord]:
+        p = self.plan
+        # An unrecorded round first, so connection set-up is in no phase's numbers.
+        await load(self.session, p.concurrency, p.concurrency, p.tokens, self.prompts, to)
+        before = machine_busy()
+        out = await load(self.session, n, p.concurrency, p.tokens, self.prompts, to)
+        self.busy[name] = busy_fraction(before, machine_busy())
+        return out
+
+    async def chaos(self, kills: KillLog) -> list[StreamRecord]:
+        stop = asyncio.Event()
+        schedule = chaos_schedule(self.plan.seed, self.plan.kill_every, count=10_000)
+        task = asyncio.create_task(chaos(self.fleet, schedule, stop, kills))
         try:
-            records = await phase("chaos", plan.requests, lambda i: fleet.shim.ready)
+            return await self.load("chaos", self.plan.requests, lambda i: self.fleet.shim.ready)
         finally:
-            stop.set()
-            await chaos_task
-        load_s = time.monotonic() - t0
-        events = await asyncio.to_thread(failover_events, fleet.control.ready)
+            stop.set()  # the chaos ends with the load, and waits for its restarts
+            await task
+
+    async def floors(
+        self, events: Sequence[Mapping[str, Any]], records: Sequence[StreamRecord],
+        refs: Sequence[Reference],
+    ) -> list[tuple[Mapping[str, Any], float]]:  # fmt: skip
+        """(event, floor ms) for a seeded sample of resumed failovers, one at a time."""
         by_rid = {r.rid: r for r in records}
         resumed = [e for e in events if e["outcome"] == "resumed" and e["request_id"] in by_rid]
-        sample = Random(plan.seed).sample(resumed, min(FLOOR_SAMPLES, len(resumed)))
-        floors = [
-            await floor_ttft(session, fleet.floor.ready, refs[by_rid[e["request_id"]].prompt],
-                             int(e["tokens_sent"]), plan.tokens)
+        sample = Random(self.plan.seed).sample(resumed, min(FLOOR_SAMPLES, len(resumed)))
+        return [
+            (e, await floor_ttft(self.session, self.fleet.floor.ready,
+                                 refs[by_rid[e["request_id"]].prompt], int(e["tokens_sent"]),
+                                 self.plan.tokens))
             for e in sample
         ]  # fmt: skip
-    measured = [v for v in floors if not math.isnan(v)]
+
+
+async def run(fleet: Fleet, plan: Plan) -> dict[str, Any]:
+    prompts = make_prompts(plan.seed, plan.prompts)
+    sims, quarter, kills = list(fleet.sims), max(1, plan.requests // 4), KillLog([], [])
+    timeout = aiohttp.ClientTimeout(total=120, sock_connect=5)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        ph = Phases(fleet, plan, session, prompts)
+        s0 = fleet.sims["s0"].ready
+        refs = await asyncio.gather(*(reference(session, s0, p, plan.tokens) for p in prompts))
+        # Direct goes round robin over the sims, so each carries the batch it has behind Baton.
+        direct = await ph.load("direct", quarter, lambda i: fleet.sims[sims[i % len(sims)]].ready)
+        baton = await ph.load("baton", quarter, lambda i: fleet.shim.ready)
+        records = await ph.chaos(kills)
+        events = await asyncio.to_thread(failover_events, fleet.control.ready)
+        floors = await ph.floors(events, records, refs)
+    measured = [v for _, v in floors if not math.isnan(v)]
     return {
         "summary": summarize(records, refs, events, measured, kills.kills),
         "overhead": overhead(direct, baton),
-        "cpu_busy": busy,
-        "load_s": load_s,
+        "cpu_busy": ph.busy,
         "kills": kills.kills,
         "restarts": kills.restarts,
         "skipped_kills": kills.skipped,
         "events": events,
         "records": [asdict(r) for r in records],
-        "floor_samples": [{**e, "floor_ms": v} for e, v in zip(sample, floors, strict=True)],
+        "floor_samples": [{**e, "floor_ms": v} for e, v in floors],
     }
-
-
-def cpu_busy(before: tuple[int, int], after: tuple[int, int]) -> float:
-    """Fraction of all cores busy between two `machine_busy` samples."""
-    total = after[1] - before[1]
-    return (after[0] - before[0]) / total if total > 0 else stats.NAN
 
 
 def parse_args(argv: list[str] | None) -> tuple[Plan, Path]:
@@ -333,7 +334,7 @@ def parse_args(argv: list[str] | None) -> tuple[Plan, Path]:
 def main(argv: list[str] | None = None) -> int:
     plan, json_path = parse_args(argv)
     try:
-        with running_fleet(json_path.parent, plan.backends) as fleet:
+        with Fleet(json_path.parent, plan.backends) as fleet:
             await_serving(fleet.shim.ready)
             doc = asyncio.run(run(fleet, plan))
     except KeyboardInterrupt:

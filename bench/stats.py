@@ -237,3 +237,16 @@ def finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [finite(v) for v in value]
     return value
+
+
+def p50_p99(values: Sequence[float]) -> dict[str, float]:
+    return {"p50": percentile(values, 50), "p99": percentile(values, 99)}
+
+
+def target_lines(ts: Iterable[Target]) -> list[str]:
+    """One `PASS|FAIL|SKIP  name: value (op limit)` line per target."""
+    return [
+        f"{t.verdict}  {t.name}: {fmt(t.value, 3)} ({'>=' if t.higher_is_better else '<='} "
+        f"{t.limit:g})"
+        for t in ts
+    ]

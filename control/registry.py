@@ -90,7 +90,7 @@ class Registry:
         bid = self._known(backend_id)
         del self._backends[bid]
         del self._health[bid]
-        self.pins.drop_backend(bid)
+        # Its pins stay until used (then re-pinned, visibly, as `repin`) or expired.
         self._publish()
         self.events.record(EventKind.ADMIN, backend_id=bid, action="remove")
 

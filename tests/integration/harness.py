@@ -98,6 +98,7 @@ def fleet(
     probe_interval: float = 0.2,
     per_sim: Sequence[Sequence[str]] = (),
     kind: str = "vllm",
+    control_extra: str = "",
 ) -> Iterator[Fleet]:
     """n sims s0..s{n-1} (per_sim[i] adds flags to sim i), control, one shim. Round robin
     sends a fresh fleet's first request to s0."""
@@ -113,6 +114,7 @@ def fleet(
             [(k, p.ready) for k, p in sims.items()],
             probe_interval=probe_interval,
             kind=kind,
+            extra=control_extra,
         )
         control = start_control(config, env=control_env)
         parts.append(control)
@@ -127,12 +129,19 @@ def fleet(
 def http(
     method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None
 ) -> tuple[int, bytes]:
+    status, data, _ = http_full(method, url, body, headers)
+    return status, data
+
+
+def http_full(
+    method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, bytes, dict[str, str]]:
     req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, resp.read()
+            return resp.status, resp.read(), dict(resp.headers)
     except urllib.error.HTTPError as err:
-        return err.code, err.read()
+        return err.code, err.read(), dict(err.headers)
 
 
 def metric(base: str, name: str, labels: str = "") -> float:
