@@ -14,6 +14,8 @@ class Failure(StrEnum):
     OVERLOADED = "status_429"
     TRUNCATED = "truncated"  # stream ended before [DONE]
     ERROR_EVENT = "error_event"  # an in-band error chunk on a 200 stream
+    STALL = "stall"  # no chunk within the first-token / inter-token timeout
+    GARBAGE = "garbage"  # an event that is not the JSON we expect
 
 
 def classify_status(status: int) -> Failure | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from dataplane.failover import Failure
 from dataplane.resume import ChoiceProgress
 from dataplane.validate import ClientRequest, Endpoint
 
@@ -109,11 +110,11 @@ class Stitcher:
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return None, "garbage"
+            return None, Failure.GARBAGE
         if not isinstance(obj, dict):
-            return None, "garbage"
+            return None, Failure.GARBAGE
         if "error" in obj and not obj.get("choices"):
-            return None, "error_event"
+            return None, Failure.ERROR_EVENT
         if not self.ident.id:
             self.ident = Identity(obj.get("id", ""), obj.get("created", 0), obj.get("model", ""))
         if obj.get("system_fingerprint"):

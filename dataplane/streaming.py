@@ -79,6 +79,9 @@ async def read_events(
     try:
         async with asyncio.timeout(None) as deadline:
             while True:
+                # Disarmed while the caller handles events: time spent writing to a slow
+                # client is backpressure, not a stalled backend.
+                deadline.reschedule(None)
                 for event in parser.feed(chunk):
                     if event.data:
                         got_token = True
@@ -89,11 +92,11 @@ async def read_events(
                 if not chunk:
                     raise StreamFailed(Failure.TRUNCATED, "stream ended before [DONE]")
     except TimeoutError:
-        raise StreamFailed("stall", "no data within the stall timeout") from None
+        raise StreamFailed(Failure.STALL, "no data within the stall timeout") from None
     except (aiohttp.ClientError, OSError) as exc:
         raise StreamFailed(Failure.DISCONNECT, type(exc).__name__) from None
     except ValueError as exc:  # an SSE event over the size limit
-        raise StreamFailed("garbage", str(exc)) from None
+        raise StreamFailed(Failure.GARBAGE, str(exc)) from None
 
 
 class StreamRelay:
@@ -395,9 +398,9 @@ class StreamRelay:
             try:
                 obj = orjson.loads(data)
             except orjson.JSONDecodeError:
-                raise StreamFailed("garbage") from None
+                raise StreamFailed(Failure.GARBAGE) from None
             if "error" in obj and not obj.get("choices"):
-                raise StreamFailed("error_event")
+                raise StreamFailed(Failure.ERROR_EVENT)
             choices = obj.get("choices") or []
             if not choices:
                 usage = obj.get("usage")
