@@ -16,7 +16,9 @@ control and one shim run as real processes (bench/chaos_fleet.py). Phases, in on
    most a resume target could pay, with no batch and no CPU contention. Its TTFT includes the
    client's HTTP round trip; the shim's gap includes the control Failover RPC and the stitching.
 
-Prints a table and PASS/FAIL lines (benchmarks never gate) and writes JSON.
+Prints a table and PASS/FAIL lines (benchmarks never gate) and writes JSON: the summary, every
+client record, failover event, kill and restart, for a breakdown after the fact. "machine CPU
+busy" is the fraction of all cores busy during a phase, whoever used them.
 """
 
 from __future__ import annotations
@@ -197,7 +199,7 @@ def report(s: Mapping[str, Any], o: Mapping[str, Any], busy: Mapping[str, float]
         ["no-kill TTFT p50 baton / direct (ms)", vs("ttft_p50")],
         ["no-kill total p50 baton / direct (ms)", vs("total_p50")],
         ["no-kill errors baton / direct", f"{o['baton']['errors']} / {o['direct']['errors']}"],
-        ["CPU busy direct / baton / chaos", " / ".join(stats.fmt(busy.get(k, stats.NAN))
+        ["machine CPU busy direct / baton / chaos", " / ".join(stats.fmt(busy.get(k, stats.NAN))
                                                        for k in ("direct", "baton", "chaos"))],
     ]  # fmt: skip
     table = stats.render_table(("metric", "value"), rows)

@@ -250,3 +250,37 @@ def target_lines(ts: Iterable[Target]) -> list[str]:
         f"{t.limit:g})"
         for t in ts
     ]
+
+
+def ratio_to_best(values: Mapping[str, float]) -> dict[str, float]:
+    """Each value over the smallest (lower is better); NaN where either is unmeasured, so a
+    missing cell never becomes the best."""
+    kept = [v for v in values.values() if not math.isnan(v)]
+    best = min(kept) if kept else NAN
+    return {k: v / best if best > 0 else NAN for k, v in values.items()}
+
+
+def metric_sum(text: str, name: str) -> float:
+    """A Prometheus text exposition's samples of `name`, summed over label sets; NaN when the
+    metric is absent (not exported is not the same as zero)."""
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    return total if found else NAN
+
+
+def rotated(items: Sequence[str], k: int) -> list[str]:
+    """`items` starting at index k (mod len): run r of an interleaved benchmark starts with
+    item r, so slow drift does not always land on the same item."""
+    k = k % len(items) if items else 0
+    return [*items[k:], *items[:k]]
+
+
+def largest_share(values: Sequence[str]) -> float:
+    """The fraction of `values` taken by its most common value (0 for none): how unevenly
+    requests landed on backends."""
+    if not values:
+        return 0.0
+    return max(values.count(v) for v in set(values)) / len(values)
