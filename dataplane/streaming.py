@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 import orjson
@@ -66,6 +66,9 @@ class ChoiceResume:
     failure: str | None = None
     detail: str = ""
     verdict: asyncio.Task[Seam] | None = None  # a parallel seam check still running
+    # Set at the resumed stream's first event. The seam check waits for it: on a card that
+    # prefills one request at a time it would otherwise delay the resume itself.
+    flowing: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 async def read_events(
@@ -171,8 +174,9 @@ class StreamRelay:
     async def _failover(self, failed_backend: Backend, failed: StreamFailed) -> bool:
         stitcher = self.stitcher
         stitcher.resumed = True
-        loop = asyncio.get_running_loop()
-        detected = loop.time()
+        # perf_counter, not loop.time(): uvloop's loop clock ticks in whole milliseconds,
+        # too coarse for a gap of a few ms.
+        detected = time.perf_counter()
         failure = failed.failure
         exclude: list[str] = []
         attempt = 0
@@ -190,7 +194,7 @@ class StreamRelay:
                 await self._oracle_failover(failed_backend, failure, exclude)
                 return await self._give_up(failed_backend, failure, attempt, "refused", str(why))
             if attempt > self._settings.max_resumes or (
-                loop.time() - detected > self._settings.max_resume_seconds
+                time.perf_counter() - detected > self._settings.max_resume_seconds
             ):
                 return await self._give_up(
                     failed_backend, failure, attempt, "exhausted", "resume budget exhausted"
@@ -313,7 +317,9 @@ class StreamRelay:
                             seam_tokens=self._settings.seam_tokens,
                         )
                         if check.seam is Seam.VERIFIED:
-                            verify = asyncio.create_task(self._verify(backend, check))
+                            verify = asyncio.create_task(
+                                self._verify(backend, check, result.flowing)
+                            )
                         result.seam = check.seam if verify is None else None
                 except Refused as why:
                     result.failure, result.detail = "refused", str(why)
@@ -359,9 +365,11 @@ class StreamRelay:
             if verify is not None:  # the resume failed: its verdict no longer matters
                 verify.cancel()
 
-    async def _verify(self, backend: Backend, check: ResumePlan) -> Seam:
+    async def _verify(self, backend: Backend, check: ResumePlan, flowing: asyncio.Event) -> Seam:
         """Would `backend` regenerate the overlap the client already has? One short,
-        non-streaming request over the shared prefix (its KV cache is warm from the resume)."""
+        non-streaming request over the shared prefix, sent once the resume is flowing (so
+        its prefill is cached and it does not compete with the resume's)."""
+        await flowing.wait()
         body = {**check.body, "stream": False, "max_tokens": len(check.overlap_ids)}
         body.pop("min_tokens", None)
         try:
@@ -391,8 +399,8 @@ class StreamRelay:
     ) -> str:
         chat = endpoint is Endpoint.CHAT
         stitcher = self.stitcher
-        loop = asyncio.get_running_loop()
         async for data, _ in read_events(upstream.content, b"", self._settings, False):
+            result.flowing.set()
             if data == b"[DONE]":
                 break
             try:
@@ -434,7 +442,7 @@ class StreamRelay:
                 p.finish_reason, p.stop_reason = finish, stop_reason
             if text or finish or (ids and not stitcher.strip_ids):
                 if result.gap_ms == 0.0:
-                    result.gap_ms = (loop.time() - detected) * 1000
+                    result.gap_ms = (time.perf_counter() - detected) * 1000
                 await self._write(stitcher.chunk(p.index, text, ids, finish, stop_reason))
             if finish:
                 return "finished"
