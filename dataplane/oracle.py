@@ -199,19 +199,21 @@ class GrpcOracle:
         failure: str,
         exclude: Sequence[str],
     ) -> Decision:
+        request = routing_pb2.FailoverRequest(
+            request_id=request_id,
+            shape=_shape_to_pb(shape),
+            failed_backend_id=failed_backend_id,
+            failure=failure,
+            exclude_backend_ids=list(exclude),
+        )
         try:
-            resp = await self._stub.Failover(
-                routing_pb2.FailoverRequest(
-                    request_id=request_id,
-                    shape=_shape_to_pb(shape),
-                    failed_backend_id=failed_backend_id,
-                    failure=failure,
-                    exclude_backend_ids=list(exclude),
-                ),
-                timeout=self._timeout,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise ControlUnavailable(f"control plane: {exc.code().name}: {exc.details()}") from exc
+            resp = await self._stream.failover(request)
+        except TimeoutError:
+            raise ControlUnavailable(
+                f"control plane did not answer within {self._timeout:g}s"
+            ) from None
+        except StreamBroken as exc:
+            raise ControlUnavailable(f"control plane: {exc}") from None
         return _decision_from_pb(resp)
 
     def report_failover(self, report: FailoverReport) -> None:

@@ -30,6 +30,7 @@ class RouteStream:
         # request id -> (answer, deadline on the loop clock)
         self._pending: dict[str, tuple[asyncio.Future[routing_pb2.RouteResponse], float]] = {}
         self._routes: list[routing_pb2.RouteRequest] = []
+        self._failovers: list[routing_pb2.FailoverRequest] = []
         self._outcomes: list[routing_pb2.RequestOutcome] = []
         self._max_outcomes = max_outcomes
         self._wake = asyncio.Event()
@@ -38,17 +39,25 @@ class RouteStream:
         self.dropped_outcomes = 0
 
     async def route(self, request: routing_pb2.RouteRequest) -> routing_pb2.RouteResponse:
+        return await self._ask(request.request_id, request, self._routes)
+
+    async def failover(self, request: routing_pb2.FailoverRequest) -> routing_pb2.RouteResponse:
+        return await self._ask(request.request_id, request, self._failovers)
+
+    async def _ask(
+        self, request_id: str, request: Any, queue: list[Any]
+    ) -> routing_pb2.RouteResponse:
         loop = asyncio.get_running_loop()
         if not self._tasks:
             self._tasks = [asyncio.create_task(self._writer()), asyncio.create_task(self._sweep())]
         fut: asyncio.Future[routing_pb2.RouteResponse] = loop.create_future()
-        self._pending[request.request_id] = (fut, loop.time() + self._timeout)
-        self._routes.append(request)
+        self._pending[request_id] = (fut, loop.time() + self._timeout)
+        queue.append(request)
         self._wake.set()
         try:
             return await fut
         finally:
-            self._pending.pop(request.request_id, None)
+            self._pending.pop(request_id, None)
 
     def report(self, outcome: routing_pb2.RequestOutcome) -> None:
         """Queued; sent with the next routes, or by flush() when the shim is idle."""
@@ -66,14 +75,19 @@ class RouteStream:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not (self._routes or self._outcomes):
+            if not (self._routes or self._outcomes or self._failovers):
                 continue
             call = self._open()
             routes, self._routes = self._routes, []
             outcomes, self._outcomes = self._outcomes, []
+            failovers, self._failovers = self._failovers, []
             self._write_started = loop.time()
             try:
-                await call.write(routing_pb2.RouteStreamRequest(routes=routes, outcomes=outcomes))
+                await call.write(
+                    routing_pb2.RouteStreamRequest(
+                        routes=routes, outcomes=outcomes, failovers=failovers
+                    )
+                )
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
                 self._outcomes = outcomes + self._outcomes  # resent on the next stream
                 self._broken(type(exc).__name__)

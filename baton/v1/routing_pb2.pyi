@@ -259,19 +259,27 @@ class RouteStreamRequest(_message.Message):
 
     ROUTES_FIELD_NUMBER: _builtins.int
     OUTCOMES_FIELD_NUMBER: _builtins.int
+    FAILOVERS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def routes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteRequest]: ...
     @_builtins.property
     def outcomes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RequestOutcome]: ...
+    @_builtins.property
+    def failovers(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailoverRequest]:
+        """Mid-stream failovers: answered like routes, keyed by request id (the stream is warm,
+        which takes a unary call's setup off the failover gap).
+        """
+
     def __init__(
         self,
         *,
         routes: _abc.Iterable[Global___RouteRequest] | None = ...,
         outcomes: _abc.Iterable[Global___RequestOutcome] | None = ...,
+        failovers: _abc.Iterable[Global___FailoverRequest] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcomes", b"outcomes", "routes", b"routes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failovers", b"failovers", "outcomes", b"outcomes", "routes", b"routes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

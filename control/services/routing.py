@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterable
 
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.events import EventKind
-from control.model import Snapshot
+from control.model import Decision, Snapshot
 from control.routing import Outcome, Router
 from control.services import convert
 from control.services.errors import Context
@@ -35,20 +35,23 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         async for msg in request_iterator:
             if msg.outcomes:
                 self._finished(msg.outcomes)
-            if msg.routes:
-                yield routing_pb2.RouteStreamResponse(
-                    results=[
-                        routing_pb2.RouteResult(
-                            request_id=r.request_id,
-                            response=convert.route_response(
-                                self._router.route(
-                                    convert.route_request_from_pb(r.request_id, r.shape)
-                                )
-                            ),
-                        )
-                        for r in msg.routes
-                    ]
+            results = [
+                routing_pb2.RouteResult(
+                    request_id=r.request_id,
+                    response=convert.route_response(
+                        self._router.route(convert.route_request_from_pb(r.request_id, r.shape))
+                    ),
                 )
+                for r in msg.routes
+            ]
+            results += [
+                routing_pb2.RouteResult(
+                    request_id=f.request_id, response=convert.route_response(self._failover(f))
+                )
+                for f in msg.failovers
+            ]
+            if results:
+                yield routing_pb2.RouteStreamResponse(results=results)
 
     def _finished(self, outcomes: Iterable[routing_pb2.RequestOutcome]) -> None:
         self._router.finished(
@@ -75,13 +78,15 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
     async def Failover(
         self, request: routing_pb2.FailoverRequest, context: Context
     ) -> routing_pb2.FailoverResponse:
+        return convert.failover_response(self._failover(request))
+
+    def _failover(self, request: routing_pb2.FailoverRequest) -> Decision:
         route_request = convert.route_request_from_pb(
             request.request_id, request.shape, tuple(request.exclude_backend_ids)
         )
-        decision = self._router.failover(
+        return self._router.failover(
             route_request, request.failed_backend_id, request.failure or "failure"
         )
-        return convert.failover_response(decision)
 
     async def ReportFailover(
         self, request: routing_pb2.ReportFailoverRequest, context: Context
