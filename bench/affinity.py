@@ -1,17 +1,18 @@
 """`python -m bench.affinity`: the routing policies on two workloads that pull opposite ways.
 
-Agent loop: K concurrent conversations of T streamed turns; each turn re-sends the system
-prompt (shared by default: one agent product), every earlier user turn (each carries a chunk
-of "file" text) and the replies verbatim. Kept on its card, a turn re-prefills only its new
-chunk; moved, it re-prefills all that card has not seen. Cold burst: N concurrent requests
-sharing a long system prompt, each with its own long text: piled on the card that caches the
-system prompt, their prefills run one after another; spread, on all cards at once.
+Agent loop: K concurrent conversations of T streamed turns, 0-400 ms of tool time apart;
+each turn re-sends the system prompt (shared by default: one agent product), every earlier
+user turn (each carries a chunk of "file" text) and the replies verbatim. Kept on its card, a
+turn re-prefills only its new chunk; moved, it re-prefills all that card has not seen.
+Cold burst: N concurrent requests sharing a long system prompt, each with its own long text:
+piled on the card that caches the system prompt, their prefills run one after another;
+spread, on all cards at once.
 
 Each (rep, policy) gets a fresh fleet (cold caches, no pins) of real processes: sims, control
 with that policy, one shim. Policies interleave per rep, rotated so none always goes first.
 Cost model (prefill dominates): 200 us per uncached prompt token (a turn's chunk of ~650
 tokens ~130 ms, a burst member's own ~2000 tokens ~0.4 s, a late turn's whole context
-~1.2 s), 5 ms per decode step, 16 reply tokens, a prefix cache nothing is evicted from.
+~1.4 s), 5 ms per decode step, 16 reply tokens, a prefix cache nothing is evicted from.
 Prints tables and PASS/FAIL lines (benchmarks never gate) and writes JSON.
 """
 
@@ -420,7 +421,11 @@ def report(summary: Mapping[str, Rep]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> tuple[Plan, list[str], Path]:
-    p = argparse.ArgumentParser(prog="python -m bench.affinity", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.affinity",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="4 turns, burst of 8, 2 reps")
     p.add_argument("--replicas", type=int, default=2, help="sims in each fleet")
     p.add_argument("--reps", type=int, help="fresh fleets per policy (default 3; quick 2)")

@@ -4,13 +4,14 @@ state is the registry's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from random import Random
 
 from control.events import EventKind
 from control.model import BackendId, Decision, Reason, RouteRequest
 from control.policy import Policy, RoutingView
+from control.policy.base import prefer
 from control.registry import Registry
 
 # Decisions that put the request where its pinned prefix already is.
@@ -35,13 +36,19 @@ class Router:
         self._rng = rng
         self._clock = clock
 
-    def route(self, request: RouteRequest, *, reason: Reason | None = None) -> Decision:
+    def route(
+        self,
+        request: RouteRequest,
+        *,
+        reason: Reason | None = None,
+        preferred: Sequence[str] = (),
+    ) -> Decision:
         now = self._clock()
         reg = self.registry
         chain = request.shape.prefix_chain
         match = reg.pins.longest(chain, now) if chain else None
         view = RoutingView(reg.snapshot, reg.in_flight(), match)
-        decision = self.policy.decide(request, view, rng=self._rng, now=now)
+        decision = prefer(self.policy.decide(request, view, rng=self._rng, now=now), preferred)
         if reason is not None and decision.backends:
             decision = replace(decision, reason=reason)
         if decision.backends:
@@ -80,12 +87,20 @@ class Router:
         self.registry.load.release(request_id)
 
     def failover(
-        self, request: RouteRequest, failed_backend_id: str, failure: str, detail: str = ""
+        self,
+        request: RouteRequest,
+        failed_backend_id: str,
+        failure: str,
+        detail: str = "",
+        preferred: Sequence[str] = (),
     ) -> Decision:
-        """A stream died mid-generation: demote its backend and pick another for the resume."""
+        """A stream died mid-generation: demote its backend and pick another for the resume
+        (the first of `preferred`, the route's own remaining fallbacks, still routable)."""
         self._demote(request.request_id, failed_backend_id, failure, detail)
         excluded = request.exclude | {BackendId(failed_backend_id)}
-        return self.route(replace(request, exclude=excluded), reason=Reason.FAILOVER)
+        return self.route(
+            replace(request, exclude=excluded), reason=Reason.FAILOVER, preferred=preferred
+        )
 
     def finished(self, outcomes: Iterable[Outcome]) -> None:
         now = self._clock()

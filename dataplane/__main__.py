@@ -15,7 +15,7 @@ from dataplane.app import ShimSettings, make_app
 from dataplane.failover import RetryBudget
 from dataplane.forward import Timeouts
 from dataplane.proxy import ProxySettings
-from dataplane.streaming import ResumeSettings
+from dataplane.settings import ResumeSettings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -83,6 +83,7 @@ class Oracle(Protocol):
         failed_backend_id: str,
         failure: str,
         exclude: Sequence[str],
+        preferred: Sequence[str] = (),
     ) -> Decision: ...
 
     def report_failover(self, report: FailoverReport) -> None: ...
@@ -198,6 +199,7 @@ class GrpcOracle:
         failed_backend_id: str,
         failure: str,
         exclude: Sequence[str],
+        preferred: Sequence[str] = (),
     ) -> Decision:
         request = routing_pb2.FailoverRequest(
             request_id=request_id,
@@ -205,6 +207,7 @@ class GrpcOracle:
             failed_backend_id=failed_backend_id,
             failure=failure,
             exclude_backend_ids=list(exclude),
+            preferred_backend_ids=list(preferred),
         )
         try:
             resp = await self._stream.failover(request)

@@ -17,8 +17,9 @@ from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget, classify_status
 from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
 from dataplane.oracle import Oracle, Outcome
+from dataplane.settings import ResumeSettings
 from dataplane.shape import reply_hash
-from dataplane.streaming import ResumeSettings, StreamRelay, with_token_ids
+from dataplane.streaming import StreamRelay, with_token_ids
 from dataplane.validate import ClientRequest, Endpoint
 
 log = logging.getLogger("baton.shim")
@@ -69,7 +70,8 @@ class Proxy:
                 continue
             try:
                 if ex.client.stream and upstream.status == 200:
-                    return await self._relay_stream(request, ex, backend, upstream)
+                    fallbacks = decision.backends[attempt + 1 :]
+                    return await self._relay_stream(request, ex, backend, upstream, fallbacks)
                 return await self._relay_whole(ex, backend, upstream)
             except AttemptFailed as failed:
                 last = failed
@@ -120,6 +122,7 @@ class Proxy:
         ex: Exchange,
         backend: Backend,
         upstream: aiohttp.ClientResponse,
+        fallbacks: tuple[Backend, ...],
     ) -> web.StreamResponse:
         # Read the first piece before sending headers: a backend that dies before its first
         # byte is still retried invisibly, and the client gets a 200 from whoever answers.
@@ -142,6 +145,7 @@ class Proxy:
             request_id=ex.request_id,
             client=ex.client,
             shape=ex.shape,
+            fallbacks=fallbacks,
             background=self._background,
         )
         try:

@@ -469,6 +469,7 @@ class FailoverRequest(_message.Message):
     FAILED_BACKEND_ID_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
     EXCLUDE_BACKEND_IDS_FIELD_NUMBER: _builtins.int
+    PREFERRED_BACKEND_IDS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     failed_backend_id: _builtins.str
     failure: _builtins.str
@@ -478,6 +479,12 @@ class FailoverRequest(_message.Message):
     def exclude_backend_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Backends already tried for this request, besides the failed one."""
 
+    @_builtins.property
+    def preferred_backend_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The route's remaining fallbacks, in order: control takes the first that is still
+        routable, which lets the shim open the resume there before the answer arrives.
+        """
+
     def __init__(
         self,
         *,
@@ -486,10 +493,11 @@ class FailoverRequest(_message.Message):
         failed_backend_id: _builtins.str = ...,
         failure: _builtins.str = ...,
         exclude_backend_ids: _abc.Iterable[_builtins.str] | None = ...,
+        preferred_backend_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["shape", b"shape"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exclude_backend_ids", b"exclude_backend_ids", "failed_backend_id", b"failed_backend_id", "failure", b"failure", "request_id", b"request_id", "shape", b"shape"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exclude_backend_ids", b"exclude_backend_ids", "failed_backend_id", b"failed_backend_id", "failure", b"failure", "preferred_backend_ids", b"preferred_backend_ids", "request_id", b"request_id", "shape", b"shape"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

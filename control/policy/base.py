@@ -3,8 +3,8 @@ randomness (both come in as arguments), and they never raise for "no capacity"."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from random import Random
 from typing import Protocol
 
@@ -80,3 +80,14 @@ class Spreader:
 def first(primary: Backend, ring: tuple[Backend, ...]) -> tuple[Backend, ...]:
     """`primary`, then the ring's other backends as fallbacks."""
     return (primary, *(b for b in ring if b.id != primary.id))
+
+
+def prefer(decision: Decision, preferred: Sequence[str]) -> Decision:
+    """The decision with the first of `preferred` that it contains moved to the front: a
+    failover goes where the route's own fallback order said, when that one is still fit."""
+    ids = {b.id for b in decision.backends}
+    chosen = next((p for p in preferred if p in ids), None)
+    if chosen is None or decision.backends[0].id == chosen:
+        return decision
+    primary = next(b for b in decision.backends if b.id == chosen)
+    return replace(decision, backends=first(primary, decision.backends))

@@ -85,7 +85,10 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             request.request_id, request.shape, tuple(request.exclude_backend_ids)
         )
         return self._router.failover(
-            route_request, request.failed_backend_id, request.failure or "failure"
+            route_request,
+            request.failed_backend_id,
+            request.failure or "failure",
+            preferred=tuple(request.preferred_backend_ids),
         )
 
     async def ReportFailover(

@@ -201,3 +201,12 @@ def test_pin_table_longest_lru_ttl() -> None:
     assert t.longest((b"a", b"b"), now=20.0) is None  # expired by TTL
     assert t.drop_backend("y") == 1 and len(t) == 1
     assert t.clear() == 1 and len(t) == 0
+
+
+def test_prefer_moves_the_first_fit_preferred_backend_to_the_front() -> None:
+    from control.policy.base import prefer
+
+    d = decide("roundrobin", req(), RoutingView(FLEET, {}))  # a, b, c
+    assert [b.id for b in prefer(d, ["zz", "c", "b"]).backends] == ["c", "a", "b"]
+    assert prefer(d, []) is d
+    assert prefer(d, ["gone"]) is d

@@ -1,0 +1,285 @@
+"""One choice's resume on one backend: plan it, open it (possibly speculatively, while
+control is still deciding), relay its chunks through the seam check and the stop strings,
+and verify the seam in a side request when asked to. StreamRelay (streaming.py) decides
+when and where; this module does one attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+from control.model import Backend, BackendKind
+from dataplane.failover import Failure, classify_status
+from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
+from dataplane.resume import (
+    ChoiceProgress,
+    Refused,
+    ResumePath,
+    ResumePlan,
+    Seam,
+    SeamCheck,
+    plan_resume,
+)
+from dataplane.settings import ResumeSettings
+from dataplane.stitch import FAILED_FINISH, Stitcher, StopMatcher, choice_text
+from dataplane.upstream_sse import StreamFailed, read_events
+from dataplane.validate import ClientRequest, Endpoint
+
+TOKEN_KINDS = frozenset({BackendKind.VLLM, BackendKind.SGLANG})
+
+
+@dataclass(slots=True)
+class ChoiceResume:
+    """How one choice's resume on one backend went."""
+
+    path: ResumePath | None = None
+    seam: Seam | None = None
+    gap_ms: float = 0.0
+    failure: str | None = None
+    detail: str = ""
+    verdict: asyncio.Task[Seam] | None = None  # a parallel seam check still running
+    # Set at the resumed stream's first event. The seam check waits for it: on a card that
+    # prefills one request at a time it would otherwise delay the resume itself.
+    flowing: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(slots=True)
+class Started:
+    """A resume request that is open: its plan, its response, the held-back text to prepend
+    and, in parallel mode, the plan of the seam check to run beside it."""
+
+    plan: ResumePlan
+    upstream: aiohttp.ClientResponse
+    held: str
+    check: ResumePlan | None
+
+
+class Resumer:
+    def __init__(
+        self,
+        *,
+        session: aiohttp.ClientSession,
+        timeouts: Timeouts,
+        settings: ResumeSettings,
+        client: ClientRequest,
+        stitcher: Stitcher,
+        write: Callable[[bytes], Awaitable[None]],
+    ) -> None:
+        self._session = session
+        self._timeouts = timeouts
+        self._settings = settings
+        self._client = client
+        self._stitcher = stitcher
+        self._write = write
+
+    async def start(self, backend: Backend, p: ChoiceProgress, *, exact: bool) -> Started:
+        """Plan and open one resume request. Raises Refused or AttemptFailed. The plans are
+        taken from `p` as it is now, before any resumed token is added to it."""
+        token_path = backend.kind in TOKEN_KINDS
+        m = self._settings.seam_tokens
+        plan = plan_resume(self._client, p, token_path=token_path, seam_tokens=m, exact=exact)
+        check = None
+        if exact and self._settings.seam_mode == "parallel":
+            candidate = plan_resume(self._client, p, token_path=token_path, seam_tokens=m)
+            check = candidate if candidate.seam is Seam.VERIFIED else None
+        held = await self._held_text(backend, p) if plan.needs_held_text else ""
+        upstream = await self._open(backend, plan.endpoint, plan.body)
+        return Started(plan, upstream, held, check)
+
+    async def run(
+        self,
+        backend: Backend,
+        p: ChoiceProgress,
+        detected: float,
+        early: asyncio.Task[Started] | None = None,
+    ) -> ChoiceResume:
+        """Resume `p` on `backend` to its end. `early`: a start() already under way (opened
+        while control was deciding, on the backend it decided)."""
+        result = ChoiceResume()
+        exact = self._settings.seam_mode == "parallel"
+        verify: asyncio.Task[Seam] | None = None
+        try:
+            while True:
+                try:
+                    started = await (early or self.start(backend, p, exact=exact))
+                except Refused as why:
+                    result.failure, result.detail = "refused", str(why)
+                    return result
+                except AttemptFailed as failed:
+                    result.failure, result.detail = failed.failure, failed.detail
+                    return result
+                early = None
+                plan = started.plan
+                result.path = plan.path
+                if started.check is not None and verify is None:
+                    verify = asyncio.create_task(
+                        self._verify(backend, started.check, result.flowing)
+                    )
+                elif result.seam is None and verify is None:  # a divergent try keeps its verdict
+                    result.seam = plan.seam if plan.seam is not Seam.VERIFIED else None
+                seam = SeamCheck(plan.overlap_ids, plan.overlap_text)
+                stops = (
+                    StopMatcher(
+                        _stops(self._client),
+                        bool(self._client.body.get("include_stop_str_in_output")),
+                        started.held,
+                    )
+                    if plan.needs_held_text
+                    else None
+                )
+                try:
+                    outcome = await self._relay_resumed(
+                        started.upstream, p, plan.endpoint, seam, stops, detected, result
+                    )
+                except StreamFailed as failed:
+                    result.failure, result.detail = failed.failure, str(failed)
+                    return result
+                finally:
+                    started.upstream.close()
+                if outcome == "divergent":
+                    result.seam, exact = Seam.DIVERGENT, True
+                    continue
+                if verify is not None:
+                    # Reported when it lands; the client's stream need not wait for it.
+                    result.verdict, verify = verify, None
+                elif result.seam is None:
+                    result.seam = seam.verdict
+                return result
+        finally:
+            if verify is not None:  # the resume failed: its verdict no longer matters
+                verify.cancel()
+            if early is not None:
+                discard(early)
+
+    async def _verify(self, backend: Backend, check: ResumePlan, flowing: asyncio.Event) -> Seam:
+        """Would `backend` regenerate the overlap the client already has? One short,
+        non-streaming request over the shared prefix, sent once the resume is flowing (so
+        its prefill is cached and it does not compete with the resume's)."""
+        await flowing.wait()
+        body = {**check.body, "stream": False, "max_tokens": len(check.overlap_ids)}
+        body.pop("min_tokens", None)
+        try:
+            async with self._session.post(
+                backend.url + Endpoint.COMPLETIONS.value,
+                data=orjson.dumps(body),
+                headers={"Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=self._settings.max_resume_seconds),
+            ) as resp:
+                if resp.status != 200:
+                    return Seam.UNCHECKED
+                choice = (orjson.loads(await resp.read()).get("choices") or [{}])[0]
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+            return Seam.UNCHECKED
+        got = tuple(choice.get("token_ids") or ())
+        return Seam.VERIFIED if got == check.overlap_ids else Seam.DIVERGENT
+
+    async def _relay_resumed(
+        self,
+        upstream: aiohttp.ClientResponse,
+        p: ChoiceProgress,
+        endpoint: Endpoint,
+        seam: SeamCheck,
+        stops: StopMatcher | None,
+        detected: float,
+        result: ChoiceResume,
+    ) -> str:
+        chat = endpoint is Endpoint.CHAT
+        stitcher = self._stitcher
+        async for data, _ in read_events(upstream.content, b"", self._settings, False):
+            result.flowing.set()
+            if data == b"[DONE]":
+                break
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                raise StreamFailed(Failure.GARBAGE) from None
+            if "error" in obj and not obj.get("choices"):
+                raise StreamFailed(Failure.ERROR_EVENT)
+            choices = obj.get("choices") or []
+            if not choices:
+                usage = obj.get("usage")
+                if usage and stitcher.extra_prompt_tokens is None:
+                    # Text path: the resume's prompt includes the text already sent.
+                    stitcher.extra_prompt_tokens = max(
+                        0, usage.get("prompt_tokens", 0) - p.generated
+                    )
+                continue
+            ch = choices[0]
+            finish = ch.get("finish_reason")
+            if finish in FAILED_FINISH:
+                raise StreamFailed(f"finish_{finish}")
+            ids = ch.get("token_ids") or []
+            text = choice_text(ch, chat)
+            verified = seam.feed(ids, text, finish is not None)
+            if seam.verdict is Seam.DIVERGENT:
+                return "divergent"
+            if verified is None:
+                continue
+            ids, text = verified
+            stop_reason = ch.get("stop_reason")
+            if stops is not None:
+                text, matched = stops.feed(text)
+                if matched is not None:
+                    finish, stop_reason = "stop", matched
+                elif finish:
+                    text += stops.flush()
+            p.add(text, ids)
+            if finish:
+                p.finish_reason, p.stop_reason = finish, stop_reason
+            if text or finish or (ids and not stitcher.strip_ids):
+                if result.gap_ms == 0.0:
+                    result.gap_ms = (time.perf_counter() - detected) * 1000
+                await self._write(stitcher.chunk(p.index, text, ids, finish, stop_reason))
+            if finish:
+                return "finished"
+        raise StreamFailed(Failure.TRUNCATED, "resumed stream ended before finishing")
+
+    async def _open(
+        self, backend: Backend, endpoint: Endpoint, body: dict[str, object]
+    ) -> aiohttp.ClientResponse:
+        upstream = await open_attempt(
+            self._session, backend, endpoint.value, orjson.dumps(body), self._timeouts
+        )
+        failure = classify_status(upstream.status)
+        if failure is not None or upstream.status != 200:
+            status = upstream.status
+            upstream.close()
+            raise AttemptFailed(failure or Failure.STATUS_5XX, f"resume answered {status}")
+        return upstream
+
+    async def _held_text(self, backend: Backend, p: ChoiceProgress) -> str:
+        """Text the old engine generated but held back (a possible stop string): the tokens
+        are in the resume prompt, so only their text needs recovering."""
+        try:
+            async with self._session.post(
+                backend.url + "/detokenize",
+                json={"model": self._client.model, "tokens": p.token_ids},
+                timeout=aiohttp.ClientTimeout(total=self._timeouts.connect * 2),
+            ) as resp:
+                if resp.status != 200:
+                    raise AttemptFailed(Failure.STATUS_5XX, f"detokenize answered {resp.status}")
+                full = (await resp.json()).get("prompt", "")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise classify_exception(exc) from exc
+        sent = p.text
+        return full[len(sent) :] if full.startswith(sent) else ""
+
+
+def _stops(client: ClientRequest) -> list[str]:
+    stop = client.body.get("stop")
+    if isinstance(stop, str):
+        return [stop]
+    return list(stop or [])
+
+
+def discard(early: asyncio.Task[Started]) -> None:
+    """Drop a speculative start: cancel it, or close what it opened."""
+    if not early.done():
+        early.cancel()
+    elif not early.cancelled() and early.exception() is None:
+        early.result().upstream.close()

@@ -1,0 +1,50 @@
+"""Reading a backend's SSE stream with stall detection: every way a stream can break
+(a stall, a reset, EOF, an oversized event) comes out as one StreamFailed with its class."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from dataplane.failover import Failure
+from dataplane.settings import ResumeSettings
+from dataplane.sse import SSEParser
+
+
+class StreamFailed(Exception):
+    def __init__(self, failure: str, detail: str = "") -> None:
+        super().__init__(f"{failure}: {detail}" if detail else failure)
+        self.failure = failure
+
+
+async def read_events(
+    content: aiohttp.StreamReader, first: bytes, settings: ResumeSettings, got_token: bool
+) -> AsyncIterator[tuple[bytes, bytes]]:
+    """(data, raw) of each SSE event; raises StreamFailed on a stall, a broken connection,
+    or EOF (the caller decides whether EOF was early). One timer, rescheduled per read."""
+    parser = SSEParser()
+    loop = asyncio.get_running_loop()
+    chunk = first
+    try:
+        async with asyncio.timeout(None) as deadline:
+            while True:
+                # Disarmed while the caller handles events: time spent writing to a slow
+                # client is backpressure, not a stalled backend.
+                deadline.reschedule(None)
+                for event in parser.feed(chunk):
+                    if event.data:
+                        got_token = True
+                        yield event.data, event.raw
+                limit = settings.inter_token_timeout if got_token else settings.first_token_timeout
+                deadline.reschedule(loop.time() + limit)
+                chunk = await content.readany()
+                if not chunk:
+                    raise StreamFailed(Failure.TRUNCATED, "stream ended before [DONE]")
+    except TimeoutError:
+        raise StreamFailed(Failure.STALL, "no data within the stall timeout") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise StreamFailed(Failure.DISCONNECT, type(exc).__name__) from None
+    except ValueError as exc:  # an SSE event over the size limit
+        raise StreamFailed(Failure.GARBAGE, str(exc)) from None
