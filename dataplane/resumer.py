@@ -27,7 +27,7 @@ from dataplane.resume import (
 )
 from dataplane.settings import ResumeSettings
 from dataplane.stitch import FAILED_FINISH, Stitcher, StopMatcher, choice_text
-from dataplane.upstream_sse import StreamFailed, read_events
+from dataplane.upstream_sse import StreamFailed, each_event
 from dataplane.validate import ClientRequest, Endpoint
 
 TOKEN_KINDS = frozenset({BackendKind.VLLM, BackendKind.SGLANG})
@@ -190,9 +190,10 @@ class Resumer:
     ) -> str:
         chat = endpoint is Endpoint.CHAT
         stitcher = self._stitcher
-        async for data, _ in read_events(upstream.content, b"", self._settings, False):
+        async for event in each_event(upstream.content, self._settings):
             result.flowing.set()
-            if data == b"[DONE]":
+            data = event.data
+            if event.is_done:
                 break
             try:
                 obj = orjson.loads(data)

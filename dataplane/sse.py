@@ -19,6 +19,8 @@ class Event:
 
 
 def _data_of(block: bytes) -> bytes:
+    if block.startswith(b"data: ") and b"\n" not in block:
+        return block[6:]  # the one-line event every engine sends: skip the line split
     parts = []
     for line in block.split(b"\n"):
         if line.startswith(b"data:"):

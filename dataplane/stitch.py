@@ -6,6 +6,7 @@ across the seam and answers include_usage over the whole generation."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,8 @@ from dataplane.resume import ChoiceProgress
 from dataplane.validate import ClientRequest, Endpoint
 
 FAILED_FINISH = frozenset({"abort", "error"})
+# `,"token_ids":[1,2]` or `,"prompt_token_ids":[...]` as engines write them (never first key).
+TOKEN_FIELDS = re.compile(rb',\s*"(?:prompt_)?token_ids"\s*:\s*\[[\d,\s]*\]')
 
 
 def sse(obj: Any) -> bytes:
@@ -153,6 +156,12 @@ class Stitcher:
         return None
 
     def _clean(self, obj: dict[str, Any], raw: bytes) -> bytes:
+        if raw and self.strip_ids:
+            # Cut the id arrays out of the bytes as they came: integer arrays can't hide in
+            # a JSON string (quotes are escaped there), and this is the per-token hot path.
+            cut = TOKEN_FIELDS.sub(b"", raw)
+            if b"token_ids" not in cut:
+                return cut
         if not self.strip_ids:
             return raw or sse(obj)
         obj.pop("prompt_token_ids", None)

@@ -90,23 +90,26 @@ class StreamRelay:
         await self._resp.write(data)
 
     async def _pump(self, upstream: aiohttp.ClientResponse, first: bytes) -> None:
-        out: list[bytes] = []
-        async for data, raw in read_events(upstream.content, first, self._settings, False):
-            if data == b"[DONE]":
-                if self.stitcher.unfinished():
-                    raise StreamFailed(Failure.TRUNCATED, "[DONE] before every choice finished")
-                break
-            piece, failure = self.stitcher.original(data, raw)
-            if piece:
-                out.append(piece)
-            if failure:
-                if out:
-                    await self._write(b"".join(out))
-                raise StreamFailed(failure)
-            # Batch what one read delivered into one write; flush before the next read.
+        original = self.stitcher.original
+        async for events in read_events(upstream.content, first, self._settings, False):
+            out: list[bytes] = []
+            for event in events:
+                if event.is_done:
+                    if out:
+                        await self._write(b"".join(out))
+                    if self.stitcher.unfinished():
+                        raise StreamFailed(Failure.TRUNCATED, "[DONE] before every choice finished")
+                    return
+                piece, failure = original(event.data, event.raw)
+                if piece:
+                    out.append(piece)
+                if failure:
+                    if out:
+                        await self._write(b"".join(out))
+                    raise StreamFailed(failure)
+            # What one read delivered goes out in one write.
             if out:
                 await self._write(b"".join(out))
-                out.clear()
 
     # -- failover ------------------------------------------------------------------------
 

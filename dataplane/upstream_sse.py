@@ -10,7 +10,7 @@ import aiohttp
 
 from dataplane.failover import Failure
 from dataplane.settings import ResumeSettings
-from dataplane.sse import SSEParser
+from dataplane.sse import Event, SSEParser
 
 
 class StreamFailed(Exception):
@@ -21,9 +21,10 @@ class StreamFailed(Exception):
 
 async def read_events(
     content: aiohttp.StreamReader, first: bytes, settings: ResumeSettings, got_token: bool
-) -> AsyncIterator[tuple[bytes, bytes]]:
-    """(data, raw) of each SSE event; raises StreamFailed on a stall, a broken connection,
-    or EOF (the caller decides whether EOF was early). One timer, rescheduled per read."""
+) -> AsyncIterator[list[Event]]:
+    """The data events of each read, as a batch (so the caller can answer a read with one
+    write); raises StreamFailed on a stall, a broken connection, or EOF (the caller decides
+    whether EOF was early). One timer, rescheduled per read."""
     parser = SSEParser()
     loop = asyncio.get_running_loop()
     chunk = first
@@ -33,10 +34,10 @@ async def read_events(
                 # Disarmed while the caller handles events: time spent writing to a slow
                 # client is backpressure, not a stalled backend.
                 deadline.reschedule(None)
-                for event in parser.feed(chunk):
-                    if event.data:
-                        got_token = True
-                        yield event.data, event.raw
+                events = [e for e in parser.feed(chunk) if e.data]
+                if events:
+                    got_token = True
+                    yield events
                 limit = settings.inter_token_timeout if got_token else settings.first_token_timeout
                 deadline.reschedule(loop.time() + limit)
                 chunk = await content.readany()
@@ -48,3 +49,12 @@ async def read_events(
         raise StreamFailed(Failure.DISCONNECT, type(exc).__name__) from None
     except ValueError as exc:  # an SSE event over the size limit
         raise StreamFailed(Failure.GARBAGE, str(exc)) from None
+
+
+async def each_event(
+    content: aiohttp.StreamReader, settings: ResumeSettings
+) -> AsyncIterator[Event]:
+    """read_events one event at a time (for resumed streams, where batching buys nothing)."""
+    async for events in read_events(content, b"", settings, False):
+        for event in events:
+            yield event
