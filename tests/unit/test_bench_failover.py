@@ -129,7 +129,7 @@ def test_summarize_of_nothing_is_nan_not_a_crash() -> None:
     s = fo.summarize([], REFS, [], [], [])
     assert math.isnan(s["identical_pct"]) and math.isnan(s["gap_over_floor"])
     targets = {t.name: t.verdict for t in fo.targets(s)}
-    assert list(targets.values()) == ["PASS", "SKIP", "SKIP"]
+    assert list(targets.values()) == ["PASS", "SKIP", "SKIP", "SKIP"]
 
 
 def test_seam_timing_measures_at_the_first_resumed_token() -> None:
@@ -162,16 +162,16 @@ def test_overhead_compares_completed_streams_only() -> None:
 @pytest.mark.parametrize(
     ("failed", "truncated", "identical", "ratio", "verdicts"),
     [
-        (0, 0, 100.0, 1.5, ["PASS", "PASS", "PASS"]),
-        (1, 0, 100.0, 1.51, ["FAIL", "PASS", "FAIL"]),
-        (0, 2, 99.5, 0.9, ["FAIL", "FAIL", "PASS"]),
+        (0, 0, 100.0, 1.5, ["PASS", "PASS", "PASS", "PASS"]),
+        (1, 0, 100.0, 1.51, ["FAIL", "PASS", "FAIL", "PASS"]),
+        (0, 2, 99.5, 0.9, ["FAIL", "FAIL", "PASS", "PASS"]),
     ],
 )
 def test_targets(
     failed: int, truncated: int, identical: float, ratio: float, verdicts: list[str]
 ) -> None:
     s = {"failed": failed, "truncated": truncated, "identical_pct": identical,
-         "gap_over_floor": ratio}  # fmt: skip
+         "gap_over_floor": ratio, "gap_over_floor_together": 1.0}  # fmt: skip
     assert [t.verdict for t in fo.targets(s)] == verdicts
 
 
@@ -180,7 +180,17 @@ def test_report_prints_the_table_and_one_line_per_target() -> None:
     side = {"ttft_p50": 1.0, "total_p50": 2.0, "errors": 0}
     text = fo.report(s, {"direct": side, "baton": side}, {"chaos": 0.5})
     assert "1/0/0 of 1" in text and "gap p50 / floor p50" in text
-    assert [ln.split()[0] for ln in text.splitlines()[-3:]] == ["PASS", "PASS", "FAIL"]
+    assert [ln.split()[0] for ln in text.splitlines()[-4:]] == ["PASS", "PASS", "FAIL", "SKIP"]
+
+
+def test_kill_groups_gather_the_resumes_of_one_kill_on_one_card() -> None:
+    def ev(t: float, to: str, outcome: str = "resumed") -> dict[str, object]:
+        return {"time": t, "to_backend": to, "outcome": outcome}
+
+    events = [ev(1.00, "s0"), ev(1.01, "s0"), ev(1.02, "s1"), ev(1.03, "s1"),
+              ev(1.20, "s1"), ev(1.21, "s1", "failed")]  # fmt: skip
+    groups = fo.kill_groups(events)
+    assert [[e["time"] for e in g] for g in groups] == [[1.00, 1.01], [1.02, 1.03], [1.20]]
 
 
 def test_prompts_are_deterministic_and_short() -> None:
