@@ -295,8 +295,30 @@ def running_fleet(plan: Plan, policy: str, logdir: Path) -> Iterator[Fleet]:
             for i, s in enumerate(sims)
         )
         config.write_text(f'routing = "{policy}"\n{backends}')
-        control = start("control", ["control", "--config", str(config), "--listen", "127.0.0.1:0"])
-        shim = start("shim", ["dataplane", "--control", control.ready, "--listen", "127.0.0.1:0"])
+        control = start(
+            "control",
+            [
+                "control",
+                "--config",
+                str(config),
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ],
+        )
+        shim = start(
+            "shim",
+            [
+                "dataplane",
+                "--control",
+                control.ready,
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ],
+        )
         await_serving(shim.ready)
         yield Fleet(sims, control, shim)
 

@@ -89,7 +89,15 @@ class Fleet:
             self.floor = self._start("floor", sim_argv("127.0.0.1:0", "--cache-blocks", "0"))
             config = logdir / "failover.control.toml"
             config.write_text(control_toml(self.sims))
-            argv = ["control", "--config", str(config), "--listen", "127.0.0.1:0"]
+            argv = [
+                "control",
+                "--config",
+                str(config),
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ]
             self.control = self._start("control", argv)
             argv = ["dataplane", "--control", self.control.ready, "--listen", "127.0.0.1:0"]
             self.shim = self._start("shim", argv)

@@ -74,8 +74,30 @@ def running_system(logdir: Path, cores: Cores | None) -> Iterator[System]:
         sim = start("sim", ["sim", "--listen", "127.0.0.1:0", "--model", MODEL, *SIM_ARGS])
         config = logdir / "overhead.control.toml"
         config.write_text(f'[[backends]]\nid = "s0"\nurl = "{sim.ready}"\nmodel = "{MODEL}"\n')
-        control = start("control", ["control", "--config", str(config), "--listen", "127.0.0.1:0"])
-        shim = start("shim", ["dataplane", "--control", control.ready, "--listen", "127.0.0.1:0"])
+        control = start(
+            "control",
+            [
+                "control",
+                "--config",
+                str(config),
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ],
+        )
+        shim = start(
+            "shim",
+            [
+                "dataplane",
+                "--control",
+                control.ready,
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ],
+        )
         if cores is not None:
             pin(sim.proc.pid, cores.engine)
             pin(control.proc.pid, cores.baton)

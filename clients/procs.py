@@ -40,13 +40,24 @@ class Part:
         self.ready = self._await_ready(timeout)
 
     def _await_ready(self, timeout: float) -> str:
+        """Reads lines up to the READY one; earlier lines (e.g. `CONTROL METRICS <url>`)
+        are kept in `announced`."""
         line: list[str] = []
         stdout = self.proc.stdout
         assert stdout is not None  # noqa: S101 - we asked for a pipe
-        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
+
+        def read() -> None:
+            while True:
+                text = stdout.readline()
+                line.append(text)
+                if not text or " READY " in text:
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
         reader.start()
         reader.join(timeout)
-        text = line[0].strip() if line else ""
+        self.announced = {t.split()[1]: t.split()[-1] for t in line[:-1] if len(t.split()) >= 3}
+        text = line[-1].strip() if line else ""
         if " READY " not in text:
             self.kill()
             raise StartFailed(f"{self.name} did not start (exit {self.proc.poll()}): {text!r}")

@@ -18,6 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML file with [[backends]] and settings")
     parser.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT for gRPC")
     parser.add_argument(
+        "--metrics-listen",
+        default="127.0.0.1:9464",
+        help="HOST:PORT for Prometheus /metrics ('' = off)",
+    )
+    parser.add_argument(
         "--routing",
         default=os.environ.get("ROUTING"),
         help="routing policy (overrides the config; env ROUTING)",
@@ -25,9 +30,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _serve(args: argparse.Namespace, cfg: config_mod.Config) -> int:
-    plane = ControlPlane(cfg, args.listen, admin_token=os.environ.get("BATON_ADMIN_TOKEN") or None)
+    plane = ControlPlane(
+        cfg,
+        args.listen,
+        metrics_listen=args.metrics_listen or None,
+        admin_token=os.environ.get("BATON_ADMIN_TOKEN") or None,
+    )
     port = await plane.start()
     host = args.listen.rsplit(":", 1)[0]
+    if plane.metrics_port:
+        metrics_host = args.metrics_listen.rsplit(":", 1)[0]
+        print(f"CONTROL METRICS http://{metrics_host}:{plane.metrics_port}/metrics", flush=True)
     print(f"CONTROL READY {host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -9,12 +9,15 @@ import time
 from collections.abc import Callable
 
 import grpc
+from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from baton.v1 import admin_pb2, admin_pb2_grpc, routing_pb2, routing_pb2_grpc
 from control.affinity import PinTable
 from control.config import Config
+from control.metrics import ControlMetrics
 from control.policy import SpillGuard, make_policy
 from control.prober import run_prober
 from control.registry import Registry
@@ -32,6 +35,7 @@ class ControlPlane:
         config: Config,
         listen: str,
         *,
+        metrics_listen: str | None = None,
         admin_token: str | None = None,
         clock: Callable[[], float] = time.time,
         seed: int | None = None,
@@ -54,10 +58,14 @@ class ControlPlane:
         self.server = grpc.aio.server(interceptors=interceptors)
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
+        self.metrics = ControlMetrics(self.registry)
+        self._metrics_listen = metrics_listen
+        self._metrics_runner: web.AppRunner | None = None
+        self.metrics_port = 0
 
     async def start(self) -> int:
         routing_pb2_grpc.add_RoutingServiceServicer_to_server(
-            RoutingServicer(self.router), self.server
+            RoutingServicer(self.router, self.metrics), self.server
         )
         admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.router), self.server)
         health_servicer = health.aio.HealthServicer()
@@ -79,7 +87,27 @@ class ControlPlane:
             asyncio.create_task(run_prober(self.registry, self._config.probes, self._rng))
         )
         self._tasks.append(asyncio.create_task(self._expire_load()))
+        if self._metrics_listen:
+            self.metrics_port = await self._serve_metrics(self._metrics_listen)
         return self.port
+
+    async def _serve_metrics(self, listen: str) -> int:
+        """Prometheus scrapes control over plain HTTP on its own port."""
+        registry = self.metrics.registry
+
+        async def scrape(request: web.Request) -> web.Response:
+            return web.Response(
+                body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+            )
+
+        app = web.Application()
+        app.router.add_get("/metrics", scrape)
+        self._metrics_runner = web.AppRunner(app, access_log=None)
+        await self._metrics_runner.setup()
+        host, _, port = listen.rpartition(":")
+        site = web.TCPSite(self._metrics_runner, host or "127.0.0.1", int(port))
+        await site.start()
+        return int(self._metrics_runner.addresses[0][1])
 
     async def _expire_load(self) -> None:
         while True:
@@ -94,3 +122,5 @@ class ControlPlane:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.server.stop(grace)
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from dataplane.handlers import MAX_BODY, ORACLE, PROXY, add_routes, openai_errors
+from dataplane.handlers import MAX_BODY, METRICS, ORACLE, PROXY, add_routes, openai_errors
+from dataplane.metrics import ShimMetrics
 from dataplane.oracle import GrpcOracle
 from dataplane.proxy import Proxy, ProxySettings
 
@@ -39,7 +40,9 @@ def make_app(settings: ShimSettings) -> web.Application:
         async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
             await oracle.start()
             app[ORACLE] = oracle
-            app[PROXY] = Proxy(session, oracle, settings.proxy)
+            metrics = ShimMetrics(lambda: float(oracle.dropped_outcomes))
+            app[METRICS] = metrics
+            app[PROXY] = Proxy(session, oracle, settings.proxy, metrics)
             yield
             await oracle.close()
 

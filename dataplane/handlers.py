@@ -7,9 +7,11 @@ import time
 import uuid
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from control.model import Reason
 from dataplane.errors import ErrorKind, OpenAIError
+from dataplane.metrics import ShimMetrics
 from dataplane.oracle import ControlUnavailable, Oracle
 from dataplane.proxy import Exchange, Proxy
 from dataplane.shape import shape_of
@@ -18,6 +20,7 @@ from dataplane.validate import Endpoint, parse_request
 ORACLE = web.AppKey("oracle", Oracle)
 PROXY = web.AppKey("proxy", Proxy)
 MAX_BODY = web.AppKey("max_body", int)
+METRICS = web.AppKey("metrics", ShimMetrics)
 
 
 def error_response(err: OpenAIError) -> web.Response:
@@ -25,6 +28,19 @@ def error_response(err: OpenAIError) -> web.Response:
 
 
 async def _completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    metrics = request.app[METRICS]
+    metrics.in_flight.inc()
+    status = 499  # until answered: a client that goes away lands here
+    try:
+        resp = await _answer(request, endpoint)
+        status = resp.status
+        return resp
+    finally:
+        metrics.in_flight.dec()
+        metrics.requests.labels(endpoint.value, str(status)).inc()
+
+
+async def _answer(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     app = request.app
     try:
         try:
@@ -35,10 +51,12 @@ async def _completion(request: web.Request, endpoint: Endpoint) -> web.StreamRes
             ) from None
         client = parse_request(raw, endpoint, app[MAX_BODY])
         ex = Exchange(uuid.uuid4().hex, client, raw, shape_of(client))
+        started = time.perf_counter()
         try:
             decision = await app[ORACLE].route(ex.request_id, ex.shape)
         except ControlUnavailable as exc:
             raise OpenAIError(ErrorKind.CONTROL_UNAVAILABLE, str(exc)) from None
+        app[METRICS].route.observe(time.perf_counter() - started)
         if not decision.backends:
             if decision.reason is Reason.UNKNOWN_MODEL:
                 raise OpenAIError(
@@ -69,6 +87,11 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data})
 
 
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
 async def health(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
@@ -93,3 +116,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(Endpoint.COMPLETIONS.value, completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)

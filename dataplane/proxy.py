@@ -16,6 +16,7 @@ from control.model import Backend, Decision, RequestShape
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget, classify_status
 from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
+from dataplane.metrics import ShimMetrics
 from dataplane.oracle import Oracle, Outcome
 from dataplane.settings import ResumeSettings
 from dataplane.shape import reply_hash
@@ -48,8 +49,13 @@ class Exchange:
 
 class Proxy:
     def __init__(
-        self, session: aiohttp.ClientSession, oracle: Oracle, settings: ProxySettings
+        self,
+        session: aiohttp.ClientSession,
+        oracle: Oracle,
+        settings: ProxySettings,
+        metrics: ShimMetrics,
     ) -> None:
+        self._metrics = metrics
         self._session = session
         self._oracle = oracle
         self._settings = settings
@@ -147,6 +153,7 @@ class Proxy:
             shape=ex.shape,
             fallbacks=fallbacks,
             background=self._background,
+            metrics=self._metrics,
         )
         try:
             complete = await relay.run(backend, upstream, first)
@@ -162,6 +169,8 @@ class Proxy:
     ) -> None:
         now = time.monotonic()
         first = ex.first_byte or now
+        self._metrics.attempts.labels(backend.id, "ok" if status < 500 else "failed").inc()
+        self._metrics.ttft.observe(first - ex.started)
         pin = reply is not None and ex.client.endpoint is Endpoint.CHAT
         self._oracle.finished(
             Outcome(
@@ -178,6 +187,7 @@ class Proxy:
         )
 
     def _report_failure(self, ex: Exchange, backend: Backend, failed: AttemptFailed) -> None:
+        self._metrics.attempts.labels(backend.id, failed.failure).inc()
         log.info("request %s: %s failed: %s", ex.request_id, backend.id, failed)
         task = asyncio.create_task(
             self._oracle.attempt_failed(ex.request_id, backend.id, failed.failure, failed.detail)

@@ -19,6 +19,7 @@ from control.model import Backend, RequestShape
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure
 from dataplane.forward import Timeouts
+from dataplane.metrics import ShimMetrics
 from dataplane.oracle import ControlUnavailable, FailoverReport, Oracle
 from dataplane.resume import Refused, Seam, plan_resume
 from dataplane.resumer import TOKEN_KINDS, ChoiceResume, Resumer, Started, discard
@@ -46,11 +47,13 @@ class StreamRelay:
         shape: RequestShape,
         fallbacks: Sequence[Backend],
         background: set[asyncio.Task[None]],
+        metrics: ShimMetrics,
     ) -> None:
         """`fallbacks`: the route decision's backends in order, control's preference for
         where to resume. `background`: the proxy's set of tasks that may outlive this
         request (a seam check still running when the stream ends)."""
         self._background = background
+        self._metrics = metrics
         self._oracle = oracle
         self._settings = settings
         self._resp = resp
@@ -205,16 +208,20 @@ class StreamRelay:
 
     def _report(self, result: ChoiceResume, report: FailoverReport) -> None:
         if result.verdict is None:
-            self._oracle.report_failover(report)
+            self._send(report)
             return
 
         async def when_checked(verdict: asyncio.Task[Seam]) -> None:
             seam = await verdict
-            self._oracle.report_failover(replace(report, seam=seam.value))
+            self._send(replace(report, seam=seam.value))
 
         task = asyncio.create_task(when_checked(result.verdict))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def _send(self, report: FailoverReport) -> None:
+        self._metrics.failovers.labels(report.failure, report.seam or "none", report.outcome).inc()
+        self._oracle.report_failover(report)
 
     async def _oracle_failover(
         self, failed: Backend, failure: str, exclude: list[str], preferred: Sequence[str]
@@ -231,7 +238,7 @@ class StreamRelay:
         self, backend: Backend, failure: str, attempt: int, outcome: str, why: str
     ) -> bool:
         for p in self.stitcher.unfinished():
-            self._oracle.report_failover(
+            self._send(
                 FailoverReport(
                     self._rid,
                     backend.id,

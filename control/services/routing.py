@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterable
 
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.events import EventKind
+from control.metrics import ControlMetrics
 from control.model import Decision, Snapshot
 from control.routing import Outcome, Router
 from control.services import convert
@@ -16,16 +18,22 @@ OK = routing_pb2.OUTCOME_OK
 
 
 class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, metrics: ControlMetrics) -> None:
         self._router = router
+        self._metrics = metrics
+        self._policy = router.policy.name
+
+    def _route(self, r: routing_pb2.RouteRequest) -> routing_pb2.RouteResponse:
+        started = time.perf_counter()
+        decision = self._router.route(convert.route_request_from_pb(r.request_id, r.shape))
+        self._metrics.route_seconds.observe(time.perf_counter() - started)
+        self._metrics.routes.labels(self._policy, decision.reason.value).inc()
+        return convert.route_response(decision)
 
     async def Route(
         self, request: routing_pb2.RouteRequest, context: Context
     ) -> routing_pb2.RouteResponse:
-        decision = self._router.route(
-            convert.route_request_from_pb(request.request_id, request.shape)
-        )
-        return convert.route_response(decision)
+        return self._route(request)
 
     async def RouteStream(
         self,
@@ -36,12 +44,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             if msg.outcomes:
                 self._finished(msg.outcomes)
             results = [
-                routing_pb2.RouteResult(
-                    request_id=r.request_id,
-                    response=convert.route_response(
-                        self._router.route(convert.route_request_from_pb(r.request_id, r.shape))
-                    ),
-                )
+                routing_pb2.RouteResult(request_id=r.request_id, response=self._route(r))
                 for r in msg.routes
             ]
             results += [
@@ -64,6 +67,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
     async def ReportAttemptFailure(
         self, request: routing_pb2.ReportAttemptFailureRequest, context: Context
     ) -> routing_pb2.ReportAttemptFailureResponse:
+        self._metrics.retries.labels(request.backend_id).inc()
         self._router.attempt_failed(
             request.request_id, request.backend_id, request.failure or "failure", request.detail
         )
@@ -94,11 +98,17 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
     async def ReportFailover(
         self, request: routing_pb2.ReportFailoverRequest, context: Context
     ) -> routing_pb2.ReportFailoverResponse:
+        fields = convert.failover_fields(request)
+        self._metrics.failovers.labels(
+            str(fields["failure"]), str(fields["seam"]), str(fields["outcome"])
+        ).inc()
+        if fields["outcome"] == "resumed":
+            self._metrics.failover_gap.observe(request.gap_ms / 1000)
         self._router.registry.events.record(
             EventKind.FAILOVER,
             request_id=request.request_id,
             backend_id=request.from_backend_id,
-            **convert.failover_fields(request),
+            **fields,
         )
         return routing_pb2.ReportFailoverResponse()
 

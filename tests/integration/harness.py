@@ -48,7 +48,18 @@ def write_config(
 
 def start_control(config: Path, *extra: str, env: dict[str, str] | None = None) -> Part:
     return Part(
-        "control", ["control", "--config", str(config), "--listen", "127.0.0.1:0", *extra], env=env
+        "control",
+        [
+            "control",
+            "--config",
+            str(config),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            *extra,
+        ],
+        env=env,
     )
 
 

@@ -174,3 +174,38 @@ def test_control_plane_down_is_a_clear_503_and_recovers_with_it(tmp_path: Path) 
         assert status == 503
         assert json.loads(body)["error"]["code"] == "control_plane_unavailable"
         assert http("GET", f.shim.ready + "/health")[0] == 200  # the shim itself survives
+
+
+def test_prometheus_metrics_on_shim_and_control(tmp_path: Path) -> None:
+    from tests.integration.harness import metric as sample
+
+    crash = [("--fault", "die-after=4")]
+    with fleet(tmp_path, n=2, per_sim=crash, probe_interval=60) as f:
+        c = client(f.base_url)
+        text = "".join(
+            ch.choices[0].text
+            for ch in c.completions.create(
+                model=MODEL, prompt="x", max_tokens=12, temperature=0, stream=True
+            )
+        )
+        assert text
+        c.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        with pytest.raises(openai.NotFoundError):
+            c.completions.create(model="nope", prompt="x")
+        shim = f.shim.ready
+        assert (
+            sample(shim, "baton_shim_requests_total", 'endpoint="/v1/completions",status="200"')
+            == 2
+        )
+        assert sample(shim, "baton_shim_requests_total", 'status="404"') == 1
+        assert sample(shim, "baton_shim_failovers_total", 'failure="disconnect"') == 1
+        assert sample(shim, "baton_shim_route_seconds_count") == 3
+        assert sample(shim, "baton_shim_requests_in_flight") == 0
+        control = f.control.announced["METRICS"].removesuffix("/metrics")
+        assert sample(control, "baton_routes_total", 'reason="spread"') >= 2
+        assert sample(control, "baton_backends", 'state="demoted"') == 1
+        assert sample(control, "baton_backends", 'state="healthy"') == 1
+        assert wait_until(
+            lambda: sample(control, "baton_failovers_total", 'outcome="resumed"') == 1, 5
+        )
+        assert sample(control, "baton_route_decision_seconds_count") >= 2
