@@ -315,8 +315,6 @@ def running_fleet(plan: Plan, policy: str, logdir: Path) -> Iterator[Fleet]:
                 control.ready,
                 "--listen",
                 "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
             ],
         )
         await_serving(shim.ready)

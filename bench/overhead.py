@@ -94,8 +94,6 @@ def running_system(logdir: Path, cores: Cores | None) -> Iterator[System]:
                 control.ready,
                 "--listen",
                 "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
             ],
         )
         if cores is not None:
