@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -168,8 +168,12 @@ class GrpcOracle:
 
     async def route(self, request_id: str, shape: RequestShape) -> Decision:
         request = routing_pb2.RouteRequest(request_id=request_id, shape=_shape_to_pb(shape))
+        return await self._decision(self._stream.route(request))
+
+    async def _decision(self, answer: Awaitable[routing_pb2.RouteResponse]) -> Decision:
+        """One answer from the RouteStream, with its failures in the oracle's terms."""
         try:
-            resp = await self._stream.route(request)
+            resp = await answer
         except TimeoutError:
             raise ControlUnavailable(
                 f"control plane did not answer within {self._timeout:g}s"
@@ -209,15 +213,7 @@ class GrpcOracle:
             exclude_backend_ids=list(exclude),
             preferred_backend_ids=list(preferred),
         )
-        try:
-            resp = await self._stream.failover(request)
-        except TimeoutError:
-            raise ControlUnavailable(
-                f"control plane did not answer within {self._timeout:g}s"
-            ) from None
-        except StreamBroken as exc:
-            raise ControlUnavailable(f"control plane: {exc}") from None
-        return _decision_from_pb(resp)
+        return await self._decision(self._stream.failover(request))
 
     def report_failover(self, report: FailoverReport) -> None:
         task = asyncio.create_task(self._report_failover(report))
