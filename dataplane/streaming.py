@@ -17,7 +17,7 @@ from aiohttp import web
 
 from control.model import Backend, RequestShape
 from dataplane.errors import ErrorKind, OpenAIError
-from dataplane.failover import Failure
+from dataplane.failover import Failure, RetryBudget
 from dataplane.forward import Timeouts
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import ControlUnavailable, FailoverReport, Oracle
@@ -61,6 +61,7 @@ class StreamRelay:
         self._client = client
         self._shape = shape
         self._fallbacks = tuple(fallbacks)
+        self._budget = RetryBudget(settings.max_resumes, settings.max_resume_seconds)
         self.stitcher = Stitcher(client, strip_ids=not client.body.get("return_token_ids"))
         self._resumer = Resumer(
             session=session,
@@ -138,9 +139,7 @@ class StreamRelay:
             except Refused as why:
                 await self._oracle_failover(failed_backend, failure, exclude, ())
                 return await self._give_up(failed_backend, failure, attempt, "refused", str(why))
-            if attempt > self._settings.max_resumes or (
-                time.perf_counter() - detected > self._settings.max_resume_seconds
-            ):
+            if not self._budget.allows(attempt - 1, time.perf_counter() - detected):
                 return await self._give_up(
                     failed_backend, failure, attempt, "exhausted", "resume budget exhausted"
                 )
