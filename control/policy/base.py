@@ -64,17 +64,25 @@ def candidates(
 
 
 class Spreader:
-    """A per-model counter over the routable backends: the primary advances by one per
-    call, the rest follow in ring order as fallbacks. The counter is the policy's own
-    bookkeeping, not fleet state: losing it on restart only shifts where the ring starts."""
+    """Per-model counters over the routable backends: the primary advances by one per call,
+    and so does where the fallbacks start, so requests that share a primary do not share
+    their first fallback (when a card dies, its streams resume across the survivors instead
+    of all landing on its neighbour). The counters are the policy's own bookkeeping, not
+    fleet state: losing them on restart only shifts where the rings start."""
 
     def __init__(self) -> None:
         self._next: dict[str, int] = {}
+        self._fallback: dict[str, int] = {}
 
     def ring(self, model: str, routable: tuple[BackendStatus, ...]) -> tuple[Backend, ...]:
         start = self._next.get(model, 0) % len(routable)
         self._next[model] = start + 1
-        return tuple(b.backend for b in routable[start:] + routable[:start])
+        others = routable[start + 1 :] + routable[:start]
+        if len(others) > 1:
+            k = self._fallback.get(model, 0) % len(others)
+            self._fallback[model] = k + 1
+            others = others[k:] + others[:k]
+        return (routable[start].backend, *(b.backend for b in others))
 
 
 def first(primary: Backend, ring: tuple[Backend, ...]) -> tuple[Backend, ...]:

@@ -35,11 +35,15 @@ def decide(policy: RoundRobin, snap: Snapshot, request: RouteRequest):  # type: 
     return policy.decide(request, RoutingView(snap, {}), rng=Random(0), now=0.0)
 
 
-def test_primary_rotates_and_fallbacks_follow_the_ring() -> None:
+def test_primary_rotates_and_fallbacks_spread() -> None:
     snap = Snapshot(1, (status("a"), status("b"), status("c")))
     rr = RoundRobin()
-    orders = [[b.id for b in decide(rr, snap, req()).backends] for _ in range(4)]
-    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    orders = [[b.id for b in decide(rr, snap, req()).backends] for _ in range(6)]
+    assert [o[0] for o in orders] == ["a", "b", "c", "a", "b", "c"]
+    assert all(sorted(o) == ["a", "b", "c"] for o in orders)
+    # Requests that share a primary get different first fallbacks: when that card dies
+    # their streams resume on different survivors.
+    assert orders[0][1] != orders[3][1] and orders[1][1] != orders[4][1]
 
 
 def test_unhealthy_excluded_and_other_models_ignored() -> None:
