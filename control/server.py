@@ -25,6 +25,7 @@ from control.routing import Router
 from control.services.admin import AdminServicer
 from control.services.auth import AdminTokenInterceptor
 from control.services.routing import RoutingServicer
+from control.tracing import tracing_from_env
 
 
 class ControlPlane:
@@ -59,13 +60,14 @@ class ControlPlane:
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
         self.metrics = ControlMetrics(self.registry)
+        self.tracing = tracing_from_env("baton-control")
         self._metrics_listen = metrics_listen
         self._metrics_runner: web.AppRunner | None = None
         self.metrics_port = 0
 
     async def start(self) -> int:
         routing_pb2_grpc.add_RoutingServiceServicer_to_server(
-            RoutingServicer(self.router, self.metrics), self.server
+            RoutingServicer(self.router, self.metrics, self.tracing), self.server
         )
         admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.router), self.server)
         health_servicer = health.aio.HealthServicer()
@@ -124,3 +126,4 @@ class ControlPlane:
         await self.server.stop(grace)
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
+        self.tracing.shutdown()  # flush the last spans

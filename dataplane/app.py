@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from dataplane.handlers import MAX_BODY, METRICS, ORACLE, PROXY, add_routes, openai_errors
+from control.tracing import tracing_from_env
+from dataplane.handlers import MAX_BODY, METRICS, ORACLE, PROXY, TRACING, add_routes, openai_errors
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import GrpcOracle
 from dataplane.proxy import Proxy, ProxySettings
@@ -42,9 +43,12 @@ def make_app(settings: ShimSettings) -> web.Application:
             app[ORACLE] = oracle
             metrics = ShimMetrics(lambda: float(oracle.dropped_outcomes))
             app[METRICS] = metrics
-            app[PROXY] = Proxy(session, oracle, settings.proxy, metrics)
+            tracing = tracing_from_env("baton-shim")
+            app[TRACING] = tracing
+            app[PROXY] = Proxy(session, oracle, settings.proxy, metrics, tracing)
             yield
             await oracle.close()
+            tracing.shutdown()  # flush the last spans
 
     app.cleanup_ctx.append(resources)
     add_routes(app)

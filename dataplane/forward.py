@@ -41,14 +41,20 @@ def classify_exception(exc: BaseException) -> AttemptFailed:
 
 
 async def open_attempt(
-    session: aiohttp.ClientSession, backend: Backend, path: str, body: bytes, timeouts: Timeouts
+    session: aiohttp.ClientSession,
+    backend: Backend,
+    path: str,
+    body: bytes,
+    timeouts: Timeouts,
+    headers: dict[str, str] | None = None,
 ) -> aiohttp.ClientResponse:
-    """The caller owns the returned response and must release or close it."""
+    """The caller owns the returned response and must release or close it. `headers`:
+    extra ones (the trace context, so the engine's own spans join the request's trace)."""
     try:
         return await session.post(
             backend.url + path,
             data=body,
-            headers=JSON_HEADERS,
+            headers={**JSON_HEADERS, **headers} if headers else JSON_HEADERS,
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=timeouts.connect, sock_read=timeouts.read
             ),

@@ -10,6 +10,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from control.model import Reason
+from control.tracing import SpanKind, Tracing
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import ControlUnavailable, Oracle
@@ -21,6 +22,7 @@ ORACLE = web.AppKey("oracle", Oracle)
 PROXY = web.AppKey("proxy", Proxy)
 MAX_BODY = web.AppKey("max_body", int)
 METRICS = web.AppKey("metrics", ShimMetrics)
+TRACING = web.AppKey("tracing", Tracing)
 
 
 def error_response(err: OpenAIError) -> web.Response:
@@ -32,8 +34,11 @@ async def _completion(request: web.Request, endpoint: Endpoint) -> web.StreamRes
     metrics.in_flight.inc()
     status = 499  # until answered: a client that goes away lands here
     try:
-        resp = await _answer(request, endpoint)
-        status = resp.status
+        with request.app[TRACING].span(f"POST {endpoint.value}", SpanKind.SERVER) as span:
+            resp = await _answer(request, endpoint)
+            status = resp.status
+            if span is not None:
+                span.set_attribute("http.response.status_code", status)
         return resp
     finally:
         metrics.in_flight.dec()
@@ -52,8 +57,15 @@ async def _answer(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
         client = parse_request(raw, endpoint, app[MAX_BODY])
         ex = Exchange(uuid.uuid4().hex, client, raw, shape_of(client))
         started = time.perf_counter()
+        tracing = app[TRACING]
         try:
-            decision = await app[ORACLE].route(ex.request_id, ex.shape)
+            with tracing.span(
+                "baton.route", SpanKind.CLIENT, request_id=ex.request_id, model=client.model
+            ) as span:
+                traceparent = tracing.traceparent() if span is not None else ""
+                decision = await app[ORACLE].route(ex.request_id, ex.shape, traceparent)
+                if span is not None:
+                    span.set_attribute("baton.reason", decision.reason.value)
         except ControlUnavailable as exc:
             raise OpenAIError(ErrorKind.CONTROL_UNAVAILABLE, str(exc)) from None
         app[METRICS].route.observe(time.perf_counter() - started)

@@ -68,7 +68,9 @@ class FleetView:
 
 
 class Oracle(Protocol):
-    async def route(self, request_id: str, shape: RequestShape) -> Decision: ...
+    async def route(
+        self, request_id: str, shape: RequestShape, traceparent: str = ""
+    ) -> Decision: ...
 
     async def attempt_failed(
         self, request_id: str, backend_id: str, failure: str, detail: str
@@ -84,6 +86,7 @@ class Oracle(Protocol):
         failure: str,
         exclude: Sequence[str],
         preferred: Sequence[str] = (),
+        traceparent: str = "",
     ) -> Decision: ...
 
     def report_failover(self, report: FailoverReport) -> None: ...
@@ -166,8 +169,10 @@ class GrpcOracle:
         await self._stream.close()
         await self._channel.close()
 
-    async def route(self, request_id: str, shape: RequestShape) -> Decision:
-        request = routing_pb2.RouteRequest(request_id=request_id, shape=_shape_to_pb(shape))
+    async def route(self, request_id: str, shape: RequestShape, traceparent: str = "") -> Decision:
+        request = routing_pb2.RouteRequest(
+            request_id=request_id, shape=_shape_to_pb(shape), traceparent=traceparent
+        )
         return await self._decision(self._stream.route(request))
 
     async def _decision(self, answer: Awaitable[routing_pb2.RouteResponse]) -> Decision:
@@ -204,8 +209,10 @@ class GrpcOracle:
         failure: str,
         exclude: Sequence[str],
         preferred: Sequence[str] = (),
+        traceparent: str = "",
     ) -> Decision:
         request = routing_pb2.FailoverRequest(
+            traceparent=traceparent,
             request_id=request_id,
             shape=_shape_to_pb(shape),
             failed_backend_id=failed_backend_id,

@@ -13,6 +13,7 @@ import orjson
 from aiohttp import web
 
 from control.model import Backend, Decision, RequestShape
+from control.tracing import OFF, SpanKind, Tracing
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget, classify_status
 from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
@@ -54,8 +55,10 @@ class Proxy:
         oracle: Oracle,
         settings: ProxySettings,
         metrics: ShimMetrics,
+        tracing: Tracing = OFF,
     ) -> None:
         self._metrics = metrics
+        self._tracing = tracing
         self._session = session
         self._oracle = oracle
         self._settings = settings
@@ -68,36 +71,51 @@ class Proxy:
         for attempt, backend in enumerate(decision.backends):
             if not self._settings.budget.allows(attempt, time.monotonic() - ex.started):
                 break
-            try:
-                upstream = await self._open(ex, backend)
-            except AttemptFailed as failed:
-                last = failed
-                self._report_failure(ex, backend, failed)
-                continue
-            try:
-                if ex.client.stream and upstream.status == 200:
-                    fallbacks = decision.backends[attempt + 1 :]
-                    return await self._relay_stream(request, ex, backend, upstream, fallbacks)
-                return await self._relay_whole(ex, backend, upstream)
-            except AttemptFailed as failed:
-                last = failed
-                self._report_failure(ex, backend, failed)
-            except (asyncio.CancelledError, ConnectionResetError):
-                # The client went away: closing the upstream (below) stops the generation,
-                # and control must not count the request as in flight any longer.
-                self._oracle.finished(
-                    Outcome(ex.request_id, backend.id, ex.client.model, False, 499)
-                )
-                raise
-            finally:
-                upstream.close()
+            with self._tracing.span(
+                "baton.attempt", SpanKind.CLIENT, backend=backend.id, attempt=attempt + 1
+            ) as span:
+                try:
+                    return await self._attempt(request, ex, decision, attempt, backend)
+                except AttemptFailed as failed:
+                    last = failed
+                    self._report_failure(ex, backend, failed)
+                    if span is not None:
+                        span.set_attribute("baton.failure", failed.failure.value)
         detail = f" (last: {last})" if last else ""
         raise OpenAIError(ErrorKind.BACKEND_FAILED, f"no backend could serve the request{detail}")
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        ex: Exchange,
+        decision: Decision,
+        attempt: int,
+        backend: Backend,
+    ) -> web.StreamResponse:
+        """One backend: raises AttemptFailed while nothing has reached the client yet."""
+        upstream = await self._open(ex, backend)
+        try:
+            if ex.client.stream and upstream.status == 200:
+                fallbacks = decision.backends[attempt + 1 :]
+                return await self._relay_stream(request, ex, backend, upstream, fallbacks)
+            return await self._relay_whole(ex, backend, upstream)
+        except (asyncio.CancelledError, ConnectionResetError):
+            # The client went away: closing the upstream (below) stops the generation,
+            # and control must not count the request as in flight any longer.
+            self._oracle.finished(Outcome(ex.request_id, backend.id, ex.client.model, False, 499))
+            raise
+        finally:
+            upstream.close()
 
     async def _open(self, ex: Exchange, backend: Backend) -> aiohttp.ClientResponse:
         body = with_token_ids(ex.client, backend, ex.raw)
         upstream = await open_attempt(
-            self._session, backend, ex.client.endpoint.value, body, self._settings.timeouts
+            self._session,
+            backend,
+            ex.client.endpoint.value,
+            body,
+            self._settings.timeouts,
+            self._tracing.headers() if self._tracing.enabled else None,
         )
         failure = classify_status(upstream.status)
         if failure is not None:
@@ -154,6 +172,7 @@ class Proxy:
             fallbacks=fallbacks,
             background=self._background,
             metrics=self._metrics,
+            tracing=self._tracing,
         )
         try:
             complete = await relay.run(backend, upstream, first)

@@ -16,6 +16,7 @@ import orjson
 from aiohttp import web
 
 from control.model import Backend, RequestShape
+from control.tracing import OFF, Tracing
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget
 from dataplane.forward import Timeouts
@@ -48,12 +49,15 @@ class StreamRelay:
         fallbacks: Sequence[Backend],
         background: set[asyncio.Task[None]],
         metrics: ShimMetrics,
+        tracing: Tracing = OFF,
     ) -> None:
         """`fallbacks`: the route decision's backends in order, control's preference for
         where to resume. `background`: the proxy's set of tasks that may outlive this
         request (a seam check still running when the stream ends)."""
         self._background = background
         self._metrics = metrics
+        self._tracing = tracing
+        self._detected_ns = 0  # wall clock of the current failure, for the failover span
         self._oracle = oracle
         self._settings = settings
         self._resp = resp
@@ -123,6 +127,7 @@ class StreamRelay:
         # perf_counter, not loop.time(): uvloop's loop clock ticks in whole milliseconds,
         # too coarse for a gap of a few ms.
         detected = time.perf_counter()
+        self._detected_ns = time.time_ns()
         failure = failed.failure
         exclude: list[str] = []
         attempt = 0
@@ -220,6 +225,27 @@ class StreamRelay:
 
     def _send(self, report: FailoverReport) -> None:
         self._metrics.failovers.labels(report.failure, report.seam or "none", report.outcome).inc()
+        if self._tracing.enabled:
+            report = replace(report, trace_id=Tracing.trace_id())
+            # One span per failover, from the failure to now (the seam verdict is known).
+            span = self._tracing.tracer.start_span(
+                "baton.failover",
+                start_time=self._detected_ns or None,
+                attributes={
+                    "baton.request_id": report.request_id,
+                    "baton.from_backend": report.from_backend,
+                    "baton.to_backend": report.to_backend,
+                    "baton.failure": report.failure,
+                    "baton.choice": report.choice,
+                    "baton.tokens_sent": report.tokens_sent,
+                    "baton.resume_path": report.path,
+                    "baton.seam": report.seam,
+                    "baton.gap_ms": report.gap_ms,
+                    "baton.attempt": report.attempt,
+                    "baton.outcome": report.outcome,
+                },
+            )
+            span.end()
         self._oracle.report_failover(report)
 
     async def _oracle_failover(
@@ -227,7 +253,13 @@ class StreamRelay:
     ) -> Backend | None:
         try:
             decision = await self._oracle.failover(
-                self._rid, self._shape, failed.id, failure, exclude, preferred
+                self._rid,
+                self._shape,
+                failed.id,
+                failure,
+                exclude,
+                preferred,
+                self._tracing.traceparent() if self._tracing.enabled else "",
             )
         except ControlUnavailable:
             return None

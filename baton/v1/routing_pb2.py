@@ -25,57 +25,57 @@ _sym_db = _symbol_database.Default()
 from baton.v1 import fleet_pb2 as baton_dot_v1_dot_fleet__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x62\x61ton/v1/routing.proto\x12\x08\x62\x61ton.v1\x1a\x14\x62\x61ton/v1/fleet.proto\"\x99\x01\n\x0cRequestShape\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmessage_count\x18\x02 \x01(\r\x12\x14\n\x0cprefix_chain\x18\x03 \x03(\x0c\x12\x17\n\x0f\x61ssistant_turns\x18\x04 \x03(\x08\x12\x14\n\x0cprompt_chars\x18\x05 \x01(\r\x12\x0e\n\x06greedy\x18\x06 \x01(\x08\x12\x0e\n\x06stream\x18\x07 \x01(\x08\"I\n\x0cRouteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x05shape\x18\x02 \x01(\x0b\x32\x16.baton.v1.RequestShape\"\x85\x01\n\rRouteResponse\x12#\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x11.baton.v1.Backend\x12%\n\x06reason\x18\x02 \x01(\x0e\x32\x15.baton.v1.RouteReason\x12\x18\n\x10snapshot_version\x18\x03 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\x96\x01\n\x12RouteStreamRequest\x12&\n\x06routes\x18\x01 \x03(\x0b\x32\x16.baton.v1.RouteRequest\x12*\n\x08outcomes\x18\x02 \x03(\x0b\x32\x18.baton.v1.RequestOutcome\x12,\n\tfailovers\x18\x03 \x03(\x0b\x32\x19.baton.v1.FailoverRequest\"=\n\x13RouteStreamResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.baton.v1.RouteResult\"L\n\x0bRouteResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12)\n\x08response\x18\x02 \x01(\x0b\x32\x17.baton.v1.RouteResponse\"f\n\x1bReportAttemptFailureRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nbackend_id\x18\x02 \x01(\t\x12\x0f\n\x07\x66\x61ilure\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\x1e\n\x1cReportAttemptFailureResponse\"\x86\x02\n\x0eRequestOutcome\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nbackend_id\x18\x02 \x01(\t\x12\"\n\x07outcome\x18\x03 \x01(\x0e\x32\x11.baton.v1.Outcome\x12\x13\n\x0bhttp_status\x18\x04 \x01(\r\x12\x0f\n\x07ttft_ms\x18\x05 \x01(\x01\x12\x10\n\x08total_ms\x18\x06 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\r\x12\x18\n\x10reply_chain_hash\x18\t \x01(\x0c\x12\r\n\x05model\x18\n \x01(\t\x12\x15\n\rmessage_count\x18\x0b \x01(\r\"C\n\x15ReportOutcomesRequest\x12*\n\x08outcomes\x18\x01 \x03(\x0b\x32\x18.baton.v1.RequestOutcome\"\x18\n\x16ReportOutcomesResponse\"\xb4\x01\n\x0f\x46\x61iloverRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x05shape\x18\x02 \x01(\x0b\x32\x16.baton.v1.RequestShape\x12\x19\n\x11\x66\x61iled_backend_id\x18\x03 \x01(\t\x12\x0f\n\x07\x66\x61ilure\x18\x04 \x01(\t\x12\x1b\n\x13\x65xclude_backend_ids\x18\x05 \x03(\t\x12\x1d\n\x15preferred_backend_ids\x18\x06 \x03(\t\"\x88\x01\n\x10\x46\x61iloverResponse\x12#\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x11.baton.v1.Backend\x12%\n\x06reason\x18\x02 \x01(\x0e\x32\x15.baton.v1.RouteReason\x12\x18\n\x10snapshot_version\x18\x03 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\".\n\x15WatchSnapshotsRequest\x12\x15\n\rafter_version\x18\x01 \x01(\x04\">\n\x16WatchSnapshotsResponse\x12$\n\x08snapshot\x18\x01 \x01(\x0b\x32\x12.baton.v1.Snapshot\"\xcf\x02\n\x15ReportFailoverRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08trace_id\x18\x02 \x01(\t\x12\x17\n\x0f\x66rom_backend_id\x18\x03 \x01(\t\x12\x15\n\rto_backend_id\x18\x04 \x01(\t\x12\x0f\n\x07\x66\x61ilure\x18\x05 \x01(\t\x12\x14\n\x0c\x63hoice_index\x18\x06 \x01(\r\x12\x13\n\x0btokens_sent\x18\x07 \x01(\r\x12\"\n\x04path\x18\x08 \x01(\x0e\x32\x14.baton.v1.ResumePath\x12#\n\x04seam\x18\t \x01(\x0e\x32\x15.baton.v1.SeamVerdict\x12\x0e\n\x06gap_ms\x18\n \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\x0b \x01(\r\x12*\n\x07outcome\x18\x0c \x01(\x0e\x32\x19.baton.v1.FailoverOutcome\x12\x0e\n\x06\x64\x65tail\x18\r \x01(\t\"\x18\n\x16ReportFailoverResponse*\x81\x02\n\x0bRouteReason\x12\x1c\n\x18ROUTE_REASON_UNSPECIFIED\x10\x00\x12\x17\n\x13ROUTE_REASON_SPREAD\x10\x01\x12\x18\n\x14ROUTE_REASON_PIN_HIT\x10\x02\x12\x16\n\x12ROUTE_REASON_SPILL\x10\x03\x12\x16\n\x12ROUTE_REASON_REPIN\x10\x04\x12\x19\n\x15ROUTE_REASON_DEGRADED\x10\x05\x12\x19\n\x15ROUTE_REASON_FAILOVER\x10\x06\x12\x1b\n\x17ROUTE_REASON_NO_BACKEND\x10\x07\x12\x1e\n\x1aROUTE_REASON_UNKNOWN_MODEL\x10\x08*~\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0e\n\nOUTCOME_OK\x10\x01\x12\x18\n\x14OUTCOME_CLIENT_ERROR\x10\x02\x12\x19\n\x15OUTCOME_BACKEND_ERROR\x10\x03\x12\x15\n\x11OUTCOME_CANCELLED\x10\x04*V\n\nResumePath\x12\x1b\n\x17RESUME_PATH_UNSPECIFIED\x10\x00\x12\x15\n\x11RESUME_PATH_TOKEN\x10\x01\x12\x14\n\x10RESUME_PATH_TEXT\x10\x02*\x98\x01\n\x0bSeamVerdict\x12\x1c\n\x18SEAM_VERDICT_UNSPECIFIED\x10\x00\x12\x19\n\x15SEAM_VERDICT_VERIFIED\x10\x01\x12\x1a\n\x16SEAM_VERDICT_DIVERGENT\x10\x02\x12\x1a\n\x16SEAM_VERDICT_UNCHECKED\x10\x03\x12\x18\n\x14SEAM_VERDICT_SAMPLED\x10\x04*\xac\x01\n\x0f\x46\x61iloverOutcome\x12 \n\x1c\x46\x41ILOVER_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x46\x41ILOVER_OUTCOME_RESUMED\x10\x01\x12\x1c\n\x18\x46\x41ILOVER_OUTCOME_REFUSED\x10\x02\x12\x1e\n\x1a\x46\x41ILOVER_OUTCOME_EXHAUSTED\x10\x03\x12\x1b\n\x17\x46\x41ILOVER_OUTCOME_FAILED\x10\x04\x32\xc5\x04\n\x0eRoutingService\x12\x38\n\x05Route\x12\x16.baton.v1.RouteRequest\x1a\x17.baton.v1.RouteResponse\x12N\n\x0bRouteStream\x12\x1c.baton.v1.RouteStreamRequest\x1a\x1d.baton.v1.RouteStreamResponse(\x01\x30\x01\x12\x65\n\x14ReportAttemptFailure\x12%.baton.v1.ReportAttemptFailureRequest\x1a&.baton.v1.ReportAttemptFailureResponse\x12S\n\x0eReportOutcomes\x12\x1f.baton.v1.ReportOutcomesRequest\x1a .baton.v1.ReportOutcomesResponse\x12\x41\n\x08\x46\x61ilover\x12\x19.baton.v1.FailoverRequest\x1a\x1a.baton.v1.FailoverResponse\x12S\n\x0eReportFailover\x12\x1f.baton.v1.ReportFailoverRequest\x1a .baton.v1.ReportFailoverResponse\x12U\n\x0eWatchSnapshots\x12\x1f.baton.v1.WatchSnapshotsRequest\x1a .baton.v1.WatchSnapshotsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x62\x61ton/v1/routing.proto\x12\x08\x62\x61ton.v1\x1a\x14\x62\x61ton/v1/fleet.proto\"\x99\x01\n\x0cRequestShape\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmessage_count\x18\x02 \x01(\r\x12\x14\n\x0cprefix_chain\x18\x03 \x03(\x0c\x12\x17\n\x0f\x61ssistant_turns\x18\x04 \x03(\x08\x12\x14\n\x0cprompt_chars\x18\x05 \x01(\r\x12\x0e\n\x06greedy\x18\x06 \x01(\x08\x12\x0e\n\x06stream\x18\x07 \x01(\x08\"^\n\x0cRouteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x05shape\x18\x02 \x01(\x0b\x32\x16.baton.v1.RequestShape\x12\x13\n\x0btraceparent\x18\x03 \x01(\t\"\x85\x01\n\rRouteResponse\x12#\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x11.baton.v1.Backend\x12%\n\x06reason\x18\x02 \x01(\x0e\x32\x15.baton.v1.RouteReason\x12\x18\n\x10snapshot_version\x18\x03 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\x96\x01\n\x12RouteStreamRequest\x12&\n\x06routes\x18\x01 \x03(\x0b\x32\x16.baton.v1.RouteRequest\x12*\n\x08outcomes\x18\x02 \x03(\x0b\x32\x18.baton.v1.RequestOutcome\x12,\n\tfailovers\x18\x03 \x03(\x0b\x32\x19.baton.v1.FailoverRequest\"=\n\x13RouteStreamResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.baton.v1.RouteResult\"L\n\x0bRouteResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12)\n\x08response\x18\x02 \x01(\x0b\x32\x17.baton.v1.RouteResponse\"f\n\x1bReportAttemptFailureRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nbackend_id\x18\x02 \x01(\t\x12\x0f\n\x07\x66\x61ilure\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\x1e\n\x1cReportAttemptFailureResponse\"\x86\x02\n\x0eRequestOutcome\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nbackend_id\x18\x02 \x01(\t\x12\"\n\x07outcome\x18\x03 \x01(\x0e\x32\x11.baton.v1.Outcome\x12\x13\n\x0bhttp_status\x18\x04 \x01(\r\x12\x0f\n\x07ttft_ms\x18\x05 \x01(\x01\x12\x10\n\x08total_ms\x18\x06 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\r\x12\x18\n\x10reply_chain_hash\x18\t \x01(\x0c\x12\r\n\x05model\x18\n \x01(\t\x12\x15\n\rmessage_count\x18\x0b \x01(\r\"C\n\x15ReportOutcomesRequest\x12*\n\x08outcomes\x18\x01 \x03(\x0b\x32\x18.baton.v1.RequestOutcome\"\x18\n\x16ReportOutcomesResponse\"\xc9\x01\n\x0f\x46\x61iloverRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x05shape\x18\x02 \x01(\x0b\x32\x16.baton.v1.RequestShape\x12\x19\n\x11\x66\x61iled_backend_id\x18\x03 \x01(\t\x12\x0f\n\x07\x66\x61ilure\x18\x04 \x01(\t\x12\x1b\n\x13\x65xclude_backend_ids\x18\x05 \x03(\t\x12\x1d\n\x15preferred_backend_ids\x18\x06 \x03(\t\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\"\x88\x01\n\x10\x46\x61iloverResponse\x12#\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x11.baton.v1.Backend\x12%\n\x06reason\x18\x02 \x01(\x0e\x32\x15.baton.v1.RouteReason\x12\x18\n\x10snapshot_version\x18\x03 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\".\n\x15WatchSnapshotsRequest\x12\x15\n\rafter_version\x18\x01 \x01(\x04\">\n\x16WatchSnapshotsResponse\x12$\n\x08snapshot\x18\x01 \x01(\x0b\x32\x12.baton.v1.Snapshot\"\xcf\x02\n\x15ReportFailoverRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08trace_id\x18\x02 \x01(\t\x12\x17\n\x0f\x66rom_backend_id\x18\x03 \x01(\t\x12\x15\n\rto_backend_id\x18\x04 \x01(\t\x12\x0f\n\x07\x66\x61ilure\x18\x05 \x01(\t\x12\x14\n\x0c\x63hoice_index\x18\x06 \x01(\r\x12\x13\n\x0btokens_sent\x18\x07 \x01(\r\x12\"\n\x04path\x18\x08 \x01(\x0e\x32\x14.baton.v1.ResumePath\x12#\n\x04seam\x18\t \x01(\x0e\x32\x15.baton.v1.SeamVerdict\x12\x0e\n\x06gap_ms\x18\n \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\x0b \x01(\r\x12*\n\x07outcome\x18\x0c \x01(\x0e\x32\x19.baton.v1.FailoverOutcome\x12\x0e\n\x06\x64\x65tail\x18\r \x01(\t\"\x18\n\x16ReportFailoverResponse*\x81\x02\n\x0bRouteReason\x12\x1c\n\x18ROUTE_REASON_UNSPECIFIED\x10\x00\x12\x17\n\x13ROUTE_REASON_SPREAD\x10\x01\x12\x18\n\x14ROUTE_REASON_PIN_HIT\x10\x02\x12\x16\n\x12ROUTE_REASON_SPILL\x10\x03\x12\x16\n\x12ROUTE_REASON_REPIN\x10\x04\x12\x19\n\x15ROUTE_REASON_DEGRADED\x10\x05\x12\x19\n\x15ROUTE_REASON_FAILOVER\x10\x06\x12\x1b\n\x17ROUTE_REASON_NO_BACKEND\x10\x07\x12\x1e\n\x1aROUTE_REASON_UNKNOWN_MODEL\x10\x08*~\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0e\n\nOUTCOME_OK\x10\x01\x12\x18\n\x14OUTCOME_CLIENT_ERROR\x10\x02\x12\x19\n\x15OUTCOME_BACKEND_ERROR\x10\x03\x12\x15\n\x11OUTCOME_CANCELLED\x10\x04*V\n\nResumePath\x12\x1b\n\x17RESUME_PATH_UNSPECIFIED\x10\x00\x12\x15\n\x11RESUME_PATH_TOKEN\x10\x01\x12\x14\n\x10RESUME_PATH_TEXT\x10\x02*\x98\x01\n\x0bSeamVerdict\x12\x1c\n\x18SEAM_VERDICT_UNSPECIFIED\x10\x00\x12\x19\n\x15SEAM_VERDICT_VERIFIED\x10\x01\x12\x1a\n\x16SEAM_VERDICT_DIVERGENT\x10\x02\x12\x1a\n\x16SEAM_VERDICT_UNCHECKED\x10\x03\x12\x18\n\x14SEAM_VERDICT_SAMPLED\x10\x04*\xac\x01\n\x0f\x46\x61iloverOutcome\x12 \n\x1c\x46\x41ILOVER_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x46\x41ILOVER_OUTCOME_RESUMED\x10\x01\x12\x1c\n\x18\x46\x41ILOVER_OUTCOME_REFUSED\x10\x02\x12\x1e\n\x1a\x46\x41ILOVER_OUTCOME_EXHAUSTED\x10\x03\x12\x1b\n\x17\x46\x41ILOVER_OUTCOME_FAILED\x10\x04\x32\xc5\x04\n\x0eRoutingService\x12\x38\n\x05Route\x12\x16.baton.v1.RouteRequest\x1a\x17.baton.v1.RouteResponse\x12N\n\x0bRouteStream\x12\x1c.baton.v1.RouteStreamRequest\x1a\x1d.baton.v1.RouteStreamResponse(\x01\x30\x01\x12\x65\n\x14ReportAttemptFailure\x12%.baton.v1.ReportAttemptFailureRequest\x1a&.baton.v1.ReportAttemptFailureResponse\x12S\n\x0eReportOutcomes\x12\x1f.baton.v1.ReportOutcomesRequest\x1a .baton.v1.ReportOutcomesResponse\x12\x41\n\x08\x46\x61ilover\x12\x19.baton.v1.FailoverRequest\x1a\x1a.baton.v1.FailoverResponse\x12S\n\x0eReportFailover\x12\x1f.baton.v1.ReportFailoverRequest\x1a .baton.v1.ReportFailoverResponse\x12U\n\x0eWatchSnapshots\x12\x1f.baton.v1.WatchSnapshotsRequest\x1a .baton.v1.WatchSnapshotsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'baton.v1.routing_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROUTEREASON']._serialized_start=2014
-  _globals['_ROUTEREASON']._serialized_end=2271
-  _globals['_OUTCOME']._serialized_start=2273
-  _globals['_OUTCOME']._serialized_end=2399
-  _globals['_RESUMEPATH']._serialized_start=2401
-  _globals['_RESUMEPATH']._serialized_end=2487
-  _globals['_SEAMVERDICT']._serialized_start=2490
-  _globals['_SEAMVERDICT']._serialized_end=2642
-  _globals['_FAILOVEROUTCOME']._serialized_start=2645
-  _globals['_FAILOVEROUTCOME']._serialized_end=2817
+  _globals['_ROUTEREASON']._serialized_start=2056
+  _globals['_ROUTEREASON']._serialized_end=2313
+  _globals['_OUTCOME']._serialized_start=2315
+  _globals['_OUTCOME']._serialized_end=2441
+  _globals['_RESUMEPATH']._serialized_start=2443
+  _globals['_RESUMEPATH']._serialized_end=2529
+  _globals['_SEAMVERDICT']._serialized_start=2532
+  _globals['_SEAMVERDICT']._serialized_end=2684
+  _globals['_FAILOVEROUTCOME']._serialized_start=2687
+  _globals['_FAILOVEROUTCOME']._serialized_end=2859
   _globals['_REQUESTSHAPE']._serialized_start=59
   _globals['_REQUESTSHAPE']._serialized_end=212
   _globals['_ROUTEREQUEST']._serialized_start=214
-  _globals['_ROUTEREQUEST']._serialized_end=287
-  _globals['_ROUTERESPONSE']._serialized_start=290
-  _globals['_ROUTERESPONSE']._serialized_end=423
-  _globals['_ROUTESTREAMREQUEST']._serialized_start=426
-  _globals['_ROUTESTREAMREQUEST']._serialized_end=576
-  _globals['_ROUTESTREAMRESPONSE']._serialized_start=578
-  _globals['_ROUTESTREAMRESPONSE']._serialized_end=639
-  _globals['_ROUTERESULT']._serialized_start=641
-  _globals['_ROUTERESULT']._serialized_end=717
-  _globals['_REPORTATTEMPTFAILUREREQUEST']._serialized_start=719
-  _globals['_REPORTATTEMPTFAILUREREQUEST']._serialized_end=821
-  _globals['_REPORTATTEMPTFAILURERESPONSE']._serialized_start=823
-  _globals['_REPORTATTEMPTFAILURERESPONSE']._serialized_end=853
-  _globals['_REQUESTOUTCOME']._serialized_start=856
-  _globals['_REQUESTOUTCOME']._serialized_end=1118
-  _globals['_REPORTOUTCOMESREQUEST']._serialized_start=1120
-  _globals['_REPORTOUTCOMESREQUEST']._serialized_end=1187
-  _globals['_REPORTOUTCOMESRESPONSE']._serialized_start=1189
-  _globals['_REPORTOUTCOMESRESPONSE']._serialized_end=1213
-  _globals['_FAILOVERREQUEST']._serialized_start=1216
-  _globals['_FAILOVERREQUEST']._serialized_end=1396
-  _globals['_FAILOVERRESPONSE']._serialized_start=1399
-  _globals['_FAILOVERRESPONSE']._serialized_end=1535
-  _globals['_WATCHSNAPSHOTSREQUEST']._serialized_start=1537
-  _globals['_WATCHSNAPSHOTSREQUEST']._serialized_end=1583
-  _globals['_WATCHSNAPSHOTSRESPONSE']._serialized_start=1585
-  _globals['_WATCHSNAPSHOTSRESPONSE']._serialized_end=1647
-  _globals['_REPORTFAILOVERREQUEST']._serialized_start=1650
-  _globals['_REPORTFAILOVERREQUEST']._serialized_end=1985
-  _globals['_REPORTFAILOVERRESPONSE']._serialized_start=1987
-  _globals['_REPORTFAILOVERRESPONSE']._serialized_end=2011
-  _globals['_ROUTINGSERVICE']._serialized_start=2820
-  _globals['_ROUTINGSERVICE']._serialized_end=3401
+  _globals['_ROUTEREQUEST']._serialized_end=308
+  _globals['_ROUTERESPONSE']._serialized_start=311
+  _globals['_ROUTERESPONSE']._serialized_end=444
+  _globals['_ROUTESTREAMREQUEST']._serialized_start=447
+  _globals['_ROUTESTREAMREQUEST']._serialized_end=597
+  _globals['_ROUTESTREAMRESPONSE']._serialized_start=599
+  _globals['_ROUTESTREAMRESPONSE']._serialized_end=660
+  _globals['_ROUTERESULT']._serialized_start=662
+  _globals['_ROUTERESULT']._serialized_end=738
+  _globals['_REPORTATTEMPTFAILUREREQUEST']._serialized_start=740
+  _globals['_REPORTATTEMPTFAILUREREQUEST']._serialized_end=842
+  _globals['_REPORTATTEMPTFAILURERESPONSE']._serialized_start=844
+  _globals['_REPORTATTEMPTFAILURERESPONSE']._serialized_end=874
+  _globals['_REQUESTOUTCOME']._serialized_start=877
+  _globals['_REQUESTOUTCOME']._serialized_end=1139
+  _globals['_REPORTOUTCOMESREQUEST']._serialized_start=1141
+  _globals['_REPORTOUTCOMESREQUEST']._serialized_end=1208
+  _globals['_REPORTOUTCOMESRESPONSE']._serialized_start=1210
+  _globals['_REPORTOUTCOMESRESPONSE']._serialized_end=1234
+  _globals['_FAILOVERREQUEST']._serialized_start=1237
+  _globals['_FAILOVERREQUEST']._serialized_end=1438
+  _globals['_FAILOVERRESPONSE']._serialized_start=1441
+  _globals['_FAILOVERRESPONSE']._serialized_end=1577
+  _globals['_WATCHSNAPSHOTSREQUEST']._serialized_start=1579
+  _globals['_WATCHSNAPSHOTSREQUEST']._serialized_end=1625
+  _globals['_WATCHSNAPSHOTSRESPONSE']._serialized_start=1627
+  _globals['_WATCHSNAPSHOTSRESPONSE']._serialized_end=1689
+  _globals['_REPORTFAILOVERREQUEST']._serialized_start=1692
+  _globals['_REPORTFAILOVERREQUEST']._serialized_end=2027
+  _globals['_REPORTFAILOVERRESPONSE']._serialized_start=2029
+  _globals['_REPORTFAILOVERRESPONSE']._serialized_end=2053
+  _globals['_ROUTINGSERVICE']._serialized_start=2862
+  _globals['_ROUTINGSERVICE']._serialized_end=3443
 # @@protoc_insertion_point(module_scope)

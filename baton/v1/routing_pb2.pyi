@@ -205,7 +205,12 @@ class RouteRequest(_message.Message):
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SHAPE_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
+    traceparent: _builtins.str
+    """W3C trace context of the shim's route span: routes share one stream, so each carries
+    its own (gRPC metadata is per stream, not per message). Empty when tracing is off.
+    """
     @_builtins.property
     def shape(self) -> Global___RequestShape: ...
     def __init__(
@@ -213,10 +218,11 @@ class RouteRequest(_message.Message):
         *,
         request_id: _builtins.str = ...,
         shape: Global___RequestShape | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["shape", b"shape"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "shape", b"shape"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "shape", b"shape", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -470,9 +476,12 @@ class FailoverRequest(_message.Message):
     FAILURE_FIELD_NUMBER: _builtins.int
     EXCLUDE_BACKEND_IDS_FIELD_NUMBER: _builtins.int
     PREFERRED_BACKEND_IDS_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     failed_backend_id: _builtins.str
     failure: _builtins.str
+    traceparent: _builtins.str
+    """W3C trace context of the shim's failover span; empty when tracing is off."""
     @_builtins.property
     def shape(self) -> Global___RequestShape: ...
     @_builtins.property
@@ -494,10 +503,11 @@ class FailoverRequest(_message.Message):
         failure: _builtins.str = ...,
         exclude_backend_ids: _abc.Iterable[_builtins.str] | None = ...,
         preferred_backend_ids: _abc.Iterable[_builtins.str] | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["shape", b"shape"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exclude_backend_ids", b"exclude_backend_ids", "failed_backend_id", b"failed_backend_id", "failure", b"failure", "preferred_backend_ids", b"preferred_backend_ids", "request_id", b"request_id", "shape", b"shape"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exclude_backend_ids", b"exclude_backend_ids", "failed_backend_id", b"failed_backend_id", "failure", b"failure", "preferred_backend_ids", b"preferred_backend_ids", "request_id", b"request_id", "shape", b"shape", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

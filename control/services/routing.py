@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable
+from contextlib import AbstractContextManager, nullcontext
+
+from opentelemetry.trace import Span
 
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.events import EventKind
@@ -13,22 +16,40 @@ from control.model import Decision, Snapshot
 from control.routing import Outcome, Router
 from control.services import convert
 from control.services.errors import Context
+from control.tracing import OFF, SpanKind, Tracing
 
 OK = routing_pb2.OUTCOME_OK
 
 
 class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
-    def __init__(self, router: Router, metrics: ControlMetrics) -> None:
+    def __init__(self, router: Router, metrics: ControlMetrics, tracing: Tracing = OFF) -> None:
         self._router = router
         self._metrics = metrics
         self._policy = router.policy.name
+        self._tracing = tracing
 
     def _route(self, r: routing_pb2.RouteRequest) -> routing_pb2.RouteResponse:
         started = time.perf_counter()
-        decision = self._router.route(convert.route_request_from_pb(r.request_id, r.shape))
+        with self._traced("baton.control.route", r.traceparent, r.request_id) as span:
+            decision = self._router.route(convert.route_request_from_pb(r.request_id, r.shape))
+            if span is not None:
+                span.set_attribute("baton.reason", decision.reason.value)
+                span.set_attribute(
+                    "baton.backend", decision.backends[0].id if decision.backends else ""
+                )
         self._metrics.route_seconds.observe(time.perf_counter() - started)
         self._metrics.routes.labels(self._policy, decision.reason.value).inc()
         return convert.route_response(decision)
+
+    def _traced(
+        self, name: str, traceparent: str, request_id: str
+    ) -> AbstractContextManager[Span | None]:
+        """A SERVER span, child of the shim's span whose context rode in the message."""
+        if not (self._tracing.enabled and traceparent):
+            return nullcontext(None)
+        return self._tracing.span(
+            name, SpanKind.SERVER, Tracing.context_from(traceparent), request_id=request_id
+        )
 
     async def Route(
         self, request: routing_pb2.RouteRequest, context: Context
@@ -88,12 +109,13 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         route_request = convert.route_request_from_pb(
             request.request_id, request.shape, tuple(request.exclude_backend_ids)
         )
-        return self._router.failover(
-            route_request,
-            request.failed_backend_id,
-            request.failure or "failure",
-            preferred=tuple(request.preferred_backend_ids),
-        )
+        with self._traced("baton.control.failover", request.traceparent, request.request_id):
+            return self._router.failover(
+                route_request,
+                request.failed_backend_id,
+                request.failure or "failure",
+                preferred=tuple(request.preferred_backend_ids),
+            )
 
     async def ReportFailover(
         self, request: routing_pb2.ReportFailoverRequest, context: Context
