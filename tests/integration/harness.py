@@ -63,8 +63,10 @@ def start_control(config: Path, *extra: str, env: dict[str, str] | None = None) 
     )
 
 
-def start_shim(control: str, *extra: str) -> Part:
-    return Part("shim", ["dataplane", "--control", control, "--listen", "127.0.0.1:0", *extra])
+def start_shim(control: str, *extra: str, env: dict[str, str] | None = None) -> Part:
+    return Part(
+        "shim", ["dataplane", "--control", control, "--listen", "127.0.0.1:0", *extra], env=env
+    )
 
 
 @dataclass
@@ -110,6 +112,7 @@ def fleet(
     per_sim: Sequence[Sequence[str]] = (),
     kind: str = "vllm",
     control_extra: str = "",
+    shim_env: dict[str, str] | None = None,
 ) -> Iterator[Fleet]:
     """n sims s0..s{n-1} (per_sim[i] adds flags to sim i), control, one shim. Round robin
     sends a fresh fleet's first request to s0."""
@@ -129,7 +132,7 @@ def fleet(
         )
         control = start_control(config, env=control_env)
         parts.append(control)
-        shim = start_shim(control.ready, *shim_args)
+        shim = start_shim(control.ready, *shim_args, env=shim_env)
         parts.append(shim)
         yield Fleet(sims, control, shim, parts)
     finally:
