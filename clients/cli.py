@@ -72,10 +72,30 @@ def cmd_events(args: argparse.Namespace, c: AdminClient) -> None:
         since=since,
         limit=args.limit,
     )
-    if args.json:
+    if args.follow:
+        _follow(args, c, rows)
+    elif args.json:
         print(json.dumps(rows, indent=2))
     else:
         print(render.events(rows))
+
+
+def _follow(args: argparse.Namespace, c: AdminClient, rows: list[dict[str, object]]) -> None:
+    """What matched so far, then each new event as it happens: one JSON object or one table
+    row per line, flushed, so it pipes into jq or grep."""
+
+    def show(row: dict[str, object]) -> None:
+        print(json.dumps(row) if args.json else render.events([row]).splitlines()[-1], flush=True)
+
+    if not args.json:
+        print(render.events(rows[:1] or [{"time": 0, "kind": ""}]).splitlines()[0], flush=True)
+    for row in rows:
+        show(row)
+    try:
+        for row in c.follow(kind=args.kind, request_id=args.request_id, backend_id=args.backend):
+            show(row)
+    except KeyboardInterrupt:
+        pass
 
 
 def cmd_pins_list(args: argparse.Namespace, c: AdminClient) -> None:
@@ -129,6 +149,7 @@ def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     ev.add_argument("--backend", default="")
     ev.add_argument("--since", default="", help="5m, 2h, or an ISO 8601 time")
     ev.add_argument("--limit", type=int, default=1000)
+    ev.add_argument("--follow", action="store_true", help="keep printing new events")
     ev.set_defaults(admin=cmd_events)
 
 

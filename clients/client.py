@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -173,3 +174,18 @@ class AdminClient:
             "ClearPins", admin_pb2.ClearPinsRequest(backend_id=backend_id)
         )
         return resp.cleared
+
+    def follow(
+        self, *, kind: str = "", request_id: str = "", backend_id: str = ""
+    ) -> Iterator[dict[str, Any]]:
+        """New events as they happen, until the caller stops iterating."""
+        request = admin_pb2.WatchEventsRequest(
+            kind=kind, request_id=request_id, backend_id=backend_id
+        )
+        try:
+            for resp in self._stub.WatchEvents(request, metadata=self._metadata):
+                yield json.loads(resp.event.json)
+        except grpc.RpcError as exc:
+            if exc.code() is grpc.StatusCode.CANCELLED:
+                return
+            raise AdminError(f"{exc.code().name}: {exc.details()}") from None

@@ -44,20 +44,26 @@ EVENT_COLUMNS = ("time", "kind", "request_id", "backend_id", "summary")
 SUMMARY_SKIP = {"v", "seq", "time", "kind", "request_id", "backend_id"}
 
 
+def _flat(r: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        **r,
+        "time": datetime.fromtimestamp(r["time"], UTC).isoformat(timespec="milliseconds"),
+        "summary": " ".join(
+            f"{k}={v}" for k, v in r.items() if k not in SUMMARY_SKIP and v not in ("", None)
+        ),
+    }
+
+
 def events(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return "no matching events"
-    flat = [
-        {
-            **r,
-            "time": datetime.fromtimestamp(r["time"], UTC).isoformat(timespec="milliseconds"),
-            "summary": " ".join(
-                f"{k}={v}" for k, v in r.items() if k not in SUMMARY_SKIP and v not in ("", None)
-            ),
-        }
-        for r in rows
-    ]
-    return table(flat, EVENT_COLUMNS)
+    return table([_flat(r) for r in rows], EVENT_COLUMNS)
+
+
+def event_line(row: Mapping[str, Any]) -> str:
+    """One event on one line (for `--follow`, where rows arrive one at a time)."""
+    flat = _flat(row)
+    return "  ".join(str(flat.get(c, "")) or "-" for c in EVENT_COLUMNS)
 
 
 def parse_since(text: str, now: float) -> float:

@@ -31,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--sim-model", default=SIM_MODEL)
     parser.add_argument("--ready-timeout", type=float, default=30.0)
+    parser.add_argument("--data-dir", default=".baton", help="control's audit log ('' = memory)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         control_argv = ["control", "--listen", args.control_listen]
+        if args.data_dir:
+            control_argv += ["--data-dir", args.data_dir]
         if args.config:
             control_argv += ["--config", str(args.config)]
         control = Part("control", control_argv, timeout=args.ready_timeout)

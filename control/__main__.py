@@ -18,6 +18,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML file with [[backends]] and settings")
     parser.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT for gRPC")
     parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=os.environ.get("BATON_DATA_DIR") or None,
+        help="where the audit log is kept across restarts (env BATON_DATA_DIR; none: memory)",
+    )
+    parser.add_argument(
         "--metrics-listen",
         default="127.0.0.1:9464",
         help="HOST:PORT for Prometheus /metrics ('' = off)",
@@ -34,6 +40,7 @@ async def _serve(args: argparse.Namespace, cfg: config_mod.Config) -> int:
         cfg,
         args.listen,
         metrics_listen=args.metrics_listen or None,
+        data_dir=args.data_dir,
         admin_token=os.environ.get("BATON_ADMIN_TOKEN") or None,
     )
     port = await plane.start()

@@ -5,7 +5,7 @@ readers query it or follow it live."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -63,11 +63,21 @@ Listener = Callable[[Event], None]
 
 
 class EventLog:
-    def __init__(self, clock: Callable[[], float], capacity: int = 100_000) -> None:
+    """`sink` receives every new event (the durable file); `restored` are events read back
+    from it at start, so numbering and queries carry on across restarts."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        capacity: int = 100_000,
+        *,
+        sink: Listener | None = None,
+        restored: Iterable[Event] = (),
+    ) -> None:
         self._clock = clock
-        self._events: deque[Event] = deque(maxlen=capacity)
-        self._seq = 0
-        self._listeners: list[Listener] = []
+        self._events: deque[Event] = deque(restored, maxlen=capacity)
+        self._seq = self._events[-1].seq if self._events else 0
+        self._listeners: list[Listener] = [sink] if sink is not None else []
 
     def record(
         self, kind: EventKind, *, request_id: str = "", backend_id: str = "", **data: Any

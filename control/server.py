@@ -7,6 +7,7 @@ import contextlib
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 from aiohttp import web
@@ -17,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from baton.v1 import admin_pb2, admin_pb2_grpc, routing_pb2, routing_pb2_grpc
 from control.affinity import PinTable
 from control.config import Config
+from control.events import EventLog
 from control.metrics import ControlMetrics
 from control.policy import SpillGuard, make_policy
 from control.prober import run_prober
@@ -25,6 +27,7 @@ from control.routing import Router
 from control.services.admin import AdminServicer
 from control.services.auth import AdminTokenInterceptor
 from control.services.routing import RoutingServicer
+from control.store import EventFile
 from control.tracing import tracing_from_env
 
 
@@ -37,15 +40,24 @@ class ControlPlane:
         listen: str,
         *,
         metrics_listen: str | None = None,
+        data_dir: Path | None = None,
         admin_token: str | None = None,
         clock: Callable[[], float] = time.time,
         seed: int | None = None,
     ) -> None:
         rng = random.Random(seed)
+        # The audit log survives restarts when there is a data dir to keep it in.
+        self._event_file = EventFile(data_dir / "events.jsonl") if data_dir else None
+        events = EventLog(
+            clock,
+            sink=self._event_file.append if self._event_file else None,
+            restored=self._event_file.load(100_000) if self._event_file else (),
+        )
         self.registry = Registry(
             config.backends,
             clock=clock,
             health_policy=config.health,
+            events=events,
             pins=PinTable(config.affinity.pin_capacity, config.affinity.pin_ttl),
         )
         guard = SpillGuard(config.affinity.spill_factor, config.affinity.spill_slack)
@@ -89,6 +101,7 @@ class ControlPlane:
             asyncio.create_task(run_prober(self.registry, self._config.probes, self._rng))
         )
         self._tasks.append(asyncio.create_task(self._expire_load()))
+        self._tasks.append(asyncio.create_task(self._flush_events()))
         if self._metrics_listen:
             self.metrics_port = await self._serve_metrics(self._metrics_listen)
         return self.port
@@ -111,6 +124,12 @@ class ControlPlane:
         await site.start()
         return int(self._metrics_runner.addresses[0][1])
 
+    async def _flush_events(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            if self._event_file is not None:
+                self._event_file.flush()
+
     async def _expire_load(self) -> None:
         while True:
             await asyncio.sleep(30)
@@ -127,3 +146,5 @@ class ControlPlane:
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
         self.tracing.shutdown()  # flush the last spans
+        if self._event_file is not None:
+            self._event_file.close()

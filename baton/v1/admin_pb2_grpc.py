@@ -70,6 +70,11 @@ class AdminServiceStub:
                 request_serializer=baton_dot_v1_dot_admin__pb2.ListEventsRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_admin__pb2.ListEventsResponse.FromString,
                 _registered_method=True)
+        self.WatchEvents = channel.unary_stream(
+                '/baton.v1.AdminService/WatchEvents',
+                request_serializer=baton_dot_v1_dot_admin__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.WatchEventsResponse.FromString,
+                _registered_method=True)
         self.ListPins = channel.unary_unary(
                 '/baton.v1.AdminService/ListPins',
                 request_serializer=baton_dot_v1_dot_admin__pb2.ListPinsRequest.SerializeToString,
@@ -129,6 +134,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchEvents(self, request, context):
+        """New audit events as they happen (a live tail), filtered like ListEvents.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListPins(self, request, context):
         """Prefix-affinity pins, most recently used first.
         """
@@ -179,6 +191,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListEvents,
                     request_deserializer=baton_dot_v1_dot_admin__pb2.ListEventsRequest.FromString,
                     response_serializer=baton_dot_v1_dot_admin__pb2.ListEventsResponse.SerializeToString,
+            ),
+            'WatchEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEvents,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.WatchEventsRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.WatchEventsResponse.SerializeToString,
             ),
             'ListPins': grpc.unary_unary_rpc_method_handler(
                     servicer.ListPins,
@@ -381,6 +398,33 @@ class AdminService:
             '/baton.v1.AdminService/ListEvents',
             baton_dot_v1_dot_admin__pb2.ListEventsRequest.SerializeToString,
             baton_dot_v1_dot_admin__pb2.ListEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/baton.v1.AdminService/WatchEvents',
+            baton_dot_v1_dot_admin__pb2.WatchEventsRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.WatchEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,8 @@ class AdminServiceStub:
     GetStatus: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetStatusRequest, _admin_pb2.GetStatusResponse]
     ListEvents: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]
     """Audit events, newest `limit` matching the filters, oldest first."""
+    WatchEvents: _grpc.UnaryStreamMultiCallable[_admin_pb2.WatchEventsRequest, _admin_pb2.WatchEventsResponse]
+    """New audit events as they happen (a live tail), filtered like ListEvents."""
     ListPins: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListPinsRequest, _admin_pb2.ListPinsResponse]
     """Prefix-affinity pins, most recently used first."""
     ClearPins: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ClearPinsRequest, _admin_pb2.ClearPinsResponse]
@@ -58,6 +60,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     GetStatus: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetStatusRequest, _admin_pb2.GetStatusResponse]  # type: ignore[assignment]
     ListEvents: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]  # type: ignore[assignment]
     """Audit events, newest `limit` matching the filters, oldest first."""
+    WatchEvents: _aio.UnaryStreamMultiCallable[_admin_pb2.WatchEventsRequest, _admin_pb2.WatchEventsResponse]  # type: ignore[assignment]
+    """New audit events as they happen (a live tail), filtered like ListEvents."""
     ListPins: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListPinsRequest, _admin_pb2.ListPinsResponse]  # type: ignore[assignment]
     """Prefix-affinity pins, most recently used first."""
     ClearPins: _aio.UnaryUnaryMultiCallable[_admin_pb2.ClearPinsRequest, _admin_pb2.ClearPinsResponse]  # type: ignore[assignment]
@@ -114,6 +118,14 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListEventsResponse, _abc.Awaitable[_admin_pb2.ListEventsResponse]]:
         """Audit events, newest `limit` matching the filters, oldest first."""
+
+    @_abc_1.abstractmethod
+    def WatchEvents(
+        self,
+        request: _admin_pb2.WatchEventsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_admin_pb2.WatchEventsResponse], _abc.AsyncIterator[_admin_pb2.WatchEventsResponse]]:
+        """New audit events as they happen (a live tail), filtered like ListEvents."""
 
     @_abc_1.abstractmethod
     def ListPins(

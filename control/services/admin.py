@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control import config
-from control.events import EventKind
+from control.events import Event, EventKind, EventQuery
 from control.registry import RegistryError
 from control.routing import Router
 from control.services import convert
@@ -130,3 +132,27 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             EventKind.ADMIN, backend_id=request.backend_id, action="clear-pins", cleared=cleared
         )
         return admin_pb2.ClearPinsResponse(cleared=cleared)
+
+    async def WatchEvents(
+        self, request: admin_pb2.WatchEventsRequest, context: Context
+    ) -> AsyncIterator[admin_pb2.WatchEventsResponse]:
+        query = EventQuery(request.kind, request.request_id, request.backend_id)
+        # Bounded: a watcher that cannot keep up loses events (counted), control never waits.
+        queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=10_000)
+        dropped = 0
+
+        def on_event(event: Event) -> None:
+            nonlocal dropped
+            if query.matches(event):
+                try:
+                    queue.put_nowait(event)
+                except asyncio.QueueFull:
+                    dropped += 1
+
+        unsubscribe = self._registry.events.subscribe(on_event)
+        try:
+            while True:
+                event = await queue.get()
+                yield admin_pb2.WatchEventsResponse(event=convert.event_to_pb(event))
+        finally:
+            unsubscribe()

@@ -118,3 +118,52 @@ def test_grpc_health_and_reflection(tmp_path: Path) -> None:
         )
         names = {s.name for r in replies for s in r.list_services_response.service}
         assert {"baton.v1.RoutingService", "baton.v1.AdminService"} <= names
+
+
+def test_audit_log_survives_a_control_restart_and_can_be_followed(tmp_path: Path) -> None:
+    from tests.integration.harness import Fleet, start_control, write_config
+
+    sim = start_sim()
+    data = tmp_path / "data"
+    config = write_config(tmp_path / "c.toml", [("s0", sim.ready)])
+    ctl = start_control(config, "--data-dir", str(data))
+    try:
+        f = Fleet({"s0": sim}, ctl, ctl)
+        assert f.baton("backends", "drain", "s0").returncode == 0
+        follower = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "clients.cli",
+                "events",
+                "--follow",
+                "--json",
+                "--kind",
+                "admin",
+                "--control",
+                ctl.ready,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert json.loads(follower.stdout.readline())["action"] == "drain"  # type: ignore[union-attr]
+            assert f.baton("backends", "undrain", "s0").returncode == 0
+            live = json.loads(follower.stdout.readline())  # type: ignore[union-attr]
+            assert (live["action"], live["backend_id"]) == ("undrain", "s0")
+        finally:
+            follower.kill()
+            follower.wait()
+        ctl.stop()
+        ctl = start_control(config, "--data-dir", str(data))
+        f = Fleet({"s0": sim}, ctl, ctl)
+        actions = [
+            e["action"] for e in json.loads(f.baton("events", "--kind", "admin", "--json").stdout)
+        ]
+        assert actions == ["drain", "undrain"]
+        assert f.baton("backends", "drain", "s0").returncode == 0
+        seqs = [e["seq"] for e in json.loads(f.baton("events", "--json").stdout)]
+        assert seqs == sorted(set(seqs))  # numbering carried on, no duplicates
+    finally:
+        ctl.stop()
+        sim.stop()
