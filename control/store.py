@@ -24,6 +24,7 @@ class EventFile:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[bytes] = open(path, "ab")  # noqa: SIM115 - held open for appends
         self._size = path.stat().st_size
+        self._pending: list[Event] = []
 
     def load(self, limit: int) -> list[Event]:
         """The newest `limit` events over the rotated files, oldest first. Lines that don't
@@ -38,17 +39,21 @@ class EventFile:
         return list(recent)
 
     def append(self, event: Event) -> None:
-        line = orjson.dumps(event.to_json()) + b"\n"
-        self._file.write(line)
-        self._size += len(line)
-        if self._size >= self._max:
-            self._rotate()
+        """Queued: serialised and written in one go by the next flush()."""
+        self._pending.append(event)
 
     def flush(self) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, []
+            chunk = b"".join(orjson.dumps(e.to_json()) + b"\n" for e in pending)
+            self._file.write(chunk)
+            self._size += len(chunk)
+            if self._size >= self._max:
+                self._rotate()
         self._file.flush()
 
     def close(self) -> None:
-        self._file.flush()
+        self.flush()
         self._file.close()
 
     def _files(self) -> list[Path]:

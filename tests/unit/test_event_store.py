@@ -31,6 +31,8 @@ def test_rotation_keeps_the_newest_files_and_a_torn_line_is_skipped(tmp_path: Pa
     log = EventLog(lambda: 1.0, sink=store.append)
     for i in range(40):
         log.record(EventKind.ROUTE, request_id=f"r{i}", reason="spread")
+        if i % 4 == 3:
+            store.flush()  # control flushes a few times a second
     store.close()
     assert path.with_name("events.jsonl.1").exists() and path.with_name("events.jsonl.2").exists()
     assert not path.with_name("events.jsonl.3").exists()  # only `keep` rotated files
