@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 SCHEMA_VERSION = 1
 
@@ -21,14 +21,16 @@ class EventKind(StrEnum):
     ADMIN = "admin"
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(NamedTuple):
+    """Immutable like the frozen dataclasses elsewhere, but a tuple: one is made per routing
+    decision, and a frozen dataclass costs several times more to build."""
+
     seq: int
     time: float
     kind: EventKind
     request_id: str = ""
     backend_id: str = ""
-    data: Mapping[str, Any] = field(default_factory=dict)
+    data: Mapping[str, Any] = {}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,7 +79,8 @@ class EventLog:
         self._clock = clock
         self._events: deque[Event] = deque(restored, maxlen=capacity)
         self._seq = self._events[-1].seq if self._events else 0
-        self._listeners: list[Listener] = [sink] if sink is not None else []
+        # A tuple, replaced on (un)subscribe, so record() iterates without copying.
+        self._listeners: tuple[Listener, ...] = (sink,) if sink is not None else ()
 
     def record(
         self, kind: EventKind, *, request_id: str = "", backend_id: str = "", **data: Any
@@ -85,7 +88,7 @@ class EventLog:
         self._seq += 1
         event = Event(self._seq, self._clock(), kind, request_id, backend_id, data)
         self._events.append(event)
-        for listener in list(self._listeners):
+        for listener in self._listeners:
             listener(event)
         return event
 
@@ -101,8 +104,12 @@ class EventLog:
         return found
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener)
+        self._listeners = (*self._listeners, listener)
+
+        def unsubscribe() -> None:
+            self._listeners = tuple(x for x in self._listeners if x is not listener)
+
+        return unsubscribe
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self._events)
