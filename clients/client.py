@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,6 +19,20 @@ from control.model import BackendKind, HealthState, Role
 from control.services import convert
 
 DEFAULT_CONTROL = "127.0.0.1:50051"
+TOKEN_FILE = "admin-token"
+
+
+def find_token() -> str | None:
+    """BATON_ADMIN_TOKEN, else the token file `baton up` wrote ($BATON_DATA_DIR or ./.baton)."""
+    if os.environ.get("BATON_ADMIN_TOKEN"):
+        return os.environ["BATON_ADMIN_TOKEN"]
+    path = Path(os.environ.get("BATON_DATA_DIR") or ".baton") / TOKEN_FILE
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
 STATE_FROM_PB = {v: k for k, v in convert.STATE_TO_PB.items()}
 
 
@@ -64,7 +79,7 @@ class AdminClient:
         self.target = target
         self._channel = grpc.insecure_channel(target)
         self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
-        token = token if token is not None else os.environ.get("BATON_ADMIN_TOKEN")
+        token = token if token is not None else find_token()
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout = timeout
 

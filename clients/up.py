@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import sys
 import threading
 from pathlib import Path
 
-from clients.client import AdminClient, AdminError
+from clients.client import TOKEN_FILE, AdminClient, AdminError
 from clients.procs import Part, StartFailed
 from control import config as config_mod
 
@@ -31,7 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--sim-model", default=SIM_MODEL)
     parser.add_argument("--ready-timeout", type=float, default=30.0)
-    parser.add_argument("--data-dir", default=".baton", help="control's audit log ('' = memory)")
+    parser.add_argument(
+        "--data-dir",
+        default=".baton",
+        help="control's audit log and the admin token file ('' = memory, no token file)",
+    )
+    parser.add_argument(
+        "--metrics-listen", default="127.0.0.1:9464", help="control's Prometheus HOST:PORT"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,15 +53,28 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        control_argv = ["control", "--listen", args.control_listen]
+        control_argv = [
+            "control",
+            "--listen",
+            args.control_listen,
+            "--metrics-listen",
+            args.metrics_listen,
+        ]
+        token = os.environ.get("BATON_ADMIN_TOKEN")
         if args.data_dir:
             control_argv += ["--data-dir", args.data_dir]
+            token = token or ensure_token_file(Path(args.data_dir))
         if args.config:
             control_argv += ["--config", str(args.config)]
-        control = Part("control", control_argv, timeout=args.ready_timeout)
+        control = Part(
+            "control",
+            control_argv,
+            timeout=args.ready_timeout,
+            env={"BATON_ADMIN_TOKEN": token} if token else None,
+        )
         children.append(control)
         if not cfg.backends:
-            _start_fleet(args, control.ready, children)
+            _start_fleet(args, control.ready, children, token)
         shim = Part(
             "shim",
             ["dataplane", "--control", control.ready, "--listen", args.listen],
@@ -83,8 +104,23 @@ def run(args: argparse.Namespace) -> int:
             child.stop()
 
 
-def _start_fleet(args: argparse.Namespace, control: str, children: list[Part]) -> None:
-    with AdminClient(control, token=os.environ.get("BATON_ADMIN_TOKEN")) as admin:
+def ensure_token_file(data_dir: Path) -> str:
+    """The admin token `baton up` gives control, kept (0600) where the CLI finds it."""
+    path = data_dir / TOKEN_FILE
+    if path.exists():
+        return path.read_text().strip()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def _start_fleet(
+    args: argparse.Namespace, control: str, children: list[Part], token: str | None
+) -> None:
+    with AdminClient(control, token=token or "") as admin:
         for i in range(args.sim):
             sim = Part(
                 f"sim-{i}",

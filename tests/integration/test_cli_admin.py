@@ -167,3 +167,78 @@ def test_audit_log_survives_a_control_restart_and_can_be_followed(tmp_path: Path
     finally:
         ctl.stop()
         sim.stop()
+
+
+def test_baton_up_runs_the_fleet_with_a_token_file_and_stops_cleanly(tmp_path: Path) -> None:
+    import os
+    import re
+    import signal
+
+    env = {k: v for k, v in os.environ.items() if k not in ("BATON_ADMIN_TOKEN", "BATON_DATA_DIR")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "clients.cli",
+            "up",
+            "--sim",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--control-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        line = up.stdout.readline()  # type: ignore[union-attr]
+        found = re.search(r"base URL: (\S+)\s+\(control: (\S+)\)", line)
+        assert found, line
+        base_url, control = found.groups()
+        token_file = tmp_path / ".baton" / "admin-token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        c = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+        assert (
+            c.chat.completions.create(
+                model="baton-sim", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+            .choices[0]
+            .message.content
+        )
+        cli = [
+            sys.executable,
+            "-m",
+            "clients.cli",
+            "backends",
+            "list",
+            "--json",
+            "--control",
+            control,
+        ]
+        found_token = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert found_token.returncode == 0, found_token.stderr
+        assert sorted(r["id"] for r in json.loads(found_token.stdout)) == ["sim-0", "sim-1"]
+        elsewhere = subprocess.run(
+            cli, cwd=tmp_path.parent, env=env, capture_output=True, text=True
+        )
+        assert elsewhere.returncode == 1 and "UNAUTHENTICATED" in elsewhere.stderr
+    finally:
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(30) == 0
+    # Every part it started has stopped with it.
+    leftovers = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if f"--control {control}" in cmdline or f"--listen {control}" in cmdline:
+            leftovers.append(cmdline)
+    assert leftovers == []
