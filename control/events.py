@@ -62,6 +62,7 @@ class EventQuery:
 
 
 Listener = Callable[[Event], None]
+_new_tuple = tuple.__new__
 
 
 class EventLog:
@@ -86,7 +87,9 @@ class EventLog:
         self, kind: EventKind, *, request_id: str = "", backend_id: str = "", **data: Any
     ) -> Event:
         self._seq += 1
-        event = Event(self._seq, self._clock(), kind, request_id, backend_id, data)
+        # tuple.__new__ skips the NamedTuple's Python-level constructor: one event is made
+        # per routing decision, so this is on control's hot path.
+        event = _new_tuple(Event, (self._seq, self._clock(), kind, request_id, backend_id, data))
         self._events.append(event)
         for listener in self._listeners:
             listener(event)
