@@ -33,12 +33,20 @@ class AffinitySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditSettings:
+    # One event per routing decision. Off keeps failover, retry, health and admin events and
+    # saves the per-route cost (bench/events.py measures it).
+    route_events: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     backends: tuple[Backend, ...] = ()
     routing: str = DEFAULT_POLICY
     probes: ProbeSettings = field(default_factory=ProbeSettings)
     health: HealthPolicy = field(default_factory=HealthPolicy)
     affinity: AffinitySettings = field(default_factory=AffinitySettings)
+    audit: AuditSettings = field(default_factory=AuditSettings)
 
 
 def validate_url(url: str) -> str:
@@ -103,7 +111,8 @@ def parse(data: dict[str, Any]) -> Config:
     probes = ProbeSettings(**_table(data, "probes", ProbeSettings))
     health = HealthPolicy(**_table(data, "health", HealthPolicy))
     affinity = AffinitySettings(**_table(data, "affinity", AffinitySettings))
-    return Config(tuple(backends), routing, probes, health, affinity)
+    audit = AuditSettings(**_table(data, "audit", AuditSettings))
+    return Config(tuple(backends), routing, probes, health, affinity, audit)
 
 
 def with_routing(cfg: Config, routing: str) -> Config:

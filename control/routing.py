@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from random import Random
 
+from control.affinity import PinMatch
 from control.events import EventKind
 from control.model import BackendId, Decision, Reason, RouteRequest
 from control.policy import Policy, RoutingView
@@ -29,8 +30,15 @@ class Outcome:
 
 class Router:
     def __init__(
-        self, registry: Registry, policy: Policy, *, rng: Random, clock: Callable[[], float]
+        self,
+        registry: Registry,
+        policy: Policy,
+        *,
+        rng: Random,
+        clock: Callable[[], float],
+        route_events: bool = True,
     ) -> None:
+        self._route_events = route_events
         self.registry = registry
         self.policy = policy
         self._rng = rng
@@ -58,7 +66,12 @@ class Router:
                 reg.pins.touch(match, now)
             # Wherever it goes, that backend's cache now holds this prefix.
             reg.pins.pin_chain(chain, primary, now)
-        reg.events.record(
+        if self._route_events:
+            self._audit(request, decision, match)
+        return decision
+
+    def _audit(self, request: RouteRequest, decision: Decision, match: PinMatch | None) -> None:
+        self.registry.events.record(
             EventKind.ROUTE,
             request_id=request.request_id,
             backend_id=decision.backends[0].id if decision.backends else "",
@@ -68,7 +81,6 @@ class Router:
             pin_depth=match.index + 1 if match else 0,
             snapshot=decision.snapshot_version,
         )
-        return decision
 
     def attempt_failed(self, request_id: str, backend_id: str, failure: str, detail: str) -> None:
         """Before the first byte: the shim retries on its next fallback."""

@@ -62,7 +62,11 @@ class ControlPlane:
         )
         guard = SpillGuard(config.affinity.spill_factor, config.affinity.spill_slack)
         self.router = Router(
-            self.registry, make_policy(config.routing, guard), rng=rng, clock=clock
+            self.registry,
+            make_policy(config.routing, guard),
+            rng=rng,
+            clock=clock,
+            route_events=config.audit.route_events,
         )
         self._config = config
         self._listen = listen

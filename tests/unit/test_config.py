@@ -59,3 +59,10 @@ def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
     bad.write_text("[[backends]\n")
     with pytest.raises(ConfigError, match="TOML"):
         load(bad)
+
+
+def test_audit_route_events_can_be_turned_off() -> None:
+    assert parse({}).audit.route_events is True
+    assert parse({"audit": {"route_events": False}}).audit.route_events is False
+    with pytest.raises(ConfigError, match="unknown"):
+        parse({"audit": {"routes": False}})

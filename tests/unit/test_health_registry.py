@@ -107,3 +107,19 @@ def test_load_is_released_and_expires() -> None:
     assert reg.in_flight()["a"] == 1
     assert reg.load.expire(now=10_000.0) == 1
     assert dict(reg.in_flight()) == {}
+
+
+def test_route_events_off_keeps_the_other_events() -> None:
+    import random
+
+    from control.model import RequestShape, RouteRequest
+    from control.policy import make_policy
+    from control.routing import Router
+
+    reg, clock = make("a")
+    router = Router(
+        reg, make_policy("adaptive"), rng=random.Random(0), clock=clock, route_events=False
+    )
+    assert router.route(RouteRequest("r1", RequestShape(model="m"))).backends
+    router.attempt_failed("r1", "a", "connect", "refused")
+    assert [e.kind.value for e in reg.events] == ["health", "retry"]
