@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import pytest
+
+from clients import render
+
+EVENT = {"v": 1, "seq": 3, "time": 1795950000.0, "kind": "admin", "request_id": "",
+         "backend_id": "s0", "action": "drain"}  # fmt: skip
+
+
+def test_table_aligns_columns_with_headers() -> None:
+    text = render.table([{"a": "x", "b": 10}, {"a": "longer", "b": 2}], ("a", "b"))
+    lines = text.splitlines()
+    assert lines[0].split() == ["A", "B"]
+    assert lines[1].index("10") == lines[2].index("2") == lines[0].index("B")
+
+
+def test_event_line_and_table_show_the_kind_specific_fields() -> None:
+    assert render.event_line(EVENT) == "2026-11-29T11:00:00.000+00:00  admin  -  s0  action=drain"
+    assert "action=drain" in render.events([EVENT]) and render.events([]) == "no matching events"
+
+
+@pytest.mark.parametrize(
+    ("text", "now", "want"),
+    [("30s", 1000.0, 970.0), ("5m", 1000.0, 700.0), ("2h", 10_000.0, 2800.0),
+     ("2026-11-29T11:00:00", 0.0, 1795950000.0)],
+)  # fmt: skip
+def test_since_accepts_durations_and_times(text: str, now: float, want: float) -> None:
+    assert render.parse_since(text, now) == want
+
+
+def test_since_refuses_nonsense() -> None:
+    with pytest.raises(ValueError, match="--since"):
+        render.parse_since("yesterday-ish", 0.0)
