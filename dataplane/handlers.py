@@ -42,7 +42,7 @@ async def _completion(request: web.Request, endpoint: Endpoint) -> web.StreamRes
         return resp
     finally:
         metrics.in_flight.dec()
-        metrics.requests.labels(endpoint.value, str(status)).inc()
+        metrics.count(metrics.requests, endpoint.value, str(status))
 
 
 async def _answer(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:

@@ -50,3 +50,13 @@ class ShimMetrics:
             registry=r,
         )
         dropped.set_function(dropped_outcomes)
+        # Label children resolved once: labels() takes a lock and builds a key per call,
+        # a measurable share of a request's CPU in the shim.
+        self._children: dict[tuple[object, ...], Counter] = {}
+
+    def count(self, metric: Counter, *labels: str) -> None:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        child.inc()

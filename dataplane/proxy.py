@@ -188,7 +188,7 @@ class Proxy:
     ) -> None:
         now = time.monotonic()
         first = ex.first_byte or now
-        self._metrics.attempts.labels(backend.id, "ok" if status < 500 else "failed").inc()
+        self._metrics.count(self._metrics.attempts, backend.id, "ok" if status < 500 else "failed")
         self._metrics.ttft.observe(first - ex.started)
         pin = reply is not None and ex.client.endpoint is Endpoint.CHAT
         self._oracle.finished(
@@ -206,7 +206,7 @@ class Proxy:
         )
 
     def _report_failure(self, ex: Exchange, backend: Backend, failed: AttemptFailed) -> None:
-        self._metrics.attempts.labels(backend.id, failed.failure).inc()
+        self._metrics.count(self._metrics.attempts, backend.id, failed.failure)
         log.info("request %s: %s failed: %s", ex.request_id, backend.id, failed)
         task = asyncio.create_task(
             self._oracle.attempt_failed(ex.request_id, backend.id, failed.failure, failed.detail)

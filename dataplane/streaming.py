@@ -224,7 +224,9 @@ class StreamRelay:
         task.add_done_callback(self._background.discard)
 
     def _send(self, report: FailoverReport) -> None:
-        self._metrics.failovers.labels(report.failure, report.seam or "none", report.outcome).inc()
+        self._metrics.count(
+            self._metrics.failovers, report.failure, report.seam or "none", report.outcome
+        )
         if self._tracing.enabled:
             report = replace(report, trace_id=Tracing.trace_id())
             # One span per failover, from the failure to now (the seam verdict is known).
