@@ -40,9 +40,9 @@ import orjson
 
 from bench import stats
 from bench.overhead import await_serving
+from bench.parts import MODEL, control_argv, control_toml, shim_argv, sim_argv
 from clients.procs import Part
 
-MODEL = "toy"
 POLICIES = ("roundrobin", "affinity", "adaptive")
 REASONS = ("spread", "pin-hit", "spill", "repin")
 DEFAULT_JSON = Path(__file__).parent / "results" / "affinity.json"
@@ -287,36 +287,16 @@ def running_fleet(plan: Plan, policy: str, logdir: Path) -> Iterator[Fleet]:
             stack.callback(part.stop, 3.0)
             return part
 
-        sim_argv = ["sim", "--listen", "127.0.0.1:0", "--model", MODEL, *plan.sim_args()]
-        sims = tuple(start(f"sim{i}", sim_argv) for i in range(plan.replicas))
+        sims = tuple(
+            start(f"sim{i}", sim_argv("127.0.0.1:0", *plan.sim_args()))
+            for i in range(plan.replicas)
+        )
         config = logdir / "affinity.control.toml"
-        backends = "".join(
-            f'[[backends]]\nid = "s{i}"\nurl = "{s.ready}"\nmodel = "{MODEL}"\nkind = "vllm"\n'
-            for i, s in enumerate(sims)
+        config.write_text(
+            control_toml({f"s{i}": s.ready for i, s in enumerate(sims)}, routing=policy)
         )
-        config.write_text(f'routing = "{policy}"\n{backends}')
-        control = start(
-            "control",
-            [
-                "control",
-                "--config",
-                str(config),
-                "--listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ],
-        )
-        shim = start(
-            "shim",
-            [
-                "dataplane",
-                "--control",
-                control.ready,
-                "--listen",
-                "127.0.0.1:0",
-            ],
-        )
+        control = start("control", control_argv(str(config)))
+        shim = start("shim", shim_argv(control.ready))
         await_serving(shim.ready)
         yield Fleet(sims, control, shim)
 

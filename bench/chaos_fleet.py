@@ -24,9 +24,9 @@ from typing import Any
 import aiohttp
 import orjson
 
+from bench.parts import MODEL, control_argv, control_toml, shim_argv, sim_argv
 from clients.procs import Part, StartFailed
 
-MODEL = "toy"
 PROBE_INTERVAL = 0.2
 # Control re-admits a sim after 2 good probes: one that has been up this long can take a resume.
 SETTLE_S = 3 * PROBE_INTERVAL
@@ -63,11 +63,6 @@ def pick(draw: float, candidates: Sequence[str]) -> str | None:
     return candidates[min(int(draw * len(candidates)), len(candidates) - 1)] if candidates else None
 
 
-def sim_argv(listen: str, *extra: str) -> list[str]:
-    # The sims' default cost model: streams last long enough to be killed mid-way.
-    return ["sim", "--listen", listen, "--model", MODEL, *extra]
-
-
 class Fleet:
     """Real processes; `close()` stops every one of them, including sims restarted later."""
 
@@ -88,19 +83,9 @@ class Fleet:
             # Outside the fleet, prefix cache off: every floor sample pays its whole prefill.
             self.floor = self._start("floor", sim_argv("127.0.0.1:0", "--cache-blocks", "0"))
             config = logdir / "failover.control.toml"
-            config.write_text(control_toml(self.sims))
-            argv = [
-                "control",
-                "--config",
-                str(config),
-                "--listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ]
-            self.control = self._start("control", argv)
-            argv = ["dataplane", "--control", self.control.ready, "--listen", "127.0.0.1:0"]
-            self.shim = self._start("shim", argv)
+            config.write_text(fleet_toml(self.sims))
+            self.control = self._start("control", control_argv(str(config)))
+            self.shim = self._start("shim", shim_argv(self.control.ready))
         except BaseException:
             self.close()
             raise
@@ -159,12 +144,8 @@ class Fleet:
                 part.stop(3.0)
 
 
-def control_toml(sims: Mapping[str, Part]) -> str:
-    tables = (
-        f'[[backends]]\nid = "{sid}"\nurl = "{p.ready}"\nmodel = "{MODEL}"\nkind = "vllm"\n'
-        for sid, p in sims.items()
-    )
-    return "\n".join([f"[probes]\ninterval = {PROBE_INTERVAL}\n", *tables])
+def fleet_toml(sims: Mapping[str, Part]) -> str:
+    return control_toml({sid: p.ready for sid, p in sims.items()}, probe_interval=PROBE_INTERVAL)
 
 
 @dataclass(slots=True)

@@ -41,7 +41,6 @@ import aiohttp
 
 from bench import stats
 from bench.chaos_fleet import (
-    MODEL,
     Fleet,
     KillLog,
     StreamRecord,
@@ -54,6 +53,7 @@ from bench.chaos_fleet import (
     stream_one,
 )
 from bench.overhead import await_serving
+from bench.parts import MODEL
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "failover.json"
 FLOOR_SAMPLES = 50

@@ -28,9 +28,9 @@ from typing import Any
 
 from bench import stats
 from bench.cpu import Cores, pin, plan_cores
+from bench.parts import MODEL, control_argv, control_toml, shim_argv, sim_argv
 from clients.procs import Part
 
-MODEL = "toy"
 NONSTREAM_TOKENS = 8
 DEFAULT_JSON = Path(__file__).parent / "results" / "overhead.json"
 # The sim's cost model zeroed: any time measured is software, the engine's and Baton's.
@@ -71,31 +71,11 @@ def running_system(logdir: Path, cores: Cores | None) -> Iterator[System]:
             stack.callback(part.stop, 3.0)
             return part
 
-        sim = start("sim", ["sim", "--listen", "127.0.0.1:0", "--model", MODEL, *SIM_ARGS])
+        sim = start("sim", sim_argv("127.0.0.1:0", *SIM_ARGS))
         config = logdir / "overhead.control.toml"
-        config.write_text(f'[[backends]]\nid = "s0"\nurl = "{sim.ready}"\nmodel = "{MODEL}"\n')
-        control = start(
-            "control",
-            [
-                "control",
-                "--config",
-                str(config),
-                "--listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ],
-        )
-        shim = start(
-            "shim",
-            [
-                "dataplane",
-                "--control",
-                control.ready,
-                "--listen",
-                "127.0.0.1:0",
-            ],
-        )
+        config.write_text(control_toml({"s0": sim.ready}))
+        control = start("control", control_argv(str(config)))
+        shim = start("shim", shim_argv(control.ready))
         if cores is not None:
             pin(sim.proc.pid, cores.engine)
             pin(control.proc.pid, cores.baton)

@@ -49,7 +49,7 @@ def test_pick_maps_the_draw_onto_the_candidates(draw: float, expected: str) -> N
 def test_control_toml_lists_every_sim() -> None:
     sims: Any = {"s0": SimpleNamespace(ready="http://127.0.0.1:1"),
                  "s1": SimpleNamespace(ready="http://127.0.0.1:2")}  # fmt: skip
-    doc = tomllib.loads(cf.control_toml(sims))
+    doc = tomllib.loads(cf.fleet_toml(sims))
     assert doc["probes"]["interval"] == cf.PROBE_INTERVAL
     assert [(b["id"], b["url"], b["kind"]) for b in doc["backends"]] == [
         ("s0", "http://127.0.0.1:1", "vllm"),

@@ -1,0 +1,37 @@
+"""How the benchmarks start Baton's parts: the model name, the argv of each part and the
+control config, in one place so every benchmark measures the same system."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+MODEL = "toy"
+
+
+def sim_argv(listen: str = "127.0.0.1:0", *extra: str) -> list[str]:
+    return ["sim", "--listen", listen, "--model", MODEL, *extra]
+
+
+def control_argv(config: str) -> list[str]:
+    # Metrics on a free port: a benchmark must not collide with a running `baton up`.
+    return ["control", "--config", config, "--listen", "127.0.0.1:0",
+            "--metrics-listen", "127.0.0.1:0"]  # fmt: skip
+
+
+def shim_argv(control: str) -> list[str]:
+    return ["dataplane", "--control", control, "--listen", "127.0.0.1:0"]
+
+
+def control_toml(
+    backends: Mapping[str, str], *, routing: str | None = None,
+    probe_interval: float | None = None,
+) -> str:  # fmt: skip
+    """`backends`: id -> base URL, all serving MODEL with the token path (kind vllm)."""
+    head = f'routing = "{routing}"\n' if routing else ""
+    if probe_interval is not None:
+        head += f"[probes]\ninterval = {probe_interval}\n"
+    tables = (
+        f'[[backends]]\nid = "{bid}"\nurl = "{url}"\nmodel = "{MODEL}"\nkind = "vllm"\n'
+        for bid, url in backends.items()
+    )
+    return "\n".join([head, *tables])
