@@ -49,6 +49,11 @@ class Backend:
     kind: BackendKind = BackendKind.VLLM
     role: Role = Role.SERVE
 
+    @property
+    def serves_clients(self) -> bool:
+        """Drafts only serve through a speculative pair, never a client directly."""
+        return self.role is not Role.DRAFT
+
 
 @dataclass(frozen=True, slots=True)
 class Health:
@@ -103,11 +108,6 @@ class Snapshot:
 
     version: int
     backends: tuple[BackendStatus, ...]
-
-    def models(self) -> tuple[str, ...]:
-        return tuple(
-            sorted({b.backend.model for b in self.backends if b.backend.role is not Role.DRAFT})
-        )
 
     def serving(self, model: str) -> tuple[BackendStatus, ...]:
         """Backends that serve `model` to clients (drafts only serve through a pair)."""

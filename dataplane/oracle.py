@@ -15,7 +15,7 @@ from typing import Protocol
 import grpc
 
 from baton.v1 import routing_pb2, routing_pb2_grpc
-from control.model import Backend, Decision, Reason, RequestShape, Role
+from control.model import Backend, Decision, Reason, RequestShape
 from control.services import convert
 from dataplane.routestream import RouteStream, StreamBroken
 
@@ -123,7 +123,7 @@ def _decision_from_pb(resp: routing_pb2.RouteResponse | routing_pb2.FailoverResp
 
 
 def models_of(backends: Sequence[Backend]) -> tuple[str, ...]:
-    return tuple(sorted({b.model for b in backends if b.role is not Role.DRAFT}))
+    return tuple(sorted({b.model for b in backends if b.serves_clients}))
 
 
 class GrpcOracle:
