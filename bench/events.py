@@ -34,6 +34,10 @@ class NoEvents(EventLog):
                **data: Any) -> Any:  # fmt: skip
         return None
 
+    def record_route(self, request_id: str, backend_id: str, reason: str, policy: str,
+                     model: str, pin_depth: int, snapshot: int) -> None:  # fmt: skip
+        return None
+
 
 def routes_per_second(events: EventLog, n: int, store: EventFile | None = None) -> float:
     backends = [make_backend(f"b{i}", f"http://127.0.0.1:{9000 + i}", "m") for i in range(4)]

@@ -1,6 +1,10 @@
-"""The audit log: every failover, retry, health and admin change as a versioned event.
-Events carry ids, counts and hashes, never prompt text. Kept in a bounded ring in memory;
-readers query it or follow it live."""
+"""The audit log: every routing decision, failover, retry, health and admin change as a
+versioned event. Events carry ids, counts and hashes, never prompt text. Kept in a bounded ring
+in memory; readers query it or follow it live.
+
+Routing decisions are one per request, on control's hot path, so they are kept as plain tuples
+(`RouteRow`) and become `Event`s only when someone reads them: building an Event with a data
+dict per route, and serialising it on its own, cost control 10-15% of its routing throughput."""
 
 from __future__ import annotations
 
@@ -61,27 +65,46 @@ class EventQuery:
         )
 
 
+# A routing decision as stored: (seq, time, request_id, backend_id, *ROUTE_FIELDS).
+RouteRow = tuple[int, float, str, str, str, str, str, int, int]
+ROUTE_FIELDS = ("reason", "policy", "model", "pin_depth", "snapshot")
+ROUTE_COLUMNS = ("seq", "time", "request_id", "backend_id", *ROUTE_FIELDS)
+Entry = Event | RouteRow  # what the ring and the durable sink hold
+
 Listener = Callable[[Event], None]
+Sink = Callable[[Entry], None]
 _new_tuple = tuple.__new__
 
 
+def route_event(row: RouteRow) -> Event:
+    data = dict(zip(ROUTE_FIELDS, row[4:], strict=True))
+    return Event(row[0], row[1], EventKind.ROUTE, row[2], row[3], data)
+
+
+def as_event(entry: Entry) -> Event:
+    # A RouteRow is a plain tuple; an Event is a tuple subclass.
+    return entry if isinstance(entry, Event) else route_event(entry)
+
+
 class EventLog:
-    """`sink` receives every new event (the durable file); `restored` are events read back
-    from it at start, so numbering and queries carry on across restarts."""
+    """`sink` receives every new entry (the durable file); `restored` are events read back
+    from it at start, so numbering and queries carry on across restarts; listeners are live
+    followers and get Events."""
 
     def __init__(
         self,
         clock: Callable[[], float],
         capacity: int = 100_000,
         *,
-        sink: Listener | None = None,
-        restored: Iterable[Event] = (),
+        sink: Sink | None = None,
+        restored: Iterable[Entry] = (),
     ) -> None:
         self._clock = clock
-        self._events: deque[Event] = deque(restored, maxlen=capacity)
-        self._seq = self._events[-1].seq if self._events else 0
+        self._events: deque[Entry] = deque(restored, maxlen=capacity)
+        self._seq = self._events[-1][0] if self._events else 0
+        self._sink = sink
         # A tuple, replaced on (un)subscribe, so record() iterates without copying.
-        self._listeners: tuple[Listener, ...] = (sink,) if sink is not None else ()
+        self._listeners: tuple[Listener, ...] = ()
 
     def record(
         self, kind: EventKind, *, request_id: str = "", backend_id: str = "", **data: Any
@@ -91,14 +114,42 @@ class EventLog:
         # per routing decision, so this is on control's hot path.
         event = _new_tuple(Event, (self._seq, self._clock(), kind, request_id, backend_id, data))
         self._events.append(event)
+        if self._sink is not None:
+            self._sink(event)
         for listener in self._listeners:
             listener(event)
         return event
 
+    def record_route(
+        self,
+        request_id: str,
+        backend_id: str,
+        reason: str,
+        policy: str,
+        model: str,
+        pin_depth: int,
+        snapshot: int,
+    ) -> None:
+        """A routing decision (see the module doc for why it is a row)."""
+        self._seq += 1
+        row = (self._seq, self._clock(), request_id, backend_id, reason, policy, model,
+               pin_depth, snapshot)  # fmt: skip
+        self._events.append(row)
+        if self._sink is not None:
+            self._sink(row)
+        if self._listeners:
+            event = route_event(row)
+            for listener in self._listeners:
+                listener(event)
+
     def query(self, q: EventQuery) -> list[Event]:
         """The newest `limit` matching events, oldest first."""
         found: list[Event] = []
-        for e in reversed(self._events):
+        skip_routes = bool(q.kind) and q.kind != EventKind.ROUTE
+        for entry in reversed(self._events):
+            if skip_routes and type(entry) is tuple:
+                continue
+            e = as_event(entry)
             if q.matches(e):
                 found.append(e)
                 if len(found) >= q.limit:
@@ -115,4 +166,4 @@ class EventLog:
         return unsubscribe
 
     def __iter__(self) -> Iterator[Event]:
-        return iter(self._events)
+        return map(as_event, self._events)

@@ -71,15 +71,14 @@ class Router:
         return decision
 
     def _audit(self, request: RouteRequest, decision: Decision, match: PinMatch | None) -> None:
-        self.registry.events.record(
-            EventKind.ROUTE,
-            request_id=request.request_id,
-            backend_id=decision.backends[0].id if decision.backends else "",
-            reason=decision.reason.value,
-            policy=self.policy.name,
-            model=request.shape.model,
-            pin_depth=match.index + 1 if match else 0,
-            snapshot=decision.snapshot_version,
+        self.registry.events.record_route(
+            request.request_id,
+            decision.backends[0].id if decision.backends else "",
+            decision.reason.value,
+            self.policy.name,
+            request.shape.model,
+            match.index + 1 if match else 0,
+            decision.snapshot_version,
         )
 
     def attempt_failed(self, request_id: str, backend_id: str, failure: str, detail: str) -> None:

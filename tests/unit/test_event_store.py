@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from control.events import EventKind, EventLog, EventQuery
+from control.events import Event, EventKind, EventLog, EventQuery
 from control.store import EventFile
 
 
@@ -30,7 +30,7 @@ def test_rotation_keeps_the_newest_files_and_a_torn_line_is_skipped(tmp_path: Pa
     store = EventFile(path, max_bytes=400, keep=2)
     log = EventLog(lambda: 1.0, sink=store.append)
     for i in range(40):
-        log.record(EventKind.ROUTE, request_id=f"r{i}", reason="spread")
+        log.record_route(f"r{i}", "b", "spread", "adaptive", "m", 0, 1)
         if i % 4 == 3:
             store.flush()  # control flushes a few times a second
     store.close()
@@ -38,8 +38,37 @@ def test_rotation_keeps_the_newest_files_and_a_torn_line_is_skipped(tmp_path: Pa
     assert not path.with_name("events.jsonl.3").exists()  # only `keep` rotated files
     with open(path, "ab") as f:
         f.write(b'{"v": 1, "seq": 41, "ti')  # a crash mid-write
-    loaded = EventFile(path).load(1000)
+    loaded = list(EventLog(lambda: 2.0, restored=EventFile(path).load(1000)))
     seqs = [e.seq for e in loaded]
     assert seqs == sorted(seqs) and seqs[-1] == 40  # newest kept, in order, torn line gone
     assert len(seqs) < 40  # the oldest rotated away
-    assert EventFile(path).load(5)[-1].request_id == "r39"
+    assert list(EventLog(lambda: 2.0, restored=EventFile(path).load(5)))[-1].request_id == "r39"
+
+
+def test_route_decisions_read_back_whole_and_in_order_among_other_events(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    store = EventFile(path)
+    log = EventLog(lambda: 5.0, sink=store.append)
+    followed: list[Event] = []
+    log.subscribe(followed.append)
+    log.record_route("r1", "a", "least_loaded", "adaptive", "m", 0, 7)
+    log.record_route("r2", "b", "pin_hit", "adaptive", "m", 2, 7)
+    log.record(EventKind.FAILOVER, request_id="r2", backend_id="b", to="a")
+    log.record_route("r3", "a", "failover", "adaptive", "m", 0, 8)
+    store.close()
+
+    restored = EventLog(lambda: 6.0, restored=EventFile(path).load(1000))
+    events = list(restored)
+    assert [(e.seq, e.kind, e.request_id) for e in events] == [
+        (1, EventKind.ROUTE, "r1"),
+        (2, EventKind.ROUTE, "r2"),
+        (3, EventKind.FAILOVER, "r2"),
+        (4, EventKind.ROUTE, "r3"),
+    ]
+    assert events[1].to_json() == {
+        "v": 1, "seq": 2, "time": 5.0, "kind": "route", "request_id": "r2", "backend_id": "b",
+        "reason": "pin_hit", "policy": "adaptive", "model": "m", "pin_depth": 2, "snapshot": 7,
+    }  # fmt: skip
+    assert followed == events  # live followers see the same events as a later reader
+    assert [e.seq for e in restored.query(EventQuery(kind="route", backend_id="a"))] == [1, 4]
+    assert [e.seq for e in restored.query(EventQuery(kind="failover"))] == [3]
