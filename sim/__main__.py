@@ -32,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="max_tokens when a request gives none")
     g.add_argument("--default-temperature", type=float, default=0.0,
                    help="temperature when a request gives none (the toy's generation config)")
+    g.add_argument("--default-top-p", type=float, default=1.0,
+                   help="top_p when a request gives none")
+    g.add_argument("--default-top-k", type=int, default=0,
+                   help="top_k when a request gives none (0 or -1 = off)")
+    g.add_argument("--default-seed", type=int, default=None,
+                   help="sampling seed when a request gives none (default: fresh entropy)")
     g.add_argument("--slow-start", type=float, default=0.0, metavar="S",
                    help="sleep S seconds before binding the port")
     m = parser.add_argument_group("model")
@@ -41,6 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="fraction of positions that are near-ties (chips may disagree there)")
     m.add_argument("--eos-rate", type=float, default=0.0,
                    help="per-position chance the model emits EOS (0 = run to max_tokens)")
+    m.add_argument("--draft-agree-rate", type=float, default=1.0, metavar="P",
+                   help="act as a draft of the model with this --model-seed: its argmax equals "
+                        "the target's at a fraction P of positions (1.0 = the plain model)")
+    m.add_argument("--tokenizer-variant", type=int, default=0, metavar="N",
+                   help="non-zero: a different vocabulary (and vocab_hash)")
+    m.add_argument("--loop-after-len", type=int, default=0, metavar="T",
+                   help="degenerate model: loop once the history has T tokens (with --loop-period)")
+    m.add_argument("--loop-period", type=int, default=0, metavar="L",
+                   help="degenerate model: the argmax is history[-L] (0 = off)")
     c = parser.add_argument_group("cost model (all 0 = as fast as possible)")
     c.add_argument("--prefill-us-per-token", type=float, default=20.0,
                    help="prefill time per prompt token not in the prefix cache")
@@ -68,18 +83,27 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         faults = parse_fault_spec(args.fault)
     except FaultSpecError as e:
         raise SystemExit(f"--fault: {e}") from None
+    _check_ranges(args)
     return SimConfig(
         model=ModelConfig(
             seed=args.model_seed,
             chip_seed=args.chip_seed,
             tie_rate=args.tie_rate,
             eos_rate=args.eos_rate,
+            draft_agree_rate=args.draft_agree_rate,
+            loop_after_len=args.loop_after_len,
+            loop_period=args.loop_period,
         ),
         limits=Limits(
             model=args.model,
             max_model_len=args.max_model_len,
             default_max_tokens=args.default_max_tokens,
             default_temperature=args.default_temperature,
+            default_top_p=args.default_top_p,
+            # -1 and 0 both mean "off"; one spelling keeps /server_info (and the
+            # router's sampling-params hash) from telling equal configs apart.
+            default_top_k=max(args.default_top_k, 0),
+            default_seed=args.default_seed,
         ),
         cost=CostParams(
             prefill_us_per_token=0.0 if instant else args.prefill_us_per_token,
@@ -91,7 +115,22 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         faults=faults,
         max_num_seqs=args.max_num_seqs,
         spec=SpecConfig(num_tokens=args.num_speculative_tokens, acceptance=args.spec_acceptance),
+        tokenizer_variant=args.tokenizer_variant,
     )
+
+
+def _check_ranges(args: argparse.Namespace) -> None:
+    """Refuse flags a request would be refused for, rather than serve nonsense."""
+    if not 0.0 <= args.draft_agree_rate <= 1.0:
+        raise SystemExit("--draft-agree-rate must be in [0, 1]")
+    if args.default_temperature < 0:
+        raise SystemExit("--default-temperature must be >= 0")
+    if not 0.0 < args.default_top_p <= 1.0:
+        raise SystemExit("--default-top-p must be in (0, 1]")
+    if args.default_top_k < -1:
+        raise SystemExit("--default-top-k must be -1, 0 (off) or at least 1")
+    if args.loop_after_len < 0 or args.loop_period < 0:
+        raise SystemExit("--loop-after-len and --loop-period must be >= 0")
 
 
 def _split_listen(listen: str) -> tuple[str, int]:

@@ -29,7 +29,7 @@ class Sequence:
     """Generates one choice token by token. Mutable, owned by one request."""
 
     __slots__ = (
-        "_model", "_params", "_texts", "_h", "_last", "_rng", "_stops", "_hold",
+        "_model", "_params", "_texts", "_prompt", "_h", "_last", "_rng", "_stops", "_hold",
         "_buf", "_sent", "token_ids", "finish_reason", "stop_reason",
     )
 
@@ -45,6 +45,7 @@ class Sequence:
         self._model = model
         self._params = params
         self._texts = model.tokenizer.texts
+        self._prompt = prompt_ids  # read only by degenerate (looping) models
         self._h = model.start(prompt_ids) if prompt_hash is None else prompt_hash
         self._last: int | None = prompt_ids[-1] if prompt_ids else None
         self._rng: Random | None = None
@@ -69,14 +70,24 @@ class Sequence:
             return self._buf  # already cut before the stop string
         return self._model.tokenizer.decode(self.token_ids, skip_special_tokens=True)
 
+    def _loop_token(self) -> int | None:
+        """history[loop_index] of prompt + generated, without concatenating them."""
+        n_prompt, out = len(self._prompt), self.token_ids
+        i = self._model.loop_index(n_prompt + len(out))
+        if i is None:
+            return None
+        return self._prompt[i] if i < n_prompt else out[i - n_prompt]
+
     def _next_id(self) -> int:
         p = self._params
         allow_eos = not p.ignore_eos and len(self.token_ids) >= p.min_tokens
+        loop = self._loop_token() if self._model.loops else None
         if self._rng is None:
-            return self._model.greedy(self._h, self._last, allow_eos=allow_eos)
+            return self._model.greedy(self._h, self._last, allow_eos=allow_eos, loop=loop)
         return self._model.sample(
             self._h, self._last, self._rng,
             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, allow_eos=allow_eos,
+            loop=loop,
         )
 
     def step(self) -> TokenEvent:
@@ -100,7 +111,7 @@ class Sequence:
         Greedy without stop strings (the common router/benchmark case) runs in
         a local loop that produces exactly what repeated step() calls would.
         """
-        if self._rng is not None or self._stops or self._params.min_tokens:
+        if self._rng is not None or self._stops or self._params.min_tokens or self._model.loops:
             while self.finish_reason is None:
                 self.step()
             return

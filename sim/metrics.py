@@ -25,7 +25,14 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class SimMetrics:
-    def __init__(self, model_name: str, *, spec_positions: int = 0) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        *,
+        spec_positions: int = 0,
+        block_size: int = 16,
+        cache_blocks: int = 4096,
+    ) -> None:
         self.registry = CollectorRegistry()
         labels = ("model_name", "engine")
         values = (model_name, "0")
@@ -72,6 +79,15 @@ class SimMetrics:
             buckets=_E2E_BUCKETS,
             registry=r,
         ).labels(*values)
+
+        # vLLM publishes its cache config as an info-style gauge fixed at 1; routers
+        # read block_size from it (KV block size must match across a spec pair).
+        Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            ("block_size", "enable_prefix_caching", "num_gpu_blocks", "engine"),
+            registry=r,
+        ).labels(str(block_size), str(cache_blocks > 0), str(cache_blocks), "0").set(1)
 
         # Only a sim configured as a speculative target exports these (like vLLM).
         self.spec: SpecMetrics | None = None

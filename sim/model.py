@@ -12,6 +12,21 @@ positions each chip breaks the tie its own way (one bit from hash(chip_seed,
 history)). Two replicas therefore disagree only at near-tie positions, about
 half of them, and never at all when tie_rate is 0.
 
+Draft role (``draft_agree_rate`` P < 1): a sim with the same seed acts as a
+cheaper draft of the same model. At a fraction 1 - P of positions, chosen by
+its own hash of the history (so the same positions on every run, replica and
+request), the top two candidates trade places, so the draft's argmax is the
+target's runner-up there and the target's argmax everywhere else.
+
+Degenerate mode (``loop_period`` L > 0): once the history has at least
+max(``loop_after_len``, L) tokens the argmax is history[-L], so greedy output
+falls into a repeated L-gram. Because it reads the history itself, not only its
+hash, callers pass the forced token in (``loop=``; see ``loop_index``).
+
+Scores: the candidate at 0-based rank r has logit -r * _RANK_GAP for the first
+_MAX_SAMPLE_CANDIDATES ranks; every other id sits at one tail logit, ranked
+after them in id order. ``logprob`` is log-softmax of that over the vocabulary.
+
 Hashing uses CPython's tuple hash of ints, which is fixed per interpreter
 build (no PYTHONHASHSEED involvement): replicas must run the same CPython,
 the sim's equivalent of "same engine version".
@@ -34,10 +49,16 @@ _EOS_BITS = 16
 _TIE_BITS = 24
 _SALT_SCORE = -7  # distinct tuple tags so the hashes below are independent
 _SALT_CHIP = -11
+_SALT_DRAFT = -13
+_DRAFT_BITS = 24
 # Score gap between consecutive candidates, in logits; with temperature T the
 # sampling distribution is softmax(-rank * gap / T).
 _RANK_GAP = 1.5
 _MAX_SAMPLE_CANDIDATES = 20
+MAX_RANKED = _MAX_SAMPLE_CANDIDATES  # ranks beyond this are the flat tail
+# Tail ids sit well below the last ranked candidate: negligible probability mass,
+# so sampling over the ranked candidates alone is the same distribution.
+_TAIL_LOGIT = -(MAX_RANKED + 10) * _RANK_GAP
 
 # Rough English letter frequencies (per mille) to make output look like text.
 _LETTER_WEIGHTS = {
@@ -54,6 +75,9 @@ class ModelConfig:
     chip_seed: int = 0
     tie_rate: float = 0.0
     eos_rate: float = 0.0
+    draft_agree_rate: float = 1.0  # < 1: act as a draft of the model with this seed
+    loop_after_len: int = 0  # degenerate mode: see loop_index
+    loop_period: int = 0  # 0 = off
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +122,10 @@ def _token_weights(tok: Tokenizer) -> dict[int, float]:
 class ToyModel:
     """Deterministic next-token oracle. Holds only immutable precomputed tables."""
 
-    __slots__ = ("config", "tokenizer", "_tables", "_tie_cut", "_eos_cut", "_h0", "_space_end")
+    __slots__ = (
+        "config", "tokenizer", "_tables", "_tie_cut", "_eos_cut", "_h0", "_space_end",
+        "_agree_cut", "_loop_from", "_log_z",
+    )
 
     def __init__(self, config: ModelConfig, tokenizer: Tokenizer) -> None:
         self.config = config
@@ -111,6 +138,13 @@ class ToyModel:
         self._tie_cut = int(min(max(config.tie_rate, 0.0), 1.0) * (1 << _TIE_BITS))
         self._eos_cut = int(min(max(config.eos_rate, 0.0), 1.0) * (1 << _EOS_BITS))
         self._h0 = hash((config.seed, 0x5EED))
+        agree = min(max(config.draft_agree_rate, 0.0), 1.0)
+        self._agree_cut = int(agree * (1 << _DRAFT_BITS))
+        period = max(config.loop_period, 0)
+        self._loop_from = max(config.loop_after_len, period) if period else 0
+        ranked = sum(math.exp(-r * _RANK_GAP) for r in range(MAX_RANKED))
+        tail = max(tokenizer.vocab_size - MAX_RANKED, 0) * math.exp(_TAIL_LOGIT)
+        self._log_z = math.log(ranked + tail)
 
     # -- history hashing -------------------------------------------------
     def start(self, ids: Sequence[int]) -> int:
@@ -135,10 +169,43 @@ class ToyModel:
         x = hash((h, _SALT_SCORE)) & _MASK64
         return (x >> 40) < self._tie_cut
 
+    @property
+    def is_draft(self) -> bool:
+        return self._agree_cut < (1 << _DRAFT_BITS)
+
+    def draft_disagrees(self, h: int) -> bool:
+        """Whether this (draft) model's top two are swapped at this history."""
+        y = hash((h, _SALT_DRAFT)) & _MASK64
+        return (y >> 40) >= self._agree_cut
+
+    @property
+    def loops(self) -> bool:
+        return self._loop_from > 0
+
+    def loop_index(self, history_len: int) -> int | None:
+        """Index into the history of the forced (looping) token, or None when not looping."""
+        if self._loop_from and history_len >= self._loop_from:
+            return history_len - self.config.loop_period
+        return None
+
+    def loop_token(self, history: Sequence[int]) -> int | None:
+        i = self.loop_index(len(history))
+        return None if i is None else history[i]
+
+    def logprob(self, rank: int) -> float:
+        """Log-probability (temperature 1) of the candidate at 1-based ``rank``."""
+        logit = -(rank - 1) * _RANK_GAP if rank <= MAX_RANKED else _TAIL_LOGIT
+        return logit - self._log_z
+
     def candidates(
-        self, h: int, last: int | None, k: int = 2, *, allow_eos: bool = True
+        self, h: int, last: int | None, k: int = 2, *, allow_eos: bool = True,
+        loop: int | None = None,
     ) -> Candidates:
-        """Best k candidate ids at history hash ``h`` (``last`` = last token of the history)."""
+        """Best k candidate ids at history hash ``h`` (``last`` = last token of the history).
+
+        ``loop`` is the token degenerate mode forces to the top (from loop_index).
+        The list for a smaller k is always a prefix of the list for a larger one.
+        """
         x = hash((h, _SALT_SCORE)) & _MASK64
         table = self._table_for(last)
         top1 = table[x & _TABLE_MASK]
@@ -159,10 +226,24 @@ class ToyModel:
                 ids.append(cand)
         if allow_eos and ((x >> 24) & 0xFFFF) < self._eos_cut:
             ids.insert(0, EOS)
-        return Candidates(tuple(ids[: max(k, 2)]), tie)
+        n = max(k, 2)
+        del ids[n:]
+        if self.is_draft and self.draft_disagrees(h):
+            ids[0], ids[1] = ids[1], ids[0]
+        if loop is not None and _forced(loop, allow_eos):
+            ids = [loop, *(t for t in ids if t != loop)][:n]
+        return Candidates(tuple(ids), tie)
 
-    def greedy(self, h: int, last: int | None, *, allow_eos: bool = True) -> int:
+    def greedy(
+        self, h: int, last: int | None, *, allow_eos: bool = True, loop: int | None = None
+    ) -> int:
         """Argmax; the same answer as ``candidates(...).ids[0]``, without allocations."""
+        if loop is not None and _forced(loop, allow_eos):
+            return loop
+        if self.is_draft:
+            # Drafts are the rarer, cheaper role: reuse candidates() rather than
+            # duplicate the swap logic in this fast path.
+            return self.candidates(h, last, 2, allow_eos=allow_eos).ids[0]
         x = hash((h, _SALT_SCORE)) & _MASK64
         if allow_eos and ((x >> 24) & 0xFFFF) < self._eos_cut:
             return EOS
@@ -187,10 +268,11 @@ class ToyModel:
         top_p: float = 1.0,
         top_k: int = 0,
         allow_eos: bool = True,
+        loop: int | None = None,
     ) -> int:
         """Sample from softmax(-rank * gap / T) over the best candidates, top-k/top-p cut."""
         k = _MAX_SAMPLE_CANDIDATES if top_k <= 0 else min(top_k, _MAX_SAMPLE_CANDIDATES)
-        ids = self.candidates(h, last, max(k, 2), allow_eos=allow_eos).ids[:k]
+        ids = self.candidates(h, last, max(k, 2), allow_eos=allow_eos, loop=loop).ids[:k]
         weights = [math.exp(-r * _RANK_GAP / temperature) for r in range(len(ids))]
         total = sum(weights)
         kept, acc = 0, 0.0
@@ -205,3 +287,9 @@ class ToyModel:
             if u <= 0:
                 return tok
         return ids[kept - 1]
+
+
+def _forced(loop: int, allow_eos: bool) -> bool:
+    # A loop onto EOS while EOS is suppressed (min_tokens, ignore_eos) falls back
+    # to the ordinary scores rather than emitting a token the request forbade.
+    return allow_eos or loop != EOS

@@ -7,11 +7,14 @@ which the server renders as ``{"error": {"message","type","param","code"}}``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from sim.chat_template import TemplateError, parse_messages, render
+from sim.model import MAX_RANKED
 from sim.tokenizer import BOS, Tokenizer
+
+MAX_PROMPT_LOGPROBS = MAX_RANKED  # the model ranks this many candidates per position
 
 
 class ApiError(Exception):
@@ -45,6 +48,11 @@ class Limits:
     max_model_len: int
     default_max_tokens: int
     default_temperature: float
+    # The rest of the server's generation config (vLLM --generation-config):
+    # applied when a request leaves the field out; an explicit value wins.
+    default_top_p: float = 1.0
+    default_top_k: int = 0  # 0 = off (-1, vLLM's spelling, is normalised to 0)
+    default_seed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +77,7 @@ class GenRequest:
     include_usage: bool = False
     return_token_ids: bool = False
     role: str = "assistant"  # chat only: role of the streamed message
+    prompt_logprobs: int | None = None  # completions only: top-k to score at each prompt position
 
 
 def check_model(body: Mapping[str, Any], limits: Limits) -> None:
@@ -83,6 +92,11 @@ def check_model(body: Mapping[str, Any], limits: Limits) -> None:
 
 def parse_chat(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRequest:
     check_model(body, limits)
+    if body.get("prompt_logprobs") is not None:
+        # Scoring is a completions feature here; refusing beats silently ignoring it.
+        raise bad_request(
+            "'prompt_logprobs' is only supported on /v1/completions", "prompt_logprobs"
+        )
     try:
         messages = parse_messages(body.get("messages"))
         add_gen = _opt(body, "add_generation_prompt", bool, True)
@@ -103,7 +117,21 @@ def parse_completion(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) ->
     add_special = _opt(body, "add_special_tokens", bool, True)
     prompt_ids = prompt_to_ids(body.get("prompt"), tok, add_special)
     max_tokens = _opt(body, "max_tokens", int, None)
-    return _finish(body, "completion", prompt_ids, max_tokens, limits)
+    req = _finish(body, "completion", prompt_ids, max_tokens, limits)
+    k = _opt(body, "prompt_logprobs", int, None)
+    if k is None:
+        return req
+    if not 0 <= k <= MAX_PROMPT_LOGPROBS:
+        # vLLM's max_logprobs bound (20 by default) also caps prompt_logprobs.
+        raise bad_request(
+            f"'prompt_logprobs' must be between 0 and {MAX_PROMPT_LOGPROBS}, got {k}",
+            "prompt_logprobs",
+        )
+    if req.stream:
+        raise bad_request(
+            "'prompt_logprobs' is not supported with stream=true", "prompt_logprobs"
+        )
+    return replace(req, prompt_logprobs=k)
 
 
 def prompt_to_ids(prompt: object, tok: Tokenizer, add_special_tokens: bool) -> list[int]:
@@ -149,9 +177,9 @@ def _finish(
     params = SamplingParams(
         max_tokens=_max_tokens(max_tokens, len(prompt_ids), limits),
         temperature=_opt(body, "temperature", float, limits.default_temperature),
-        top_p=_opt(body, "top_p", float, 1.0),
-        top_k=_opt(body, "top_k", int, 0),
-        seed=_opt(body, "seed", int, None),
+        top_p=_opt(body, "top_p", float, limits.default_top_p),
+        top_k=_opt(body, "top_k", int, limits.default_top_k),
+        seed=_opt(body, "seed", int, limits.default_seed),
         stop=_stops(body.get("stop")),
         ignore_eos=_opt(body, "ignore_eos", bool, False),
         min_tokens=_opt(body, "min_tokens", int, 0),

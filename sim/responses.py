@@ -7,7 +7,9 @@ Placement of the vLLM ``return_token_ids`` fields (vLLM >= 0.10.2):
   prompt ids only on the first chunk of each choice.
 ``finish_reason`` rides on the chunk of the last token (as vLLM does), and
 ``system_fingerprint`` only on terminal chunks (the finish chunk, or the usage
-chunk when include_usage is on), as in current vLLM.
+chunk when include_usage is on), as in current vLLM. ``prompt_logprobs``, when
+requested, rides on each completions choice: [null, {"<id>": {"logprob",
+"rank", "decoded_token"}}, ...].
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from sim.scoring import Scored
 
 DONE = b"data: [DONE]\n\n"
 
@@ -132,8 +136,26 @@ def error_event(message: str, type_: str = "InternalServerError", code: int = 50
     return sse(error_body(message, type_, code))
 
 
+PromptLogprobs = list[dict[str, dict[str, Any]] | None]
+
+
+def prompt_logprobs(
+    scored: Sequence[tuple[Scored, ...] | None], texts: Sequence[str]
+) -> PromptLogprobs:
+    """vLLM's wire shape: one dict per position keyed by str(token id), null first."""
+    def one(s: Scored) -> dict[str, Any]:
+        return {"logprob": s.logprob, "rank": s.rank, "decoded_token": texts[s.token_id]}
+
+    return [
+        None if entry is None else {str(s.token_id): one(s) for s in entry} for entry in scored
+    ]
+
+
 def full_response(
-    meta: Meta, prompt_ids: Sequence[int], results: Sequence[ChoiceResult]
+    meta: Meta,
+    prompt_ids: Sequence[int],
+    results: Sequence[ChoiceResult],
+    prompt_logprobs: PromptLogprobs | None = None,
 ) -> dict[str, Any]:
     """Non-streaming body for chat or completions."""
     choices: list[dict[str, Any]] = []
@@ -152,6 +174,8 @@ def full_response(
             if not meta.chat:
                 choice["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = r.token_ids
+        if prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs
         choices.append(choice)
     body: dict[str, Any] = {
         "id": meta.id,

@@ -24,6 +24,7 @@ from sim import specdecode
 from sim.faults import FaultKind, FaultSpec
 from sim.generation import Sequence
 from sim.protocol import GenRequest
+from sim.scoring import prompt_logprobs
 
 if TYPE_CHECKING:
     from sim.server import SimState
@@ -52,6 +53,7 @@ class Run:
         ]
         self._check_faults = not faults.empty
         self._prefill_s = 0.0
+        self._prompt_logprobs: r.PromptLogprobs | None = None
 
     # -- lifecycle -----------------------------------------------------------
     def begin(self) -> None:
@@ -67,6 +69,11 @@ class Run:
         if lookup.hit_tokens:
             m.cache_hits.inc(lookup.hit_tokens)
         self._prefill_s = st.cfg.cost.prefill_seconds(lookup.uncached_tokens)
+        if self.req.prompt_logprobs is not None:
+            # A scoring pass is one more forward step over the new tokens
+            # (memory-bound like a decode step), not a free by-product of the
+            # prefill: otherwise router-side verification would look free.
+            self._prefill_s += self._step_delay()
 
     def end(self) -> None:
         st, m = self.state, self.state.metrics
@@ -108,6 +115,10 @@ class Run:
     # -- non-streaming -------------------------------------------------------
     async def complete(self, request: web.Request) -> web.Response:
         await self._prefill()
+        k = self.req.prompt_logprobs
+        if k is not None:
+            scored = prompt_logprobs(self.state.model, self.req.prompt_ids, k)
+            self._prompt_logprobs = r.prompt_logprobs(scored, self.state.tokenizer.texts)
         if not self._check_faults and self.state.cfg.cost.decode_ms_per_step <= 0:
             # Nothing to pace or inject: generate each choice in one tight loop.
             for seq in self.seqs:
@@ -147,7 +158,7 @@ class Run:
             r.ChoiceResult(s.output_text(), s.token_ids, s.finish_reason or "abort", s.stop_reason)
             for s in self.seqs
         ]
-        return r.full_response(self.meta, self.req.prompt_ids, results)
+        return r.full_response(self.meta, self.req.prompt_ids, results, self._prompt_logprobs)
 
     # -- streaming -----------------------------------------------------------
     async def stream(self, request: web.Request) -> web.StreamResponse:

@@ -49,6 +49,7 @@ class SimConfig:
     faults: FaultSpec = NO_FAULTS
     max_num_seqs: int = 256
     spec: SpecConfig = SpecConfig()
+    tokenizer_variant: int = 0
 
 
 class SimState:
@@ -56,10 +57,16 @@ class SimState:
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        self.tokenizer = build_tokenizer()
+        self.tokenizer = build_tokenizer(cfg.tokenizer_variant)
+        self.vocab_hash = self.tokenizer.vocab_hash()
         self.model = ToyModel(cfg.model, self.tokenizer)
         self.cache = PrefixCache(cfg.cost.cache_blocks, cfg.cost.block_size)
-        self.metrics = SimMetrics(cfg.limits.model, spec_positions=cfg.spec.num_tokens)
+        self.metrics = SimMetrics(
+            cfg.limits.model,
+            spec_positions=cfg.spec.num_tokens,
+            block_size=cfg.cost.block_size,
+            cache_blocks=cfg.cost.cache_blocks,
+        )
         self.fingerprint = f"sim-{cfg.model.seed}"
         self.created = int(time.time())
         self.running_requests = 0
@@ -84,6 +91,7 @@ def create_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/version", version)
+    app.router.add_get("/server_info", server_info)
     app.router.add_get("/metrics", metrics)
     return app
 
@@ -277,6 +285,27 @@ async def models(request: web.Request) -> web.Response:
 
 async def version(request: web.Request) -> web.Response:
     return _ok({"version": "sim"})
+
+
+async def server_info(request: web.Request) -> web.Response:
+    """Facts a router checks before pairing backends (vLLM has a dev endpoint of this name)."""
+    state = request.app[STATE]
+    cfg = state.cfg
+    lim = cfg.limits
+    return _ok({
+        "model": lim.model,
+        "max_model_len": lim.max_model_len,
+        "vocab_size": state.tokenizer.vocab_size,
+        "vocab_hash": state.vocab_hash,
+        "block_size": cfg.cost.block_size,
+        "default_sampling_params": {
+            "temperature": lim.default_temperature,
+            "top_p": lim.default_top_p,
+            "top_k": lim.default_top_k,
+            "seed": lim.default_seed,
+        },
+        "draft_agree_rate": cfg.model.draft_agree_rate,
+    })
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -4,10 +4,16 @@ Ids 0..255 are raw bytes, 256..261 are special tokens, 262+ are merges built
 in code from a fixed list of English fragments. Because merges exist, text that
 the model emitted as several small tokens can re-encode to fewer, larger ones —
 the retokenization drift that makes text-level resume unfaithful (DESIGN §4).
+
+A non-zero ``variant`` leaves out every 16th merge target (which ones depends
+on the variant), so ids and pieces shift: a different vocabulary with a
+different ``vocab_hash``, for testing that pairs refuse mismatched tokenizers.
+Variants equal mod 16 are the same vocabulary.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -63,15 +69,19 @@ _PRETOKEN_RE = re.compile(
 _WORD_CACHE_MAX = 100_000
 
 
-def _build_merges() -> tuple[dict[tuple[int, int], int], list[bytes]]:
+_VARIANT_STRIDE = 16
+
+
+def _build_merges(variant: int = 0) -> tuple[dict[tuple[int, int], int], list[bytes]]:
     """Turn _MERGE_TARGETS into BPE merges (pair -> new id == rank)."""
     pieces: list[bytes] = [bytes([b]) for b in range(256)]
     pieces += [s.encode() for s in SPECIAL_TOKENS]
     merges: dict[tuple[int, int], int] = {}
     known: dict[bytes, int] = {}
-    for target in _MERGE_TARGETS:
+    skip = variant % _VARIANT_STRIDE if variant else -1
+    for i, target in enumerate(_MERGE_TARGETS):
         raw = target.encode()
-        if raw in known:
+        if raw in known or i % _VARIANT_STRIDE == skip:
             continue
         symbols = _apply_merges(list(raw), merges)
         # Merge left to right until one symbol remains; intermediates are
@@ -142,12 +152,20 @@ class Tokenizer:
             raw = b"".join(pieces[i] for i in ids)
         return raw.decode("utf-8", errors="replace")
 
+    def vocab_hash(self) -> str:
+        """``sha256:<hex>`` over every piece in id order, each length-prefixed (unambiguous)."""
+        h = hashlib.sha256()
+        for piece in self.pieces:
+            h.update(len(piece).to_bytes(4, "big"))
+            h.update(piece)
+        return "sha256:" + h.hexdigest()
+
     def valid_ids(self, ids: Sequence[object]) -> bool:
         n = len(self.pieces)
         return all(type(i) is int and 0 <= i < n for i in ids)
 
 
-def build_tokenizer() -> Tokenizer:
-    merges, pieces = _build_merges()
+def build_tokenizer(variant: int = 0) -> Tokenizer:
+    merges, pieces = _build_merges(variant)
     texts = tuple(p.decode("utf-8", errors="replace") for p in pieces)
     return Tokenizer(merges=merges, pieces=tuple(pieces), texts=texts, _cache={})

@@ -35,6 +35,7 @@ PURE_MODULES = [
             "generation",
             "responses",
             "specdecode",
+            "scoring",
         )
     ),
 ]

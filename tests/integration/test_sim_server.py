@@ -519,3 +519,172 @@ def test_speculative_target_exports_acceptance_counters() -> None:
     accepted = metric(text, "vllm:spec_decode_num_accepted_tokens_total")
     assert drafts + accepted >= 200 and 0 < accepted < 3 * drafts
     assert metric(text, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position="0") > 0
+
+
+# -- speculative pairs: scoring, drafts, server facts ------------------------------
+DRAFT_RATE = 0.6
+
+
+@pytest.fixture(scope="module")
+def noisy_target() -> Iterator[SimProcess]:
+    p = SimProcess("--chip-seed", "3", "--tie-rate", "0.2")
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def draft() -> Iterator[SimProcess]:
+    p = SimProcess("--draft-agree-rate", str(DRAFT_RATE), "--decode-ms-per-step", "0")
+    yield p
+    p.close()
+
+
+def score(sim: SimProcess, prompt: list[int], k: int) -> dict[str, Any]:
+    """One vLLM-style scoring call: prompt_logprobs plus the greedy bonus token."""
+    body = {
+        "prompt": prompt,
+        "max_tokens": 1,
+        "temperature": 0,
+        "prompt_logprobs": k,
+        "return_token_ids": True,
+    }
+    status, resp = post(f"{sim.url}/v1/completions", body)
+    assert status == 200, resp
+    choice: dict[str, Any] = resp["choices"][0]
+    return choice
+
+
+def argmax(entry: dict[str, Any]) -> int:
+    return int(next(t for t, v in entry.items() if v["rank"] == 1))
+
+
+def test_prompt_logprobs_shape(sim: SimProcess) -> None:
+    prompt = tokenize_chat(sim, MSGS)
+    choice = score(sim, prompt, 2)
+    assert choice["prompt_token_ids"] == prompt and len(choice["token_ids"]) == 1
+    lps = choice["prompt_logprobs"]
+    assert len(lps) == len(prompt) and lps[0] is None
+    for j, entry in enumerate(lps[1:], start=1):
+        actual = entry[str(prompt[j])]
+        assert actual["decoded_token"] == build_tokenizer().texts[prompt[j]]
+        assert actual["rank"] >= 1 and actual["logprob"] < 0
+        top = sorted(v["rank"] for v in entry.values())
+        assert top[:2] == [1, 2] and len(entry) == (2 if actual["rank"] <= 2 else 3)
+
+
+@pytest.mark.parametrize("which", ["plain", "chip-noise", "loop"])
+def test_prompt_logprobs_argmax_is_the_greedy_output(
+    which: str, sim: SimProcess, noisy_target: SimProcess
+) -> None:
+    looping = None
+    if which == "loop":
+        looping = SimProcess("--loop-after-len", "60", "--loop-period", "5")
+    server = {"plain": sim, "chip-noise": noisy_target, "loop": looping}[which]
+    assert server is not None
+    try:
+        prompt = tokenize_chat(server, MSGS)
+        gen, _ = complete_ids(server, prompt, 201)
+        choice = score(server, prompt + gen[:200], 1)
+    finally:
+        if looping is not None:
+            looping.close()
+    lps = choice["prompt_logprobs"]
+    assert [argmax(e) for e in lps[len(prompt) :]] == gen[:200]
+    assert choice["token_ids"] == gen[200:]  # the bonus token is the next greedy token
+    if which == "loop":
+        assert all(gen[i] == gen[i - 5] for i in range(max(60 - len(prompt), 5), 201))
+
+
+def test_draft_agrees_with_its_target_at_the_configured_rate(
+    sim: SimProcess, draft: SimProcess
+) -> None:
+    prompt = tokenize_chat(sim, MSGS)
+    gen, _ = complete_ids(sim, prompt, 400)
+    lps = score(draft, prompt + gen, 0)["prompt_logprobs"][len(prompt) :]
+    agreed = sum(e[str(t)]["rank"] == 1 for e, t in zip(lps, gen, strict=True))
+    assert agreed / len(gen) == pytest.approx(DRAFT_RATE, abs=0.08)
+    draft_gen, _ = complete_ids(draft, prompt, 50)
+    assert draft_gen != gen[:50]  # a draft, not a copy
+
+
+def test_router_style_draft_verify_reproduces_target_greedy(
+    sim: SimProcess, draft: SimProcess
+) -> None:
+    """The loop the shim runs: k draft tokens, one scoring call, accept prefix + fix/bonus."""
+    prompt = tokenize_chat(sim, MSGS)
+    want, _ = complete_ids(sim, prompt, 60)
+    out: list[int] = []
+    proposed = accepted = 0
+    while len(out) < 60:
+        ctx = prompt + out
+        guess, _ = complete_ids(draft, ctx, 4)
+        verdict = score(sim, ctx + guess, 1)
+        lps = verdict["prompt_logprobs"][len(ctx) :]
+        for tok, entry in zip(guess, lps, strict=True):
+            proposed += 1
+            if entry[str(tok)]["rank"] != 1:
+                out.append(argmax(entry))  # the target's own token replaces the first miss
+                break
+            out.append(tok)
+            accepted += 1
+        else:
+            out.extend(verdict["token_ids"])  # all accepted: the bonus token
+    assert out[:60] == want
+    assert 0.3 < accepted / proposed < 0.9
+
+
+def test_prompt_logprobs_refusals(sim: SimProcess) -> None:
+    base = {"prompt": [1, 2, 3], "max_tokens": 1, "prompt_logprobs": 1}
+    status, err = post(f"{sim.url}/v1/completions", {**base, "stream": True})
+    assert status == 400 and err["error"]["param"] == "prompt_logprobs"
+    status, err = post(f"{sim.url}/v1/completions", {**base, "prompt_logprobs": 99})
+    assert status == 400 and err["error"]["param"] == "prompt_logprobs"
+    status, err = post(f"{sim.url}/v1/chat/completions", {"messages": MSGS, "prompt_logprobs": 1})
+    assert status == 400 and err["error"]["param"] == "prompt_logprobs"
+
+
+def test_server_info_reports_the_facts_pairs_are_validated_against(
+    sim: SimProcess, draft: SimProcess
+) -> None:
+    info = orjson.loads(get(f"{sim.url}/server_info")[1])
+    tok = build_tokenizer()
+    assert info == {
+        "model": "toy",
+        "max_model_len": 8192,
+        "vocab_size": tok.vocab_size,
+        "vocab_hash": tok.vocab_hash(),
+        "block_size": 16,
+        "default_sampling_params": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None},
+        "draft_agree_rate": 1.0,
+    }
+    assert orjson.loads(get(f"{draft.url}/server_info")[1])["draft_agree_rate"] == DRAFT_RATE
+    text = get(f"{sim.url}/metrics")[1].decode()
+    assert metric(text, "vllm:cache_config_info", block_size="16") == 1
+
+
+def test_generation_config_and_tokenizer_variant_show_in_facts_and_behaviour(
+    sim: SimProcess,
+) -> None:
+    p = SimProcess(
+        "--tokenizer-variant", "1", "--block-size", "32", "--default-temperature", "0.7",
+        "--default-top-p", "0.9", "--default-top-k", "40", "--default-seed", "7",
+    )
+    try:
+        info = orjson.loads(get(f"{p.url}/server_info")[1])
+        body: dict[str, Any] = {"prompt": "Once upon", "max_tokens": 30}
+        omitted = [post(f"{p.url}/v1/completions", body)[1] for _ in range(2)]
+        explicit = post(
+            f"{p.url}/v1/completions",
+            {**body, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 7},
+        )[1]
+        greedy = post(f"{p.url}/v1/completions", {**body, "temperature": 0})[1]
+    finally:
+        p.close()
+    plain = orjson.loads(get(f"{sim.url}/server_info")[1])
+    assert info["vocab_hash"] != plain["vocab_hash"] and info["block_size"] == 32
+    assert info["default_sampling_params"] == {
+        "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 7
+    }
+    texts = [r["choices"][0]["text"] for r in (*omitted, explicit, greedy)]
+    assert texts[0] == texts[1] == texts[2]  # omitted fields take the server defaults
+    assert texts[3] != texts[0]  # an explicit temperature 0 wins: greedy, not sampled

@@ -93,3 +93,51 @@ def test_chat_errors() -> None:
     long = [{"role": "user", "content": "word " * 100}]
     with pytest.raises(ApiError, match="maximum context length"):
         parse_chat({"messages": long}, TOK, LIMITS)
+
+
+GEN_CONFIG = Limits(
+    model="toy", max_model_len=64, default_max_tokens=16, default_temperature=0.7,
+    default_top_p=0.9, default_top_k=40, default_seed=11,
+)
+
+
+def test_server_generation_config_fills_omitted_fields() -> None:
+    req = parse_completion({"prompt": "hi"}, TOK, GEN_CONFIG)
+    p = req.params
+    assert (p.temperature, p.top_p, p.top_k, p.seed) == (0.7, 0.9, 40, 11)
+
+
+def test_explicit_sampling_fields_beat_the_server_config() -> None:
+    body = {"prompt": "hi", "temperature": 0, "top_p": 1.0, "top_k": 0, "seed": 3}
+    p = parse_completion(body, TOK, GEN_CONFIG).params
+    assert (p.temperature, p.top_p, p.top_k, p.seed) == (0.0, 1.0, 0, 3)
+
+
+def test_prompt_logprobs_parse() -> None:
+    assert parse_completion({"prompt": [1, 2]}, TOK, LIMITS).prompt_logprobs is None
+    req = parse_completion({"prompt": [1, 2], "prompt_logprobs": 0}, TOK, LIMITS)
+    assert req.prompt_logprobs == 0
+    req = parse_completion({"prompt": [1], "prompt_logprobs": 20}, TOK, LIMITS)
+    assert req.prompt_logprobs == 20
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": [1, 2], "prompt_logprobs": -1},
+        {"prompt": [1, 2], "prompt_logprobs": 21},
+        {"prompt": [1, 2], "prompt_logprobs": True},
+        {"prompt": [1, 2], "prompt_logprobs": 1.5},
+        {"prompt": [1, 2], "prompt_logprobs": 1, "stream": True},
+    ],
+)
+def test_prompt_logprobs_rejects(body: dict[str, Any]) -> None:
+    with pytest.raises(ApiError) as e:
+        parse_completion(body, TOK, LIMITS)
+    assert e.value.status == 400 and e.value.param == "prompt_logprobs"
+
+
+def test_prompt_logprobs_on_chat_is_refused_not_ignored() -> None:
+    with pytest.raises(ApiError) as e:
+        parse_chat({"messages": MSGS, "prompt_logprobs": 1}, TOK, LIMITS)
+    assert e.value.status == 400 and e.value.param == "prompt_logprobs"

@@ -76,3 +76,18 @@ def test_valid_ids_rejects_out_of_range_and_non_ints() -> None:
     assert not TOK.valid_ids([-1])
     assert not TOK.valid_ids([True])
     assert not TOK.valid_ids(["1"])
+
+
+def test_vocab_hash_is_stable_and_variants_change_it() -> None:
+    assert TOK.vocab_hash() == build_tokenizer().vocab_hash()
+    assert TOK.vocab_hash().startswith("sha256:") and len(TOK.vocab_hash()) == 7 + 64
+    hashes = {build_tokenizer(v).vocab_hash() for v in range(16)}
+    assert len(hashes) == 16  # every variant 0..15 is its own vocabulary
+
+
+def test_a_variant_still_round_trips_text_but_tokenizes_differently() -> None:
+    other = build_tokenizer(1)
+    text = "The router streams tokens from the fleet, and the cache is warm."
+    assert other.decode(other.encode(text)) == text
+    assert other.encode(text) != TOK.encode(text)
+    assert other.encode("<|bos|>") == [BOS]  # specials keep their ids

@@ -1,0 +1,62 @@
+"""`python -m sim` flags -> SimConfig, and the config facts exported in /metrics."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from sim.__main__ import add_arguments, config_from_args
+from sim.metrics import SimMetrics
+from sim.server import SimConfig
+
+
+def config(*argv: str) -> SimConfig:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return config_from_args(parser.parse_args(list(argv)))
+
+
+def test_defaults_are_the_plain_model_and_vllms_generation_defaults() -> None:
+    cfg = config()
+    assert cfg.model.draft_agree_rate == 1.0 and cfg.model.loop_period == 0
+    lim = cfg.limits
+    assert (lim.default_temperature, lim.default_top_p, lim.default_top_k) == (0.0, 1.0, 0)
+    assert lim.default_seed is None and cfg.tokenizer_variant == 0
+
+
+def test_new_flags_reach_the_config() -> None:
+    cfg = config(
+        "--draft-agree-rate", "0.4", "--default-temperature", "0.7", "--default-top-p", "0.9",
+        "--default-top-k", "-1", "--default-seed", "5", "--tokenizer-variant", "2",
+        "--loop-after-len", "100", "--loop-period", "8",
+    )
+    assert cfg.model.draft_agree_rate == 0.4
+    assert (cfg.model.loop_after_len, cfg.model.loop_period) == (100, 8)
+    lim = cfg.limits
+    # top_k -1 and 0 both mean off; one spelling so equal configs report equal facts.
+    assert (lim.default_temperature, lim.default_top_p, lim.default_top_k) == (0.7, 0.9, 0)
+    assert lim.default_seed == 5 and cfg.tokenizer_variant == 2
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--draft-agree-rate", "1.5"),
+        ("--draft-agree-rate", "-0.1"),
+        ("--default-top-p", "0"),
+        ("--default-top-k", "-2"),
+        ("--default-temperature", "-1"),
+        ("--loop-period", "-1"),
+    ],
+)
+def test_out_of_range_flags_are_refused(argv: tuple[str, ...]) -> None:
+    with pytest.raises(SystemExit):
+        config(*argv)
+
+
+def test_cache_config_info_gauge_carries_the_block_size() -> None:
+    text = SimMetrics("toy", block_size=32, cache_blocks=100).render().decode()
+    line = next(ln for ln in text.splitlines() if ln.startswith("vllm:cache_config_info{"))
+    assert 'block_size="32"' in line and 'num_gpu_blocks="100"' in line
+    assert line.endswith(" 1.0")
