@@ -111,6 +111,21 @@ def cmd_pins_clear(args: argparse.Namespace, c: AdminClient) -> None:
     _print(args, {"cleared": cleared}, f"cleared {cleared} pins")
 
 
+def cmd_pairs_list(args: argparse.Namespace, c: AdminClient) -> None:
+    rows = c.pairs()
+    _print(args, rows, render.pairs(rows))
+
+
+def cmd_pairs_bind(args: argparse.Namespace, c: AdminClient) -> None:
+    row = c.bind_pair(args.draft, args.target, args.num_draft_tokens)
+    _print(args, row, render.pairs([row]))
+
+
+def cmd_pairs_unbind(args: argparse.Namespace, c: AdminClient) -> None:
+    c.unbind_pair(args.id)
+    _print(args, {"unbound": args.id}, f"unbound {args.id}")
+
+
 def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parent = _admin_parent()
     backends = sub.add_parser("backends", help="list and change the fleet's backends")
@@ -143,8 +158,23 @@ def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     pclear = psub.add_parser("clear", parents=[parent], help="forget pins (all, or one backend's)")
     pclear.add_argument("--backend", default="")
     pclear.set_defaults(admin=cmd_pins_clear)
+    pairs = sub.add_parser("pairs", help="speculative-decoding pairs (draft -> target)")
+    prsub = pairs.add_subparsers(dest="action", required=True)
+    prsub.add_parser("list", parents=[parent], help="pairs with state and acceptance").set_defaults(
+        admin=cmd_pairs_list
+    )
+    bind = prsub.add_parser(
+        "bind", parents=[parent], help="bind a draft backend to a target (facts checked now)"
+    )
+    bind.add_argument("draft", help="the draft backend's id")
+    bind.add_argument("target", help="the target backend's id")
+    bind.add_argument("-k", "--num-draft-tokens", type=int, default=0, help="default 4")
+    bind.set_defaults(admin=cmd_pairs_bind)
+    unbind = prsub.add_parser("unbind", parents=[parent], help="remove a pair")
+    unbind.add_argument("id")
+    unbind.set_defaults(admin=cmd_pairs_unbind)
     ev = sub.add_parser("events", parents=[parent], help="the audit log (failovers, retries...)")
-    ev.add_argument("--kind", default="", help="failover, retry, health, admin, route")
+    ev.add_argument("--kind", default="", help="failover, retry, health, admin, pair, route")
     ev.add_argument("--request-id", default="")
     ev.add_argument("--backend", default="")
     ev.add_argument("--since", default="", help="5m, 2h, or an ISO 8601 time")

@@ -57,6 +57,26 @@ def _iso(ts: Timestamp) -> str:
     return datetime.fromtimestamp(ts.ToNanoseconds() / 1e9, UTC).isoformat(timespec="seconds")
 
 
+PAIR_STATES = {v: k.value for k, v in convert.PAIR_STATE_TO_PB.items()}
+
+
+def _pair(p: fleet_pb2.Pair) -> dict[str, Any]:
+    return {
+        "id": p.id,
+        "model": p.model,
+        "draft": p.draft_backend_id,
+        "target": p.target_backend_id,
+        "bound_target": p.bound_target_backend_id,
+        "k": p.num_draft_tokens,
+        "state": PAIR_STATES.get(p.state, "unknown"),
+        "baseline": round(p.baseline_acceptance, 3),
+        "acceptance": round(p.recent_acceptance, 3),
+        "rounds": p.rounds,
+        "params_hash": p.params_hash.removeprefix("sha256:")[:12],
+        "reason": p.reason,
+    }
+
+
 def _row(s: fleet_pb2.BackendStatus) -> BackendRow:
     b = s.backend
     return BackendRow(
@@ -121,6 +141,22 @@ class AdminClient:
         backend = fleet_pb2.Backend(id=id, url=url, model=model, kind=pb_kind, role=pb_role)
         resp = self._call("AddBackend", admin_pb2.AddBackendRequest(backend=backend))
         return _row(resp.backend)  # type: ignore[attr-defined]
+
+    def bind_pair(self, draft: str, target: str, num_draft_tokens: int = 0) -> dict[str, Any]:
+        resp = self._call(
+            "BindPair",
+            admin_pb2.BindPairRequest(
+                draft_backend_id=draft, target_backend_id=target, num_draft_tokens=num_draft_tokens
+            ),
+        )
+        return _pair(resp.pair)  # type: ignore[attr-defined]
+
+    def unbind_pair(self, id: str) -> None:
+        self._call("UnbindPair", admin_pb2.UnbindPairRequest(id=id))
+
+    def pairs(self) -> list[dict[str, Any]]:
+        resp = self._call("ListPairs", admin_pb2.ListPairsRequest())
+        return [_pair(p) for p in resp.pairs]  # type: ignore[attr-defined]
 
     def remove_backend(self, id: str) -> None:
         self._call("RemoveBackend", admin_pb2.RemoveBackendRequest(id=id))

@@ -89,3 +89,11 @@ def pins(rows: Sequence[Mapping[str, Any]], total: int) -> str:
     if not rows:
         return "no pins"
     return f"{total} pins (showing {len(rows)})\n" + table(rows, PIN_COLUMNS)
+
+
+PAIR_COLUMNS = ("id", "model", "draft", "target", "state", "k", "baseline", "acceptance",
+                "rounds", "params_hash", "reason")  # fmt: skip
+
+
+def pairs(rows: Sequence[Mapping[str, Any]]) -> str:
+    return table(rows, PAIR_COLUMNS) if rows else "no pairs"

@@ -23,6 +23,7 @@ class EventKind(StrEnum):
     FAILOVER = "failover"
     HEALTH = "health"
     ADMIN = "admin"
+    PAIR = "pair"
 
 
 class Event(NamedTuple):

@@ -42,6 +42,26 @@ class FleetCollector(Collector):
         yield GaugeMetricFamily(
             "baton_snapshot_version", "Current fleet snapshot version.", snap.version
         )
+        pairs = self._registry.pairs
+        labels = ["pair", "draft", "target", "params_hash", "state"]
+        baseline = GaugeMetricFamily(
+            "baton_pair_acceptance_baseline",
+            "Paired acceptance baseline (EWMA of accepted/drafted) per draft and params hash.",
+            labels=labels,
+        )
+        recent = GaugeMetricFamily(
+            "baton_pair_acceptance",
+            "Acceptance on each pair's current pairing (EWMA).",
+            labels=labels,
+        )
+        for p in pairs:
+            values = [p.id, p.draft_id, p.target_id, p.params_hash, p.state.value]
+            if (b := pairs.baseline(p)) is not None:
+                baseline.add_metric(values, b)
+            if p.recent is not None:
+                recent.add_metric(values, p.recent)
+        yield baseline
+        yield recent
 
 
 class ControlMetrics:
@@ -71,5 +91,11 @@ class ControlMetrics:
             "Failure detected to first resumed byte.",
             registry=r,
             buckets=(1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+        )
+        self.pair_verdicts = Counter(
+            "baton_pair_gate_verdicts",
+            "Post-failover pairing gate verdicts.",
+            ["verdict"],
+            registry=r,
         )
         r.register(FleetCollector(registry))

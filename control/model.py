@@ -83,6 +83,8 @@ class RequestShape:
     prompt_chars: int = 0
     greedy: bool = True
     stream: bool = False
+    spec_eligible: bool = False
+    sets_temperature: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,18 @@ class RouteRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Pairing:
+    """Serve this request by speculative decoding: draft on `draft`, verify on the primary."""
+
+    pair_id: str
+    draft: Backend
+    num_draft_tokens: int
+    params_hash: str
+    gate_required: bool = False
+    eos_token_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """Primary backend first, then ordered fallbacks; empty when no backend can serve."""
 
@@ -100,6 +114,7 @@ class Decision:
     reason: Reason
     snapshot_version: int
     detail: str = ""
+    pairing: Pairing | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,12 +20,24 @@ FOLLOWED_PIN = frozenset({Reason.PIN_HIT})
 
 
 @dataclass(frozen=True, slots=True)
+class SpecStats:
+    pair_id: str
+    target_id: str
+    rounds: int
+    drafted: int
+    accepted: int
+    repeated_ngram: bool = False
+    schema_violation: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     request_id: str
     backend_id: str
     ok: bool
     reply_chain_hash: bytes = b""
     message_count: int = 0
+    spec: SpecStats | None = None
 
 
 class Router:
@@ -60,6 +72,10 @@ class Router:
         if reason is not None and decision.backends:
             decision = replace(decision, reason=reason)
         if decision.backends:
+            if reg.pairs and request.shape.spec_eligible:
+                pairing = reg.pairing_for(decision.backends[0], request.shape)
+                if pairing is not None:
+                    decision = replace(decision, pairing=pairing)
             primary = decision.backends[0].id
             reg.load.acquire(request.request_id, primary, now)
             if match is not None and decision.reason in FOLLOWED_PIN:
@@ -104,19 +120,32 @@ class Router:
         failure: str,
         detail: str = "",
         preferred: Sequence[str] = (),
+        pair_id: str = "",
     ) -> Decision:
         """A stream died mid-generation: demote its backend and pick another for the resume
-        (the first of `preferred`, the route's own remaining fallbacks, still routable)."""
+        (the first of `preferred`, the route's own remaining fallbacks, still routable). A
+        speculative request's draft is re-paired with the new backend, pending the gate."""
         self._demote(request.request_id, failed_backend_id, failure, detail)
         excluded = request.exclude | {BackendId(failed_backend_id)}
-        return self.route(
-            replace(request, exclude=excluded), reason=Reason.FAILOVER, preferred=preferred
-        )
+        request = replace(request, exclude=excluded)
+        if pair_id:
+            # The pairing question is the gate's, not the policy's: route as target-only.
+            request = replace(request, shape=replace(request.shape, spec_eligible=False))
+        decision = self.route(request, reason=Reason.FAILOVER, preferred=preferred)
+        if pair_id and decision.backends:
+            pairing = self.registry.repair(pair_id, decision.backends[0].id, failed_backend_id)
+            decision = replace(decision, pairing=pairing)
+        return decision
 
     def finished(self, outcomes: Iterable[Outcome]) -> None:
         now = self._clock()
         for outcome in outcomes:
             self.registry.load.release(outcome.request_id)
+            if (s := outcome.spec) is not None:
+                flags = [n for n, bad in (("repeated n-gram loop", s.repeated_ngram),
+                                          ("schema violation", s.schema_violation)) if bad]
+                self.registry.spec_outcome(s.pair_id, s.target_id, s.rounds, s.drafted,
+                                           s.accepted, not flags, ", ".join(flags))  # fmt: skip
             if outcome.ok and outcome.reply_chain_hash and outcome.backend_id:
                 # The next turn's prefix ends with this reply: pin it where it was generated.
                 self.registry.pins.pin(

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
 import grpc
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -19,7 +20,10 @@ from baton.v1 import admin_pb2, admin_pb2_grpc, routing_pb2, routing_pb2_grpc
 from control.affinity import PinTable
 from control.config import Config
 from control.events import EventLog
+from control.facts import Facts
+from control.facts_fetch import fetch_facts
 from control.metrics import ControlMetrics
+from control.model import Backend
 from control.policy import SpillGuard, make_policy
 from control.prober import run_prober
 from control.registry import Registry
@@ -80,12 +84,20 @@ class ControlPlane:
         self._metrics_listen = metrics_listen
         self._metrics_runner: web.AppRunner | None = None
         self.metrics_port = 0
+        self._http: aiohttp.ClientSession | None = None
+
+    async def read_facts(self, backend: Backend) -> Facts:
+        assert self._http is not None, "read_facts before start()"
+        return await fetch_facts(self._http, backend)
 
     async def start(self) -> int:
+        self._http = aiohttp.ClientSession()
         routing_pb2_grpc.add_RoutingServiceServicer_to_server(
-            RoutingServicer(self.router, self.metrics, self.tracing), self.server
+            RoutingServicer(self.router, self.metrics, self.read_facts, self.tracing), self.server
         )
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.router), self.server)
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(
+            AdminServicer(self.router, self.read_facts), self.server
+        )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self.server)
         names = (
@@ -102,7 +114,9 @@ class ControlPlane:
         for name in names[:2] + ("",):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._tasks.append(
-            asyncio.create_task(run_prober(self.registry, self._config.probes, self._rng))
+            asyncio.create_task(
+                run_prober(self.registry, self._config.probes, self._rng, self._http)
+            )
         )
         self._tasks.append(asyncio.create_task(self._expire_load()))
         self._tasks.append(asyncio.create_task(self._flush_events()))
@@ -147,6 +161,8 @@ class ControlPlane:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.server.stop(grace)
+        if self._http is not None:
+            await self._http.close()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
         self.tracing.shutdown()  # flush the last spans

@@ -15,7 +15,8 @@ from typing import Protocol
 import grpc
 
 from baton.v1 import routing_pb2, routing_pb2_grpc
-from control.model import Backend, Decision, Reason, RequestShape
+from control.model import Backend, Decision, Pairing, Reason, RequestShape
+from control.routing import SpecStats
 from control.services import convert
 from dataplane.routestream import RouteStream, StreamBroken
 
@@ -37,6 +38,7 @@ class Outcome:
     total_ms: float = 0.0
     reply_chain_hash: bytes = b""  # chat: the next turn's prefix, to pin where it was served
     message_count: int = 0
+    spec: SpecStats | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,13 @@ class FailoverReport:
     outcome: str  # resumed | failed (another attempt follows) | refused | exhausted
     detail: str = ""
     trace_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GateAnswer:
+    verdict: str  # accept | probation | reject
+    reason: str
+    target: Backend | None  # on reject: where the draft was re-bound (None: go target-only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +96,12 @@ class Oracle(Protocol):
         exclude: Sequence[str],
         preferred: Sequence[str] = (),
         traceparent: str = "",
+        pair_id: str = "",
     ) -> Decision: ...
+
+    async def gate_pairing(
+        self, request_id: str, pair_id: str, target_id: str, drafted: int, accepted: int
+    ) -> GateAnswer: ...
 
     def report_failover(self, report: FailoverReport) -> None: ...
 
@@ -104,6 +118,8 @@ def _shape_to_pb(s: RequestShape) -> routing_pb2.RequestShape:
         prompt_chars=s.prompt_chars,
         greedy=s.greedy,
         stream=s.stream,
+        spec_eligible=s.spec_eligible,
+        sets_temperature=s.sets_temperature,
     )
 
 
@@ -119,11 +135,38 @@ def _decision_from_pb(resp: routing_pb2.RouteResponse | routing_pb2.FailoverResp
         REASON_FROM_PB.get(resp.reason, Reason.NO_BACKEND),
         resp.snapshot_version,
         resp.detail,
+        _pairing_from_pb(resp.pairing) if resp.HasField("pairing") else None,
     )
+
+
+def _pairing_from_pb(p: routing_pb2.SpecPairing) -> Pairing:
+    return Pairing(
+        p.pair_id,
+        convert.backend_from_pb(p.draft),
+        p.num_draft_tokens,
+        p.params_hash,
+        p.gate_required,
+        p.eos_token_id if p.HasField("eos_token_id") else None,
+    )
+
+
+VERDICT_FROM_PB = {v: k.value for k, v in convert.VERDICT_TO_PB.items()}
 
 
 def models_of(backends: Sequence[Backend]) -> tuple[str, ...]:
     return tuple(sorted({b.model for b in backends if b.serves_clients}))
+
+
+def _spec_to_pb(s: SpecStats) -> routing_pb2.SpecOutcome:
+    return routing_pb2.SpecOutcome(
+        pair_id=s.pair_id,
+        target_backend_id=s.target_id,
+        rounds=s.rounds,
+        drafted=s.drafted,
+        accepted=s.accepted,
+        repeated_ngram=s.repeated_ngram,
+        schema_violation=s.schema_violation,
+    )
 
 
 class GrpcOracle:
@@ -210,8 +253,10 @@ class GrpcOracle:
         exclude: Sequence[str],
         preferred: Sequence[str] = (),
         traceparent: str = "",
+        pair_id: str = "",
     ) -> Decision:
         request = routing_pb2.FailoverRequest(
+            pair_id=pair_id,
             traceparent=traceparent,
             request_id=request_id,
             shape=_shape_to_pb(shape),
@@ -221,6 +266,25 @@ class GrpcOracle:
             preferred_backend_ids=list(preferred),
         )
         return await self._decision(self._stream.failover(request))
+
+    async def gate_pairing(
+        self, request_id: str, pair_id: str, target_id: str, drafted: int, accepted: int
+    ) -> GateAnswer:
+        try:
+            resp = await self._stub.GatePairing(
+                routing_pb2.GatePairingRequest(
+                    request_id=request_id,
+                    pair_id=pair_id,
+                    target_backend_id=target_id,
+                    drafted=drafted,
+                    accepted=accepted,
+                ),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise ControlUnavailable(f"control plane: {exc.code().name}") from None
+        target = convert.backend_from_pb(resp.target) if resp.HasField("target") else None
+        return GateAnswer(VERDICT_FROM_PB.get(resp.verdict, "reject"), resp.reason, target)
 
     def report_failover(self, report: FailoverReport) -> None:
         task = asyncio.create_task(self._report_failover(report))
@@ -262,6 +326,7 @@ class GrpcOracle:
                 total_ms=outcome.total_ms,
                 reply_chain_hash=outcome.reply_chain_hash,
                 message_count=outcome.message_count,
+                spec=_spec_to_pb(outcome.spec) if outcome.spec is not None else None,
             )
         )
 

@@ -21,6 +21,7 @@ from dataplane.metrics import ShimMetrics
 from dataplane.oracle import Oracle, Outcome
 from dataplane.settings import ResumeSettings
 from dataplane.shape import reply_hash
+from dataplane.speculative import SpecServer
 from dataplane.streaming import StreamRelay, with_token_ids
 from dataplane.validate import ClientRequest, Endpoint
 
@@ -63,10 +64,18 @@ class Proxy:
         self._oracle = oracle
         self._settings = settings
         self._background: set[asyncio.Task[None]] = set()
+        self._spec = SpecServer(session, oracle, settings.timeouts, settings.budget)
 
     async def serve(
         self, request: web.Request, ex: Exchange, decision: Decision
     ) -> web.StreamResponse:
+        if decision.pairing is not None:
+            try:
+                return await self._spec.serve(request, ex.request_id, ex.client, ex.shape,
+                                              decision)  # fmt: skip
+            except AttemptFailed as failed:
+                # Nothing reached the client: serve it the ordinary way.
+                log.info("request %s: speculative start failed (%s)", ex.request_id, failed)
         last: AttemptFailed | None = None
         for attempt, backend in enumerate(decision.backends):
             if not self._settings.budget.allows(attempt, time.monotonic() - ex.started):

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from control.model import RequestShape
+from dataplane.specplan import sets_temperature, spec_eligible
 from dataplane.validate import ClientRequest, Endpoint
 
 DEFAULT_KEY = b"baton-prefix-v1"
@@ -55,7 +56,10 @@ def _chars(content: Any) -> int:
     if isinstance(content, str):
         return len(content)
     if isinstance(content, list):
-        return sum(len(p.get("text", "")) for p in content if isinstance(p, dict))
+        # Non-text parts may carry "text": null (SDK dumps); only strings are text.
+        return sum(
+            len(t) for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str)
+        )
     return 0
 
 
@@ -79,4 +83,6 @@ def shape_of(req: ClientRequest, key: bytes = DEFAULT_KEY) -> RequestShape:
         prompt_chars=chars,
         greedy=req.greedy,
         stream=req.stream,
+        spec_eligible=spec_eligible(req),
+        sets_temperature=sets_temperature(req),
     )

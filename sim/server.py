@@ -35,7 +35,7 @@ from sim.protocol import (
 )
 from sim.run import Dropped, Run
 from sim.specdecode import SpecConfig
-from sim.tokenizer import Tokenizer, build_tokenizer
+from sim.tokenizer import EOS, Tokenizer, build_tokenizer
 
 FAULT_HEADER = "X-Sim-Fault"
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -298,6 +298,7 @@ async def server_info(request: web.Request) -> web.Response:
         "vocab_size": state.tokenizer.vocab_size,
         "vocab_hash": state.vocab_hash,
         "block_size": cfg.cost.block_size,
+        "eos_token_id": EOS,
         "default_sampling_params": {
             "temperature": lim.default_temperature,
             "top_p": lim.default_top_p,

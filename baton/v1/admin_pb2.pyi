@@ -520,3 +520,118 @@ class WatchEventsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchEventsResponse: _TypeAlias = WatchEventsResponse  # noqa: Y015
+
+@_typing.final
+class BindPairRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DRAFT_BACKEND_ID_FIELD_NUMBER: _builtins.int
+    TARGET_BACKEND_ID_FIELD_NUMBER: _builtins.int
+    NUM_DRAFT_TOKENS_FIELD_NUMBER: _builtins.int
+    draft_backend_id: _builtins.str
+    target_backend_id: _builtins.str
+    num_draft_tokens: _builtins.int
+    """Draft tokens per round; 0 means the server's default (4)."""
+    def __init__(
+        self,
+        *,
+        draft_backend_id: _builtins.str = ...,
+        target_backend_id: _builtins.str = ...,
+        num_draft_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["draft_backend_id", b"draft_backend_id", "num_draft_tokens", b"num_draft_tokens", "target_backend_id", b"target_backend_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BindPairRequest: _TypeAlias = BindPairRequest  # noqa: Y015
+
+@_typing.final
+class BindPairResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAIR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def pair(self) -> _fleet_pb2.Pair: ...
+    def __init__(
+        self,
+        *,
+        pair: _fleet_pb2.Pair | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pair", b"pair"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pair", b"pair"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BindPairResponse: _TypeAlias = BindPairResponse  # noqa: Y015
+
+@_typing.final
+class UnbindPairRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnbindPairRequest: _TypeAlias = UnbindPairRequest  # noqa: Y015
+
+@_typing.final
+class UnbindPairResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnbindPairResponse: _TypeAlias = UnbindPairResponse  # noqa: Y015
+
+@_typing.final
+class ListPairsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPairsRequest: _TypeAlias = ListPairsRequest  # noqa: Y015
+
+@_typing.final
+class ListPairsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAIRS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def pairs(self) -> _containers.RepeatedCompositeFieldContainer[_fleet_pb2.Pair]: ...
+    def __init__(
+        self,
+        *,
+        pairs: _abc.Iterable[_fleet_pb2.Pair] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pairs", b"pairs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPairsResponse: _TypeAlias = ListPairsResponse  # noqa: Y015

@@ -85,6 +85,21 @@ class AdminServiceStub:
                 request_serializer=baton_dot_v1_dot_admin__pb2.ClearPinsRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_admin__pb2.ClearPinsResponse.FromString,
                 _registered_method=True)
+        self.BindPair = channel.unary_unary(
+                '/baton.v1.AdminService/BindPair',
+                request_serializer=baton_dot_v1_dot_admin__pb2.BindPairRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.BindPairResponse.FromString,
+                _registered_method=True)
+        self.UnbindPair = channel.unary_unary(
+                '/baton.v1.AdminService/UnbindPair',
+                request_serializer=baton_dot_v1_dot_admin__pb2.UnbindPairRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.UnbindPairResponse.FromString,
+                _registered_method=True)
+        self.ListPairs = channel.unary_unary(
+                '/baton.v1.AdminService/ListPairs',
+                request_serializer=baton_dot_v1_dot_admin__pb2.ListPairsRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.ListPairsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -154,6 +169,26 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BindPair(self, request, context):
+        """Bind a draft backend to a target backend. Validated against facts fetched from both
+        backends now; any mismatch is FAILED_PRECONDITION naming the invariant.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnbindPair(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPairs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -206,6 +241,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ClearPins,
                     request_deserializer=baton_dot_v1_dot_admin__pb2.ClearPinsRequest.FromString,
                     response_serializer=baton_dot_v1_dot_admin__pb2.ClearPinsResponse.SerializeToString,
+            ),
+            'BindPair': grpc.unary_unary_rpc_method_handler(
+                    servicer.BindPair,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.BindPairRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.BindPairResponse.SerializeToString,
+            ),
+            'UnbindPair': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnbindPair,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.UnbindPairRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.UnbindPairResponse.SerializeToString,
+            ),
+            'ListPairs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPairs,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.ListPairsRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.ListPairsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -479,6 +529,87 @@ class AdminService:
             '/baton.v1.AdminService/ClearPins',
             baton_dot_v1_dot_admin__pb2.ClearPinsRequest.SerializeToString,
             baton_dot_v1_dot_admin__pb2.ClearPinsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BindPair(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/BindPair',
+            baton_dot_v1_dot_admin__pb2.BindPairRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.BindPairResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnbindPair(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/UnbindPair',
+            baton_dot_v1_dot_admin__pb2.UnbindPairRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.UnbindPairResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPairs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/ListPairs',
+            baton_dot_v1_dot_admin__pb2.ListPairsRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.ListPairsResponse.FromString,
             options,
             channel_credentials,
             insecure,

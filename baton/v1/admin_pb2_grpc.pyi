@@ -46,6 +46,12 @@ class AdminServiceStub:
     ListPins: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListPinsRequest, _admin_pb2.ListPinsResponse]
     """Prefix-affinity pins, most recently used first."""
     ClearPins: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ClearPinsRequest, _admin_pb2.ClearPinsResponse]
+    BindPair: _grpc.UnaryUnaryMultiCallable[_admin_pb2.BindPairRequest, _admin_pb2.BindPairResponse]
+    """Bind a draft backend to a target backend. Validated against facts fetched from both
+    backends now; any mismatch is FAILED_PRECONDITION naming the invariant.
+    """
+    UnbindPair: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UnbindPairRequest, _admin_pb2.UnbindPairResponse]
+    ListPairs: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListPairsRequest, _admin_pb2.ListPairsResponse]
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -65,6 +71,12 @@ class AdminServiceAsyncStub(AdminServiceStub):
     ListPins: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListPinsRequest, _admin_pb2.ListPinsResponse]  # type: ignore[assignment]
     """Prefix-affinity pins, most recently used first."""
     ClearPins: _aio.UnaryUnaryMultiCallable[_admin_pb2.ClearPinsRequest, _admin_pb2.ClearPinsResponse]  # type: ignore[assignment]
+    BindPair: _aio.UnaryUnaryMultiCallable[_admin_pb2.BindPairRequest, _admin_pb2.BindPairResponse]  # type: ignore[assignment]
+    """Bind a draft backend to a target backend. Validated against facts fetched from both
+    backends now; any mismatch is FAILED_PRECONDITION naming the invariant.
+    """
+    UnbindPair: _aio.UnaryUnaryMultiCallable[_admin_pb2.UnbindPairRequest, _admin_pb2.UnbindPairResponse]  # type: ignore[assignment]
+    ListPairs: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListPairsRequest, _admin_pb2.ListPairsResponse]  # type: ignore[assignment]
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Operator-facing fleet management. Requires the admin bearer token when control has one."""
@@ -141,5 +153,29 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.ClearPinsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ClearPinsResponse, _abc.Awaitable[_admin_pb2.ClearPinsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def BindPair(
+        self,
+        request: _admin_pb2.BindPairRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.BindPairResponse, _abc.Awaitable[_admin_pb2.BindPairResponse]]:
+        """Bind a draft backend to a target backend. Validated against facts fetched from both
+        backends now; any mismatch is FAILED_PRECONDITION naming the invariant.
+        """
+
+    @_abc_1.abstractmethod
+    def UnbindPair(
+        self,
+        request: _admin_pb2.UnbindPairRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.UnbindPairResponse, _abc.Awaitable[_admin_pb2.UnbindPairResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListPairs(
+        self,
+        request: _admin_pb2.ListPairsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListPairsResponse, _abc.Awaitable[_admin_pb2.ListPairsResponse]]: ...
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -89,6 +89,35 @@ HEALTH_STATE_DOWN: HealthState.ValueType  # 4
 """Probes have failed repeatedly."""
 Global___HealthState: _TypeAlias = HealthState  # noqa: Y015
 
+class _PairState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PairStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PairState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PAIR_STATE_UNSPECIFIED: _PairState.ValueType  # 0
+    PAIR_STATE_ACTIVE: _PairState.ValueType  # 1
+    """Draft and target verified; acceptance feeds the paired baseline."""
+    PAIR_STATE_PROBATION: _PairState.ValueType  # 2
+    """Re-paired after a failover (or flagged by a quality signal): used, but its acceptance
+    does not move the baseline and it is never locked in on the strength of a spike.
+    """
+    PAIR_STATE_DETACHED: _PairState.ValueType  # 3
+    """No healthy target matches the draft's facts: requests are served target-only."""
+
+class PairState(_PairState, metaclass=_PairStateEnumTypeWrapper): ...
+
+PAIR_STATE_UNSPECIFIED: PairState.ValueType  # 0
+PAIR_STATE_ACTIVE: PairState.ValueType  # 1
+"""Draft and target verified; acceptance feeds the paired baseline."""
+PAIR_STATE_PROBATION: PairState.ValueType  # 2
+"""Re-paired after a failover (or flagged by a quality signal): used, but its acceptance
+does not move the baseline and it is never locked in on the strength of a spike.
+"""
+PAIR_STATE_DETACHED: PairState.ValueType  # 3
+"""No healthy target matches the draft's facts: requests are served target-only."""
+Global___PairState: _TypeAlias = PairState  # noqa: Y015
+
 @_typing.final
 class Backend(_message.Message):
     """The configured identity of a backend."""
@@ -160,9 +189,114 @@ class BackendStatus(_message.Message):
 Global___BackendStatus: _TypeAlias = BackendStatus  # noqa: Y015
 
 @_typing.final
-class Snapshot(_message.Message):
-    """An immutable, versioned view of the fleet. A higher version supersedes a lower one."""
+class BackendFacts(_message.Message):
+    """An immutable, versioned view of the fleet. A higher version supersedes a lower one.
+    What control read from a backend itself at bind time (never trusted from config): the
+    facts both sides of a speculative pair must agree on.
+    """
 
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VOCAB_HASH_FIELD_NUMBER: _builtins.int
+    BLOCK_SIZE_FIELD_NUMBER: _builtins.int
+    PARAMS_HASH_FIELD_NUMBER: _builtins.int
+    TEMPERATURE_FIELD_NUMBER: _builtins.int
+    TOP_P_FIELD_NUMBER: _builtins.int
+    TOP_K_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    vocab_hash: _builtins.str
+    block_size: _builtins.int
+    params_hash: _builtins.str
+    """sha256 over the backend's default sampling params below."""
+    temperature: _builtins.float
+    top_p: _builtins.float
+    top_k: _builtins.int
+    seed: _builtins.int
+    """Absent: no default seed."""
+    def __init__(
+        self,
+        *,
+        vocab_hash: _builtins.str = ...,
+        block_size: _builtins.int = ...,
+        params_hash: _builtins.str = ...,
+        temperature: _builtins.float = ...,
+        top_p: _builtins.float = ...,
+        top_k: _builtins.int = ...,
+        seed: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "block_size", b"block_size", "params_hash", b"params_hash", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p", "vocab_hash", b"vocab_hash"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
+    _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
+
+Global___BackendFacts: _TypeAlias = BackendFacts  # noqa: Y015
+
+@_typing.final
+class Pair(_message.Message):
+    """A draft backend bound to a target backend for the target's model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    DRAFT_BACKEND_ID_FIELD_NUMBER: _builtins.int
+    TARGET_BACKEND_ID_FIELD_NUMBER: _builtins.int
+    BOUND_TARGET_BACKEND_ID_FIELD_NUMBER: _builtins.int
+    NUM_DRAFT_TOKENS_FIELD_NUMBER: _builtins.int
+    PARAMS_HASH_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    BASELINE_ACCEPTANCE_FIELD_NUMBER: _builtins.int
+    RECENT_ACCEPTANCE_FIELD_NUMBER: _builtins.int
+    ROUNDS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    model: _builtins.str
+    draft_backend_id: _builtins.str
+    target_backend_id: _builtins.str
+    """The target now in use (a failover may have re-bound it)."""
+    bound_target_backend_id: _builtins.str
+    """The target the operator bound."""
+    num_draft_tokens: _builtins.int
+    """Draft tokens proposed per round."""
+    params_hash: _builtins.str
+    """The draft's sampling-params hash; every target the draft is paired with must match it."""
+    state: Global___PairState.ValueType
+    baseline_acceptance: _builtins.float
+    """EWMA of accepted/drafted for this draft and params hash (the paired baseline)."""
+    recent_acceptance: _builtins.float
+    """Acceptance on the current pairing (while on probation: what the gate watches)."""
+    rounds: _builtins.int
+    reason: _builtins.str
+    """Why it is in that state."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        model: _builtins.str = ...,
+        draft_backend_id: _builtins.str = ...,
+        target_backend_id: _builtins.str = ...,
+        bound_target_backend_id: _builtins.str = ...,
+        num_draft_tokens: _builtins.int = ...,
+        params_hash: _builtins.str = ...,
+        state: Global___PairState.ValueType = ...,
+        baseline_acceptance: _builtins.float = ...,
+        recent_acceptance: _builtins.float = ...,
+        rounds: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline_acceptance", b"baseline_acceptance", "bound_target_backend_id", b"bound_target_backend_id", "draft_backend_id", b"draft_backend_id", "id", b"id", "model", b"model", "num_draft_tokens", b"num_draft_tokens", "params_hash", b"params_hash", "reason", b"reason", "recent_acceptance", b"recent_acceptance", "rounds", b"rounds", "state", b"state", "target_backend_id", b"target_backend_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Pair: _TypeAlias = Pair  # noqa: Y015
+
+@_typing.final
+class Snapshot(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int

@@ -75,6 +75,31 @@ OUTCOME_BACKEND_ERROR: Outcome.ValueType  # 3
 OUTCOME_CANCELLED: Outcome.ValueType  # 4
 Global___Outcome: _TypeAlias = Outcome  # noqa: Y015
 
+class _PairVerdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PairVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PairVerdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PAIR_VERDICT_UNSPECIFIED: _PairVerdict.ValueType  # 0
+    PAIR_VERDICT_ACCEPT: _PairVerdict.ValueType  # 1
+    """Same params hash, acceptance in line with the paired baseline."""
+    PAIR_VERDICT_PROBATION: _PairVerdict.ValueType  # 2
+    """Same params hash, but acceptance jumped: serve, watch, don't lock in."""
+    PAIR_VERDICT_REJECT: _PairVerdict.ValueType  # 3
+    """Params hash differs (or a quality signal): this pairing never serves; see `target`."""
+
+class PairVerdict(_PairVerdict, metaclass=_PairVerdictEnumTypeWrapper): ...
+
+PAIR_VERDICT_UNSPECIFIED: PairVerdict.ValueType  # 0
+PAIR_VERDICT_ACCEPT: PairVerdict.ValueType  # 1
+"""Same params hash, acceptance in line with the paired baseline."""
+PAIR_VERDICT_PROBATION: PairVerdict.ValueType  # 2
+"""Same params hash, but acceptance jumped: serve, watch, don't lock in."""
+PAIR_VERDICT_REJECT: PairVerdict.ValueType  # 3
+"""Params hash differs (or a quality signal): this pairing never serves; see `target`."""
+Global___PairVerdict: _TypeAlias = PairVerdict  # noqa: Y015
+
 class _ResumePath:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -167,11 +192,19 @@ class RequestShape(_message.Message):
     PROMPT_CHARS_FIELD_NUMBER: _builtins.int
     GREEDY_FIELD_NUMBER: _builtins.int
     STREAM_FIELD_NUMBER: _builtins.int
+    SPEC_ELIGIBLE_FIELD_NUMBER: _builtins.int
+    SETS_TEMPERATURE_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     message_count: _builtins.int
     prompt_chars: _builtins.int
     greedy: _builtins.bool
     stream: _builtins.bool
+    spec_eligible: _builtins.bool
+    """The request could be served by speculative decoding (one choice, no logprobs, no guided
+    output, no tools, no penalties) if its decoding is greedy.
+    """
+    sets_temperature: _builtins.bool
+    """The request sets temperature itself; otherwise the backend's default applies."""
     @_builtins.property
     def prefix_chain(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """Keyed hash per message: h_i = H(h_{i-1} || canonical(message_i))."""
@@ -190,10 +223,12 @@ class RequestShape(_message.Message):
         prompt_chars: _builtins.int = ...,
         greedy: _builtins.bool = ...,
         stream: _builtins.bool = ...,
+        spec_eligible: _builtins.bool = ...,
+        sets_temperature: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_turns", b"assistant_turns", "greedy", b"greedy", "message_count", b"message_count", "model", b"model", "prefix_chain", b"prefix_chain", "prompt_chars", b"prompt_chars", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_turns", b"assistant_turns", "greedy", b"greedy", "message_count", b"message_count", "model", b"model", "prefix_chain", b"prefix_chain", "prompt_chars", b"prompt_chars", "sets_temperature", b"sets_temperature", "spec_eligible", b"spec_eligible", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -236,12 +271,19 @@ class RouteResponse(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     SNAPSHOT_VERSION_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
+    PAIRING_FIELD_NUMBER: _builtins.int
     reason: Global___RouteReason.ValueType
     snapshot_version: _builtins.int
     detail: _builtins.str
     @_builtins.property
     def backends(self) -> _containers.RepeatedCompositeFieldContainer[_fleet_pb2.Backend]:
         """Primary first, then fallbacks in order."""
+
+    @_builtins.property
+    def pairing(self) -> Global___SpecPairing:
+        """Set when the primary is the target of a usable speculative pair: the shim drafts on
+        `pairing.draft` and verifies on the primary.
+        """
 
     def __init__(
         self,
@@ -250,14 +292,57 @@ class RouteResponse(_message.Message):
         reason: Global___RouteReason.ValueType = ...,
         snapshot_version: _builtins.int = ...,
         detail: _builtins.str = ...,
+        pairing: Global___SpecPairing | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pairing", b"pairing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "detail", b"detail", "reason", b"reason", "snapshot_version", b"snapshot_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "detail", b"detail", "pairing", b"pairing", "reason", b"reason", "snapshot_version", b"snapshot_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RouteResponse: _TypeAlias = RouteResponse  # noqa: Y015
+
+@_typing.final
+class SpecPairing(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAIR_ID_FIELD_NUMBER: _builtins.int
+    DRAFT_FIELD_NUMBER: _builtins.int
+    NUM_DRAFT_TOKENS_FIELD_NUMBER: _builtins.int
+    PARAMS_HASH_FIELD_NUMBER: _builtins.int
+    GATE_REQUIRED_FIELD_NUMBER: _builtins.int
+    EOS_TOKEN_ID_FIELD_NUMBER: _builtins.int
+    pair_id: _builtins.str
+    num_draft_tokens: _builtins.int
+    params_hash: _builtins.str
+    """The draft's sampling-params hash (the target's matches it, checked by control)."""
+    gate_required: _builtins.bool
+    """The pairing is new (a failover re-paired it): run one probe round and call GatePairing
+    before emitting anything it verified.
+    """
+    eos_token_id: _builtins.int
+    """The target's end-of-sequence token (from its facts): where a round may end the output."""
+    @_builtins.property
+    def draft(self) -> _fleet_pb2.Backend: ...
+    def __init__(
+        self,
+        *,
+        pair_id: _builtins.str = ...,
+        draft: _fleet_pb2.Backend | None = ...,
+        num_draft_tokens: _builtins.int = ...,
+        params_hash: _builtins.str = ...,
+        gate_required: _builtins.bool = ...,
+        eos_token_id: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_eos_token_id", b"_eos_token_id", "draft", b"draft", "eos_token_id", b"eos_token_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eos_token_id", b"_eos_token_id", "draft", b"draft", "eos_token_id", b"eos_token_id", "gate_required", b"gate_required", "num_draft_tokens", b"num_draft_tokens", "pair_id", b"pair_id", "params_hash", b"params_hash"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__eos_token_id: _TypeAlias = _typing.Literal["eos_token_id"]  # noqa: Y015
+    _WhichOneofArgType__eos_token_id: _TypeAlias = _typing.Literal["_eos_token_id", b"_eos_token_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__eos_token_id) -> _WhichOneofReturnType__eos_token_id | None: ...
+
+Global___SpecPairing: _TypeAlias = SpecPairing  # noqa: Y015
 
 @_typing.final
 class RouteStreamRequest(_message.Message):
@@ -395,6 +480,7 @@ class RequestOutcome(_message.Message):
     REPLY_CHAIN_HASH_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     backend_id: _builtins.str
     outcome: Global___Outcome.ValueType
@@ -408,6 +494,10 @@ class RequestOutcome(_message.Message):
     model: _builtins.str
     message_count: _builtins.int
     """Messages in the request (the reply is message message_count + 1)."""
+    @_builtins.property
+    def spec(self) -> Global___SpecOutcome:
+        """Set when the request was served by a speculative pair."""
+
     def __init__(
         self,
         *,
@@ -422,14 +512,126 @@ class RequestOutcome(_message.Message):
         reply_chain_hash: _builtins.bytes = ...,
         model: _builtins.str = ...,
         message_count: _builtins.int = ...,
+        spec: Global___SpecOutcome | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "completion_tokens", b"completion_tokens", "http_status", b"http_status", "message_count", b"message_count", "model", b"model", "outcome", b"outcome", "prompt_tokens", b"prompt_tokens", "reply_chain_hash", b"reply_chain_hash", "request_id", b"request_id", "total_ms", b"total_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "completion_tokens", b"completion_tokens", "http_status", b"http_status", "message_count", b"message_count", "model", b"model", "outcome", b"outcome", "prompt_tokens", b"prompt_tokens", "reply_chain_hash", b"reply_chain_hash", "request_id", b"request_id", "spec", b"spec", "total_ms", b"total_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RequestOutcome: _TypeAlias = RequestOutcome  # noqa: Y015
+
+@_typing.final
+class SpecOutcome(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAIR_ID_FIELD_NUMBER: _builtins.int
+    TARGET_BACKEND_ID_FIELD_NUMBER: _builtins.int
+    ROUNDS_FIELD_NUMBER: _builtins.int
+    DRAFTED_FIELD_NUMBER: _builtins.int
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    REPEATED_NGRAM_FIELD_NUMBER: _builtins.int
+    SCHEMA_VIOLATION_FIELD_NUMBER: _builtins.int
+    pair_id: _builtins.str
+    target_backend_id: _builtins.str
+    rounds: _builtins.int
+    drafted: _builtins.int
+    accepted: _builtins.int
+    repeated_ngram: _builtins.bool
+    """Quality signals on the completion: a repeated n-gram loop; JSON that fails the schema
+    the request asked for.
+    """
+    schema_violation: _builtins.bool
+    def __init__(
+        self,
+        *,
+        pair_id: _builtins.str = ...,
+        target_backend_id: _builtins.str = ...,
+        rounds: _builtins.int = ...,
+        drafted: _builtins.int = ...,
+        accepted: _builtins.int = ...,
+        repeated_ngram: _builtins.bool = ...,
+        schema_violation: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "drafted", b"drafted", "pair_id", b"pair_id", "repeated_ngram", b"repeated_ngram", "rounds", b"rounds", "schema_violation", b"schema_violation", "target_backend_id", b"target_backend_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SpecOutcome: _TypeAlias = SpecOutcome  # noqa: Y015
+
+@_typing.final
+class GatePairingRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    PAIR_ID_FIELD_NUMBER: _builtins.int
+    TARGET_BACKEND_ID_FIELD_NUMBER: _builtins.int
+    DRAFTED_FIELD_NUMBER: _builtins.int
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    pair_id: _builtins.str
+    target_backend_id: _builtins.str
+    drafted: _builtins.int
+    """The probe round on the new target."""
+    accepted: _builtins.int
+    traceparent: _builtins.str
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        pair_id: _builtins.str = ...,
+        target_backend_id: _builtins.str = ...,
+        drafted: _builtins.int = ...,
+        accepted: _builtins.int = ...,
+        traceparent: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "drafted", b"drafted", "pair_id", b"pair_id", "request_id", b"request_id", "target_backend_id", b"target_backend_id", "traceparent", b"traceparent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GatePairingRequest: _TypeAlias = GatePairingRequest  # noqa: Y015
+
+@_typing.final
+class GatePairingResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERDICT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    BASELINE_ACCEPTANCE_FIELD_NUMBER: _builtins.int
+    OBSERVED_ACCEPTANCE_FIELD_NUMBER: _builtins.int
+    verdict: Global___PairVerdict.ValueType
+    reason: _builtins.str
+    baseline_acceptance: _builtins.float
+    observed_acceptance: _builtins.float
+    @_builtins.property
+    def target(self) -> _fleet_pb2.Backend:
+        """On reject: the target the draft was re-bound to (its params hash matches), or unset
+        when none is healthy (continue target-only on the request's backend).
+        """
+
+    def __init__(
+        self,
+        *,
+        verdict: Global___PairVerdict.ValueType = ...,
+        reason: _builtins.str = ...,
+        target: _fleet_pb2.Backend | None = ...,
+        baseline_acceptance: _builtins.float = ...,
+        observed_acceptance: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline_acceptance", b"baseline_acceptance", "observed_acceptance", b"observed_acceptance", "reason", b"reason", "target", b"target", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GatePairingResponse: _TypeAlias = GatePairingResponse  # noqa: Y015
 
 @_typing.final
 class ReportOutcomesRequest(_message.Message):
@@ -477,11 +679,16 @@ class FailoverRequest(_message.Message):
     EXCLUDE_BACKEND_IDS_FIELD_NUMBER: _builtins.int
     PREFERRED_BACKEND_IDS_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    PAIR_ID_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     failed_backend_id: _builtins.str
     failure: _builtins.str
     traceparent: _builtins.str
     """W3C trace context of the shim's failover span; empty when tracing is off."""
+    pair_id: _builtins.str
+    """The request was being served by this speculative pair (its target failed): control
+    re-pairs the draft with the new backend, subject to GatePairing.
+    """
     @_builtins.property
     def shape(self) -> Global___RequestShape: ...
     @_builtins.property
@@ -504,10 +711,11 @@ class FailoverRequest(_message.Message):
         exclude_backend_ids: _abc.Iterable[_builtins.str] | None = ...,
         preferred_backend_ids: _abc.Iterable[_builtins.str] | None = ...,
         traceparent: _builtins.str = ...,
+        pair_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["shape", b"shape"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exclude_backend_ids", b"exclude_backend_ids", "failed_backend_id", b"failed_backend_id", "failure", b"failure", "preferred_backend_ids", b"preferred_backend_ids", "request_id", b"request_id", "shape", b"shape", "traceparent", b"traceparent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exclude_backend_ids", b"exclude_backend_ids", "failed_backend_id", b"failed_backend_id", "failure", b"failure", "pair_id", b"pair_id", "preferred_backend_ids", b"preferred_backend_ids", "request_id", b"request_id", "shape", b"shape", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -521,11 +729,14 @@ class FailoverResponse(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     SNAPSHOT_VERSION_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
+    PAIRING_FIELD_NUMBER: _builtins.int
     reason: Global___RouteReason.ValueType
     snapshot_version: _builtins.int
     detail: _builtins.str
     @_builtins.property
     def backends(self) -> _containers.RepeatedCompositeFieldContainer[_fleet_pb2.Backend]: ...
+    @_builtins.property
+    def pairing(self) -> Global___SpecPairing: ...
     def __init__(
         self,
         *,
@@ -533,10 +744,11 @@ class FailoverResponse(_message.Message):
         reason: Global___RouteReason.ValueType = ...,
         snapshot_version: _builtins.int = ...,
         detail: _builtins.str = ...,
+        pairing: Global___SpecPairing | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pairing", b"pairing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "detail", b"detail", "reason", b"reason", "snapshot_version", b"snapshot_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "detail", b"detail", "pairing", b"pairing", "reason", b"reason", "snapshot_version", b"snapshot_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -70,6 +70,11 @@ class RoutingServiceStub:
                 request_serializer=baton_dot_v1_dot_routing__pb2.WatchSnapshotsRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_routing__pb2.WatchSnapshotsResponse.FromString,
                 _registered_method=True)
+        self.GatePairing = channel.unary_unary(
+                '/baton.v1.RoutingService/GatePairing',
+                request_serializer=baton_dot_v1_dot_routing__pb2.GatePairingRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_routing__pb2.GatePairingResponse.FromString,
+                _registered_method=True)
 
 
 class RoutingServiceServicer:
@@ -126,6 +131,15 @@ class RoutingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GatePairing(self, request, context):
+        """A failover re-paired a draft with a new target: the shim ran one probe round on it and
+        asks whether that pairing may serve. Nothing verified by the new target reaches the
+        client before the answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RoutingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +177,11 @@ def add_RoutingServiceServicer_to_server(servicer, server):
                     servicer.WatchSnapshots,
                     request_deserializer=baton_dot_v1_dot_routing__pb2.WatchSnapshotsRequest.FromString,
                     response_serializer=baton_dot_v1_dot_routing__pb2.WatchSnapshotsResponse.SerializeToString,
+            ),
+            'GatePairing': grpc.unary_unary_rpc_method_handler(
+                    servicer.GatePairing,
+                    request_deserializer=baton_dot_v1_dot_routing__pb2.GatePairingRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_routing__pb2.GatePairingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,6 +374,33 @@ class RoutingService:
             '/baton.v1.RoutingService/WatchSnapshots',
             baton_dot_v1_dot_routing__pb2.WatchSnapshotsRequest.SerializeToString,
             baton_dot_v1_dot_routing__pb2.WatchSnapshotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GatePairing(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.RoutingService/GatePairing',
+            baton_dot_v1_dot_routing__pb2.GatePairingRequest.SerializeToString,
+            baton_dot_v1_dot_routing__pb2.GatePairingResponse.FromString,
             options,
             channel_credentials,
             insecure,

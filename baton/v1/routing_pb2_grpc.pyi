@@ -49,6 +49,11 @@ class RoutingServiceStub:
     """How a failover ended (path, seam verdict, gap): one audit event per failover."""
     WatchSnapshots: _grpc.UnaryStreamMultiCallable[_routing_pb2.WatchSnapshotsRequest, _routing_pb2.WatchSnapshotsResponse]
     """The current snapshot, then every newer one (shims keep the last for degraded mode)."""
+    GatePairing: _grpc.UnaryUnaryMultiCallable[_routing_pb2.GatePairingRequest, _routing_pb2.GatePairingResponse]
+    """A failover re-paired a draft with a new target: the shim ran one probe round on it and
+    asks whether that pairing may serve. Nothing verified by the new target reaches the
+    client before the answer.
+    """
 
 @_typing.type_check_only
 class RoutingServiceAsyncStub(RoutingServiceStub):
@@ -71,6 +76,11 @@ class RoutingServiceAsyncStub(RoutingServiceStub):
     """How a failover ended (path, seam verdict, gap): one audit event per failover."""
     WatchSnapshots: _aio.UnaryStreamMultiCallable[_routing_pb2.WatchSnapshotsRequest, _routing_pb2.WatchSnapshotsResponse]  # type: ignore[assignment]
     """The current snapshot, then every newer one (shims keep the last for degraded mode)."""
+    GatePairing: _aio.UnaryUnaryMultiCallable[_routing_pb2.GatePairingRequest, _routing_pb2.GatePairingResponse]  # type: ignore[assignment]
+    """A failover re-paired a draft with a new target: the shim ran one probe round on it and
+    asks whether that pairing may serve. Nothing verified by the new target reaches the
+    client before the answer.
+    """
 
 class RoutingServiceServicer(metaclass=_abc_1.ABCMeta):
     """The service data-plane shims call for every request."""
@@ -132,5 +142,16 @@ class RoutingServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_routing_pb2.WatchSnapshotsResponse], _abc.AsyncIterator[_routing_pb2.WatchSnapshotsResponse]]:
         """The current snapshot, then every newer one (shims keep the last for degraded mode)."""
+
+    @_abc_1.abstractmethod
+    def GatePairing(
+        self,
+        request: _routing_pb2.GatePairingRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_routing_pb2.GatePairingResponse, _abc.Awaitable[_routing_pb2.GatePairingResponse]]:
+        """A failover re-paired a draft with a new target: the shim ran one probe round on it and
+        asks whether that pairing may serve. Nothing verified by the new target reaches the
+        client before the answer.
+        """
 
 def add_RoutingServiceServicer_to_server(servicer: RoutingServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

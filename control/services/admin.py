@@ -10,16 +10,21 @@ from collections.abc import AsyncIterator
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control import config
 from control.events import Event, EventKind, EventQuery
-from control.registry import RegistryError
+from control.facts import FactsError
+from control.registry import PairRefused, RegistryError
 from control.routing import Router
 from control.services import convert
 from control.services.errors import Context, abort_with
+from control.services.facts import ReadFacts
 
 VERSION = "0.1.0"
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
-    def __init__(self, router: Router, *, started: float | None = None) -> None:
+    def __init__(
+        self, router: Router, read_facts: ReadFacts, *, started: float | None = None
+    ) -> None:
+        self._read_facts = read_facts
         self._router = router
         self._registry = router.registry
         self._started = started if started is not None else time.monotonic()
@@ -132,6 +137,45 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             EventKind.ADMIN, backend_id=request.backend_id, action="clear-pins", cleared=cleared
         )
         return admin_pb2.ClearPinsResponse(cleared=cleared)
+
+    async def BindPair(
+        self, request: admin_pb2.BindPairRequest, context: Context
+    ) -> admin_pb2.BindPairResponse:
+        reg = self._registry
+        try:
+            draft = reg.backend(request.draft_backend_id)
+            target = reg.backend(request.target_backend_id)
+            # Fail closed: the facts come from the two backends now, or there is no pair.
+            try:
+                draft_facts, target_facts = await asyncio.gather(
+                    self._read_facts(draft), self._read_facts(target)
+                )
+            except FactsError as exc:
+                raise PairRefused(str(exc)) from exc
+            pair = reg.bind_pair(
+                draft.id, target.id, request.num_draft_tokens, draft_facts, target_facts
+            )
+        except RegistryError as exc:
+            await abort_with(context, exc)
+            raise
+        return admin_pb2.BindPairResponse(pair=convert.pair_to_pb(pair, reg.pairs.baseline(pair)))
+
+    async def UnbindPair(
+        self, request: admin_pb2.UnbindPairRequest, context: Context
+    ) -> admin_pb2.UnbindPairResponse:
+        try:
+            self._registry.unbind_pair(request.id)
+        except RegistryError as exc:
+            await abort_with(context, exc)
+        return admin_pb2.UnbindPairResponse()
+
+    async def ListPairs(
+        self, request: admin_pb2.ListPairsRequest, context: Context
+    ) -> admin_pb2.ListPairsResponse:
+        pairs = self._registry.pairs
+        return admin_pb2.ListPairsResponse(
+            pairs=[convert.pair_to_pb(p, pairs.baseline(p)) for p in pairs]
+        )
 
     async def WatchEvents(
         self, request: admin_pb2.WatchEventsRequest, context: Context

@@ -17,12 +17,16 @@ from control.model import (
     BackendStatus,
     Decision,
     HealthState,
+    Pairing,
     Reason,
     RequestShape,
     Role,
     RouteRequest,
     Snapshot,
 )
+from control.pairs import Pair, PairState, Verdict
+from control.registry import GateResult
+from control.routing import SpecStats
 
 KIND_TO_PB = {
     BackendKind.VLLM: fleet_pb2.BACKEND_KIND_VLLM,
@@ -104,6 +108,8 @@ def shape_from_pb(s: routing_pb2.RequestShape) -> RequestShape:
         prompt_chars=s.prompt_chars,
         greedy=s.greedy,
         stream=s.stream,
+        spec_eligible=s.spec_eligible,
+        sets_temperature=s.sets_temperature,
     )
 
 
@@ -119,6 +125,7 @@ def route_response(d: Decision) -> routing_pb2.RouteResponse:
         reason=REASON_TO_PB[d.reason],
         snapshot_version=d.snapshot_version,
         detail=d.detail,
+        pairing=pairing_to_pb(d.pairing) if d.pairing is not None else None,
     )
 
 
@@ -128,7 +135,66 @@ def failover_response(d: Decision) -> routing_pb2.FailoverResponse:
         reason=REASON_TO_PB[d.reason],
         snapshot_version=d.snapshot_version,
         detail=d.detail,
+        pairing=pairing_to_pb(d.pairing) if d.pairing is not None else None,
     )
+
+
+def pairing_to_pb(p: Pairing) -> routing_pb2.SpecPairing:
+    return routing_pb2.SpecPairing(
+        pair_id=p.pair_id,
+        draft=backend_to_pb(p.draft),
+        num_draft_tokens=p.num_draft_tokens,
+        params_hash=p.params_hash,
+        gate_required=p.gate_required,
+        eos_token_id=p.eos_token_id,
+    )
+
+
+PAIR_STATE_TO_PB = {
+    PairState.ACTIVE: fleet_pb2.PAIR_STATE_ACTIVE,
+    PairState.PROBATION: fleet_pb2.PAIR_STATE_PROBATION,
+    PairState.DETACHED: fleet_pb2.PAIR_STATE_DETACHED,
+}
+VERDICT_TO_PB = {
+    Verdict.ACCEPT: routing_pb2.PAIR_VERDICT_ACCEPT,
+    Verdict.PROBATION: routing_pb2.PAIR_VERDICT_PROBATION,
+    Verdict.REJECT: routing_pb2.PAIR_VERDICT_REJECT,
+}
+
+
+def pair_to_pb(p: Pair, baseline: float | None) -> fleet_pb2.Pair:
+    return fleet_pb2.Pair(
+        id=p.id,
+        model=p.model,
+        draft_backend_id=p.draft_id,
+        target_backend_id=p.target_id,
+        bound_target_backend_id=p.bound_target_id,
+        num_draft_tokens=p.num_draft_tokens,
+        params_hash=p.params_hash,
+        state=PAIR_STATE_TO_PB[p.state],
+        baseline_acceptance=baseline or 0.0,
+        recent_acceptance=p.recent or 0.0,
+        rounds=p.rounds,
+        reason=p.reason,
+    )
+
+
+def gate_response(g: GateResult) -> routing_pb2.GatePairingResponse:
+    return routing_pb2.GatePairingResponse(
+        verdict=VERDICT_TO_PB[g.verdict],
+        reason=g.reason,
+        target=backend_to_pb(g.target) if g.target is not None else None,
+        baseline_acceptance=g.baseline or 0.0,
+        observed_acceptance=g.observed,
+    )
+
+
+def spec_stats_from_pb(o: routing_pb2.RequestOutcome) -> SpecStats | None:
+    if not o.HasField("spec"):
+        return None
+    s = o.spec
+    return SpecStats(s.pair_id, s.target_backend_id, s.rounds, s.drafted, s.accepted,
+                     s.repeated_ngram, s.schema_violation)  # fmt: skip
 
 
 def timestamp(seconds: float) -> Timestamp:

@@ -7,7 +7,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from control.config import ConfigError
-from control.registry import BackendExists, BackendNotFound
+from control.registry import BackendExists, BackendNotFound, PairExists, PairNotFound, PairRefused
 
 # grpc's stubs make the context generic; servicers here handle many message types.
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -16,6 +16,10 @@ STATUS_FOR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (BackendNotFound, grpc.StatusCode.NOT_FOUND),
     (BackendExists, grpc.StatusCode.ALREADY_EXISTS),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (PairNotFound, grpc.StatusCode.NOT_FOUND),
+    (PairExists, grpc.StatusCode.ALREADY_EXISTS),
+    # A pairing that breaks an invariant: the message names it (vocab_hash, block_size, ...).
+    (PairRefused, grpc.StatusCode.FAILED_PRECONDITION),
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractContextManager, nullcontext
@@ -11,18 +12,28 @@ from opentelemetry.trace import Span
 
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.events import EventKind
+from control.facts import FactsError
 from control.metrics import ControlMetrics
 from control.model import Decision, Snapshot
+from control.registry import RegistryError
 from control.routing import Outcome, Router
 from control.services import convert
-from control.services.errors import Context
+from control.services.errors import Context, abort_with
+from control.services.facts import ReadFacts
 from control.tracing import OFF, SpanKind, Tracing
 
 OK = routing_pb2.OUTCOME_OK
 
 
 class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
-    def __init__(self, router: Router, metrics: ControlMetrics, tracing: Tracing = OFF) -> None:
+    def __init__(
+        self,
+        router: Router,
+        metrics: ControlMetrics,
+        read_facts: ReadFacts,
+        tracing: Tracing = OFF,
+    ) -> None:
+        self._read_facts = read_facts
         self._router = router
         self._metrics = metrics
         self._policy = router.policy.name
@@ -80,7 +91,12 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
     def _finished(self, outcomes: Iterable[routing_pb2.RequestOutcome]) -> None:
         self._router.finished(
             Outcome(
-                o.request_id, o.backend_id, o.outcome == OK, o.reply_chain_hash, o.message_count
+                o.request_id,
+                o.backend_id,
+                o.outcome == OK,
+                o.reply_chain_hash,
+                o.message_count,
+                convert.spec_stats_from_pb(o),
             )
             for o in outcomes
         )
@@ -115,6 +131,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
                 request.failed_backend_id,
                 request.failure or "failure",
                 preferred=tuple(request.preferred_backend_ids),
+                pair_id=request.pair_id,
             )
 
     async def ReportFailover(
@@ -133,6 +150,31 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             **fields,
         )
         return routing_pb2.ReportFailoverResponse()
+
+    async def GatePairing(
+        self, request: routing_pb2.GatePairingRequest, context: Context
+    ) -> routing_pb2.GatePairingResponse:
+        registry = self._router.registry
+        facts = None
+        target = registry.snapshot.get(request.target_backend_id)
+        if target is not None:
+            # Read now, not remembered: the replica may have restarted with another config.
+            with contextlib.suppress(FactsError):
+                facts = await self._read_facts(target.backend)
+        with self._traced("baton.control.gate", request.traceparent, request.request_id):
+            try:
+                result = registry.gate_pairing(
+                    request.pair_id,
+                    request.target_backend_id,
+                    request.drafted,
+                    request.accepted,
+                    facts,
+                )
+            except RegistryError as exc:
+                await abort_with(context, exc)
+                raise
+        self._metrics.pair_verdicts.labels(result.verdict.value).inc()
+        return convert.gate_response(result)
 
     async def WatchSnapshots(
         self, request: routing_pb2.WatchSnapshotsRequest, context: Context

@@ -1,0 +1,29 @@
+"""Read a backend's facts over HTTP (`GET /server_info`), for binding, gating and refresh."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from control.facts import FACTS_PATH, Facts, FactsError, facts_from_server_info
+from control.model import Backend
+
+
+async def fetch_facts(
+    session: aiohttp.ClientSession, backend: Backend, timeout: float = 2.0
+) -> Facts:
+    """Raises FactsError naming the backend when it can't say (no endpoint, down, junk)."""
+    try:
+        async with session.get(
+            backend.url + FACTS_PATH, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as resp:
+            if resp.status != 200:
+                raise FactsError(f"facts: {backend.id} answered {FACTS_PATH} with {resp.status}")
+            body = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise FactsError(f"facts: {backend.id} unreachable ({type(exc).__name__})") from exc
+    if not isinstance(body, dict):
+        raise FactsError(f"facts: {backend.id} sent no JSON object")
+    try:
+        return facts_from_server_info(body)
+    except FactsError as exc:
+        raise FactsError(f"facts: {backend.id}: {exc}") from exc

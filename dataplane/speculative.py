@@ -1,0 +1,431 @@
+"""Serve one request by router-level speculative decoding (specplan.py has the rules).
+
+Each round is two short non-streaming calls (draft: k tokens; target: score draft + one
+token), so the request is naturally resumable: a target that dies between or during rounds
+is replaced through control's Failover, which re-pairs the draft with the new target. Such a
+new pairing runs one probe round whose tokens are held back until control's gate answers;
+a rejected pairing never emits anything (DESIGN §6).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from control.model import Backend, Decision, Pairing, RequestShape
+from control.routing import SpecStats
+from dataplane.errors import ErrorKind, OpenAIError
+from dataplane.failover import Failure, RetryBudget
+from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
+from dataplane.oracle import ControlUnavailable, Oracle, Outcome
+from dataplane.shape import reply_hash
+from dataplane.specplan import Judged, judge, max_tokens, repeated_ngram
+from dataplane.stitch import sse
+from dataplane.validate import ClientRequest, Endpoint
+
+log = logging.getLogger("baton.shim.spec")
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+class DraftFailed(Exception):
+    """The draft could not propose: the request goes on target-only."""
+
+
+@dataclass(slots=True)
+class SpecRun:
+    """One request's state across rounds and failovers."""
+
+    request_id: str
+    client: ClientRequest
+    shape: RequestShape
+    target: Backend
+    pairing: Pairing | None
+    ctx: list[int] = field(default_factory=list)  # prompt ids + everything emitted
+    prompt_len: int = 0
+    generated: list[int] = field(default_factory=list)
+    text: str = ""  # detokenised `generated`, as far as sent
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tried: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    first_byte: float | None = None
+
+
+class SpecServer:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        oracle: Oracle,
+        timeouts: Timeouts,
+        budget: RetryBudget,
+    ) -> None:
+        self._session = session
+        self._oracle = oracle
+        self._timeouts = timeouts
+        self._budget = budget
+
+    async def serve(
+        self,
+        request: web.Request,
+        request_id: str,
+        client: ClientRequest,
+        shape: RequestShape,
+        decision: Decision,
+    ) -> web.StreamResponse:
+        """Raises AttemptFailed before anything reached the client (the caller then serves
+        the request the ordinary way); afterwards every failure ends in a resumed stream or
+        an explicit error event, never a truncated one."""
+        assert decision.pairing is not None
+        run = SpecRun(request_id, client, shape, decision.backends[0], decision.pairing)
+        run.ctx = await self._prompt_ids(run.target, client)
+        run.prompt_len = len(run.ctx)
+        limit = max_tokens(client.body) or 0
+        if decision.pairing.gate_required:
+            await self._gate_first(run, limit)
+        writer = _Writer(request, client, request_id)
+        finish = "length"
+        try:
+            while len(run.generated) < limit:
+                judged = await self._next(run, limit - len(run.generated))
+                await self._emit(run, writer, judged.emitted)
+                if judged.finished:
+                    finish = judged.finished
+                    break
+        except OpenAIError as err:
+            await writer.fail(err)
+            self._finished(run, ok=False)
+            return writer.response
+        await writer.finish(finish, run.prompt_len, len(run.generated))
+        self._finished(run, ok=True)
+        return writer.response
+
+    # -- rounds ----------------------------------------------------------------------------
+
+    async def _next(self, run: SpecRun, remaining: int) -> Judged:
+        """The next tokens, from a round on the pair or target-only, surviving target death
+        through failovers (bounded)."""
+        while True:
+            try:
+                if run.pairing is None:
+                    return await self._target_only(run, remaining)
+                try:
+                    judged, drafted = await self._round(run, run.pairing, run.target, remaining)
+                except DraftFailed as exc:
+                    log.info("request %s: draft failed (%s); target-only", run.request_id, exc)
+                    run.pairing = None
+                    continue
+                run.rounds += 1
+                run.drafted += drafted
+                run.accepted += judged.accepted
+                return judged
+            except AttemptFailed as failed:
+                await self._failover(run, failed, remaining)
+
+    async def _failover(self, run: SpecRun, failed: AttemptFailed, remaining: int) -> None:
+        run.tried.append(run.target.id)
+        if not self._budget.allows(len(run.tried), time.monotonic() - run.started):
+            raise OpenAIError(ErrorKind.BACKEND_FAILED, f"resume budget exhausted ({failed})")
+        try:
+            decision = await self._oracle.failover(
+                run.request_id,
+                run.shape,
+                run.target.id,
+                failed.failure,
+                exclude=run.tried,
+                pair_id=run.pairing.pair_id if run.pairing else "",
+            )
+        except ControlUnavailable as exc:
+            raise OpenAIError(ErrorKind.BACKEND_FAILED, f"cannot resume: {exc}") from None
+        if not decision.backends:
+            raise OpenAIError(ErrorKind.BACKEND_FAILED, f"no backend to resume on ({failed})")
+        log.info("request %s: %s failed (%s); resuming on %s", run.request_id, run.target.id,
+                 failed, decision.backends[0].id)  # fmt: skip
+        run.target = decision.backends[0]
+        run.pairing = decision.pairing
+        run.rounds = run.drafted = run.accepted = 0  # acceptance is per pairing
+        if run.pairing is not None and run.pairing.gate_required:
+            await self._gate_first(run, remaining)
+
+    async def _gate_first(self, run: SpecRun, remaining: int) -> None:
+        """A new pairing: one probe round, judged by control before anything it verified is
+        used. The probe's tokens are discarded either way (the next round recomputes them
+        from the same context, so nothing is lost but the round's time)."""
+        pairing = run.pairing
+        assert pairing is not None
+        try:
+            judged, drafted = await self._round(run, pairing, run.target, remaining)
+        except DraftFailed:
+            run.pairing = None
+            return
+        try:
+            answer = await self._oracle.gate_pairing(
+                run.request_id, pairing.pair_id, run.target.id, drafted, judged.accepted
+            )
+        except ControlUnavailable:
+            run.pairing = None  # fail closed: no verdict, no pairing
+            return
+        log.info("request %s: pairing %s on %s: %s (%s)", run.request_id, pairing.pair_id,
+                 run.target.id, answer.verdict, answer.reason)  # fmt: skip
+        if answer.verdict == "reject":
+            if answer.target is not None:
+                run.target = answer.target  # re-bound: its facts match; serve there
+                run.pairing = Pairing(pairing.pair_id, pairing.draft, pairing.num_draft_tokens,
+                                      pairing.params_hash, False, pairing.eos_token_id)  # fmt: skip
+            else:
+                run.pairing = None
+
+    async def _round(
+        self, run: SpecRun, pairing: Pairing, target: Backend, remaining: int
+    ) -> tuple[Judged, int]:
+        k = max(1, min(pairing.num_draft_tokens, remaining))
+        try:
+            proposal = await self._complete(pairing.draft, run.ctx, k)
+        except AttemptFailed as exc:
+            raise DraftFailed(str(exc)) from exc
+        draft_ids = _ints(proposal.get("token_ids"))
+        if draft_ids is None:
+            raise DraftFailed("draft sent no token_ids")
+        scored = await self._complete(target, run.ctx + draft_ids, 1, prompt_logprobs=1)
+        try:
+            judged = judge(
+                draft_ids,
+                scored["prompt_logprobs"],
+                _ints(scored.get("token_ids")) or [],
+                scored.get("finish_reason"),
+                remaining,
+                pairing.eos_token_id,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AttemptFailed(Failure.GARBAGE, f"scoring answer: {exc}") from None
+        return judged, len(draft_ids)
+
+    async def _target_only(self, run: SpecRun, remaining: int) -> Judged:
+        """No usable draft: the target generates the rest greedily in one call."""
+        choice = await self._complete(run.target, run.ctx, remaining)
+        ids = _ints(choice.get("token_ids"))
+        if ids is None:
+            raise AttemptFailed(Failure.GARBAGE, "target sent no token_ids")
+        finish = choice.get("finish_reason")
+        return Judged(0, tuple(ids[:remaining]), "stop" if finish == "stop" else "length")
+
+    # -- backend calls ---------------------------------------------------------------------
+
+    async def _complete(
+        self, backend: Backend, prompt: list[int], n: int, prompt_logprobs: int | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": backend.model,
+            "prompt": prompt,
+            "max_tokens": n,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
+        if prompt_logprobs is not None:
+            body["prompt_logprobs"] = prompt_logprobs
+        answer = await self._post(backend, "/v1/completions", body)
+        try:
+            choice = answer["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise AttemptFailed(Failure.GARBAGE, "completion without choices") from None
+        if not isinstance(choice, dict):
+            raise AttemptFailed(Failure.GARBAGE, "completion choice is not an object")
+        return choice
+
+    async def _prompt_ids(self, target: Backend, client: ClientRequest) -> list[int]:
+        body = client.body
+        prompt = body.get("prompt")
+        if client.endpoint is Endpoint.COMPLETIONS and (given := _ints(prompt)) is not None:
+            return list(given)
+        ask: dict[str, Any] = {"model": target.model}
+        if client.endpoint is Endpoint.CHAT:
+            ask.update(messages=body["messages"], add_generation_prompt=True)
+        elif isinstance(prompt, str):
+            ask["prompt"] = prompt
+        else:
+            raise AttemptFailed(Failure.GARBAGE, "prompt is neither text nor token ids")
+        ids = _ints((await self._post(target, "/tokenize", ask)).get("tokens"))
+        if ids is None:
+            raise AttemptFailed(Failure.GARBAGE, "tokenize sent no tokens")
+        return ids
+
+    async def _detokenize(self, target: Backend, ids: list[int]) -> str:
+        answer = await self._post(target, "/detokenize", {"model": target.model, "tokens": ids})
+        text = answer.get("prompt")
+        if not isinstance(text, str):
+            raise AttemptFailed(Failure.GARBAGE, "detokenize sent no text")
+        return text
+
+    async def _post(self, backend: Backend, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        resp = await open_attempt(
+            self._session, backend, path, orjson.dumps(body), self._timeouts
+        )
+        try:
+            if resp.status != 200:
+                raise AttemptFailed(
+                    Failure.STATUS_5XX if resp.status >= 500 else Failure.GARBAGE,
+                    f"{path} answered {resp.status}",
+                )
+            raw = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise classify_exception(exc) from exc
+        finally:
+            resp.release()
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise AttemptFailed(Failure.GARBAGE, f"{path}: not JSON") from None
+        if not isinstance(answer, dict):
+            raise AttemptFailed(Failure.GARBAGE, f"{path}: not a JSON object")
+        return answer
+
+    # -- client side -----------------------------------------------------------------------
+
+    async def _emit(self, run: SpecRun, writer: _Writer, ids: tuple[int, ...]) -> None:
+        if not ids:
+            return
+        run.generated.extend(ids)
+        run.ctx.extend(ids)
+        while True:
+            try:
+                text = await self._detokenize(run.target, run.generated)
+                break
+            except AttemptFailed as failed:
+                await self._failover(run, failed, 1)
+        # A trailing U+FFFD is half a character: send it when the rest arrives.
+        safe = text.rstrip("\ufffd") if len(run.generated) else text
+        if safe.startswith(run.text) and len(safe) > len(run.text):
+            delta = safe[len(run.text) :]
+            run.text = safe
+            if run.first_byte is None:
+                run.first_byte = time.monotonic()
+            await writer.text(delta)
+
+    def _finished(self, run: SpecRun, ok: bool) -> None:
+        now = time.monotonic()
+        first = run.first_byte or now
+        chat = run.client.endpoint is Endpoint.CHAT
+        stats = None
+        if run.pairing is not None or run.rounds:
+            pair_id = run.pairing.pair_id if run.pairing else ""
+            stats = SpecStats(pair_id, run.target.id, run.rounds, run.drafted, run.accepted,
+                              repeated_ngram(run.generated))  # fmt: skip
+        self._oracle.finished(
+            Outcome(
+                run.request_id,
+                run.target.id,
+                run.client.model,
+                ok,
+                200 if ok else 502,
+                ttft_ms=(first - run.started) * 1000,
+                total_ms=(now - run.started) * 1000,
+                reply_chain_hash=reply_hash(run.shape.prefix_chain, run.text) if ok and chat
+                else b"",
+                message_count=run.shape.message_count,
+                spec=stats if stats is not None and stats.pair_id else None,
+            )
+        )
+
+
+class _Writer:
+    """The client's answer in its own format, streamed or whole."""
+
+    def __init__(self, request: web.Request, client: ClientRequest, request_id: str) -> None:
+        self._request = request
+        self._client = client
+        self._chat = client.endpoint is Endpoint.CHAT
+        prefix = "chatcmpl-" if self._chat else "cmpl-"
+        self._id = prefix + uuid.uuid4().hex
+        self._created = int(time.time())
+        self._request_id = request_id
+        self._parts: list[str] = []
+        self._stream: web.StreamResponse | None = None
+        self.response: web.StreamResponse = web.Response(status=500)
+
+    async def _open(self) -> web.StreamResponse:
+        if self._stream is None:
+            self._stream = web.StreamResponse(
+                status=200, headers={**SSE_HEADERS, "X-Request-Id": self._request_id}
+            )
+            await self._stream.prepare(self._request)
+            self.response = self._stream
+            if self._chat:
+                await self._stream.write(sse(self._chunk({"role": "assistant", "content": ""})))
+        return self._stream
+
+    def _chunk(self, delta: dict[str, Any] | str, finish: str | None = None) -> dict[str, Any]:
+        if self._chat:
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
+                                      "finish_reason": finish}  # fmt: skip
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        return {"id": self._id, "object": obj, "created": self._created,
+                "model": self._client.model, "choices": [choice]}  # fmt: skip
+
+    async def text(self, delta: str) -> None:
+        if not self._client.stream:
+            self._parts.append(delta)
+            return
+        stream = await self._open()
+        await stream.write(sse(self._chunk({"content": delta} if self._chat else delta)))
+
+    async def finish(self, reason: str, prompt_tokens: int, completion_tokens: int) -> None:
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+        if not self._client.stream:
+            text = "".join(self._parts)
+            if self._chat:
+                choice: dict[str, Any] = {
+                    "index": 0, "message": {"role": "assistant", "content": text},
+                    "logprobs": None, "finish_reason": reason,
+                }  # fmt: skip
+                obj = "chat.completion"
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+                obj = "text_completion"
+            body = {"id": self._id, "object": obj, "created": self._created,
+                    "model": self._client.model, "choices": [choice], "usage": usage}  # fmt: skip
+            self.response = web.Response(
+                body=orjson.dumps(body),
+                content_type="application/json",
+                headers={"X-Request-Id": self._request_id},
+            )
+            return
+        stream = await self._open()
+        await stream.write(sse(self._chunk({} if self._chat else "", reason)))
+        options = self._client.body.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):
+            last = self._chunk({} if self._chat else "")
+            last["choices"] = []
+            last["usage"] = usage
+            await stream.write(sse(last))
+        await stream.write(b"data: [DONE]\n\n")
+        await stream.write_eof()
+
+    async def fail(self, err: OpenAIError) -> None:
+        if self._stream is None and not self._client.stream:
+            self.response = web.Response(
+                body=err.json(), status=err.status, content_type="application/json"
+            )
+            return
+        stream = await self._open()
+        await stream.write(b"data: " + err.json() + b"\n\n")
+        await stream.write(b"data: [DONE]\n\n")
+        await stream.write_eof()
+
+
+def _ints(v: Any) -> list[int] | None:
+    """A list of token ids, or None when it is anything else."""
+    if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return v
+    return None

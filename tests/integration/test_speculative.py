@@ -1,0 +1,232 @@
+"""Router-level speculative decoding through real processes: sims as draft and targets, control
+binding and gating the pairs, the shim drafting and verifying (DESIGN §6)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from clients.client import AdminClient
+from clients.procs import Part
+from tests.integration.harness import (
+    MODEL,
+    Fleet,
+    http,
+    start_control,
+    start_shim,
+    start_sim,
+    wait_until,
+    write_config,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+AGREE = ("--draft-agree-rate", "0.4")
+# A replica whose generation config samples: its greedy argmax also happens to agree with the
+# draft everywhere (it is the draft's model), so its acceptance spikes like the incident's.
+SPIKY = ("--default-temperature", "0.7", *AGREE)
+PROMPTS = [
+    "The fleet of engines",
+    "Once upon a time, a router",
+    "def resume(stream):",
+    "Speculative decoding drafts tokens",
+]
+
+
+@dataclass
+class SpecFleet:
+    fleet: Fleet
+    draft: Part
+
+    def baton(self, *args: str) -> Any:
+        return self.fleet.baton(*args)
+
+    def ok(self, *args: str) -> Any:
+        out = self.fleet.baton(*args, "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    def pairs(self) -> dict[str, dict[str, Any]]:
+        return {p["id"]: p for p in self.ok("pairs", "list")}
+
+    def pair_events(self) -> list[dict[str, Any]]:
+        return list(self.ok("events", "--kind", "pair"))
+
+
+@contextmanager
+def spec_fleet(
+    tmp_path: Path, targets: Sequence[Sequence[str]], draft: Sequence[str] = AGREE
+) -> Iterator[SpecFleet]:
+    parts: list[Part] = []
+    try:
+        sims = {}
+        for i, extra in enumerate(targets):
+            sims[f"t{i}"] = start_sim("--decode-ms-per-step", "2", *extra)
+            parts.append(sims[f"t{i}"])
+        d = start_sim(*draft)
+        parts.append(d)
+        config = write_config(
+            tmp_path / "control.toml", [(k, p.ready) for k, p in sims.items()], probe_interval=0.2
+        )
+        control = start_control(config)
+        parts.append(control)
+        shim = start_shim(control.ready)
+        parts.append(shim)
+        f = SpecFleet(Fleet(sims, control, shim, parts), d)
+        f.ok("backends", "add", "d", "--url", d.ready, "--model", MODEL, "--role", "draft")
+        assert wait_until(lambda: f.fleet.backends()["d"]["state"] == "healthy")
+        yield f
+    finally:
+        for p in reversed(parts):
+            p.stop(grace=3)
+
+
+def direct(sim: Part, prompt: str, n: int, chat: bool = False) -> str:
+    """The target alone, greedy: what the pair must reproduce byte for byte."""
+    if chat:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": n, "temperature": 0}  # fmt: skip
+        status, raw = http("POST", sim.ready + "/v1/chat/completions", json.dumps(body).encode())
+        assert status == 200, raw
+        return str(json.loads(raw)["choices"][0]["message"]["content"])
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": n, "temperature": 0}
+    status, raw = http("POST", sim.ready + "/v1/completions", json.dumps(body).encode())
+    assert status == 200, raw
+    return str(json.loads(raw)["choices"][0]["text"])
+
+
+def through(base_url: str, prompt: str, n: int, *, chat: bool, stream: bool) -> str:
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    if chat:
+        messages: Any = [{"role": "user", "content": prompt}]
+        if stream:
+            parts = client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=n, temperature=0, stream=True
+            )
+            return "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+        r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=n,
+                                           temperature=0)  # fmt: skip
+        return r.choices[0].message.content or ""
+    if stream:
+        chunks = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=n, temperature=0, stream=True
+        )
+        return "".join(c.choices[0].text for c in chunks if c.choices)
+    return client.completions.create(model=MODEL, prompt=prompt, max_tokens=n,
+                                     temperature=0).choices[0].text  # fmt: skip
+
+
+def test_pair_output_is_byte_identical_to_the_target_alone(tmp_path: Path) -> None:
+    with spec_fleet(tmp_path, [()]) as f:
+        bound = f.ok("pairs", "bind", "d", "t0", "-k", "4")
+        assert bound["state"] == "active" and bound["target"] == "t0"
+        t0 = f.fleet.sims["t0"]
+        for i, prompt in enumerate(PROMPTS):
+            for chat in (False, True):
+                stream = bool(i % 2)
+                want = direct(t0, prompt, 40, chat=chat)
+                got = through(f.fleet.base_url, prompt, 40, chat=chat, stream=stream)
+                assert got == want, (prompt, chat, stream)
+        # The pair really served: rounds counted, acceptance near the draft's agreement.
+        assert wait_until(lambda: f.pairs()["d"]["rounds"] > 20)
+        acceptance = f.pairs()["d"]["acceptance"]
+        assert 0.15 < acceptance < 0.75, acceptance
+
+
+@pytest.mark.parametrize(
+    ("draft", "invariant"),
+    [
+        ((*AGREE, "--tokenizer-variant", "3"), "vocab_hash"),
+        ((*AGREE, "--block-size", "32"), "block_size"),
+        ((*AGREE, "--default-temperature", "0.7"), "params_hash"),
+    ],
+)
+def test_bind_refuses_each_broken_invariant_by_name(
+    tmp_path: Path, draft: tuple[str, ...], invariant: str
+) -> None:
+    with spec_fleet(tmp_path, [()], draft=draft) as f:
+        out = f.baton("pairs", "bind", "d", "t0")
+        assert out.returncode != 0
+        assert "FAILED_PRECONDITION" in out.stderr and invariant in out.stderr, out.stderr
+        assert f.pairs() == {}
+
+
+def test_a_serving_backend_cannot_be_bound_as_a_draft(tmp_path: Path) -> None:
+    with spec_fleet(tmp_path, [(), ()]) as f:
+        out = f.baton("pairs", "bind", "t1", "t0")
+        assert out.returncode != 0 and "role" in out.stderr, out.stderr
+
+
+def stream_until_killed(
+    base_url: str, prompt: str, n: int, victim: Part, before_kill: Callable[[], None]
+) -> str:
+    """Stream a completion and SIGKILL `victim` once some text has arrived."""
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    text = []
+    killed = threading.Event()
+    for chunk in client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=n, temperature=0, stream=True
+    ):
+        if chunk.choices:
+            text.append(chunk.choices[0].text)
+        if not killed.is_set() and len("".join(text)) > 10:
+            before_kill()
+            victim.proc.kill()
+            killed.set()
+    assert killed.is_set(), "the stream ended before the kill"
+    return "".join(text)
+
+
+def test_incident_replay_params_mismatch_is_rejected_never_served(tmp_path: Path) -> None:
+    """DESIGN §6: the bound target dies; the only survivor samples with other params and its
+    acceptance spikes. The gate rejects the pairing on the probe round (nothing it verified
+    is emitted); once a matching target is back the draft is re-paired with it."""
+    with spec_fleet(tmp_path, [(), SPIKY, ()]) as f:
+        f.ok("backends", "drain", "t1")
+        f.ok("backends", "drain", "t2")
+        f.ok("pairs", "bind", "d", "t0")
+        for prompt in PROMPTS:  # the paired baseline, on the bound target
+            through(f.fleet.base_url, prompt, 40, chat=False, stream=False)
+        assert wait_until(lambda: f.pairs()["d"]["baseline"] > 0)
+        baseline = f.pairs()["d"]["baseline"]
+        assert baseline < 0.75
+
+        # The request starts on the bound target; t1 comes back while it streams.
+        with AdminClient(f.fleet.control.ready) as admin:
+            text = stream_until_killed(
+                f.fleet.base_url, PROMPTS[0] * 3, 300, f.fleet.sims["t0"],
+                lambda: admin.undrain_backend("t1"),
+            )
+        assert text  # the stream completed (the SDK raises on an error event)
+        events = f.pair_events()
+        rejects = [e for e in events if e["action"] == "reject" and e["target"] == "t1"]
+        assert rejects, events
+        assert "params_hash" in rejects[0]["reason"]
+        assert rejects[0]["observed"] - baseline > 0.25  # the spike the incident trusted
+        # Never accepted, never served: no accept/probation verdict for t1.
+        assert not [
+            e for e in events
+            if e["target"] == "t1" and e["action"] in ("accept", "probation", "active")
+        ]  # fmt: skip
+        assert f.pairs()["d"]["state"] == "detached"
+
+        # A matching target returns: the draft is re-paired with it (gated, accepted), and
+        # the pair's output is the target's own greedy output again.
+        f.ok("backends", "drain", "t1")
+        f.ok("backends", "undrain", "t2")
+        t2 = f.fleet.sims["t2"]
+        for prompt in PROMPTS[:2]:
+            got = through(f.fleet.base_url, prompt, 40, chat=False, stream=True)
+            assert got == direct(t2, prompt, 40)
+        pair = f.pairs()["d"]
+        assert pair["target"] == "t2" and pair["state"] in ("active", "probation"), pair
+        actions = [(e["action"], e["target"]) for e in f.pair_events()]
+        assert ("accept", "t2") in actions, actions
