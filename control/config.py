@@ -40,6 +40,15 @@ class AuditSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class PairSpec:
+    """A pair to bind once both backends have told control their facts (never from here)."""
+
+    draft: str
+    target: str
+    num_draft_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     backends: tuple[Backend, ...] = ()
     routing: str = DEFAULT_POLICY
@@ -47,6 +56,21 @@ class Config:
     health: HealthPolicy = field(default_factory=HealthPolicy)
     affinity: AffinitySettings = field(default_factory=AffinitySettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
+    pairs: tuple[PairSpec, ...] = ()
+
+
+def pair_spec(raw: Any, where: str) -> PairSpec:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a table")
+    unknown = set(raw) - {"draft", "target", "num_draft_tokens"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    draft, target, k = raw.get("draft"), raw.get("target"), raw.get("num_draft_tokens", 0)
+    if not isinstance(draft, str) or not isinstance(target, str) or not draft or not target:
+        raise ConfigError(f"{where}: draft and target must be backend ids")
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 64:
+        raise ConfigError(f"{where}: num_draft_tokens must be an integer in 0..64")
+    return PairSpec(draft, target, k)
 
 
 def validate_url(url: str) -> str:
@@ -112,7 +136,8 @@ def parse(data: dict[str, Any]) -> Config:
     health = HealthPolicy(**_table(data, "health", HealthPolicy))
     affinity = AffinitySettings(**_table(data, "affinity", AffinitySettings))
     audit = AuditSettings(**_table(data, "audit", AuditSettings))
-    return Config(tuple(backends), routing, probes, health, affinity, audit)
+    pairs = tuple(pair_spec(raw, f"pairs[{i}]") for i, raw in enumerate(data.get("pairs", [])))
+    return Config(tuple(backends), routing, probes, health, affinity, audit, pairs)
 
 
 def with_routing(cfg: Config, routing: str) -> Config:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -18,21 +19,24 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from baton.v1 import admin_pb2, admin_pb2_grpc, routing_pb2, routing_pb2_grpc
 from control.affinity import PinTable
-from control.config import Config
-from control.events import EventLog
+from control.config import Config, PairSpec
+from control.events import EventKind, EventLog
 from control.facts import Facts
 from control.facts_fetch import fetch_facts
 from control.metrics import ControlMetrics
-from control.model import Backend
+from control.model import Backend, BackendId
+from control.pairstore import PairFile
 from control.policy import SpillGuard, make_policy
 from control.prober import run_prober
-from control.registry import Registry
+from control.registry import Registry, RegistryError
 from control.routing import Router
 from control.services.admin import AdminServicer
 from control.services.auth import AdminTokenInterceptor
 from control.services.routing import RoutingServicer
 from control.store import EventFile
 from control.tracing import tracing_from_env
+
+log = logging.getLogger("baton.control")
 
 
 class ControlPlane:
@@ -73,6 +77,10 @@ class ControlPlane:
             route_events=config.audit.route_events,
         )
         self._config = config
+        self._pair_file = PairFile(data_dir / "pairs.json") if data_dir else None
+        # Configured and previously bound pairs, bound as soon as both sides' facts are read.
+        saved = self._pair_file.load() if self._pair_file else []
+        self._pending_pairs = list({p.draft: p for p in (*config.pairs, *saved)}.values())
         self._listen = listen
         self._rng = rng
         interceptors = [AdminTokenInterceptor(admin_token)] if admin_token else []
@@ -96,7 +104,8 @@ class ControlPlane:
             RoutingServicer(self.router, self.metrics, self.read_facts, self.tracing), self.server
         )
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(self.router, self.read_facts), self.server
+            AdminServicer(self.router, self.read_facts, on_pairs_changed=self._save_pairs),
+            self.server,
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self.server)
@@ -120,6 +129,8 @@ class ControlPlane:
         )
         self._tasks.append(asyncio.create_task(self._expire_load()))
         self._tasks.append(asyncio.create_task(self._flush_events()))
+        if self._pending_pairs:
+            self._tasks.append(asyncio.create_task(self._bind_pending_pairs()))
         if self._metrics_listen:
             self.metrics_port = await self._serve_metrics(self._metrics_listen)
         return self.port
@@ -141,6 +152,36 @@ class ControlPlane:
         site = web.TCPSite(self._metrics_runner, host or "127.0.0.1", int(port))
         await site.start()
         return int(self._metrics_runner.addresses[0][1])
+
+    async def _bind_pending_pairs(self) -> None:
+        """Bind each pending pair once control has read both backends' facts (the prober's
+        refresher reads them as backends answer); a refusal is an audit event, not a crash."""
+        reg = self.registry
+        while self._pending_pairs:
+            waiting = []
+            for spec in self._pending_pairs:
+                draft, target = (
+                    reg.facts.get(BackendId(spec.draft)),
+                    reg.facts.get(BackendId(spec.target)),
+                )
+                if draft is None or target is None:
+                    waiting.append(spec)
+                    continue
+                try:
+                    reg.bind_pair(spec.draft, spec.target, spec.num_draft_tokens, draft, target)
+                except RegistryError as exc:
+                    log.warning("pair %s -> %s not bound: %s", spec.draft, spec.target, exc)
+                    reg.events.record(EventKind.PAIR, backend_id=spec.target, pair=spec.draft,
+                                      action="refused", reason=str(exc))  # fmt: skip
+            self._pending_pairs = waiting
+            await asyncio.sleep(0.2)
+
+    def _save_pairs(self) -> None:
+        if self._pair_file is not None:
+            self._pair_file.save(
+                [PairSpec(p.draft_id, p.bound_target_id, p.num_draft_tokens)
+                 for p in self.registry.pairs]
+            )  # fmt: skip
 
     async def _flush_events(self) -> None:
         while True:

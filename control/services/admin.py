@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control import config
@@ -22,8 +22,14 @@ VERSION = "0.1.0"
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     def __init__(
-        self, router: Router, read_facts: ReadFacts, *, started: float | None = None
+        self,
+        router: Router,
+        read_facts: ReadFacts,
+        *,
+        started: float | None = None,
+        on_pairs_changed: Callable[[], None] = lambda: None,
     ) -> None:
+        self._pairs_changed = on_pairs_changed
         self._read_facts = read_facts
         self._router = router
         self._registry = router.registry
@@ -158,6 +164,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         except RegistryError as exc:
             await abort_with(context, exc)
             raise
+        self._pairs_changed()
         return admin_pb2.BindPairResponse(pair=convert.pair_to_pb(pair, reg.pairs.baseline(pair)))
 
     async def UnbindPair(
@@ -167,6 +174,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             self._registry.unbind_pair(request.id)
         except RegistryError as exc:
             await abort_with(context, exc)
+        self._pairs_changed()
         return admin_pb2.UnbindPairResponse()
 
     async def ListPairs(

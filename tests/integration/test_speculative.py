@@ -230,3 +230,38 @@ def test_incident_replay_params_mismatch_is_rejected_never_served(tmp_path: Path
         assert pair["target"] == "t2" and pair["state"] in ("active", "probation"), pair
         actions = [(e["action"], e["target"]) for e in f.pair_events()]
         assert ("accept", "t2") in actions, actions
+
+
+def test_pairs_come_back_after_a_control_restart_and_from_config(tmp_path: Path) -> None:
+    t0, d = start_sim(), start_sim(*AGREE)
+    parts: list[Part] = [t0, d]
+    config = tmp_path / "control.toml"
+    backends = (f'[[backends]]\nid = "t0"\nurl = "{t0.ready}"\nmodel = "{MODEL}"\n\n'
+                f'[[backends]]\nid = "d"\nurl = "{d.ready}"\nmodel = "{MODEL}"\nrole = "draft"\n')  # fmt: skip
+    config.write_text("[probes]\ninterval = 0.2\n\n" + backends)
+    data = ("--data-dir", str(tmp_path / "data"))
+    try:
+        control = start_control(config, *data)
+        parts.append(control)
+        f = SpecFleet(Fleet({"t0": t0}, control, control, parts), d)
+        assert wait_until(lambda: f.baton("pairs", "bind", "d", "t0", "-k", "3").returncode == 0)
+        control.stop(grace=3)
+
+        control = start_control(config, *data)  # bound at run time, kept in the data dir
+        parts.append(control)
+        f = SpecFleet(Fleet({"t0": t0}, control, control, parts), d)
+        assert wait_until(lambda: f.pairs().get("d", {}).get("state") == "active")
+        assert f.pairs()["d"]["k"] == 3 and f.pairs()["d"]["target"] == "t0"
+        control.stop(grace=3)
+
+        config.write_text(  # and from the config file, with no data dir at all
+            "[probes]\ninterval = 0.2\n\n" + backends
+            + '\n[[pairs]]\ndraft = "d"\ntarget = "t0"\nnum_draft_tokens = 5\n'
+        )  # fmt: skip
+        control = start_control(config)
+        parts.append(control)
+        f = SpecFleet(Fleet({"t0": t0}, control, control, parts), d)
+        assert wait_until(lambda: f.pairs().get("d", {}).get("k") == 5)
+    finally:
+        for p in reversed(parts):
+            p.stop(grace=3)

@@ -66,3 +66,12 @@ def test_audit_route_events_can_be_turned_off() -> None:
     assert parse({"audit": {"route_events": False}}).audit.route_events is False
     with pytest.raises(ConfigError, match="unknown"):
         parse({"audit": {"routes": False}})
+
+
+def test_pairs_in_config_are_checked_for_shape() -> None:
+    cfg = parse({"pairs": [{"draft": "d", "target": "t", "num_draft_tokens": 4}]})
+    assert cfg.pairs[0].draft == "d" and cfg.pairs[0].num_draft_tokens == 4
+    with pytest.raises(ConfigError, match="unknown keys"):
+        parse({"pairs": [{"draft": "d", "target": "t", "temperature": 0}]})
+    with pytest.raises(ConfigError, match="num_draft_tokens"):
+        parse({"pairs": [{"draft": "d", "target": "t", "num_draft_tokens": -1}]})
