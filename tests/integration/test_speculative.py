@@ -236,8 +236,10 @@ def test_pairs_come_back_after_a_control_restart_and_from_config(tmp_path: Path)
     t0, d = start_sim(), start_sim(*AGREE)
     parts: list[Part] = [t0, d]
     config = tmp_path / "control.toml"
-    backends = (f'[[backends]]\nid = "t0"\nurl = "{t0.ready}"\nmodel = "{MODEL}"\n\n'
-                f'[[backends]]\nid = "d"\nurl = "{d.ready}"\nmodel = "{MODEL}"\nrole = "draft"\n')  # fmt: skip
+    backends = "".join(
+        f'[[backends]]\nid = "{bid}"\nurl = "{p.ready}"\nmodel = "{MODEL}"\nrole = "{role}"\n\n'
+        for bid, p, role in (("t0", t0, "serve"), ("d", d, "draft"))
+    )
     config.write_text("[probes]\ninterval = 0.2\n\n" + backends)
     data = ("--data-dir", str(tmp_path / "data"))
     try:
