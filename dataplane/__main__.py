@@ -14,14 +14,45 @@ from control import aio
 from dataplane.app import ShimSettings, make_app
 from dataplane.failover import RetryBudget
 from dataplane.forward import Timeouts
+from dataplane.limits import API_KEYS_ENV, Limits, load_keys
 from dataplane.proxy import ProxySettings
 from dataplane.settings import ResumeSettings
+
+DEFAULTS = Limits()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control", default="127.0.0.1:50051", help="control plane HOST:PORT")
     parser.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT for the OpenAI API")
-    parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    limits = parser.add_argument_group("limits (each refusal is an OpenAI-shaped error)")
+    limits.add_argument(
+        "--max-body-bytes", type=int, default=8 * 1024 * 1024, help="larger bodies get a 413"
+    )
+    limits.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=DEFAULTS.max_header_bytes,
+        help="request line + headers; larger heads get a 431",
+    )
+    limits.add_argument(
+        "--max-messages",
+        type=int,
+        default=DEFAULTS.max_messages,
+        help="chat messages per request; more get a 400",
+    )
+    limits.add_argument(
+        "--max-streams",
+        type=int,
+        default=DEFAULTS.max_streams,
+        help="concurrent streaming responses per shim; more get a 429 with Retry-After",
+    )
+    limits.add_argument(
+        "--api-keys-file",
+        default=None,
+        metavar="PATH",
+        help="require `Authorization: Bearer <key>` with one of these keys (one a line; "
+        f"default: ${API_KEYS_ENV}, comma-separated; neither = no keys required)",
+    )
     parser.add_argument("--connect-timeout", type=float, default=3.0)
     parser.add_argument("--read-timeout", type=float, default=600.0)
     parser.add_argument(
@@ -62,9 +93,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> ShimSettings:
+    for flag in ("max_body_bytes", "max_header_bytes", "max_messages", "max_streams"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1")
+    try:
+        keys = load_keys(args.api_keys_file)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--api-keys-file: {exc}") from None
     return ShimSettings(
         control=args.control,
         max_body_bytes=args.max_body_bytes,
+        limits=Limits(
+            max_header_bytes=args.max_header_bytes,
+            max_messages=args.max_messages,
+            max_streams=args.max_streams,
+            key_digests=keys,
+        ),
         proxy=ProxySettings(
             timeouts=Timeouts(connect=args.connect_timeout, read=args.read_timeout),
             budget=RetryBudget(max_attempts=args.max_attempts),
@@ -82,10 +126,20 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
 
 async def _serve(args: argparse.Namespace) -> int:
     host, _, port = args.listen.rpartition(":")
-    app = make_app(settings_from(args))
+    settings = settings_from(args)
+    app = make_app(settings)
     # handler_cancellation: a client that disconnects cancels its handler, which closes the
-    # upstream request and so frees the engine's slot at once.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # upstream request and so frees the engine's slot at once. The parser's own limits are
+    # a backstop above --max-header-bytes, so ordinary oversized heads get our JSON 431.
+    line_limit = settings.limits.parser_line_limit
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        max_line_size=line_limit,
+        max_field_size=line_limit,
+        max_headers=max(128, settings.limits.max_header_bytes // 32),
+    )
     await runner.setup()
     site = web.TCPSite(runner, host or "127.0.0.1", int(port), backlog=1024)
     await site.start()

@@ -10,7 +10,19 @@ import aiohttp
 from aiohttp import web
 
 from control.tracing import tracing_from_env
-from dataplane.handlers import MAX_BODY, METRICS, ORACLE, PROXY, TRACING, add_routes, openai_errors
+from dataplane.handlers import (
+    LIMITS,
+    MAX_BODY,
+    METRICS,
+    ORACLE,
+    PROXY,
+    SLOTS,
+    TRACING,
+    add_routes,
+    openai_errors,
+    request_limits,
+)
+from dataplane.limits import Limits, StreamSlots
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import GrpcOracle
 from dataplane.proxy import Proxy, ProxySettings
@@ -25,13 +37,18 @@ class ShimSettings:
     # connection the backend is about to close.
     keepalive_timeout: float = 3.0
     proxy: ProxySettings = field(default_factory=ProxySettings)
+    limits: Limits = field(default_factory=Limits)
 
 
 def make_app(settings: ShimSettings) -> web.Application:
     # client_max_size one byte over the limit: aiohttp raises, the handler answers in
     # OpenAI's shape.
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[openai_errors])
+    app = web.Application(
+        client_max_size=settings.max_body_bytes, middlewares=[openai_errors, request_limits]
+    )
     app[MAX_BODY] = settings.max_body_bytes
+    app[LIMITS] = settings.limits
+    app[SLOTS] = StreamSlots(settings.limits)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         oracle = GrpcOracle(settings.control)

@@ -5,6 +5,7 @@ HTTP status to their own exception classes, so both must be right."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 
 import orjson
@@ -21,6 +22,9 @@ class ErrorKind(StrEnum):
     CONTROL_UNAVAILABLE = "control_plane_unavailable"
     BACKEND_FAILED = "backend_failed"
     UPSTREAM_TIMEOUT = "upstream_timeout"
+    UNAUTHORIZED = "invalid_api_key"
+    HEADERS_TOO_LARGE = "request_header_fields_too_large"
+    TOO_MANY_STREAMS = "too_many_concurrent_streams"
 
 
 # kind -> (HTTP status, OpenAI error `type`)
@@ -35,15 +39,27 @@ STATUS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.CONTROL_UNAVAILABLE: (503, "service_unavailable"),
     ErrorKind.BACKEND_FAILED: (502, "server_error"),
     ErrorKind.UPSTREAM_TIMEOUT: (504, "server_error"),
+    ErrorKind.UNAUTHORIZED: (401, "invalid_request_error"),
+    ErrorKind.HEADERS_TOO_LARGE: (431, "invalid_request_error"),
+    ErrorKind.TOO_MANY_STREAMS: (429, "rate_limit_error"),
 }
 
 
 class OpenAIError(Exception):
-    def __init__(self, kind: ErrorKind, message: str, param: str | None = None) -> None:
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        param: str | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """`headers`: extra response headers (Retry-After with a 429)."""
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.param = param
+        self.headers = headers
 
     @property
     def status(self) -> int:

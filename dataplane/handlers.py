@@ -12,21 +12,26 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from control.model import Reason
 from control.tracing import SpanKind, Tracing
 from dataplane.errors import ErrorKind, OpenAIError
+from dataplane.limits import Limits, StreamSlots, check_head, check_request
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import ControlUnavailable, Oracle
 from dataplane.proxy import Exchange, Proxy
 from dataplane.shape import shape_of
-from dataplane.validate import Endpoint, parse_request
+from dataplane.validate import ClientRequest, Endpoint, parse_request
 
 ORACLE = web.AppKey("oracle", Oracle)
 PROXY = web.AppKey("proxy", Proxy)
 MAX_BODY = web.AppKey("max_body", int)
 METRICS = web.AppKey("metrics", ShimMetrics)
 TRACING = web.AppKey("tracing", Tracing)
+LIMITS = web.AppKey("limits", Limits)
+SLOTS = web.AppKey("stream_slots", StreamSlots)
 
 
 def error_response(err: OpenAIError) -> web.Response:
-    return web.Response(body=err.json(), status=err.status, content_type="application/json")
+    return web.Response(
+        body=err.json(), status=err.status, content_type="application/json", headers=err.headers
+    )
 
 
 async def _completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
@@ -55,6 +60,24 @@ async def _answer(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
                 ErrorKind.BODY_TOO_LARGE, f"request body exceeds the limit of {app[MAX_BODY]} bytes"
             ) from None
         client = parse_request(raw, endpoint, app[MAX_BODY])
+        check_request(app[LIMITS], client)
+        if not client.stream:
+            return await _route_and_serve(request, client, raw)
+        slots = app[SLOTS]
+        slots.acquire()
+        try:
+            return await _route_and_serve(request, client, raw)
+        finally:
+            slots.release()
+    except OpenAIError as err:
+        return error_response(err)
+
+
+async def _route_and_serve(
+    request: web.Request, client: ClientRequest, raw: bytes
+) -> web.StreamResponse:
+    app = request.app
+    try:
         ex = Exchange(uuid.uuid4().hex, client, raw, shape_of(client))
         started = time.perf_counter()
         tracing = app[TRACING]
@@ -121,6 +144,24 @@ async def openai_errors(request: web.Request, handler):  # type: ignore[no-untyp
                 ErrorKind.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {request.path}"
             )
         )
+
+
+@web.middleware
+async def request_limits(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    """Header size, API key and declared body size, before the body is read."""
+    try:
+        check_head(
+            request.app[LIMITS],
+            request.method,
+            request.raw_path,
+            request.raw_headers,
+            request.headers.get("Authorization"),
+            request.content_length,
+            request.app[MAX_BODY],
+        )
+    except OpenAIError as err:
+        return error_response(err)
+    return await handler(request)
 
 
 def add_routes(app: web.Application) -> None:

@@ -79,6 +79,9 @@ class ChoiceProgress:
     # (token count, text) of the latest chunks that carried tokens, newest last.
     recent: deque[tuple[int, str]] = field(default_factory=lambda: deque(maxlen=RECENT_CHUNKS))
     content_chunks: int = 0  # token estimate where ids are unknown (text path)
+    # Text chunks without ids after some with ids: a text-path resume (a token-id engine
+    # failed over to one without ids); counted on top of the ids.
+    untracked_chunks: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     tool_call: bool = False
@@ -97,13 +100,17 @@ class ChoiceProgress:
         if text:
             self.pieces.append(text)
             self.content_chunks += 1
+            if not ids and self.token_ids:
+                self.untracked_chunks += 1
         if ids:
             self.token_ids.extend(ids)
             self.recent.append((len(ids), text))
 
     @property
     def generated(self) -> int:
-        return len(self.token_ids) if self.token_ids else self.content_chunks
+        if self.token_ids:
+            return len(self.token_ids) + self.untracked_chunks
+        return self.content_chunks
 
 
 def overlap(progress: ChoiceProgress, m: int) -> tuple[int, str]:
@@ -141,7 +148,8 @@ def _remaining(body: Mapping[str, Any], generated: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     if limit is not None:
-        out["max_tokens"] = limit - generated
+        # Never negative, even when a misbehaving backend sent more than it was asked for.
+        out["max_tokens"] = max(0, limit - generated)
     if body.get("min_tokens"):
         out["min_tokens"] = max(0, body["min_tokens"] - generated)
     return out
@@ -221,8 +229,14 @@ def _text_plan(client: ClientRequest, progress: ChoiceProgress) -> ResumePlan:
         messages = list(body["messages"])
         last = messages[-1] if messages else {}
         if body.get("continue_final_message") and last.get("role") == "assistant":
-            # The client prefilled the assistant turn; the sent text extends it.
-            messages[-1] = {**last, "content": (last.get("content") or "") + sent}
+            # The client prefilled the assistant turn; the sent text extends it (as one more
+            # text part when the prefill came as parts).
+            prefill = last.get("content") or ""
+            if isinstance(prefill, list):
+                extended: str | list[Any] = [*prefill, {"type": "text", "text": sent}]
+            else:
+                extended = prefill + sent
+            messages[-1] = {**last, "content": extended}
         else:
             messages.append({"role": "assistant", "content": sent})
         body.update(messages=messages, continue_final_message=True, add_generation_prompt=False)

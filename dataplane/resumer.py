@@ -26,7 +26,7 @@ from dataplane.resume import (
     plan_resume,
 )
 from dataplane.settings import ResumeSettings
-from dataplane.stitch import FAILED_FINISH, Stitcher, StopMatcher, choice_text
+from dataplane.stitch import FAILED_FINISH, Stitcher, StopMatcher, choice_text, malformed
 from dataplane.upstream_sse import StreamFailed, each_event
 from dataplane.validate import ClientRequest, Endpoint
 
@@ -199,8 +199,12 @@ class Resumer:
                 obj = orjson.loads(data)
             except orjson.JSONDecodeError:
                 raise StreamFailed(Failure.GARBAGE) from None
+            if not isinstance(obj, dict):
+                raise StreamFailed(Failure.GARBAGE)
             if "error" in obj and not obj.get("choices"):
                 raise StreamFailed(Failure.ERROR_EVENT)
+            if malformed(obj, 1):  # a resume asks for one choice
+                raise StreamFailed(Failure.GARBAGE)
             choices = obj.get("choices") or []
             if not choices:
                 usage = obj.get("usage")

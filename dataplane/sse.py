@@ -31,27 +31,38 @@ def _data_of(block: bytes) -> bytes:
 
 class SSEParser:
     """Incremental: feed() bytes as they arrive, get the complete events so far.
-    Accepts \\n, \\r\\n line endings; a partial event stays buffered until completed."""
+    Accepts \\n, \\r\\n and \\r line endings (normalised to \\n); a partial event stays
+    buffered until completed. The events do not depend on how the stream was cut into reads."""
 
     def __init__(self, max_event_bytes: int = 8 * 1024 * 1024) -> None:
         self._buf = b""
         self._max = max_event_bytes
+        self._after_cr = False  # the last chunk ended in \\r: a leading \\n ends the same line
 
     def feed(self, chunk: bytes) -> list[Event]:
+        if not chunk:
+            return []
+        # Each chunk is normalised once, before joining the buffer: normalising the joined
+        # buffer again would turn "\\r\\r\\n" into a different event depending on the cut.
+        if self._after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        self._after_cr = chunk.endswith(b"\r")
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         buf = self._buf + chunk
-        if b"\r" in buf:
-            buf = buf.replace(b"\r\n", b"\n")
         events = []
         start = 0
         while True:
             end = buf.find(b"\n\n", start)
             if end < 0:
                 break
+            if end - start > self._max:  # however it arrived: the same limit for every cut
+                raise ValueError(f"SSE event larger than {self._max} bytes")
             block = buf[start:end]
             events.append(Event(block + b"\n\n", _data_of(block)))
             start = end + 2
         self._buf = buf[start:]
-        if len(self._buf) > self._max:
+        if len(self._buf) - self._buf.endswith(b"\n") > self._max:
             raise ValueError(f"SSE event larger than {self._max} bytes")
         return events
 

@@ -43,6 +43,43 @@ def choice_text(choice: dict[str, Any], chat: bool) -> str:
     return choice.get("text") or ""
 
 
+def _ids_or_none(v: Any) -> bool:
+    return v is None or (
+        isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+    )
+
+
+def malformed(obj: dict[str, Any], choices: int) -> bool:
+    """A chunk whose fields the shim reads have the wrong types, or a choice index the
+    request cannot have: garbage like bad JSON. Tracking it would raise mid-stream and cut
+    the client's stream silently; classified, it fails over or ends in an error event."""
+    usage = obj.get("usage")
+    if usage is not None and not (
+        isinstance(usage, dict) and type(usage.get("prompt_tokens", 0)) is int
+    ):
+        return True
+    chs = obj.get("choices")
+    if not _ids_or_none(obj.get("prompt_token_ids")) or not isinstance(chs, list | None):
+        return True
+    for ch in chs or ():
+        if not isinstance(ch, dict):
+            return True
+        index, delta = ch.get("index", 0), ch.get("delta")
+        if type(index) is not int or not 0 <= index < choices:
+            return True
+        if delta is not None and not (
+            isinstance(delta, dict) and isinstance(delta.get("content"), str | None)
+        ):
+            return True
+        if not isinstance(ch.get("text"), str | None):
+            return True
+        if not isinstance(ch.get("finish_reason"), str | None):
+            return True
+        if not (_ids_or_none(ch.get("token_ids")) and _ids_or_none(ch.get("prompt_token_ids"))):
+            return True
+    return False
+
+
 def expected_choices(client: ClientRequest) -> int:
     n = client.body.get("n") or 1
     prompt = client.body.get("prompt")
@@ -118,11 +155,14 @@ class Stitcher:
             return None, Failure.GARBAGE
         if "error" in obj and not obj.get("choices"):
             return None, Failure.ERROR_EVENT
+        if malformed(obj, len(self.choices)):
+            return None, Failure.GARBAGE
         if not self.ident.id:
             self.ident = Identity(obj.get("id", ""), obj.get("created", 0), obj.get("model", ""))
         if obj.get("system_fingerprint"):
             self.ident.system_fingerprint = obj["system_fingerprint"]
-        if "prompt_token_ids" in obj:
+        # Present on the first chunk only; vLLM's later chunks may carry it as null.
+        if obj.get("prompt_token_ids") is not None:
             self._prompt_ids = obj["prompt_token_ids"]
             for p in self.choices.values():
                 p.prompt_ids = self._prompt_ids
@@ -139,7 +179,7 @@ class Stitcher:
 
     def _track(self, ch: dict[str, Any]) -> str | None:
         p = self.choice(ch.get("index", 0))
-        if "prompt_token_ids" in ch:
+        if ch.get("prompt_token_ids") is not None:  # vLLM: null after the first chunk
             p.prompt_ids = ch["prompt_token_ids"]
         if self.chat and (ch.get("delta") or {}).get("tool_calls"):
             p.tool_call = True

@@ -83,6 +83,11 @@ def _check_messages(messages: Any) -> None:
                         f"{param}.content[{j}] must be an object with a 'type'",
                         f"{param}.content[{j}]",
                     )
+                # The shim measures text parts for the request's shape.
+                if part["type"] == "text" and not isinstance(part.get("text"), str):
+                    raise _bad(
+                        f"{param}.content[{j}].text must be a string", f"{param}.content[{j}].text"
+                    )
 
 
 def _check_prompt(prompt: Any) -> None:
@@ -99,7 +104,8 @@ def _check_prompt(prompt: Any) -> None:
 
 
 NUMBER_FIELDS = ("temperature", "top_p", "frequency_penalty", "presence_penalty")
-INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_k")
+# best_of and min_tokens are vLLM extras the resume planner does arithmetic on.
+INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_k", "best_of", "min_tokens")
 
 
 def _check_params(body: Mapping[str, Any]) -> None:
@@ -109,10 +115,16 @@ def _check_params(body: Mapping[str, Any]) -> None:
     for name in INT_FIELDS:
         if name in body and body[name] is not None and not _is_int(body[name]):
             raise _bad(f"'{name}' must be an integer", name)
-    for name in ("max_tokens", "max_completion_tokens", "n"):
+    for name, least in (
+        ("max_tokens", 1),
+        ("max_completion_tokens", 1),
+        ("n", 1),
+        ("best_of", 1),
+        ("min_tokens", 0),
+    ):
         value = body.get(name)
-        if value is not None and value < 1:
-            raise _bad(f"'{name}' must be at least 1", name)
+        if value is not None and value < least:
+            raise _bad(f"'{name}' must be at least {least}", name)
     stop = body.get("stop")
     if stop is not None and not (
         isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from sim.model import ModelConfig, ToyModel
-from sim.tokenizer import build_tokenizer
+from sim.tokenizer import EOS, build_tokenizer
 
 READY = re.compile(r"^SIM READY (http://127\.0\.0\.1:\d+)$")
 MSGS = [{"role": "user", "content": "What does a router do?"}]
@@ -654,6 +654,7 @@ def test_server_info_reports_the_facts_pairs_are_validated_against(
         "vocab_size": tok.vocab_size,
         "vocab_hash": tok.vocab_hash(),
         "block_size": 16,
+        "eos_token_id": EOS,
         "default_sampling_params": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None},
         "draft_agree_rate": 1.0,
     }

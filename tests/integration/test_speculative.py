@@ -20,6 +20,7 @@ from tests.integration.harness import (
     MODEL,
     Fleet,
     http,
+    metric,
     start_control,
     start_shim,
     start_sim,
@@ -139,6 +140,9 @@ def test_pair_output_is_byte_identical_to_the_target_alone(tmp_path: Path) -> No
         assert wait_until(lambda: f.pairs()["d"]["rounds"] > 20)
         acceptance = f.pairs()["d"]["acceptance"]
         assert 0.15 < acceptance < 0.75, acceptance
+        control = f.fleet.control.announced["METRICS"].removesuffix("/metrics")
+        exported = metric(control, "baton_pair_acceptance_baseline", 'draft="d"')
+        assert 0.15 < exported < 0.75
 
 
 @pytest.mark.parametrize(
@@ -267,3 +271,18 @@ def test_pairs_come_back_after_a_control_restart_and_from_config(tmp_path: Path)
     finally:
         for p in reversed(parts):
             p.stop(grace=3)
+
+
+def test_a_looping_target_is_flagged_by_the_shim_and_the_draft_moves(tmp_path: Path) -> None:
+    loops = ("--loop-after-len", "24", "--loop-period", "3")
+    with spec_fleet(tmp_path, [loops, ()], draft=(*AGREE, *loops)) as f:
+        f.ok("backends", "drain", "t1")
+        f.ok("pairs", "bind", "d", "t0")
+        f.ok("backends", "undrain", "t1")
+        out = through(f.fleet.base_url, PROMPTS[0], 60, chat=False, stream=False)
+        # The target really loops (3 tokens, some of them several characters), and the shim
+        # served exactly that.
+        assert any(out[-3 * n :] == out[-n:] * 3 for n in range(1, 31)), out
+        assert wait_until(lambda: f.pairs()["d"]["target"] == "t1")
+        rejects = [e for e in f.pair_events() if e["action"] == "reject"]
+        assert rejects and "repeated n-gram" in rejects[0]["reason"], rejects

@@ -1,0 +1,137 @@
+"""The shim's data-plane limits and optional API keys: what one client may ask of a shim
+before any work is done for it. Each refusal is an OpenAIError, so clients get the JSON
+shape and the status their SDK maps to the right exception (401, 413, 429, 431, 400).
+
+Checked in order of cost: headers and keys (middleware, before the body is read), the
+declared body size, then the message count once the body is parsed, and the stream slots."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dataplane.errors import ErrorKind, OpenAIError
+from dataplane.validate import ClientRequest, Endpoint
+
+API_KEYS_ENV = "BATON_API_KEYS"
+# aiohttp's own parser limits sit this far above ours, as a backstop: anything between the two
+# gets our OpenAI-shaped 431; a single line past the backstop gets aiohttp's plain 400 (the
+# parser cannot hand it to us) and the connection is closed.
+PARSER_BACKSTOP = 4
+# Paths anyone may call with no key: load balancer health checks and Prometheus scrapes.
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_header_bytes: int = 32 * 1024  # request line + all header lines
+    max_messages: int = 4096  # chat messages per request
+    max_streams: int = 1024  # concurrent streaming responses per shim process
+    retry_after: int = 1  # seconds, sent with a 429
+    # sha256 of each accepted key; empty = no keys required. Digests, so the set lookup's
+    # timing says nothing about a key, and no key sits in memory in the clear.
+    key_digests: frozenset[bytes] = field(default_factory=frozenset)
+
+    @property
+    def parser_line_limit(self) -> int:
+        return max(8190, PARSER_BACKSTOP * self.max_header_bytes)
+
+
+def digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def parse_keys(lines: Iterable[str]) -> frozenset[bytes]:
+    """One key per line or comma-separated; blank lines and `#` comments ignored."""
+    keys = set()
+    for line in lines:
+        for key in line.split("#", 1)[0].split(","):
+            if key.strip():
+                keys.add(digest(key.strip()))
+    return frozenset(keys)
+
+
+def load_keys(path: str | None, env: dict[str, str] | None = None) -> frozenset[bytes]:
+    """From `--api-keys-file` if given, else from $BATON_API_KEYS; raises OSError for a file
+    that cannot be read and ValueError for one with no keys (a typo must not open the shim)."""
+    if path:
+        keys = parse_keys(Path(path).read_text().splitlines())
+        if not keys:
+            raise ValueError(f"{path} holds no API keys")
+        return keys
+    return parse_keys([(env if env is not None else os.environ).get(API_KEYS_ENV, "")])
+
+
+def header_bytes(method: str, path: str, raw_headers: Iterable[tuple[bytes, bytes]]) -> int:
+    """The size of the request head as sent: request line and `name: value\\r\\n` lines."""
+    size = len(method) + len(path) + len(" HTTP/1.1\r\n") + 1
+    return size + sum(len(k) + len(v) + 4 for k, v in raw_headers)
+
+
+def check_head(
+    limits: Limits,
+    method: str,
+    path: str,
+    raw_headers: Iterable[tuple[bytes, bytes]],
+    authorization: str | None,
+    content_length: int | None,
+    max_body_bytes: int,
+) -> None:
+    """What can be refused before reading the body. Raises OpenAIError."""
+    size = header_bytes(method, path, raw_headers)
+    if size > limits.max_header_bytes:
+        raise OpenAIError(
+            ErrorKind.HEADERS_TOO_LARGE,
+            f"request headers are {size} bytes; the limit is {limits.max_header_bytes}",
+        )
+    if limits.key_digests and path not in OPEN_PATHS:
+        scheme, _, key = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or digest(key.strip()) not in limits.key_digests:
+            # Never echo the key back: it may be a real key for something else.
+            raise OpenAIError(
+                ErrorKind.UNAUTHORIZED,
+                "Incorrect or missing API key. Send `Authorization: Bearer <key>`.",
+            )
+    if content_length is not None and content_length > max_body_bytes:
+        raise OpenAIError(
+            ErrorKind.BODY_TOO_LARGE,
+            f"request body is {content_length} bytes; the limit is {max_body_bytes}",
+        )
+
+
+def check_request(limits: Limits, client: ClientRequest) -> None:
+    """After validation, before any hashing or routing: the message count."""
+    if client.endpoint is Endpoint.CHAT:
+        count = len(client.body["messages"])
+        if count > limits.max_messages:
+            raise OpenAIError(
+                ErrorKind.INVALID_REQUEST,
+                f"'messages' has {count} entries; the limit is {limits.max_messages}",
+                "messages",
+            )
+
+
+class StreamSlots:
+    """Concurrent streaming responses on this shim. Not a lock: one event loop owns it, and
+    acquire/release never await, so a plain counter is exact."""
+
+    def __init__(self, limits: Limits) -> None:
+        self._limits = limits
+        self.in_use = 0
+
+    def acquire(self) -> None:
+        """Raises OpenAIError (429 with Retry-After) when every slot is taken."""
+        if self.in_use >= self._limits.max_streams:
+            raise OpenAIError(
+                ErrorKind.TOO_MANY_STREAMS,
+                f"this shim is serving its limit of {self._limits.max_streams} concurrent "
+                "streams; retry shortly",
+                headers={"Retry-After": str(self._limits.retry_after)},
+            )
+        self.in_use += 1
+
+    def release(self) -> None:
+        self.in_use -= 1
