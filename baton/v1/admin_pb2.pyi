@@ -144,15 +144,21 @@ class DrainBackendRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
+    MIGRATE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    migrate: _builtins.bool
+    """Also hand the backend's in-flight streams over to other backends now (the shims resume
+    them with the resume protocol), so the engine can be restarted with no client-visible seam.
+    """
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
+        migrate: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "migrate", b"migrate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -162,11 +162,14 @@ class BackendStatus(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     SINCE_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    MIGRATING_FIELD_NUMBER: _builtins.int
     state: Global___HealthState.ValueType
     reason: _builtins.str
     """Why it is in that state (e.g. "connect refused", "probe timeout", "drained by admin")."""
     in_flight: _builtins.int
     """Requests in flight on this backend, summed over all shims (soft state)."""
+    migrating: _builtins.bool
+    """Draining with migration: shims move this backend's in-flight streams elsewhere."""
     @_builtins.property
     def backend(self) -> Global___Backend: ...
     @_builtins.property
@@ -179,10 +182,11 @@ class BackendStatus(_message.Message):
         reason: _builtins.str = ...,
         since: _timestamp_pb2.Timestamp | None = ...,
         in_flight: _builtins.int = ...,
+        migrating: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "in_flight", b"in_flight", "reason", b"reason", "since", b"since", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "in_flight", b"in_flight", "migrating", b"migrating", "reason", b"reason", "since", b"since", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
