@@ -9,6 +9,7 @@ a rejected pairing never emits anything (DESIGN §6).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -104,6 +105,10 @@ class SpecServer:
             await writer.fail(err)
             self._finished(run, ok=False)
             return writer.response
+        except (asyncio.CancelledError, ConnectionResetError):
+            # The client went away: no more rounds, and control must stop counting it.
+            self._finished(run, ok=False)
+            raise
         await writer.finish(finish, run.prompt_len, len(run.generated))
         self._finished(run, ok=True)
         return writer.response

@@ -286,3 +286,19 @@ def test_a_looping_target_is_flagged_by_the_shim_and_the_draft_moves(tmp_path: P
         assert wait_until(lambda: f.pairs()["d"]["target"] == "t1")
         rejects = [e for e in f.pair_events() if e["action"] == "reject"]
         assert rejects and "repeated n-gram" in rejects[0]["reason"], rejects
+
+
+def test_a_client_leaving_mid_stream_ends_the_rounds_and_frees_its_load(tmp_path: Path) -> None:
+    with spec_fleet(tmp_path, [()]) as f:
+        f.ok("pairs", "bind", "d", "t0")
+        client = openai.OpenAI(base_url=f.fleet.base_url, api_key="x", max_retries=0)
+        stream = client.completions.create(
+            model=MODEL, prompt=PROMPTS[1], max_tokens=2000, temperature=0, stream=True
+        )
+        for i, _ in enumerate(stream):
+            if i == 3:
+                break
+        stream.close()
+        assert wait_until(lambda: f.ok("status")["in_flight"] == 0)
+        rounds = f.pairs()["d"]["rounds"]
+        assert 0 < rounds < 2000 // 4  # it stopped drafting well before max_tokens
