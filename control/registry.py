@@ -65,7 +65,10 @@ class Registry:
         health_policy: HealthPolicy | None = None,
         events: EventLog | None = None,
         pins: PinTable | None = None,
+        drained: Mapping[str, bool] | None = None,
     ) -> None:
+        """`drained`: backends drained before a restart (id -> migrate), restored as they
+        were, with no new audit event: nobody drained them just now."""
         self._clock = clock
         self.events = events if events is not None else EventLog(clock)
         self._policy = health_policy or HealthPolicy()
@@ -83,6 +86,14 @@ class Registry:
                 raise BackendExists(f"backend {b.id!r} is listed twice")
             self._backends[b.id] = b
             self._health[b.id] = HealthRecord.new(now)
+        # Drained with --migrate; the health state is DRAINING either way.
+        self._migrating: set[BackendId] = set()
+        for bid, migrate in (drained or {}).items():
+            if bid in self._backends:
+                known = BackendId(bid)
+                self._health[known] = health.drain(self._health[known], now)
+                if migrate:
+                    self._migrating.add(known)
         self._snapshot = Snapshot(0, ())
         self._publish()
 
@@ -99,6 +110,16 @@ class Registry:
 
     def backend(self, backend_id: str) -> Backend:
         return self._backends[self._known(backend_id)]
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        return tuple(self._backends[bid] for bid in sorted(self._backends))
+
+    def drained(self) -> dict[BackendId, bool]:
+        """Backends an operator drained (id -> migrate): configuration, kept across restarts."""
+        return {
+            bid: bid in self._migrating for bid in sorted(self._health) if self._health[bid].drained
+        }
 
     # -- configuration -------------------------------------------------------------------
 
@@ -123,6 +144,7 @@ class Registry:
         bid = self._known(backend_id)
         del self._backends[bid]
         del self._health[bid]
+        self._migrating.discard(bid)
         self.facts.pop(bid, None)
         for pair in self.pairs.with_backend(bid):
             if pair.draft_id == bid:
@@ -132,14 +154,33 @@ class Registry:
         self._publish()
         self.events.record(EventKind.ADMIN, backend_id=bid, action="remove")
 
-    def drain(self, backend_id: str) -> BackendStatus:
-        status = self._update(backend_id, lambda rec, now: health.drain(rec, now))
-        self.events.record(EventKind.ADMIN, backend_id=backend_id, action="drain")
+    def drain(self, backend_id: str, migrate: bool = False) -> BackendStatus:
+        """No new requests to the backend; with `migrate`, shims also move its in-flight
+        streams elsewhere (the resume protocol). Draining again changes only `migrate`."""
+        bid = self._known(backend_id)
+        status = self._drain_step(bid, migrate, lambda rec, now: health.drain(rec, now))
+        self.events.record(EventKind.ADMIN, backend_id=bid, action="drain", migrate=migrate)
         return status
 
     def undrain(self, backend_id: str) -> BackendStatus:
-        status = self._update(backend_id, lambda rec, now: health.undrain(rec, now))
-        self.events.record(EventKind.ADMIN, backend_id=backend_id, action="undrain")
+        bid = self._known(backend_id)
+        status = self._drain_step(bid, False, lambda rec, now: health.undrain(rec, now))
+        self.events.record(EventKind.ADMIN, backend_id=bid, action="undrain")
+        return status
+
+    def _drain_step(
+        self, bid: BackendId, migrate: bool, step: Callable[[HealthRecord, float], HealthRecord]
+    ) -> BackendStatus:
+        flipped = (bid in self._migrating) != migrate
+        if migrate:
+            self._migrating.add(bid)
+        else:
+            self._migrating.discard(bid)
+        version = self._snapshot.version
+        status = self._update(bid, step)
+        # Shims learn of a migration from the snapshot, even when the state stays DRAINING.
+        if flipped and self._snapshot.version == version:
+            self._publish()
         return status
 
     # -- health --------------------------------------------------------------------------
@@ -329,8 +370,9 @@ class Registry:
             draft = self.facts.get(pair.draft_id)
             if f is None or draft is None or pair_violations(draft, f):
                 continue
-            pair = self.pairs.retarget(pair, primary.id, f"target {pair.target_id} unavailable")
-            self._pair_event(pair, "repair", previous=pair.target_id)
+            previous = pair.target_id
+            pair = self.pairs.retarget(pair, primary.id, f"target {previous} unavailable")
+            self._pair_event(pair, "repair", previous=previous)
             return pair
         return None
 
@@ -360,7 +402,7 @@ class Registry:
         return bid
 
     def _status(self, bid: BackendId) -> BackendStatus:
-        return BackendStatus(self._backends[bid], self._health[bid].health)
+        return BackendStatus(self._backends[bid], self._health[bid].health, bid in self._migrating)
 
     def _update(
         self, backend_id: str, step: Callable[[HealthRecord, float], HealthRecord]

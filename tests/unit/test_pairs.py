@@ -142,3 +142,5 @@ def test_no_matching_target_detaches_and_a_matching_one_is_adopted_later() -> No
     reg.undrain("t2")
     pairing = reg.pairing_for(backend("t2"), SHAPE)
     assert pairing is not None and pairing.gate_required
+    (repair,) = [e for e in reg.events.query(EventQuery("pair")) if e.data["target"] == "t2"]
+    assert repair.data["action"] == "repair" and repair.data["previous"] == "t1"
