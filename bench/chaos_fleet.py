@@ -77,7 +77,8 @@ class Fleet:
         logdir.mkdir(parents=True, exist_ok=True)
         try:
             for sid in (f"s{i}" for i in range(backends)):
-                self.sims[sid] = self._start(sid, sim_argv("127.0.0.1:0"), other=False)
+                self.timing_path(sid).unlink(missing_ok=True)
+                self.sims[sid] = self._start(sid, self._sim_argv(sid, 0), other=False)
                 self.ports[sid] = int(self.sims[sid].ready.rsplit(":", 1)[1])
                 self.up_since[sid] = time.monotonic()
             # Outside the fleet, prefix cache off: every floor sample pays its whole prefill.
@@ -89,6 +90,13 @@ class Fleet:
         except BaseException:
             self.close()
             raise
+
+    def timing_path(self, sid: str) -> Path:
+        """The sim's own per-request TTFT log, kept across its restarts (appended)."""
+        return self._logdir / f"failover.{sid}.timing.jsonl"
+
+    def _sim_argv(self, sid: str, port: int) -> list[str]:
+        return sim_argv(f"127.0.0.1:{port}", "--timing-log", str(self.timing_path(sid)))
 
     def _start(self, name: str, argv: list[str], other: bool = True) -> Part:
         # Parts log to files: a warning per failover must not garble the table.
@@ -116,7 +124,7 @@ class Fleet:
             if self._closed:
                 return False
             try:
-                part = self._start(sid, sim_argv(f"127.0.0.1:{self.ports[sid]}"), other=False)
+                part = self._start(sid, self._sim_argv(sid, self.ports[sid]), other=False)
             except StartFailed:
                 time.sleep(0.25)
                 continue

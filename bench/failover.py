@@ -9,7 +9,11 @@ control and one shim run as real processes (bench/chaos_fleet.py). Phases, in on
    batch as behind the shim), then N/4 through the shim, both at concurrency C.
 3. Chaos: N streams through the shim at concurrency C while a sim is SIGKILLed every ~kill-every
    seconds and restarted on its old port 0.1-0.5 s later (never leaving no settled sim).
-4. Floor (also replayed per kill: the resumes of one kill that landed on one card, sent to
+4. Engine floor: every sim logs its own TTFT per request (`--timing-log`); each resume is found
+   in its new backend's log by its exact prompt ids, so the floor of that failover is what the
+   engine itself needed, at that moment and under that load (the kill's other resumes queued on
+   the same card included). Gap / engine floor is what Baton adds on top of the physics.
+5. Floor (also replayed per kill: the resumes of one kill that landed on one card, sent to
    the idle sim together, since a card prefills them one after another; both are reported):
    for up to FLOOR_SAMPLES resumed failovers, the TTFT of one direct stream whose prompt
    is that request's prompt ids + the `tokens_sent` reference ids, i.e. exactly what the resume
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import sys
@@ -54,6 +59,7 @@ from bench.chaos_fleet import (
 )
 from bench.overhead import await_serving
 from bench.parts import MODEL
+from sim.timing import prompt_key
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "failover.json"
 FLOOR_SAMPLES = 50
@@ -104,8 +110,11 @@ def summarize(
     floors_ms: Sequence[float],
     kills: Sequence[tuple[float, str]],
     together_ms: Sequence[float] = (),
+    engine: Sequence[tuple[float, float]] = (),
+    loaded_ms: Sequence[float] = (),
 ) -> dict[str, Any]:
-    """Everything the report prints, from raw records; no I/O."""
+    """Everything the report prints, from raw records; no I/O. `engine`: (gap ms, the new
+    backend's own TTFT ms for that resume) per failover whose resume the engine logged."""
     verdicts = Counter(r.verdict for r in records)
     completed = [r for r in records if r.verdict == "completed"]
     differs = [r for r in completed if r.text != refs[r.prompt].text]
@@ -132,9 +141,58 @@ def summarize(
         "gap_over_floor_together": (
             gap50 / stats.percentile(together_ms, 50) if together_ms else stats.NAN
         ),
+        "floor_loaded_ms": stats.p50_p99(loaded_ms),
+        "gap_over_floor_loaded": (
+            gap50 / stats.percentile(loaded_ms, 50) if loaded_ms else stats.NAN
+        ),
+        **engine_floor(engine),
         **seam_timing(records, events, kills),
         "kills": len(kills),
     }
+
+
+def engine_floor(pairs: Sequence[tuple[float, float]]) -> dict[str, Any]:
+    """The physical floor measured inside the run: what the backend that took each resume
+    needed itself to produce its first token (queueing behind the kill's other resumes and its
+    own load included), next to the gap the client saw for the same failovers."""
+    gaps = [g for g, _ in pairs]
+    floors = [f for _, f in pairs]
+    floor50 = stats.percentile(floors, 50)
+    return {
+        "engine_floor_samples": len(pairs),
+        "engine_floor_ms": stats.p50_p99(floors),
+        "engine_matched_gap_ms": stats.p50_p99(gaps),
+        "gap_over_engine_floor": (
+            stats.percentile(gaps, 50) / floor50 if pairs and floor50 > 0 else stats.NAN
+        ),
+        "baton_added_ms": stats.p50_p99([g - f for g, f in pairs]),
+    }
+
+
+def engine_ttfts(
+    events: Sequence[Mapping[str, Any]],
+    rids: Mapping[str, StreamRecord],
+    refs: Sequence[Reference],
+    logs: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> list[tuple[float, float]]:
+    """(gap, engine TTFT) for each resumed failover whose resume request is in its target's
+    timing log, matched by the exact prompt ids the resume sent. A prompt resumed twice at the
+    same point on the same backend is ambiguous and skipped."""
+    by_key: dict[tuple[str, str], list[float]] = {}
+    for sid, lines in logs.items():
+        for line in lines:
+            by_key.setdefault((sid, str(line["prompt"])), []).append(float(line["ttft_ms"]))
+    out = []
+    for e in events:
+        rec = rids.get(str(e.get("request_id")))
+        if e.get("outcome") != "resumed" or rec is None:
+            continue
+        ref = refs[rec.prompt]
+        key = prompt_key([*ref.prompt_ids, *ref.token_ids[: int(e["tokens_sent"])]])
+        found = by_key.get((str(e["to_backend"]), key), [])
+        if len(found) == 1:
+            out.append((float(e["gap_ms"]), found[0]))
+    return out
 
 
 def bad_stream(r: StreamRecord, events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -201,6 +259,12 @@ def targets(s: Mapping[str, Any]) -> list[stats.Target]:
             s["gap_over_floor_together"],
             1.5,
         ),
+        stats.Target(
+            "failover gap p50 / floor p50: the same resumes sent directly, together, to the same "
+            "backend under the run's load",
+            s["gap_over_floor_loaded"],
+            1.5,
+        ),
     ]
 
 
@@ -228,6 +292,14 @@ def report(s: Mapping[str, Any], o: Mapping[str, Any], busy: Mapping[str, float]
         ["gap p50 / floor p50", stats.fmt(s["gap_over_floor"])],
         ["floor, a kill's resumes together p50 / p99 (ms)", p50_99(s["floor_together_ms"])],
         ["gap p50 / floor-together p50", stats.fmt(s["gap_over_floor_together"])],
+        ["floor, same resumes direct to the same backend under load p50 / p99 (ms)",
+         p50_99(s["floor_loaded_ms"])],
+        ["gap p50 / floor-under-load p50", stats.fmt(s["gap_over_floor_loaded"])],
+        [f"engine floor: the new backend's own TTFT p50 / p99 (ms, n="
+         f"{s['engine_floor_samples']})", p50_99(s["engine_floor_ms"])],
+        ["  gap of the same failovers p50 / p99 (ms)", p50_99(s["engine_matched_gap_ms"])],
+        ["  gap p50 / engine floor p50", stats.fmt(s["gap_over_engine_floor"])],
+        ["  Baton's share (gap - engine TTFT) p50 / p99 (ms)", p50_99(s["baton_added_ms"])],
         ["SIGKILL -> resumed text p50 / p99 (ms)", p50_99(s["kill_to_resume_ms"])],
         ["client wait at the seam p50 / p99 (ms)", p50_99(s["seam_stall_ms"])],
         ["no-kill TTFT p50 baton / direct (ms)", vs("ttft_p50")],
@@ -340,9 +412,15 @@ async def run(fleet: Fleet, plan: Plan) -> dict[str, Any]:
             refs,
             plan.tokens,
         )
+        loaded = await floors_under_load(ph, kill_groups(events)[:FLOOR_SAMPLES],
+                                         {r.rid: r for r in records}, refs)  # fmt: skip
     measured = [v for _, v in floors if not math.isnan(v)]
+    logs = {sid: read_jsonl(fleet.timing_path(sid)) for sid in fleet.sims}
+    engine = engine_ttfts(events, {r.rid: r for r in records}, refs, logs)
     return {
-        "summary": summarize(records, refs, events, measured, kills.kills, together),
+        "summary": summarize(
+            records, refs, events, measured, kills.kills, together, engine, loaded
+        ),
         "overhead": overhead(direct, baton),
         "cpu_busy": ph.busy,
         "kills": kills.kills,
@@ -352,6 +430,53 @@ async def run(fleet: Fleet, plan: Plan) -> dict[str, Any]:
         "records": [asdict(r) for r in records],
         "floor_samples": [{**e, "floor_ms": v} for e, v in floors],
     }
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    if path.exists():
+        for line in path.read_bytes().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by a SIGKILL
+    return out
+
+
+async def floors_under_load(
+    ph: Phases,
+    groups: Sequence[Sequence[Mapping[str, Any]]],
+    rids: Mapping[str, StreamRecord],
+    refs: Sequence[Reference],
+) -> list[float]:
+    """The physical floor under the run's conditions: each kill's resumes, sent together by a
+    plain client straight to the backend that took them (its prefix cache warm with the run's
+    prompts, as it was), while the fleet carries the run's load (the same closed loop at the
+    same concurrency, direct to the sims). No router in the way: what any client would wait."""
+    fleet, plan = ph.fleet, ph.plan
+    sims = list(fleet.sims)
+    background = asyncio.create_task(
+        load(ph.session, 1_000_000, plan.concurrency, plan.tokens, ph.prompts,
+             lambda i: fleet.sims[sims[i % len(sims)]].ready)
+    )  # fmt: skip
+    out: list[float] = []
+    try:
+        await asyncio.sleep(0.5)  # the load reaches its steady state
+        for group in groups:
+            part = fleet.sims.get(str(group[0]["to_backend"]))
+            if part is None:
+                continue
+            ttfts = await asyncio.gather(*(
+                floor_ttft(ph.session, part.ready, refs[rids[e["request_id"]].prompt],
+                           int(e["tokens_sent"]), plan.tokens)
+                for e in group if e["request_id"] in rids
+            ))  # fmt: skip
+            out += [t for t in ttfts if not math.isnan(t)]
+    finally:
+        background.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await background
+    return out
 
 
 async def floors_together(

@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="sampling seed when a request gives none (default: fresh entropy)")
     g.add_argument("--slow-start", type=float, default=0.0, metavar="S",
                    help="sleep S seconds before binding the port")
+    g.add_argument("--timing-log", default="", metavar="PATH",
+                   help="append each request's engine-side TTFT as a JSON line (benchmarks)")
     m = parser.add_argument_group("model")
     m.add_argument("--model-seed", type=int, default=0, help="the toy model's weights")
     m.add_argument("--chip-seed", type=int, default=0, help="this replica's numeric noise")
@@ -116,6 +118,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_num_seqs=args.max_num_seqs,
         spec=SpecConfig(num_tokens=args.num_speculative_tokens, acceptance=args.spec_acceptance),
         tokenizer_variant=args.tokenizer_variant,
+        timing_log=args.timing_log,
     )
 
 

@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from sim import responses as r
-from sim import specdecode
+from sim import specdecode, timing
 from sim.faults import FaultKind, FaultSpec
 from sim.generation import Sequence
 from sim.protocol import GenRequest
@@ -106,7 +106,10 @@ class Run:
     def _first_token(self) -> None:
         if not self.ttft_recorded:
             self.ttft_recorded = True
-            self.state.metrics.ttft.observe(time.perf_counter() - self.t0)
+            ttft = time.perf_counter() - self.t0
+            self.state.metrics.ttft.observe(ttft)
+            if self.state.timing is not None:
+                self.state.timing.write(timing.record(self.req.prompt_ids, ttft))
 
     def _settle(self) -> None:
         reason = self.seqs[0].finish_reason

@@ -50,6 +50,7 @@ class SimConfig:
     max_num_seqs: int = 256
     spec: SpecConfig = SpecConfig()
     tokenizer_variant: int = 0
+    timing_log: str = ""  # append one JSON line per request's first token (benchmarks)
 
 
 class SimState:
@@ -74,6 +75,8 @@ class SimState:
         self.prefill = PrefillQueue()  # one card's compute: prefills take turns
         self.waiting = 0
         self.slots = asyncio.Semaphore(max(1, cfg.max_num_seqs))
+        # Unbuffered appends: a SIGKILLed sim keeps every line it wrote (benchmarks kill them).
+        self.timing = open(cfg.timing_log, "ab", buffering=0) if cfg.timing_log else None  # noqa: SIM115
 
 
 STATE = web.AppKey("sim_state", SimState)
@@ -292,21 +295,23 @@ async def server_info(request: web.Request) -> web.Response:
     state = request.app[STATE]
     cfg = state.cfg
     lim = cfg.limits
-    return _ok({
-        "model": lim.model,
-        "max_model_len": lim.max_model_len,
-        "vocab_size": state.tokenizer.vocab_size,
-        "vocab_hash": state.vocab_hash,
-        "block_size": cfg.cost.block_size,
-        "eos_token_id": EOS,
-        "default_sampling_params": {
-            "temperature": lim.default_temperature,
-            "top_p": lim.default_top_p,
-            "top_k": lim.default_top_k,
-            "seed": lim.default_seed,
-        },
-        "draft_agree_rate": cfg.model.draft_agree_rate,
-    })
+    return _ok(
+        {
+            "model": lim.model,
+            "max_model_len": lim.max_model_len,
+            "vocab_size": state.tokenizer.vocab_size,
+            "vocab_hash": state.vocab_hash,
+            "block_size": cfg.cost.block_size,
+            "eos_token_id": EOS,
+            "default_sampling_params": {
+                "temperature": lim.default_temperature,
+                "top_p": lim.default_top_p,
+                "top_k": lim.default_top_k,
+                "seed": lim.default_seed,
+            },
+            "draft_agree_rate": cfg.model.draft_agree_rate,
+        }
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:

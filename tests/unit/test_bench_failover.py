@@ -129,7 +129,7 @@ def test_summarize_of_nothing_is_nan_not_a_crash() -> None:
     s = fo.summarize([], REFS, [], [], [])
     assert math.isnan(s["identical_pct"]) and math.isnan(s["gap_over_floor"])
     targets = {t.name: t.verdict for t in fo.targets(s)}
-    assert list(targets.values()) == ["PASS", "SKIP", "SKIP", "SKIP"]
+    assert list(targets.values()) == ["PASS", "SKIP", "SKIP", "SKIP", "SKIP"]
 
 
 def test_seam_timing_measures_at_the_first_resumed_token() -> None:
@@ -162,16 +162,17 @@ def test_overhead_compares_completed_streams_only() -> None:
 @pytest.mark.parametrize(
     ("failed", "truncated", "identical", "ratio", "verdicts"),
     [
-        (0, 0, 100.0, 1.5, ["PASS", "PASS", "PASS", "PASS"]),
-        (1, 0, 100.0, 1.51, ["FAIL", "PASS", "FAIL", "PASS"]),
-        (0, 2, 99.5, 0.9, ["FAIL", "FAIL", "PASS", "PASS"]),
+        (0, 0, 100.0, 1.5, ["PASS", "PASS", "PASS", "PASS", "PASS"]),
+        (1, 0, 100.0, 1.51, ["FAIL", "PASS", "FAIL", "PASS", "PASS"]),
+        (0, 2, 99.5, 0.9, ["FAIL", "FAIL", "PASS", "PASS", "PASS"]),
     ],
 )
 def test_targets(
     failed: int, truncated: int, identical: float, ratio: float, verdicts: list[str]
 ) -> None:
     s = {"failed": failed, "truncated": truncated, "identical_pct": identical,
-         "gap_over_floor": ratio, "gap_over_floor_together": 1.0}  # fmt: skip
+         "gap_over_floor": ratio, "gap_over_floor_together": 1.0,
+         "gap_over_floor_loaded": 1.2}  # fmt: skip
     assert [t.verdict for t in fo.targets(s)] == verdicts
 
 
@@ -180,7 +181,7 @@ def test_report_prints_the_table_and_one_line_per_target() -> None:
     side = {"ttft_p50": 1.0, "total_p50": 2.0, "errors": 0}
     text = fo.report(s, {"direct": side, "baton": side}, {"chaos": 0.5})
     assert "1/0/0 of 1" in text and "gap p50 / floor p50" in text
-    assert [ln.split()[0] for ln in text.splitlines()[-4:]] == ["PASS", "PASS", "FAIL", "SKIP"]
+    assert [ln.split()[0] for ln in text.splitlines()[-5:]] == ["PASS", "PASS", "FAIL", "SKIP", "SKIP"]
 
 
 def test_kill_groups_gather_the_resumes_of_one_kill_on_one_card() -> None:
@@ -214,3 +215,24 @@ def test_generic_stats_helpers() -> None:
     ]
     nan = stats.NAN
     assert stats.finite({"a": [1.0, nan], "b": (nan,)}) == {"a": [1.0, None], "b": [None]}
+
+
+def test_engine_floor_matches_each_resume_by_its_exact_prompt_on_its_new_backend() -> None:
+    from sim.timing import prompt_key
+
+    rids = {"a": record("a", "hello world"), "b": record("b", "abc", prompt=1)}
+    events = [
+        event("a", tokens_sent=1, gap_ms=6.0),  # resumed p0 + [3] on s1
+        event("b", tokens_sent=1, gap_ms=9.0, to_backend="s2"),  # not in s2's log: skipped
+        event("a", outcome="failed", gap_ms=1.0),
+    ]
+    logs = {
+        "s1": [{"prompt": prompt_key([1, 2, 3]), "ttft_ms": 4.0},
+               {"prompt": prompt_key([1, 2]), "ttft_ms": 0.5}],  # the first request, not a resume
+        "s2": [{"prompt": prompt_key([5, 6, 7]), "ttft_ms": 1.0}],
+    }  # fmt: skip
+    pairs = fo.engine_ttfts(events, rids, REFS, logs)
+    assert pairs == [(6.0, 4.0)]
+    s = fo.engine_floor(pairs)
+    assert s["gap_over_engine_floor"] == pytest.approx(1.5) and s["engine_floor_samples"] == 1
+    assert s["baton_added_ms"]["p50"] == pytest.approx(2.0)
