@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 
 from clients import render
 from clients.client import DEFAULT_CONTROL, AdminClient, AdminError
@@ -23,6 +24,12 @@ def _admin_parent() -> argparse.ArgumentParser:
     )
     parent.add_argument("--json", action="store_true", help="machine-readable output")
     parent.add_argument("--timeout", type=float, default=5.0, help="seconds per admin call")
+    parent.add_argument(
+        "--tls-ca",
+        type=Path,
+        default=os.environ.get("BATON_TLS_CA") or None,
+        help="PEM CA of control's certificate: talk TLS (env BATON_TLS_CA)",
+    )
     return parent
 
 
@@ -46,8 +53,9 @@ def cmd_backends_remove(args: argparse.Namespace, c: AdminClient) -> None:
 
 
 def cmd_backends_drain(args: argparse.Namespace, c: AdminClient) -> None:
-    row = c.drain_backend(args.id)
-    _print(args, asdict(row), f"{row.id} is {row.state}: no new requests; in-flight ones finish")
+    row = c.drain_backend(args.id, migrate=args.migrate)
+    then = "in-flight streams move to other backends" if row.migrating else "in-flight ones finish"
+    _print(args, asdict(row), f"{row.id} is {row.state}: no new requests; {then}")
 
 
 def cmd_backends_undrain(args: argparse.Namespace, c: AdminClient) -> None:
@@ -148,6 +156,13 @@ def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
         p = bsub.add_parser(name, parents=[parent], help=text)
         p.add_argument("id")
         p.set_defaults(admin=fn)
+        if name == "drain":
+            p.add_argument(
+                "--migrate",
+                action="store_true",
+                help="also hand its in-flight streams to other backends (resume protocol), "
+                "e.g. to restart the engine for a deploy",
+            )
     sub.add_parser("status", parents=[parent], help="fleet summary").set_defaults(admin=cmd_status)
     pins = sub.add_parser("pins", help="prefix-affinity pins")
     psub = pins.add_subparsers(dest="action", required=True)
@@ -214,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(args, "run"):
         return int(args.run(args))
     try:
-        with AdminClient(args.control, timeout=args.timeout) as client:
+        with AdminClient(args.control, timeout=args.timeout, tls_ca=args.tls_ca) as client:
             args.admin(args, client)
     except AdminError as exc:
         print(f"baton: {exc}", file=sys.stderr)

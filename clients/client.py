@@ -51,6 +51,7 @@ class BackendRow:
     reason: str
     since: str  # ISO 8601, UTC
     in_flight: int
+    migrating: bool = False  # drained with --migrate: in-flight streams move elsewhere
 
 
 def _iso(ts: Timestamp) -> str:
@@ -89,15 +90,30 @@ def _row(s: fleet_pb2.BackendStatus) -> BackendRow:
         reason=s.reason,
         since=_iso(s.since),
         in_flight=s.in_flight,
+        migrating=s.migrating,
     )
 
 
 class AdminClient:
     def __init__(
-        self, target: str = DEFAULT_CONTROL, *, token: str | None = None, timeout: float = 5.0
+        self,
+        target: str = DEFAULT_CONTROL,
+        *,
+        token: str | None = None,
+        timeout: float = 5.0,
+        tls_ca: Path | None = None,
     ) -> None:
+        """`tls_ca`: PEM file of the CA that signed control's certificate; talk TLS."""
         self.target = target
-        self._channel = grpc.insecure_channel(target)
+        self._tls = tls_ca is not None
+        if tls_ca is not None:
+            try:
+                ca = tls_ca.read_bytes()
+            except OSError as exc:
+                raise AdminError(f"--tls-ca: {exc}") from None
+            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(ca))
+        else:
+            self._channel = grpc.insecure_channel(target)
         self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
         token = token if token is not None else find_token()
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
@@ -120,9 +136,11 @@ class AdminClient:
         except grpc.RpcError as exc:
             code = exc.code()
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                # A TLS/plaintext mismatch looks the same as nobody listening.
+                tls = "with" if self._tls else "without"
                 raise AdminError(
                     f"cannot reach the control plane at {self.target} ({code.name}); "
-                    "is `baton control` running there?"
+                    f"is `baton control` running there, {tls} TLS (--tls-ca)?"
                 ) from None
             raise AdminError(f"{code.name}: {exc.details()}") from None
 
@@ -161,8 +179,8 @@ class AdminClient:
     def remove_backend(self, id: str) -> None:
         self._call("RemoveBackend", admin_pb2.RemoveBackendRequest(id=id))
 
-    def drain_backend(self, id: str) -> BackendRow:
-        resp = self._call("DrainBackend", admin_pb2.DrainBackendRequest(id=id))
+    def drain_backend(self, id: str, migrate: bool = False) -> BackendRow:
+        resp = self._call("DrainBackend", admin_pb2.DrainBackendRequest(id=id, migrate=migrate))
         return _row(resp.backend)  # type: ignore[attr-defined]
 
     def undrain_backend(self, id: str) -> BackendRow:

@@ -25,7 +25,11 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
 def backends(rows: Sequence[BackendRow]) -> str:
     if not rows:
         return "no backends registered (add one with `baton backends add`)"
-    return table([asdict(r) for r in rows], BACKEND_COLUMNS)
+    # A migrating drain shows in the state column: it is what the operator must wait on.
+    return table(
+        [{**asdict(r), "state": f"{r.state} (migrate)" if r.migrating else r.state} for r in rows],
+        BACKEND_COLUMNS,
+    )
 
 
 def status(s: Mapping[str, Any]) -> str:

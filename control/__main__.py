@@ -21,8 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--data-dir",
         type=Path,
         default=os.environ.get("BATON_DATA_DIR") or None,
-        help="where the audit log is kept across restarts (env BATON_DATA_DIR; none: memory)",
+        help="where the audit log and the fleet database (backends, drains and pairs changed "
+        "at run time) are kept across restarts (env BATON_DATA_DIR; none: memory only)",
     )
+    parser.add_argument(
+        "--tls-cert", type=Path, help="PEM certificate chain: serve gRPC over TLS (with --tls-key)"
+    )
+    parser.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     parser.add_argument(
         "--metrics-listen",
         default="127.0.0.1:9464",
@@ -35,13 +40,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-async def _serve(args: argparse.Namespace, cfg: config_mod.Config) -> int:
+def _tls(args: argparse.Namespace) -> tuple[bytes, bytes] | None:
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise config_mod.ConfigError("--tls-cert and --tls-key go together")
+    if args.tls_cert is None:
+        return None
+    try:
+        return args.tls_cert.read_bytes(), args.tls_key.read_bytes()
+    except OSError as exc:
+        raise config_mod.ConfigError(f"TLS: {exc}") from None
+
+
+async def _serve(
+    args: argparse.Namespace, cfg: config_mod.Config, tls: tuple[bytes, bytes] | None
+) -> int:
     plane = ControlPlane(
         cfg,
         args.listen,
         metrics_listen=args.metrics_listen or None,
         data_dir=args.data_dir,
         admin_token=os.environ.get("BATON_ADMIN_TOKEN") or None,
+        tls=tls,
     )
     port = await plane.start()
     host = args.listen.rsplit(":", 1)[0]
@@ -63,10 +82,15 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_mod.load(args.config)
         if args.routing:
             cfg = config_mod.with_routing(cfg, args.routing)
+        tls = _tls(args)
     except config_mod.ConfigError as exc:
         print(f"baton control: {exc}", file=sys.stderr)
         return 2
-    return aio.run(_serve(args, cfg))
+    try:
+        return aio.run(_serve(args, cfg, tls))
+    except config_mod.ConfigError as exc:  # e.g. an unreadable fleet database in --data-dir
+        print(f"baton control: {exc}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:

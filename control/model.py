@@ -66,6 +66,8 @@ class Health:
 class BackendStatus:
     backend: Backend
     health: Health
+    # Drained with --migrate: shims hand this backend's in-flight streams to others.
+    migrating: bool = False
 
     @property
     def routable(self) -> bool:

@@ -23,9 +23,9 @@ from control.config import Config, PairSpec
 from control.events import EventKind, EventLog
 from control.facts import Facts
 from control.facts_fetch import fetch_facts
+from control.fleetdb import Configured, FleetDB, configured, fleet
 from control.metrics import ControlMetrics
 from control.model import Backend, BackendId
-from control.pairstore import PairFile
 from control.policy import SpillGuard, make_policy
 from control.prober import run_prober
 from control.registry import Registry, RegistryError
@@ -50,6 +50,7 @@ class ControlPlane:
         metrics_listen: str | None = None,
         data_dir: Path | None = None,
         admin_token: str | None = None,
+        tls: tuple[bytes, bytes] | None = None,
         clock: Callable[[], float] = time.time,
         seed: int | None = None,
     ) -> None:
@@ -61,8 +62,12 @@ class ControlPlane:
             sink=self._event_file.append if self._event_file else None,
             restored=self._event_file.load(100_000) if self._event_file else (),
         )
+        # What operators changed at run time (backends, drains, pairs) survives a restart.
+        self._db = FleetDB(data_dir / "fleet.db") if data_dir else None
+        saved = self._db.load() if self._db else Configured()
         self.registry = Registry(
-            config.backends,
+            fleet(config.backends, saved),
+            drained=saved.drained,
             clock=clock,
             health_policy=config.health,
             events=events,
@@ -77,11 +82,10 @@ class ControlPlane:
             route_events=config.audit.route_events,
         )
         self._config = config
-        self._pair_file = PairFile(data_dir / "pairs.json") if data_dir else None
         # Configured and previously bound pairs, bound as soon as both sides' facts are read.
-        saved = self._pair_file.load() if self._pair_file else []
-        self._pending_pairs = list({p.draft: p for p in (*config.pairs, *saved)}.values())
+        self._pending_pairs = list({p.draft: p for p in (*config.pairs, *saved.pairs)}.values())
         self._listen = listen
+        self._tls = tls  # (certificate chain PEM, private key PEM): gRPC over TLS
         self._rng = rng
         interceptors = [AdminTokenInterceptor(admin_token)] if admin_token else []
         self.server = grpc.aio.server(interceptors=interceptors)
@@ -104,7 +108,7 @@ class ControlPlane:
             RoutingServicer(self.router, self.metrics, self.read_facts, self.tracing), self.server
         )
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(self.router, self.read_facts, on_pairs_changed=self._save_pairs),
+            AdminServicer(self.router, self.read_facts, on_changed=self._save),
             self.server,
         )
         health_servicer = health.aio.HealthServicer()
@@ -116,7 +120,12 @@ class ControlPlane:
             reflection.SERVICE_NAME,
         )
         reflection.enable_server_reflection(names, self.server)
-        self.port = self.server.add_insecure_port(self._listen)
+        if self._tls is not None:
+            cert, key = self._tls
+            creds = grpc.ssl_server_credentials([(key, cert)])
+            self.port = self.server.add_secure_port(self._listen, creds)
+        else:
+            self.port = self.server.add_insecure_port(self._listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self._listen}")
         await self.server.start()
@@ -176,12 +185,19 @@ class ControlPlane:
             self._pending_pairs = waiting
             await asyncio.sleep(0.2)
 
-    def _save_pairs(self) -> None:
-        if self._pair_file is not None:
-            self._pair_file.save(
-                [PairSpec(p.draft_id, p.bound_target_id, p.num_draft_tokens)
-                 for p in self.registry.pairs]
-            )  # fmt: skip
+    def _save(self) -> None:
+        """After an operator's change: the configuration as it is now, in one transaction
+        (a few rows; admin changes are rare and never on the routing path)."""
+        if self._db is None:
+            return
+        reg = self.registry
+        bound = [PairSpec(p.draft_id, p.bound_target_id, p.num_draft_tokens) for p in reg.pairs]
+        known = {b.id for b in reg.backends}
+        # Pairs still waiting for facts are configuration too, unless their draft is gone.
+        waiting = [p for p in self._pending_pairs if p.draft in known and p.draft not in
+                   {b.draft for b in bound}]  # fmt: skip
+        self._db.save(configured(self._config.backends, reg.backends, reg.drained(),
+                                 [*waiting, *bound]))  # fmt: skip
 
     async def _flush_events(self) -> None:
         while True:
@@ -209,3 +225,5 @@ class ControlPlane:
         self.tracing.shutdown()  # flush the last spans
         if self._event_file is not None:
             self._event_file.close()
+        if self._db is not None:
+            self._db.close()

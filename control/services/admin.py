@@ -27,9 +27,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         read_facts: ReadFacts,
         *,
         started: float | None = None,
-        on_pairs_changed: Callable[[], None] = lambda: None,
+        on_changed: Callable[[], None] = lambda: None,
     ) -> None:
-        self._pairs_changed = on_pairs_changed
+        # Called after each change an operator made (backends, drains, pairs): control
+        # persists its configuration there, off the routing path.
+        self._changed = on_changed
         self._read_facts = read_facts
         self._router = router
         self._registry = router.registry
@@ -54,6 +56,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         except (RegistryError, config.ConfigError) as exc:
             await abort_with(context, exc)
             raise  # unreachable: abort raises
+        self._changed()
         return admin_pb2.AddBackendResponse(
             backend=convert.status_to_pb(status, self._registry.in_flight()),
             snapshot_version=self._registry.snapshot.version,
@@ -66,16 +69,18 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             self._registry.remove(request.id)
         except RegistryError as exc:
             await abort_with(context, exc)
+        self._changed()
         return admin_pb2.RemoveBackendResponse(snapshot_version=self._registry.snapshot.version)
 
     async def DrainBackend(
         self, request: admin_pb2.DrainBackendRequest, context: Context
     ) -> admin_pb2.DrainBackendResponse:
         try:
-            status = self._registry.drain(request.id)
+            status = self._registry.drain(request.id, migrate=request.migrate)
         except RegistryError as exc:
             await abort_with(context, exc)
             raise
+        self._changed()
         return admin_pb2.DrainBackendResponse(
             backend=convert.status_to_pb(status, self._registry.in_flight()),
             snapshot_version=self._registry.snapshot.version,
@@ -89,6 +94,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         except RegistryError as exc:
             await abort_with(context, exc)
             raise
+        self._changed()
         return admin_pb2.UndrainBackendResponse(
             backend=convert.status_to_pb(status, self._registry.in_flight()),
             snapshot_version=self._registry.snapshot.version,
@@ -164,7 +170,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         except RegistryError as exc:
             await abort_with(context, exc)
             raise
-        self._pairs_changed()
+        self._changed()
         return admin_pb2.BindPairResponse(pair=convert.pair_to_pb(pair, reg.pairs.baseline(pair)))
 
     async def UnbindPair(
@@ -174,7 +180,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             self._registry.unbind_pair(request.id)
         except RegistryError as exc:
             await abort_with(context, exc)
-        self._pairs_changed()
+        self._changed()
         return admin_pb2.UnbindPairResponse()
 
     async def ListPairs(

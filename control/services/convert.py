@@ -90,6 +90,7 @@ def status_to_pb(s: BackendStatus, in_flight: Mapping[BackendId, int]) -> fleet_
         reason=s.health.reason,
         since=timestamp(s.health.since),
         in_flight=in_flight.get(s.backend.id, 0),
+        migrating=s.migrating,
     )
 
 

@@ -5,6 +5,7 @@ import pytest
 from control.health import HealthPolicy
 from control.model import Backend, BackendId, HealthState, Snapshot
 from control.registry import BackendExists, BackendNotFound, Registry
+from control.services import convert
 
 
 class FakeClock:
@@ -123,3 +124,38 @@ def test_route_events_off_keeps_the_other_events() -> None:
     assert router.route(RouteRequest("r1", RequestShape(model="m"))).backends
     router.attempt_failed("r1", "a", "connect", "refused")
     assert [e.kind.value for e in reg.events] == ["health", "retry"]
+
+
+def test_drain_with_migrate_stays_draining_and_reaches_the_snapshot() -> None:
+    reg, _ = make("a", "b")
+    seen: list[Snapshot] = []
+    reg.subscribe(seen.append)
+    status = reg.drain("a", migrate=True)
+    assert status.health.state is HealthState.DRAINING and status.migrating
+    assert seen[-1].get("a").migrating  # type: ignore[union-attr]
+    wire = convert.snapshot_to_pb(seen[-1], {})
+    assert [(s.backend.id, s.migrating) for s in wire.backends] == [("a", True), ("b", False)]
+    assert reg.drained() == {"a": True}
+    drains = [e for e in reg.events if e.data.get("action") == "drain"]
+    assert drains[-1].data["migrate"] is True
+
+
+def test_migrate_alone_is_a_new_snapshot_and_undrain_clears_it() -> None:
+    reg, _ = make("a")
+    reg.drain("a")
+    assert not reg.snapshot.get("a").migrating  # type: ignore[union-attr]
+    v = reg.snapshot.version
+    reg.drain("a", migrate=True)  # already draining: only the migrate flag changes
+    assert reg.snapshot.version == v + 1 and reg.snapshot.get("a").migrating  # type: ignore[union-attr]
+    reg.undrain("a")
+    after = reg.snapshot.get("a")
+    assert after is not None and not after.migrating and after.health.state is HealthState.HEALTHY
+    assert reg.drained() == {}
+
+
+def test_restored_drains_come_back_without_an_audit_event() -> None:
+    drained = {"a": True, "gone": False}  # "gone" was removed from the config since
+    reg = Registry([backend("a"), backend("b")], clock=FakeClock(), drained=drained)
+    assert state(reg, "a") is HealthState.DRAINING and state(reg, "b") is HealthState.HEALTHY
+    assert reg.snapshot.get("a").migrating  # type: ignore[union-attr]
+    assert list(reg.events) == []

@@ -32,3 +32,12 @@ def test_since_accepts_durations_and_times(text: str, now: float, want: float) -
 def test_since_refuses_nonsense() -> None:
     with pytest.raises(ValueError, match="--since"):
         render.parse_since("yesterday-ish", 0.0)
+
+
+def test_a_migrating_drain_shows_in_the_state_column() -> None:
+    from clients.client import BackendRow
+
+    row = BackendRow("s0", "http://h:1", "m", "vllm", "serve", "draining", "drained by admin",
+                     "2026-01-01T00:00:00+00:00", 3, migrating=True)  # fmt: skip
+    line = render.backends([row]).splitlines()[1]
+    assert "draining (migrate)" in line

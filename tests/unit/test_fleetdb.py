@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from control.config import ConfigError, PairSpec
+from control.fleetdb import Configured, FleetDB, configured, fleet, overlay
+from control.model import Backend, BackendId, BackendKind, Role
+
+
+def b(bid: str, port: int = 1, role: Role = Role.SERVE) -> Backend:
+    return Backend(BackendId(bid), f"http://127.0.0.1:{port}", "m", BackendKind.VLLM, role)
+
+
+CONFIG = (b("a"), b("b"), b("c"))
+
+
+@pytest.mark.parametrize(
+    ("current", "added", "removed"),
+    [
+        (CONFIG, (), set()),  # nothing changed at run time: nothing to keep
+        ((*CONFIG, b("d")), (b("d"),), set()),
+        ((b("a"), b("c")), (), {"b"}),
+        ((b("a"), b("b", port=2), b("c")), (b("b", port=2),), set()),  # removed, re-added
+        ((b("x"),), (b("x"),), {"a", "b", "c"}),
+    ],
+)  # fmt: skip
+def test_overlay_is_the_difference_and_fleet_applies_it(
+    current: tuple[Backend, ...], added: tuple[Backend, ...], removed: set[str]
+) -> None:
+    diff = overlay(CONFIG, current)
+    assert diff.added == added and diff.removed == removed
+    assert sorted(fleet(CONFIG, diff), key=lambda x: x.id) == sorted(current, key=lambda x: x.id)
+
+
+def test_a_backend_added_to_the_config_later_still_appears() -> None:
+    saved = overlay(CONFIG, (b("a"), b("c"), b("d")))
+    assert {x.id for x in fleet((*CONFIG, b("e")), saved)} == {"a", "c", "d", "e"}
+
+
+def test_save_and_load_round_trip_in_a_new_connection(tmp_path: Path) -> None:
+    state = configured(
+        CONFIG,
+        (b("a"), b("c"), b("d", role=Role.DRAFT)),
+        {BackendId("a"): True, BackendId("c"): False},
+        [PairSpec("d", "c", 3), PairSpec("d", "a", 5)],  # one pair per draft: the last wins
+    )
+    db = FleetDB(tmp_path / "data" / "fleet.db")
+    db.save(state)
+    db.close()
+    again = FleetDB(tmp_path / "data" / "fleet.db").load()
+    assert again == Configured(
+        (b("d", role=Role.DRAFT),), frozenset({"b"}), {"a": True, "c": False},
+        (PairSpec("d", "a", 5),),
+    )  # fmt: skip
+
+
+def test_each_save_replaces_the_last(tmp_path: Path) -> None:
+    db = FleetDB(tmp_path / "fleet.db")
+    db.save(Configured((b("x"),), frozenset({"a"}), {"x": False}, (PairSpec("x", "a"),)))
+    db.save(Configured())
+    assert db.load() == Configured()
+
+
+def test_a_fresh_data_dir_loads_empty(tmp_path: Path) -> None:
+    assert FleetDB(tmp_path / "fleet.db").load() == Configured()
+
+
+def test_garbage_is_refused_loudly_not_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.db"
+    path.write_bytes(b"not a database at all, but long enough to have a header" * 10)
+    with pytest.raises(ConfigError, match="fleet database"):
+        FleetDB(path)
+
+
+def test_a_row_that_fails_validation_is_refused(tmp_path: Path) -> None:
+    db = FleetDB(tmp_path / "fleet.db")
+    db.save(Configured((Backend(BackendId("x"), "ftp://user:pw@h", "m"),)))
+    with pytest.raises(ConfigError, match="http"):
+        db.load()
