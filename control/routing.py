@@ -15,6 +15,9 @@ from control.policy import Policy, RoutingView
 from control.policy.base import prefer
 from control.registry import Registry
 
+# The failure class a shim reports when it moves a stream off a backend drained with --migrate.
+MIGRATE = "migrate"
+
 # Decisions that put the request where its pinned prefix already is.
 FOLLOWED_PIN = frozenset({Reason.PIN_HIT})
 
@@ -125,7 +128,11 @@ class Router:
         """A stream died mid-generation: demote its backend and pick another for the resume
         (the first of `preferred`, the route's own remaining fallbacks, still routable). A
         speculative request's draft is re-paired with the new backend, pending the gate."""
-        self._demote(request.request_id, failed_backend_id, failure, detail)
+        if failure == MIGRATE:
+            # A planned hand-over off a draining backend, not a fault: don't demote it.
+            self.registry.load.release(request.request_id)
+        else:
+            self._demote(request.request_id, failed_backend_id, failure, detail)
         excluded = request.exclude | {BackendId(failed_backend_id)}
         request = replace(request, exclude=excluded)
         if pair_id:
