@@ -1,29 +1,69 @@
-"""`baton shim --control HOST:PORT --listen HOST:PORT`"""
+"""`baton shim --control HOST:PORT --listen HOST:PORT [--workers N]`"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
 from aiohttp import web
 
 from control import aio
+from dataplane import workers
 from dataplane.app import ShimSettings, make_app
 from dataplane.failover import RetryBudget
 from dataplane.forward import Timeouts
+from dataplane.lifecycle import INFLIGHT
 from dataplane.limits import API_KEYS_ENV, Limits, load_keys
 from dataplane.proxy import ProxySettings
 from dataplane.settings import ResumeSettings
 
+log = logging.getLogger("baton.shim")
+
 DEFAULTS = Limits()
+CONTROL_TLS_CA_ENV = "BATON_CONTROL_TLS_CA"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control", default="127.0.0.1:50051", help="control plane HOST:PORT")
+    parser.add_argument(
+        "--control-tls-ca",
+        default=os.environ.get(CONTROL_TLS_CA_ENV) or None,
+        metavar="PEM",
+        help=f"CA of control's certificate: talk TLS to control (env {CONTROL_TLS_CA_ENV})",
+    )
     parser.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT for the OpenAI API")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="shim processes sharing the listen port (SO_REUSEPORT), each with its own "
+        "stream to control; use up to one per core",
+    )
+    parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="listen with SO_REUSEPORT (set by --workers for its processes)",
+    )
+    parser.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM: stop accepting, let requests in flight finish for up to S seconds, "
+        "then end the rest with an explicit error event (a second SIGTERM: at once)",
+    )
+    parser.add_argument(
+        "--route-timeout",
+        type=float,
+        default=0.5,
+        metavar="S",
+        help="how long to wait for control's routing answer before routing from the last "
+        "snapshot (degraded mode); an unreachable control is detected at once",
+    )
     limits = parser.add_argument_group("limits (each refusal is an OpenAI-shaped error)")
     limits.add_argument(
         "--max-body-bytes", type=int, default=8 * 1024 * 1024, help="larger bodies get a 413"
@@ -100,8 +140,11 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
         keys = load_keys(args.api_keys_file)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"--api-keys-file: {exc}") from None
+    if args.route_timeout <= 0 or args.shutdown_grace < 0:
+        raise SystemExit("--route-timeout must be positive and --shutdown-grace not negative")
     return ShimSettings(
         control=args.control,
+        route_timeout=args.route_timeout,
         max_body_bytes=args.max_body_bytes,
         limits=Limits(
             max_header_bytes=args.max_header_bytes,
@@ -141,22 +184,78 @@ async def _serve(args: argparse.Namespace) -> int:
         max_headers=max(128, settings.limits.max_header_bytes // 32),
     )
     await runner.setup()
-    site = web.TCPSite(runner, host or "127.0.0.1", int(port), backlog=1024)
+    site = web.TCPSite(
+        runner, host or "127.0.0.1", int(port), backlog=1024, reuse_port=args.reuse_port or None
+    )
     await site.start()
     bound = runner.addresses[0][1]
     print(f"SHIM READY http://{host or '127.0.0.1'}:{bound}", flush=True)
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+
+    def on_signal() -> None:
+        # The first signal starts the graceful stop; a second one cuts its grace short.
+        (hurry if stop.is_set() else stop).set()
+
+    if os.environ.get(workers.WORKER_ENV):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor forwards a SIGTERM
+    else:
+        loop.add_signal_handler(signal.SIGINT, on_signal)
+    loop.add_signal_handler(signal.SIGTERM, on_signal)
     await stop.wait()
+    await _drain(runner, app, args.shutdown_grace, hurry)
     await runner.cleanup()
     return 0
 
 
+async def _drain(
+    runner: web.AppRunner, app: web.Application, grace: float, hurry: asyncio.Event
+) -> None:
+    """Stop accepting (new connections are refused), let the requests in flight finish
+    within `grace`, then end the rest explicitly (lifecycle.py)."""
+    for site in list(runner.sites):
+        await site.stop()
+    if runner.server is not None:
+        runner.server.pre_shutdown()  # idle keep-alive connections close; busy ones after
+    inflight = app[INFLIGHT]
+    if len(inflight):
+        log.warning("shutting down: %d requests in flight, grace %gs", len(inflight), grace)
+    if not await inflight.wait_idle(grace, hurry):
+        ended = await inflight.end_all()
+        log.warning("shutdown grace over: ended %d requests with an error event", ended)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.control_tls_ca:
+        if not os.access(args.control_tls_ca, os.R_OK):
+            raise SystemExit(f"--control-tls-ca: cannot read {args.control_tls_ca}")
+        os.environ[CONTROL_TLS_CA_ENV] = args.control_tls_ca  # read by GrpcOracle
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if args.workers < 1:
+        raise SystemExit("--workers must be at least 1")
+    if args.workers > 1:
+        return workers.supervise(args.listen, args.workers, worker_argv(args), args.shutdown_grace)
     return aio.run(_serve(args))
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """This shim's flags for one of its worker processes: every flag that differs from its
+    default, rebuilt from the parser, so a new flag needs no change here."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    argv: list[str] = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest in ("workers", "listen", "reuse_port"):
+            continue
+        value = getattr(args, action.dest, action.default)
+        if value == action.default:
+            continue
+        flag = action.option_strings[-1]
+        if isinstance(action, argparse._StoreTrueAction):
+            argv.append(flag)
+        else:
+            argv += [flag, str(value)]
+    return argv
 
 
 def main(argv: list[str] | None = None) -> int:

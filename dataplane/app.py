@@ -22,6 +22,7 @@ from dataplane.handlers import (
     openai_errors,
     request_limits,
 )
+from dataplane.lifecycle import graceful, install
 from dataplane.limits import Limits, StreamSlots
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import GrpcOracle
@@ -31,6 +32,8 @@ from dataplane.proxy import Proxy, ProxySettings
 @dataclass(frozen=True, slots=True)
 class ShimSettings:
     control: str
+    # Bounds what a hung control costs a request; a dead one (refused) costs nothing.
+    route_timeout: float = 0.5
     max_body_bytes: int = 8 * 1024 * 1024
     max_connections: int = 4096
     # Below common server idle timeouts (uvicorn: 5 s) so we rarely pick a pooled
@@ -43,22 +46,25 @@ class ShimSettings:
 def make_app(settings: ShimSettings) -> web.Application:
     # client_max_size one byte over the limit: aiohttp raises, the handler answers in
     # OpenAI's shape.
+    # `graceful` is outermost: at a shutdown deadline it ends whatever the others started.
     app = web.Application(
-        client_max_size=settings.max_body_bytes, middlewares=[openai_errors, request_limits]
+        client_max_size=settings.max_body_bytes,
+        middlewares=[graceful, openai_errors, request_limits],
     )
+    install(app)
     app[MAX_BODY] = settings.max_body_bytes
     app[LIMITS] = settings.limits
     app[SLOTS] = StreamSlots(settings.limits)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
-        oracle = GrpcOracle(settings.control)
+        oracle = GrpcOracle(settings.control, route_timeout=settings.route_timeout)
         connector = aiohttp.TCPConnector(
             limit=settings.max_connections, keepalive_timeout=settings.keepalive_timeout
         )
         async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
             await oracle.start()
             app[ORACLE] = oracle
-            metrics = ShimMetrics(lambda: float(oracle.dropped_outcomes))
+            metrics = ShimMetrics(oracle.link_stats)
             app[METRICS] = metrics
             tracing = tracing_from_env("baton-shim")
             app[TRACING] = tracing

@@ -25,6 +25,7 @@ class ErrorKind(StrEnum):
     UNAUTHORIZED = "invalid_api_key"
     HEADERS_TOO_LARGE = "request_header_fields_too_large"
     TOO_MANY_STREAMS = "too_many_concurrent_streams"
+    SHUTTING_DOWN = "shim_shutting_down"
 
 
 # kind -> (HTTP status, OpenAI error `type`)
@@ -42,6 +43,7 @@ STATUS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.UNAUTHORIZED: (401, "invalid_request_error"),
     ErrorKind.HEADERS_TOO_LARGE: (431, "invalid_request_error"),
     ErrorKind.TOO_MANY_STREAMS: (429, "rate_limit_error"),
+    ErrorKind.SHUTTING_DOWN: (503, "service_unavailable"),
 }
 
 

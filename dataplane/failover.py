@@ -16,6 +16,11 @@ class Failure(StrEnum):
     ERROR_EVENT = "error_event"  # an in-band error chunk on a 200 stream
     STALL = "stall"  # no chunk within the first-token / inter-token timeout
     GARBAGE = "garbage"  # an event that is not the JSON we expect
+    # A resume answered 4xx: the backend refused this request, which says nothing about
+    # its health, so it is skipped but never demoted.
+    REJECTED = "status_4xx"
+    # Not a failure: the backend was drained with --migrate and its streams move elsewhere.
+    MIGRATE = "migrate"
 
 
 def classify_status(status: int) -> Failure | None:

@@ -2,16 +2,83 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 LATENCY_BUCKETS = (1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ROUTE_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.25)
 
 
+@dataclass(frozen=True, slots=True)
+class LinkStats:
+    """The shim's link to control, read at scrape time (the oracle owns the counts)."""
+
+    degraded: bool = False  # control unreachable: routing from the last snapshot
+    outages: int = 0
+    degraded_routes: int = 0
+    buffered_outcomes: int = 0
+    dropped_outcomes: int = 0
+    buffered_reports: int = 0
+    dropped_reports: Mapping[str, int] = field(default_factory=dict)  # by kind
+    rejected_reports: int = 0
+
+
+class LinkCollector:
+    """Exports LinkStats; a collector, not Counters, because the counts live in the oracle."""
+
+    def __init__(self, stats: Callable[[], LinkStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        yield GaugeMetricFamily(
+            "baton_shim_degraded",
+            "1 while control is unreachable and routes come from the last snapshot.",
+            value=float(s.degraded),
+        )
+        yield CounterMetricFamily(
+            "baton_shim_control_outages", "Times control became unreachable.", value=s.outages
+        )
+        yield CounterMetricFamily(
+            "baton_shim_degraded_routes",
+            "Routes and failovers decided by the shim from the last snapshot.",
+            value=s.degraded_routes,
+        )
+        yield GaugeMetricFamily(
+            "baton_shim_buffered_outcomes",
+            "Outcome reports waiting for control.",
+            value=s.buffered_outcomes,
+        )
+        yield CounterMetricFamily(
+            "baton_shim_dropped_outcomes",
+            "Outcome reports dropped: the buffer was full while control was unreachable.",
+            value=s.dropped_outcomes,
+        )
+        yield GaugeMetricFamily(
+            "baton_shim_buffered_reports",
+            "Attempt-failure and failover reports waiting for control.",
+            value=s.buffered_reports,
+        )
+        dropped = CounterMetricFamily(
+            "baton_shim_dropped_reports",
+            "Attempt-failure and failover reports dropped: the buffer was full.",
+            labels=["kind"],
+        )
+        for kind in ("attempt_failure", "failover"):
+            dropped.add_metric([kind], s.dropped_reports.get(kind, 0))
+        yield dropped
+        yield CounterMetricFamily(
+            "baton_shim_rejected_reports",
+            "Reports control answered with a permanent error (not retried).",
+            value=s.rejected_reports,
+        )
+
+
 class ShimMetrics:
-    def __init__(self, dropped_outcomes: Callable[[], float] = lambda: 0.0) -> None:
+    def __init__(self, link: Callable[[], LinkStats] = LinkStats) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -44,12 +111,7 @@ class ShimMetrics:
         self.in_flight = Gauge(
             "baton_shim_requests_in_flight", "Requests being served now.", registry=r
         )
-        dropped = Gauge(
-            "baton_shim_dropped_outcomes",
-            "Outcome reports dropped because control was unreachable too long.",
-            registry=r,
-        )
-        dropped.set_function(dropped_outcomes)
+        r.register(LinkCollector(link))
         # Label children resolved once: labels() takes a lock and builds a key per call,
         # a measurable share of a request's CPU in the shim.
         self._children: dict[tuple[object, ...], Counter] = {}

@@ -1,30 +1,51 @@
 """What the shim needs from control, as a narrow Protocol, and its gRPC implementation.
 
 Routes and outcome reports share one RouteStream; a finished request costs the client
-nothing, and control sees load drop with the next route or within one flush interval."""
+nothing, and control sees load drop with the next route or within one flush interval.
+
+When control is unreachable (DESIGN §7) the shim keeps serving: routes and failovers are
+decided from the last snapshot (degraded.py), reports wait in bounded buffers (outcomes in
+the RouteStream, attempt failures and failover reports in the Outbox), and a probe watches
+control's health service until it answers again, then everything buffered is sent."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import os
+import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from baton.v1 import routing_pb2, routing_pb2_grpc
-from control.model import Backend, Decision, Pairing, Reason, RequestShape
+from control.model import Backend, Decision, RequestShape, Snapshot
 from control.routing import SpecStats
 from control.services import convert
+from dataplane import wire
+from dataplane.degraded import DegradedRouter
+from dataplane.metrics import LinkStats
+from dataplane.outbox import TRANSIENT, Outbox, Report
 from dataplane.routestream import RouteStream, StreamBroken
 
 log = logging.getLogger("baton.shim.oracle")
 
+ROUTING_SERVICE = routing_pb2.DESCRIPTOR.services_by_name["RoutingService"].full_name
+# A control plane that comes back (often a new process on the same address) is found within
+# about a second, not after gRPC's default backoff of up to two minutes.
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
 
 class ControlUnavailable(Exception):
-    """Control did not answer in time; the message says why."""
+    """Control did not answer in time (and the shim cannot decide alone); says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,11 +90,20 @@ class GateAnswer:
 
 @dataclass(frozen=True, slots=True)
 class FleetView:
-    """The part of control's snapshot the shim serves locally (e.g. /v1/models)."""
+    """The part of control's snapshot the shim serves locally: /v1/models, and every route
+    while control is unreachable."""
 
     version: int = 0
     models: tuple[str, ...] = ()
     backends: tuple[Backend, ...] = field(default_factory=tuple)
+    snapshot: Snapshot = field(default_factory=lambda: Snapshot(0, ()))
+    # Ids drained with --migrate, whose streams move elsewhere (streaming.py checks it at
+    # every chunk, hence a set). Derived here so it can never disagree with `snapshot`.
+    migrating: frozenset[str] = field(init=False, default=frozenset())
+
+    def __post_init__(self) -> None:
+        ids = frozenset(b.backend.id for b in self.snapshot.backends if b.migrating)
+        object.__setattr__(self, "migrating", ids)
 
 
 class Oracle(Protocol):
@@ -109,64 +139,13 @@ class Oracle(Protocol):
     def fleet(self) -> FleetView: ...
 
 
-def _shape_to_pb(s: RequestShape) -> routing_pb2.RequestShape:
-    return routing_pb2.RequestShape(
-        model=s.model,
-        message_count=s.message_count,
-        prefix_chain=s.prefix_chain,
-        assistant_turns=s.assistant_turns,
-        prompt_chars=s.prompt_chars,
-        greedy=s.greedy,
-        stream=s.stream,
-        spec_eligible=s.spec_eligible,
-        sets_temperature=s.sets_temperature,
-    )
-
-
-REASON_FROM_PB = {v: k for k, v in convert.REASON_TO_PB.items()}
-PATH_TO_PB = {v: k for k, v in convert.PATH_FROM_PB.items()}
-SEAM_TO_PB = {v: k for k, v in convert.SEAM_FROM_PB.items()}
-OUTCOME_TO_PB = {v: k for k, v in convert.FAILOVER_OUTCOME_FROM_PB.items()}
-
-
-def _decision_from_pb(resp: routing_pb2.RouteResponse | routing_pb2.FailoverResponse) -> Decision:
-    return Decision(
-        tuple(convert.backend_from_pb(b) for b in resp.backends),
-        REASON_FROM_PB.get(resp.reason, Reason.NO_BACKEND),
-        resp.snapshot_version,
-        resp.detail,
-        _pairing_from_pb(resp.pairing) if resp.HasField("pairing") else None,
-    )
-
-
-def _pairing_from_pb(p: routing_pb2.SpecPairing) -> Pairing:
-    return Pairing(
-        p.pair_id,
-        convert.backend_from_pb(p.draft),
-        p.num_draft_tokens,
-        p.params_hash,
-        p.gate_required,
-        p.eos_token_id if p.HasField("eos_token_id") else None,
-    )
-
-
-VERDICT_FROM_PB = {v: k.value for k, v in convert.VERDICT_TO_PB.items()}
-
-
 def models_of(backends: Sequence[Backend]) -> tuple[str, ...]:
     return tuple(sorted({b.model for b in backends if b.serves_clients}))
 
 
-def _spec_to_pb(s: SpecStats) -> routing_pb2.SpecOutcome:
-    return routing_pb2.SpecOutcome(
-        pair_id=s.pair_id,
-        target_backend_id=s.target_id,
-        rounds=s.rounds,
-        drafted=s.drafted,
-        accepted=s.accepted,
-        repeated_ngram=s.repeated_ngram,
-        schema_violation=s.schema_violation,
-    )
+def fleet_view(snapshot: Snapshot) -> FleetView:
+    backends = tuple(b.backend for b in snapshot.backends)
+    return FleetView(snapshot.version, models_of(backends), backends, snapshot)
 
 
 class GrpcOracle:
@@ -174,27 +153,73 @@ class GrpcOracle:
         self,
         target: str,
         *,
-        route_timeout: float = 2.0,
+        route_timeout: float = 0.5,
+        report_timeout: float = 2.0,
         flush_interval: float = 0.05,
+        probe_interval: float = 0.5,
         max_buffered: int = 10_000,
     ) -> None:
-        self._channel = grpc.aio.insecure_channel(target)
+        """`route_timeout` bounds what a hung control costs a request (a refused connection
+        costs nothing: it fails at once); after the first failure requests are routed
+        locally at once until the probe, every `probe_interval`, finds control serving.
+        `max_buffered` bounds each buffer (outcomes; other reports) while control is away."""
+        ca = os.environ.get("BATON_CONTROL_TLS_CA")
+        if ca:  # `baton shim --control-tls-ca` sets it (ShimSettings does not carry it)
+            with open(ca, "rb") as pem:
+                creds = grpc.ssl_channel_credentials(pem.read())
+            self._channel = grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = routing_pb2_grpc.RoutingServiceStub(self._channel)
-        self._stream = RouteStream(self._stub, max_outcomes=max_buffered, timeout=route_timeout)
+        # grpc.health.v1 (served by control next to RoutingService): the probe while away.
+        self._health_check = self._channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
         self._timeout = route_timeout
+        self._report_timeout = report_timeout
         self._flush_interval = flush_interval
+        self._probe_interval = probe_interval
+        self._up = asyncio.Event()  # set while control is believed reachable
+        self._up.set()
+        self._down_since = 0.0
+        self._stream = RouteStream(
+            self._stub,
+            max_outcomes=max_buffered,
+            timeout=route_timeout,
+            on_broken=self._unreachable,
+        )
+        self._outbox = Outbox(max_buffered, up=self._up, on_unreachable=self._unreachable)
+        self._local = DegradedRouter()
         self._fleet = FleetView()
         self._first_snapshot = asyncio.Event()
+        self._poke = asyncio.Event()  # a snapshot arrived: probe control now
         self._tasks: list[asyncio.Task[None]] = []
-        self._background: set[asyncio.Task[None]] = set()
+        self._prober: asyncio.Task[None] | None = None
+        self._degraded_routes = 0
+        self._outages = 0
+        self._closing = False
 
     @property
     def fleet(self) -> FleetView:
         return self._fleet
 
     @property
-    def dropped_outcomes(self) -> int:
-        return self._stream.dropped_outcomes
+    def degraded(self) -> bool:
+        return not self._up.is_set()
+
+    def link_stats(self) -> LinkStats:
+        return LinkStats(
+            degraded=self.degraded,
+            outages=self._outages,
+            degraded_routes=self._degraded_routes,
+            buffered_outcomes=self._stream.buffered_outcomes,
+            dropped_outcomes=self._stream.dropped_outcomes,
+            buffered_reports=len(self._outbox),
+            dropped_reports=dict(self._outbox.dropped),
+            rejected_reports=self._outbox.rejected,
+        )
 
     async def start(self, wait_for_snapshot: float = 10.0) -> None:
         self._tasks = [asyncio.create_task(self._watch()), asyncio.create_task(self._flusher())]
@@ -204,45 +229,30 @@ class GrpcOracle:
             log.warning("no snapshot from control yet; serving /v1/models empty until it comes")
 
     async def close(self) -> None:
-        for t in self._tasks:
+        self._closing = True  # the stream breaking now is our doing, not an outage
+        # Reports still queued get a moment to reach control before the shim exits.
+        await self._outbox.close(self._report_timeout)
+        tasks = [*self._tasks, *([self._prober] if self._prober else [])]
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await self._stream.close()
         await self._channel.close()
 
+    # -- decisions -----------------------------------------------------------------------
+
     async def route(self, request_id: str, shape: RequestShape, traceparent: str = "") -> Decision:
-        request = routing_pb2.RouteRequest(
-            request_id=request_id, shape=_shape_to_pb(shape), traceparent=traceparent
-        )
-        return await self._decision(self._stream.route(request))
-
-    async def _decision(self, answer: Awaitable[routing_pb2.RouteResponse]) -> Decision:
-        """One answer from the RouteStream, with its failures in the oracle's terms."""
-        try:
-            resp = await answer
-        except TimeoutError:
-            raise ControlUnavailable(
-                f"control plane did not answer within {self._timeout:g}s"
-            ) from None
-        except StreamBroken as exc:
-            raise ControlUnavailable(f"control plane: {exc}") from None
-        return _decision_from_pb(resp)
-
-    async def attempt_failed(
-        self, request_id: str, backend_id: str, failure: str, detail: str
-    ) -> None:
-        try:
-            await self._stub.ReportAttemptFailure(
-                routing_pb2.ReportAttemptFailureRequest(
-                    request_id=request_id, backend_id=backend_id, failure=failure, detail=detail
-                ),
-                timeout=self._timeout,
+        if self._up.is_set():
+            request = routing_pb2.RouteRequest(
+                request_id=request_id, shape=wire.shape_to_pb(shape), traceparent=traceparent
             )
-        except grpc.aio.AioRpcError as exc:
-            # The retry proceeds regardless; the prober will demote the backend too.
-            log.warning("could not report failure of %s: %s", backend_id, exc.code().name)
+            try:
+                return await self._decision(self._stream.route(request))
+            except ControlUnavailable as exc:
+                self._unreachable(str(exc))
+        return self._decide_locally(shape.model)
 
     async def failover(
         self,
@@ -255,21 +265,50 @@ class GrpcOracle:
         traceparent: str = "",
         pair_id: str = "",
     ) -> Decision:
-        request = routing_pb2.FailoverRequest(
-            pair_id=pair_id,
-            traceparent=traceparent,
-            request_id=request_id,
-            shape=_shape_to_pb(shape),
-            failed_backend_id=failed_backend_id,
-            failure=failure,
-            exclude_backend_ids=list(exclude),
-            preferred_backend_ids=list(preferred),
+        if self._up.is_set():
+            request = routing_pb2.FailoverRequest(
+                pair_id=pair_id,
+                traceparent=traceparent,
+                request_id=request_id,
+                shape=wire.shape_to_pb(shape),
+                failed_backend_id=failed_backend_id,
+                failure=failure,
+                exclude_backend_ids=list(exclude),
+                preferred_backend_ids=list(preferred),
+            )
+            try:
+                return await self._decision(self._stream.failover(request))
+            except ControlUnavailable as exc:
+                self._unreachable(str(exc))
+        return self._decide_locally(
+            shape.model, exclude=(failed_backend_id, *exclude), preferred=preferred
         )
-        return await self._decision(self._stream.failover(request))
+
+    async def _decision(self, answer: Awaitable[routing_pb2.RouteResponse]) -> Decision:
+        """One answer from the RouteStream, with its failures in the oracle's terms."""
+        try:
+            resp = await answer
+        except TimeoutError:
+            raise ControlUnavailable(
+                f"control plane did not answer within {self._timeout:g}s"
+            ) from None
+        except StreamBroken as exc:
+            raise ControlUnavailable(f"control plane: {exc}") from None
+        return wire.decision_from_pb(resp)
+
+    def _decide_locally(
+        self, model: str, exclude: Sequence[str] = (), preferred: Sequence[str] = ()
+    ) -> Decision:
+        if not self._first_snapshot.is_set():
+            raise ControlUnavailable("control plane unreachable and no snapshot from it yet")
+        self._degraded_routes += 1
+        return self._local.route(self._fleet.snapshot, model, exclude=exclude, preferred=preferred)
 
     async def gate_pairing(
         self, request_id: str, pair_id: str, target_id: str, drafted: int, accepted: int
     ) -> GateAnswer:
+        if not self._up.is_set():
+            raise ControlUnavailable("control plane unreachable")
         try:
             resp = await self._stub.GatePairing(
                 routing_pb2.GatePairingRequest(
@@ -282,59 +321,81 @@ class GrpcOracle:
                 timeout=self._timeout,
             )
         except grpc.aio.AioRpcError as exc:
+            if exc.code() in TRANSIENT:
+                self._unreachable(f"gate: {exc.code().name}")
             raise ControlUnavailable(f"control plane: {exc.code().name}") from None
         target = convert.backend_from_pb(resp.target) if resp.HasField("target") else None
-        return GateAnswer(VERDICT_FROM_PB.get(resp.verdict, "reject"), resp.reason, target)
+        return GateAnswer(wire.VERDICT_FROM_PB.get(resp.verdict, "reject"), resp.reason, target)
 
-    def report_failover(self, report: FailoverReport) -> None:
-        task = asyncio.create_task(self._report_failover(report))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    # -- reports: buffered while control is away -----------------------------------------
 
-    async def _report_failover(self, r: FailoverReport) -> None:
-        try:
-            await self._stub.ReportFailover(
-                routing_pb2.ReportFailoverRequest(
-                    request_id=r.request_id,
-                    trace_id=r.trace_id,
-                    from_backend_id=r.from_backend,
-                    to_backend_id=r.to_backend,
-                    failure=r.failure,
-                    choice_index=r.choice,
-                    tokens_sent=r.tokens_sent,
-                    path=PATH_TO_PB.get(r.path, routing_pb2.RESUME_PATH_UNSPECIFIED),
-                    seam=SEAM_TO_PB.get(r.seam, routing_pb2.SEAM_VERDICT_UNSPECIFIED),
-                    gap_ms=r.gap_ms,
-                    attempt=r.attempt,
-                    outcome=OUTCOME_TO_PB[r.outcome],
-                    detail=r.detail,
-                ),
-                timeout=self._timeout,
-            )
-        except grpc.aio.AioRpcError as exc:
-            log.warning("could not report failover of %s: %s", r.request_id, exc.code().name)
-
-    def finished(self, outcome: Outcome) -> None:
-        self._stream.report(
-            routing_pb2.RequestOutcome(
-                request_id=outcome.request_id,
-                backend_id=outcome.backend_id,
-                model=outcome.model,
-                outcome=routing_pb2.OUTCOME_OK if outcome.ok else routing_pb2.OUTCOME_BACKEND_ERROR,
-                http_status=outcome.http_status,
-                ttft_ms=outcome.ttft_ms,
-                total_ms=outcome.total_ms,
-                reply_chain_hash=outcome.reply_chain_hash,
-                message_count=outcome.message_count,
-                spec=_spec_to_pb(outcome.spec) if outcome.spec is not None else None,
+    async def attempt_failed(
+        self, request_id: str, backend_id: str, failure: str, detail: str
+    ) -> None:
+        msg = routing_pb2.ReportAttemptFailureRequest(
+            request_id=request_id, backend_id=backend_id, failure=failure, detail=detail
+        )
+        # The retry proceeds regardless; the prober will demote the backend too.
+        self._outbox.put(
+            Report(
+                "attempt_failure",
+                lambda: self._stub.ReportAttemptFailure(msg, timeout=self._report_timeout),
             )
         )
 
+    def report_failover(self, report: FailoverReport) -> None:
+        msg = _failover_to_pb(report)
+        self._outbox.put(
+            Report("failover", lambda: self._stub.ReportFailover(msg, timeout=self._report_timeout))
+        )
+
+    def finished(self, outcome: Outcome) -> None:
+        self._stream.report(_outcome_to_pb(outcome))
+
     async def _flusher(self) -> None:
-        # Outcomes ride along with routes; this only matters when the shim goes idle.
+        # Outcomes ride along with routes; this only matters when the shim goes idle. While
+        # control is away they stay queued (bounded) instead of being retried every tick.
         while True:
             await asyncio.sleep(self._flush_interval)
-            self._stream.flush()
+            if self._up.is_set():
+                self._stream.flush()
+
+    # -- control's reachability ----------------------------------------------------------
+
+    def _unreachable(self, reason: str) -> None:
+        if not self._up.is_set() or self._closing:
+            return
+        self._up.clear()
+        self._outages += 1
+        self._down_since = time.monotonic()
+        log.warning(
+            "control plane unreachable (%s): routing from snapshot v%d, buffering reports",
+            reason,
+            self._fleet.version,
+        )
+        self._prober = asyncio.create_task(self._probe())
+
+    async def _probe(self) -> None:
+        """Until control's health service says SERVING; then trust control again."""
+        request = health_pb2.HealthCheckRequest(service=ROUTING_SERVICE)
+        while True:
+            self._poke.clear()
+            try:
+                resp = await self._health_check(request, timeout=self._timeout)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    break
+            except grpc.aio.AioRpcError:
+                pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), self._probe_interval)
+        log.warning(
+            "control plane back after %.1fs: sending %d outcomes and %d reports",
+            time.monotonic() - self._down_since,
+            self._stream.buffered_outcomes,
+            len(self._outbox),
+        )
+        self._up.set()
+        self._stream.flush()
 
     async def _watch(self) -> None:
         after = 0
@@ -344,13 +405,46 @@ class GrpcOracle:
                     routing_pb2.WatchSnapshotsRequest(after_version=after)
                 )
                 async for msg in stream:
-                    snap = msg.snapshot
-                    after = snap.version
-                    backends = tuple(convert.backend_from_pb(b.backend) for b in snap.backends)
-                    self._fleet = FleetView(snap.version, models_of(backends), backends)
+                    snapshot = wire.snapshot_from_pb(msg.snapshot)
+                    after = snapshot.version
+                    self._fleet = fleet_view(snapshot)
                     self._first_snapshot.set()
+                    self._poke.set()
             except grpc.aio.AioRpcError as exc:
                 log.debug("snapshot watch: %s; reconnecting", exc.code().name)
             # Control restarts start versions again from 1: accept whatever it sends next.
             after = 0
             await asyncio.sleep(0.5)
+
+
+def _failover_to_pb(r: FailoverReport) -> routing_pb2.ReportFailoverRequest:
+    return routing_pb2.ReportFailoverRequest(
+        request_id=r.request_id,
+        trace_id=r.trace_id,
+        from_backend_id=r.from_backend,
+        to_backend_id=r.to_backend,
+        failure=r.failure,
+        choice_index=r.choice,
+        tokens_sent=r.tokens_sent,
+        path=wire.PATH_TO_PB.get(r.path, routing_pb2.RESUME_PATH_UNSPECIFIED),
+        seam=wire.SEAM_TO_PB.get(r.seam, routing_pb2.SEAM_VERDICT_UNSPECIFIED),
+        gap_ms=r.gap_ms,
+        attempt=r.attempt,
+        outcome=wire.OUTCOME_TO_PB[r.outcome],
+        detail=r.detail,
+    )
+
+
+def _outcome_to_pb(o: Outcome) -> routing_pb2.RequestOutcome:
+    return routing_pb2.RequestOutcome(
+        request_id=o.request_id,
+        backend_id=o.backend_id,
+        model=o.model,
+        outcome=routing_pb2.OUTCOME_OK if o.ok else routing_pb2.OUTCOME_BACKEND_ERROR,
+        http_status=o.http_status,
+        ttft_ms=o.ttft_ms,
+        total_ms=o.total_ms,
+        reply_chain_hash=o.reply_chain_hash,
+        message_count=o.message_count,
+        spec=wire.spec_to_pb(o.spec) if o.spec is not None else None,
+    )

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -139,7 +140,12 @@ class Proxy:
             body = await upstream.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise classify_exception(exc) from exc
-        self._finished(ex, backend, upstream.status, _chat_reply(body, ex.client))
+        reply = None
+        if upstream.status == 200:
+            # Nothing has reached the client yet: a garbled answer is retried on the next
+            # backend like any other failure, never relayed as a 200.
+            reply = _chat_reply(_answer(body), ex.client)
+        self._finished(ex, backend, upstream.status, reply)
         return web.Response(
             body=body,
             status=upstream.status,
@@ -225,13 +231,23 @@ class Proxy:
         task.add_done_callback(self._background.discard)
 
 
-def _chat_reply(body: bytes, client: ClientRequest) -> str | None:
+def _answer(body: bytes) -> dict[str, Any]:
+    """A 200 answer's JSON: an object with a non-empty list of choice objects, or
+    AttemptFailed(GARBAGE)."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise AttemptFailed(Failure.GARBAGE, "a 200 answer that is not JSON") from None
+    choices = obj.get("choices") if isinstance(obj, dict) else None
+    if not (isinstance(choices, list) and choices and all(isinstance(c, dict) for c in choices)):
+        raise AttemptFailed(Failure.GARBAGE, "a 200 answer without choices")
+    return cast(dict[str, Any], obj)
+
+
+def _chat_reply(answer: dict[str, Any], client: ClientRequest) -> str | None:
     """The assistant's text of a whole chat answer (choice 0), for the next turn's pin."""
     if client.endpoint is not Endpoint.CHAT:
         return None
-    try:
-        message = orjson.loads(body)["choices"][0]["message"]
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-        return None
+    message = answer["choices"][0].get("message")
     content = message.get("content") if isinstance(message, dict) else None
     return content if isinstance(content, str) else None

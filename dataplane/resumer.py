@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 import orjson
@@ -31,6 +32,21 @@ from dataplane.upstream_sse import StreamFailed, each_event
 from dataplane.validate import ClientRequest, Endpoint
 
 TOKEN_KINDS = frozenset({BackendKind.VLLM, BackendKind.SGLANG})
+# A stream on a migrating backend with nowhere to go keeps streaming there; control is asked
+# again at most this often (it may have a backend by then).
+MIGRATION_RETRY_S = 1.0
+
+
+class Handover(Protocol):
+    """Where a stream on a backend drained with --migrate should go (StreamRelay answers)."""
+
+    def due(self, backend_id: str) -> bool:
+        """Is `backend_id` being drained with migration? Cheap: asked at every chunk."""
+        ...
+
+    async def target(self, backend: Backend) -> Backend | None:
+        """Control's choice of a backend to move to; None: stay."""
+        ...
 
 
 @dataclass(slots=True)
@@ -43,6 +59,7 @@ class ChoiceResume:
     failure: str | None = None
     detail: str = ""
     verdict: asyncio.Task[Seam] | None = None  # a parallel seam check still running
+    handover: Backend | None = None  # failure "migrate": where control said to move it
     # Set at the resumed stream's first event. The seam check waits for it: on a card that
     # prefills one request at a time it would otherwise delay the resume itself.
     flowing: asyncio.Event = field(default_factory=asyncio.Event)
@@ -69,7 +86,9 @@ class Resumer:
         client: ClientRequest,
         stitcher: Stitcher,
         write: Callable[[bytes], Awaitable[None]],
+        handover: Handover,
     ) -> None:
+        self._handover = handover
         self._session = session
         self._timeouts = timeouts
         self._settings = settings
@@ -101,6 +120,10 @@ class Resumer:
         """Resume `p` on `backend` to its end. `early`: a start() already under way (opened
         while control was deciding, on the backend it decided)."""
         result = ChoiceResume()
+        if tokens_left(self._client, p) == 0:
+            if early is not None:
+                discard(early)
+            return await self._finish_exhausted(backend, p, result)
         exact = self._settings.seam_mode == "parallel"
         verify: asyncio.Task[Seam] | None = None
         try:
@@ -134,7 +157,7 @@ class Resumer:
                 )
                 try:
                     outcome = await self._relay_resumed(
-                        started.upstream, p, plan.endpoint, seam, stops, detected, result
+                        backend, started.upstream, p, plan.endpoint, seam, stops, detected, result
                     )
                 except StreamFailed as failed:
                     result.failure, result.detail = failed.failure, str(failed)
@@ -178,8 +201,28 @@ class Resumer:
         got = tuple(choice.get("token_ids") or ())
         return Seam.VERIFIED if got == check.overlap_ids else Seam.DIVERGENT
 
+    async def _finish_exhausted(
+        self, backend: Backend, p: ChoiceProgress, result: ChoiceResume
+    ) -> ChoiceResume:
+        """Every token the client asked for was sent, only the finish was lost: end the
+        choice with "length" as the engine would have, releasing the text it held back for
+        a possible stop string. Resuming would ask for max_tokens 0, which engines refuse."""
+        try:
+            needs_held = _stops(self._client) and p.token_ids and backend.kind in TOKEN_KINDS
+            held = await self._held_text(backend, p) if needs_held else ""
+        except AttemptFailed as failed:
+            result.failure, result.detail = failed.failure, failed.detail
+            return result
+        if held:
+            p.pieces.append(held)  # its tokens are in p.token_ids already: not add()
+        p.finish_reason = "length"
+        await self._write(self._stitcher.chunk(p.index, held, [], "length"))
+        result.detail = "max_tokens reached before the failure; finished without a resume"
+        return result
+
     async def _relay_resumed(
         self,
+        backend: Backend,
         upstream: aiohttp.ClientResponse,
         p: ChoiceProgress,
         endpoint: Endpoint,
@@ -190,6 +233,7 @@ class Resumer:
     ) -> str:
         chat = endpoint is Endpoint.CHAT
         stitcher = self._stitcher
+        ask_after = 0.0  # when control may next be asked where to migrate
         async for event in each_event(upstream.content, self._settings):
             result.flowing.set()
             data = event.data
@@ -242,6 +286,12 @@ class Resumer:
                 await self._write(stitcher.chunk(p.index, text, ids, finish, stop_reason))
             if finish:
                 return "finished"
+            # A chunk boundary, everything so far sent: a migration can start here.
+            if self._handover.due(backend.id) and time.monotonic() >= ask_after:
+                ask_after = time.monotonic() + MIGRATION_RETRY_S
+                result.handover = await self._handover.target(backend)
+                if result.handover is not None:
+                    raise StreamFailed(Failure.MIGRATE, f"{backend.id} drained with migration")
         raise StreamFailed(Failure.TRUNCATED, "resumed stream ended before finishing")
 
     async def _open(
@@ -250,12 +300,12 @@ class Resumer:
         upstream = await open_attempt(
             self._session, backend, endpoint.value, orjson.dumps(body), self._timeouts
         )
-        failure = classify_status(upstream.status)
-        if failure is not None or upstream.status != 200:
-            status = upstream.status
-            upstream.close()
-            raise AttemptFailed(failure or Failure.STATUS_5XX, f"resume answered {status}")
-        return upstream
+        status = upstream.status
+        if status == 200:
+            return upstream
+        why = await _error_kind(upstream, self._timeouts.connect)
+        upstream.close()
+        raise AttemptFailed(_resume_failure(status), f"resume answered {status}{why}")
 
     async def _held_text(self, backend: Backend, p: ChoiceProgress) -> str:
         """Text the old engine generated but held back (a possible stop string): the tokens
@@ -267,12 +317,47 @@ class Resumer:
                 timeout=aiohttp.ClientTimeout(total=self._timeouts.connect * 2),
             ) as resp:
                 if resp.status != 200:
-                    raise AttemptFailed(Failure.STATUS_5XX, f"detokenize answered {resp.status}")
+                    why = await _error_kind(resp, self._timeouts.connect)
+                    raise AttemptFailed(
+                        _resume_failure(resp.status), f"detokenize answered {resp.status}{why}"
+                    )
                 full = (await resp.json()).get("prompt", "")
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise classify_exception(exc) from exc
         sent = p.text
         return full[len(sent) :] if full.startswith(sent) else ""
+
+
+def tokens_left(client: ClientRequest, p: ChoiceProgress) -> int | None:
+    """Tokens the client still allows this choice (None: no limit). A text-path count
+    undercounts (a chunk can carry several tokens), so 0 here is never premature."""
+    limit = client.body.get("max_completion_tokens") or client.body.get("max_tokens")
+    return None if limit is None else max(0, int(limit) - p.generated)
+
+
+def _resume_failure(status: int) -> Failure:
+    """A 4xx on a resume is the backend refusing this request (a context shorter than the
+    prompt plus what was generated, an option it lacks), not a sign of ill health: the
+    relay skips that backend without having control demote it. Everything else non-200
+    is a failure like any other."""
+    failure = classify_status(status)
+    if failure is not None:
+        return failure
+    return Failure.REJECTED if 400 <= status < 500 else Failure.STATUS_5XX
+
+
+async def _error_kind(resp: aiohttp.ClientResponse, timeout: float) -> str:
+    """` (type)` from an OpenAI-shaped error body, for events and logs. Only the type: an
+    engine's message may quote the request, and events carry no prompt text. Bounded in
+    size and time: a refusal must not hold up the failover."""
+    try:
+        async with asyncio.timeout(timeout):
+            raw = await resp.content.read(4096)
+        err = orjson.loads(raw).get("error")
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, AttributeError):
+        return ""
+    kind = err.get("type") or err.get("code") if isinstance(err, dict) else None
+    return f" ({kind})" if isinstance(kind, str) and kind.isprintable() else ""
 
 
 def _stops(client: ClientRequest) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -22,9 +23,17 @@ class StreamBroken(Exception):
 
 class RouteStream:
     def __init__(
-        self, stub: routing_pb2_grpc.RoutingServiceStub, *, max_outcomes: int, timeout: float
+        self,
+        stub: routing_pb2_grpc.RoutingServiceStub,
+        *,
+        max_outcomes: int,
+        timeout: float,
+        on_broken: Callable[[str], None] = lambda reason: None,
     ) -> None:
+        """`on_broken`: told why whenever the stream breaks (control gone, or hung on a
+        write), so the oracle can stop asking control until it answers again."""
         self._stub = stub
+        self._on_broken = on_broken
         self._timeout = timeout
         self._call: Any = None  # grpc.aio.StreamStreamCall while open
         # request id -> (answer, deadline on the loop clock)
@@ -44,12 +53,19 @@ class RouteStream:
     async def failover(self, request: routing_pb2.FailoverRequest) -> routing_pb2.RouteResponse:
         return await self._ask(request.request_id, request, self._failovers)
 
+    @property
+    def buffered_outcomes(self) -> int:
+        return len(self._outcomes)
+
+    def _start(self) -> None:
+        if not self._tasks:
+            self._tasks = [asyncio.create_task(self._writer()), asyncio.create_task(self._sweep())]
+
     async def _ask(
         self, request_id: str, request: Any, queue: list[Any]
     ) -> routing_pb2.RouteResponse:
         loop = asyncio.get_running_loop()
-        if not self._tasks:
-            self._tasks = [asyncio.create_task(self._writer()), asyncio.create_task(self._sweep())]
+        self._start()
         fut: asyncio.Future[routing_pb2.RouteResponse] = loop.create_future()
         self._pending[request_id] = (fut, loop.time() + self._timeout)
         queue.append(request)
@@ -60,14 +76,17 @@ class RouteStream:
             self._pending.pop(request_id, None)
 
     def report(self, outcome: routing_pb2.RequestOutcome) -> None:
-        """Queued; sent with the next routes, or by flush() when the shim is idle."""
+        """Queued; sent with the next routes, or by flush() when the shim is idle. Bounded:
+        while control is unreachable they wait here, and past the bound the newest are
+        dropped (and counted) rather than the shim's memory growing without limit."""
         if len(self._outcomes) >= self._max_outcomes:
             self.dropped_outcomes += 1
             return
         self._outcomes.append(outcome)
 
     def flush(self) -> None:
-        if self._outcomes and self._tasks:
+        if self._outcomes:
+            self._start()  # a shim whose every route so far was decided locally
             self._wake.set()
 
     async def _writer(self) -> None:
@@ -121,6 +140,7 @@ class RouteStream:
         for fut, _ in self._pending.values():
             if not fut.done():
                 fut.set_exception(StreamBroken(reason))
+        self._on_broken(reason)
 
     async def _sweep(self) -> None:
         """Deadlines are enforced here, ten times a second, not by a timer per request: at

@@ -22,8 +22,16 @@ from dataplane.failover import Failure, RetryBudget
 from dataplane.forward import Timeouts
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import ControlUnavailable, FailoverReport, Oracle
-from dataplane.resume import Refused, Seam, plan_resume
-from dataplane.resumer import TOKEN_KINDS, ChoiceResume, Resumer, Started, discard
+from dataplane.resume import ChoiceProgress, Refused, Seam, plan_resume
+from dataplane.resumer import (
+    MIGRATION_RETRY_S,
+    TOKEN_KINDS,
+    ChoiceResume,
+    Resumer,
+    Started,
+    discard,
+    tokens_left,
+)
 from dataplane.settings import ResumeSettings
 from dataplane.stitch import Stitcher
 from dataplane.upstream_sse import StreamFailed, read_events
@@ -74,30 +82,71 @@ class StreamRelay:
             client=client,
             stitcher=self.stitcher,
             write=self._write,
+            handover=self,
         )
         self.first_byte: float | None = None
         self.served_by: Backend | None = None
+        self._ask_after = 0.0  # when control may next be asked where to migrate
 
     async def run(self, backend: Backend, upstream: aiohttp.ClientResponse, first: bytes) -> bool:
         """True when the client got a complete answer, False when it got an error event."""
         self.served_by = backend
         try:
-            await self._pump(upstream, first)
+            target = await self._pump(backend, upstream, first)
         except StreamFailed as failed:
             upstream.close()
             if self.stitcher.unfinished():
                 return await self._failover(backend, failed)
             # Every choice had finished: only the tail (usage, [DONE]) was lost.
             self.stitcher.resumed = self.stitcher.usage is None
+        else:
+            if target is not None:
+                # Planned: stopped at a chunk boundary; closing stops the old generation.
+                upstream.close()
+                moved = StreamFailed(Failure.MIGRATE, f"{backend.id} drained with migration")
+                return await self._failover(backend, moved, target)
         await self._resp.write(self.stitcher.ending())
         return True
+
+    # -- migration (Handover, for the resumer too) -----------------------------------------
+
+    def due(self, backend_id: str) -> bool:
+        return backend_id in self._oracle.fleet.migrating
+
+    async def target(self, backend: Backend) -> Backend | None:
+        """Control's choice for a stream leaving `backend`. Asked before the stream stops,
+        so a migration with nowhere to go leaves the stream where it is: a drain with
+        --migrate never turns a healthy stream into an error. (Control releases the
+        request's load on `backend` either way; it is counted again when it ends.)"""
+        try:
+            for p in self.stitcher.unfinished():
+                plan_resume(self._client, p, token_path=True, seam_tokens=0)
+        except Refused as why:
+            # It would end in an error event; finishing here is what a plain drain does.
+            log.info("request %s: not migrating off %s: %s", self._rid, backend.id, why)
+            self._ask_after = float("inf")
+            return None
+        gone = {backend.id, *self._oracle.fleet.migrating}
+        preferred = [b.id for b in self._fallbacks if b.id not in gone]
+        target = await self._oracle_failover(backend, Failure.MIGRATE, [], preferred)
+        if target is None:
+            log.warning(
+                "request %s: %s is migrating but no backend can take its stream; staying",
+                self._rid,
+                backend.id,
+            )
+        return target
 
     async def _write(self, data: bytes) -> None:
         if self.first_byte is None:
             self.first_byte = time.monotonic()
         await self._resp.write(data)
 
-    async def _pump(self, upstream: aiohttp.ClientResponse, first: bytes) -> None:
+    async def _pump(
+        self, backend: Backend, upstream: aiohttp.ClientResponse, first: bytes
+    ) -> Backend | None:
+        """Relays the first stream to its end. Returns where to move it when `backend` is
+        drained with migration (decided between two reads: a chunk boundary)."""
         original = self.stitcher.original
         async for events in read_events(upstream.content, first, self._settings, False):
             out: list[bytes] = []
@@ -107,7 +156,7 @@ class StreamRelay:
                         await self._write(b"".join(out))
                     if self.stitcher.unfinished():
                         raise StreamFailed(Failure.TRUNCATED, "[DONE] before every choice finished")
-                    return
+                    return None
                 piece, failure = original(event.data, event.raw)
                 if piece:
                     out.append(piece)
@@ -118,25 +167,41 @@ class StreamRelay:
             # What one read delivered goes out in one write.
             if out:
                 await self._write(b"".join(out))
+            # A set lookup per read; the rest only while the backend is migrating. A stream
+            # whose choices all finished is left to send its last events.
+            if self.due(backend.id) and time.monotonic() >= self._ask_after:
+                if self.stitcher.unfinished():
+                    self._ask_after = time.monotonic() + MIGRATION_RETRY_S
+                    target = await self.target(backend)
+                    if target is not None:
+                        return target
+        return None
 
     # -- failover ------------------------------------------------------------------------
 
-    async def _failover(self, failed_backend: Backend, failed: StreamFailed) -> bool:
+    async def _failover(
+        self, failed_backend: Backend, failed: StreamFailed, decided: Backend | None = None
+    ) -> bool:
+        """Resume every unfinished choice elsewhere until all have finished or the budget is
+        spent. `decided`: where control already said to go (a migration asks first)."""
         stitcher = self.stitcher
         stitcher.resumed = True
         # perf_counter, not loop.time(): uvloop's loop clock ticks in whole milliseconds,
         # too coarse for a gap of a few ms.
         detected = time.perf_counter()
         self._detected_ns = time.time_ns()
-        failure = failed.failure
+        failure = cause = failed.failure  # cause: why this round; failure: what control hears
         exclude: list[str] = []
-        attempt = 0
+        refusals: list[str] = []  # backends that answered a resume with a 4xx
+        attempt = counted = 0
         while True:
-            pending = stitcher.unfinished()
+            pending = await self._finish_exhausted(stitcher.unfinished())
             if not pending:
                 await self._resp.write(stitcher.ending())
                 return True
             attempt += 1
+            if cause != Failure.MIGRATE:  # a planned move spends none of the resume budget
+                counted += 1
             sent = {p.index: p.generated for p in pending}
             try:
                 for p in pending:  # a refusal needs no backend: check before asking for one
@@ -144,38 +209,19 @@ class StreamRelay:
             except Refused as why:
                 await self._oracle_failover(failed_backend, failure, exclude, ())
                 return await self._give_up(failed_backend, failure, attempt, "refused", str(why))
-            if not self._budget.allows(attempt - 1, time.perf_counter() - detected):
+            note = f"; refused by {', '.join(refusals)}" if refusals else ""
+            if not self._budget.allows(max(counted - 1, 0), time.perf_counter() - detected):
                 return await self._give_up(
-                    failed_backend, failure, attempt, "exhausted", "resume budget exhausted"
+                    failed_backend, failure, attempt, "exhausted", "resume budget exhausted" + note
                 )
-            # Control decides where to resume, but it was already asked once: the route's
-            # fallbacks are its preferred answer. Open the resume there while it decides; if
-            # it picks another backend the early start is dropped.
-            gone = {failed_backend.id, *exclude}
-            preferred = [b for b in self._fallbacks if b.id not in gone]
             early: dict[int, asyncio.Task[Started]] = {}
-            if preferred:
-                exact = self._settings.seam_mode == "parallel"
-                early = {
-                    p.index: asyncio.create_task(self._resumer.start(preferred[0], p, exact=exact))
-                    for p in pending
-                }
-            try:
-                backend = await self._oracle_failover(
-                    failed_backend, failure, exclude, [b.id for b in preferred]
-                )
-            except BaseException:
-                for task in early.values():
-                    discard(task)
-                raise
-            if backend is None or not preferred or backend.id != preferred[0].id:
-                for task in early.values():
-                    discard(task)
-                early = {}
+            backend = decided
             if backend is None:
-                return await self._give_up(
-                    failed_backend, failure, attempt, "exhausted", "no other backend available"
-                )
+                backend, early = await self._choose(failed_backend, failure, exclude, pending)
+            decided = None
+            if backend is None:
+                reason = "no other backend available" + note
+                return await self._give_up(failed_backend, failure, attempt, "exhausted", reason)
             log.info(
                 "request %s: %s failed (%s); resuming on %s",
                 self._rid,
@@ -206,9 +252,78 @@ class StreamRelay:
                 )
             self.served_by = backend
             broken = [r for r in results if r.failure is not None]
-            if broken:
-                exclude.append(failed_backend.id)
-                failed_backend, failure = backend, broken[0].failure or "failure"
+            if not broken:
+                continue
+            if any(r.gap_ms for r in results):
+                # The client got resumed bytes since: a new failure starts a new gap (and
+                # a new resume clock) from now.
+                detected = time.perf_counter()
+                self._detected_ns = time.time_ns()
+            hard = [r for r in broken if r.failure != Failure.REJECTED]
+            if not hard:
+                # The backend refused our request, which says nothing of its health: skip
+                # it, and keep reporting the original failure so control demotes nobody new.
+                exclude.append(backend.id)
+                refusals.append(f"{backend.id}: {broken[0].detail}")
+                cause = Failure.REJECTED
+                continue
+            exclude.append(failed_backend.id)
+            worst = next((r for r in hard if r.failure != Failure.MIGRATE), hard[0])
+            failed_backend, failure = backend, worst.failure or "failure"
+            cause = failure
+            if failure == Failure.MIGRATE:
+                decided = worst.handover
+
+    async def _finish_exhausted(self, pending: list[ChoiceProgress]) -> list[ChoiceProgress]:
+        """Ends with "length" every choice that was sent all its max_tokens before the
+        failure (only its finish was lost): resuming would ask for max_tokens 0, which
+        engines refuse. One whose engine held text back for a stop string still needs a
+        backend to recover that text (Resumer does it). Returns the choices left."""
+        left = []
+        stops = bool(self._client.body.get("stop"))
+        for p in pending:
+            if tokens_left(self._client, p) != 0 or (stops and p.token_ids):
+                left.append(p)
+                continue
+            p.finish_reason = "length"
+            log.info("request %s: choice %d had all its tokens; finished", self._rid, p.index)
+            await self._write(self.stitcher.chunk(p.index, "", [], "length"))
+        return left
+
+    async def _choose(
+        self,
+        failed_backend: Backend,
+        failure: str,
+        exclude: list[str],
+        pending: list[ChoiceProgress],
+    ) -> tuple[Backend | None, dict[int, asyncio.Task[Started]]]:
+        """Control decides where to resume, but it was already asked once: the route's
+        fallbacks are its preferred answer. The resume opens there while control decides
+        (those starts come back with the answer); if it picks another backend they are
+        dropped."""
+        gone = {failed_backend.id, *exclude, *self._oracle.fleet.migrating}
+        preferred = [b for b in self._fallbacks if b.id not in gone]
+        early: dict[int, asyncio.Task[Started]] = {}
+        if preferred:
+            exact = self._settings.seam_mode == "parallel"
+            early = {
+                p.index: asyncio.create_task(self._resumer.start(preferred[0], p, exact=exact))
+                for p in pending
+                if tokens_left(self._client, p) != 0
+            }
+        try:
+            backend = await self._oracle_failover(
+                failed_backend, failure, exclude, [b.id for b in preferred]
+            )
+        except BaseException:
+            for task in early.values():
+                discard(task)
+            raise
+        if backend is None or not preferred or backend.id != preferred[0].id:
+            for task in early.values():
+                discard(task)
+            early = {}
+        return backend, early
 
     def _report(self, result: ChoiceResume, report: FailoverReport) -> None:
         if result.verdict is None:

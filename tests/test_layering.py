@@ -24,6 +24,7 @@ PURE_MODULES = [
     "dataplane/specplan.py",
     "dataplane/sse.py",
     "dataplane/failover.py",
+    "dataplane/degraded.py",
     "dataplane/errors.py",
     "clients/render.py",
     *(

@@ -1,0 +1,102 @@
+"""A shim's lifecycle through real processes: SIGTERM stops it gracefully (in-flight streams
+finish, new connections are refused, the process exits 0); streams still running at the
+deadline end with an explicit error event; `--workers N` shares one port."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import MODEL, fleet, metric, wait_until
+from tests.integration.harness import http as request
+
+pytestmark = pytest.mark.timeout(60)
+
+SLOW = ("--decode-ms-per-step", "20")
+
+
+def open_stream(base: str, max_tokens: int) -> tuple[http.client.HTTPConnection, Iterator[str]]:
+    """A streaming completion whose `data:` payloads are read one at a time."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = {"model": MODEL, "prompt": "x", "max_tokens": max_tokens, "temperature": 0,
+            "stream": True}  # fmt: skip
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+
+    def events() -> Iterator[str]:
+        for raw in resp:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                yield line.removeprefix("data: ")
+
+    return conn, events()
+
+
+def refused(base: str) -> bool:
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_sigterm_lets_the_stream_in_flight_finish(tmp_path: Path) -> None:
+    with fleet(tmp_path, n=1, sim_args=SLOW) as f:
+        conn, events = open_stream(f.shim.ready, 100)  # ~2 s of decoding
+        seen = [next(events) for _ in range(3)]
+        f.shim.proc.send_signal(signal.SIGTERM)
+        assert wait_until(lambda: refused(f.shim.ready), 5)  # no new connections...
+        assert f.shim.alive  # ...while the stream goes on
+        seen += list(events)
+        conn.close()
+        assert seen[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in seen[:-1]]
+        assert not [c for c in chunks if "error" in c]
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+        assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["text"]) > 50
+        assert f.shim.proc.wait(10) == 0
+
+
+def test_streams_past_the_grace_end_with_an_error_event(tmp_path: Path) -> None:
+    with fleet(tmp_path, n=1, sim_args=SLOW, shim_args=("--shutdown-grace", "0.5")) as f:
+        sim = f.sims["s0"].ready
+        conn, events = open_stream(f.shim.ready, 1000)  # ~20 s: far past the grace
+        next(events)
+        signalled = time.monotonic()
+        f.shim.proc.send_signal(signal.SIGTERM)
+        rest = list(events)
+        conn.close()
+        assert rest[-1] == "[DONE]"  # never a silent truncation
+        error = json.loads(rest[-2])["error"]
+        assert error["code"] == "shim_shutting_down" and error["type"] == "service_unavailable"
+        assert f.shim.proc.wait(10) == 0
+        assert time.monotonic() - signalled < 5
+        # The upstream request was cancelled with the client's stream: the engine is free.
+        assert wait_until(lambda: metric(sim, "vllm:num_requests_running") == 0, 5)
+
+
+def test_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
+    with fleet(tmp_path, n=1, shim_args=("--workers", "2", "--shutdown-grace", "5")) as f:
+        pid = f.shim.proc.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        assert len(children) == 2
+        body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 2}).encode()
+        for _ in range(8):  # a new connection each: the kernel spreads them
+            status, _ = request("POST", f.base_url + "/completions", body,
+                             {"Content-Type": "application/json"})  # fmt: skip
+            assert status == 200
+        served = metric(f.sims["s0"].ready, "vllm:request_success_total")
+        assert served == 8
+        f.shim.proc.send_signal(signal.SIGTERM)
+        assert f.shim.proc.wait(15) == 0
+        assert all(not Path(f"/proc/{c}").exists() for c in children)
