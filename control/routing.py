@@ -10,7 +10,7 @@ from random import Random
 
 from control.affinity import PinMatch
 from control.events import EventKind
-from control.model import BackendId, Decision, Reason, RouteRequest
+from control.model import BackendId, Decision, HealthState, Reason, RouteRequest
 from control.policy import Policy, RoutingView
 from control.policy.base import prefer
 from control.registry import Registry
@@ -72,6 +72,8 @@ class Router:
         match = reg.pins.longest(chain, now) if chain else None
         view = RoutingView(reg.snapshot, reg.in_flight(), match)
         decision = prefer(self.policy.decide(request, view, rng=self._rng, now=now), preferred)
+        if not decision.backends and decision.reason is Reason.NO_BACKEND:
+            decision = self._panic(request, decision)
         if reason is not None and decision.backends:
             decision = replace(decision, reason=reason)
         if decision.backends:
@@ -88,6 +90,27 @@ class Router:
         if self._route_events:
             self._audit(request, decision, match)
         return decision
+
+    def _panic(self, request: RouteRequest, refused: Decision) -> Decision:
+        """No healthy backend serves the model: rather than refuse, try the ones health
+        demoted (first) or marked down, never drained ones (Envoy's panic routing). Health
+        lags the fleet: a replica restarted a moment ago serves before probes re-admit it,
+        and one that is really gone fails fast (connect refused) so the shim moves on."""
+        order = {HealthState.DEMOTED: 0, HealthState.DOWN: 1}
+        serving = [
+            s
+            for s in self.registry.snapshot.serving(request.shape.model)
+            if s.health.state in order and s.backend.id not in request.exclude
+        ]
+        if not serving:
+            return refused
+        serving.sort(key=lambda s: (order[s.health.state], -s.health.since))
+        return Decision(
+            tuple(s.backend for s in serving),
+            Reason.DEGRADED,
+            refused.snapshot_version,
+            f"panic: {refused.detail}; trying them anyway",
+        )
 
     def _audit(self, request: RouteRequest, decision: Decision, match: PinMatch | None) -> None:
         self.registry.events.record_route(
