@@ -27,6 +27,7 @@ import json
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -95,11 +96,40 @@ def _error_kind(r: StreamRecord) -> str:
         return r.error.split(":", 1)[0] or "error"
 
 
+def audit_balance(shims: Sequence[str], logged: int) -> dict[str, int]:
+    """Every failover a shim reported (its own counter) must be in control's log unless the
+    shim dropped it at its buffer bound (counted) while control was away."""
+    reported = dropped = 0
+    for base in shims:
+        text = http_get(base + "/metrics")
+        reported += int(metric_sum(text, "baton_shim_failovers_total"))
+        dropped += int(metric_sum(text, "baton_shim_dropped_reports_total", 'kind="failover"'))
+        dropped += int(metric_sum(text, "baton_shim_rejected_reports_total"))
+    return {"audit_reported": reported, "audit_dropped": dropped,
+            "audit_lost": reported - dropped - logged}  # fmt: skip
+
+
+def http_get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def metric_sum(text: str, name: str, labels: str = "") -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{") and (
+            labels in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def targets(s: Mapping[str, Any], growth: Mapping[str, float]) -> list[stats.Target]:
     out = [
         stats.Target("truncated streams", s["truncated"], 0),
         stats.Target("client-visible errors", s["failed"], 0),
         stats.Target("byte-identical % of completed", s["identical_pct"], 100, True),
+        stats.Target("failover events lost below the shims' buffer bound", s["audit_lost"], 0),
     ]
     for name in sorted(growth):
         if name.startswith(("shim", "control")):
@@ -274,10 +304,11 @@ async def run(fleet: ChaosFleet, plan: Plan) -> dict[str, Any]:
                 await restart
         rss["end"] = rss_kib(fleet.processes())
     events = await asyncio.to_thread(failover_events, fleet.control.ready)
+    audit = await asyncio.to_thread(audit_balance, [s.ready for s in fleet.shims], len(events))
     base = {**rss["warm"], **rss.get("control_rewarm", {})}
     return {
         "warmup": summarize(warm, refs, [], plan.warmup),
-        "summary": summarize(soak, refs, events, soak_n),
+        "summary": {**summarize(soak, refs, events, soak_n), **audit},
         "rss_kib": rss,
         "rss_growth_pct": rss_growth(base, rss["end"]),
         "restarted": sorted({sid for _, sid in kills.kills} | {"control"}),
@@ -308,6 +339,8 @@ def report(doc: Mapping[str, Any]) -> str:
          f"{restart.get('at_request', '-')}, "
          f"{stats.fmt(restart.get('up', stats.NAN) - restart.get('down', stats.NAN))}"],
         ["failover events in control's log", str(s["failovers"])],
+        ["  reported by the shims / dropped at their bound / lost",
+         f"{s['audit_reported']} / {s['audit_dropped']} / {s['audit_lost']}"],
         ["  by outcome", counts(s["by_outcome"])],
         ["failover gap p50 / p99 (ms)",
          f"{stats.fmt(s['gap_ms']['p50'])} / {stats.fmt(s['gap_ms']['p99'])}"],

@@ -99,7 +99,12 @@ class EventLog:
         *,
         sink: Sink | None = None,
         restored: Iterable[Entry] = (),
+        durable: Callable[[], None] | None = None,
     ) -> None:
+        # Called after every event but a routing decision: failovers, retries, health and
+        # admin changes are rare and are what an operator audits, so they reach the file at
+        # once (a SIGKILL loses none); decisions ride the periodic flush.
+        self._durable = durable
         self._clock = clock
         self._events: deque[Entry] = deque(restored, maxlen=capacity)
         self._seq = self._events[-1][0] if self._events else 0
@@ -117,6 +122,8 @@ class EventLog:
         self._events.append(event)
         if self._sink is not None:
             self._sink(event)
+            if self._durable is not None:
+                self._durable()
         for listener in self._listeners:
             listener(event)
         return event

@@ -61,6 +61,7 @@ class ControlPlane:
             clock,
             sink=self._event_file.append if self._event_file else None,
             restored=self._event_file.load(100_000) if self._event_file else (),
+            durable=self._event_file.flush if self._event_file else None,
         )
         # What operators changed at run time (backends, drains, pairs) survives a restart.
         self._db = FleetDB(data_dir / "fleet.db") if data_dir else None

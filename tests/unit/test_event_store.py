@@ -72,3 +72,15 @@ def test_route_decisions_read_back_whole_and_in_order_among_other_events(tmp_pat
     assert followed == events  # live followers see the same events as a later reader
     assert [e.seq for e in restored.query(EventQuery(kind="route", backend_id="a"))] == [1, 4]
     assert [e.seq for e in restored.query(EventQuery(kind="failover"))] == [3]
+
+
+def test_events_other_than_routes_reach_the_file_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    store = EventFile(path)
+    log = EventLog(lambda: 1.0, sink=store.append, durable=store.flush)
+    log.record_route("r1", "a", "spread", "adaptive", "m", 0, 1)
+    assert path.read_bytes() == b""  # decisions wait for the periodic flush
+    log.record(EventKind.FAILOVER, request_id="r1", backend_id="a", to="b")
+    # Read by another reader without close(): what a SIGKILL would leave behind.
+    seen = list(EventLog(lambda: 2.0, restored=EventFile(path).load(10)))
+    assert [e.kind for e in seen] == [EventKind.ROUTE, EventKind.FAILOVER]
