@@ -43,7 +43,7 @@ def cmd_backends_list(args: argparse.Namespace, c: AdminClient) -> None:
 
 
 def cmd_backends_add(args: argparse.Namespace, c: AdminClient) -> None:
-    row = c.add_backend(args.id, args.url, args.model, args.kind, args.role)
+    row = c.add_backend(args.id, args.url, args.model, args.kind, args.role, args.api_key_env)
     _print(args, asdict(row), f"added {row.id} ({row.model} at {row.url})")
 
 
@@ -147,6 +147,8 @@ def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     add.add_argument("--model", required=True, help="the model name the engine serves")
     add.add_argument("--kind", default="vllm", choices=("vllm", "sglang", "openai"))
     add.add_argument("--role", default="serve", choices=("serve", "draft", "target"))
+    add.add_argument("--api-key-env", default="", metavar="VAR",
+                     help="env var holding the backend's own API key (read by shims and control)")
     add.set_defaults(admin=cmd_backends_add)
     for name, fn, text in (
         ("remove", cmd_backends_remove, "unregister a backend"),

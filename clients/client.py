@@ -149,14 +149,22 @@ class AdminClient:
         return [_row(s) for s in resp.backends]  # type: ignore[attr-defined]
 
     def add_backend(
-        self, id: str, url: str, model: str, kind: str = "vllm", role: str = "serve"
+        self,
+        id: str,
+        url: str,
+        model: str,
+        kind: str = "vllm",
+        role: str = "serve",
+        api_key_env: str = "",
     ) -> BackendRow:
         try:
             pb_kind = convert.KIND_TO_PB[BackendKind(kind)]
             pb_role = convert.ROLE_TO_PB[Role(role)]
         except ValueError as exc:
             raise AdminError(str(exc)) from None
-        backend = fleet_pb2.Backend(id=id, url=url, model=model, kind=pb_kind, role=pb_role)
+        backend = fleet_pb2.Backend(
+            id=id, url=url, model=model, kind=pb_kind, role=pb_role, api_key_env=api_key_env
+        )
         resp = self._call("AddBackend", admin_pb2.AddBackendRequest(backend=backend))
         return _row(resp.backend)  # type: ignore[attr-defined]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -94,7 +95,9 @@ def _redacted(url: str) -> str:
     return parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]).geturl()
 
 
-def make_backend(id: str, url: str, model: str, kind: str = "vllm", role: str = "serve") -> Backend:
+def make_backend(
+    id: str, url: str, model: str, kind: str = "vllm", role: str = "serve", api_key_env: str = ""
+) -> Backend:
     if not id or not isinstance(id, str):
         raise ConfigError("backend id must be a non-empty string")
     if not model or not isinstance(model, str):
@@ -111,7 +114,15 @@ def make_backend(id: str, url: str, model: str, kind: str = "vllm", role: str = 
         raise ConfigError(
             f"backend {id!r}: role must be one of {', '.join(Role)}, got {role!r}"
         ) from None
-    return Backend(BackendId(id), validate_url(url), model, k, r)
+    if not isinstance(api_key_env, str) or (api_key_env and not _ENV_NAME.fullmatch(api_key_env)):
+        raise ConfigError(
+            f"backend {id!r}: api_key_env must name an environment variable, got {api_key_env!r}"
+        )
+    return Backend(BackendId(id), validate_url(url), model, k, r, api_key_env)
+
+
+# Only a variable's name goes in config and on the wire; the key stays in each process's env.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def parse(data: dict[str, Any]) -> Config:
@@ -122,7 +133,7 @@ def parse(data: dict[str, Any]) -> Config:
     for i, raw in enumerate(data.get("backends", [])):
         if not isinstance(raw, dict):
             raise ConfigError(f"backends[{i}] must be a table")
-        unknown = set(raw) - {"id", "url", "model", "kind", "role"}
+        unknown = set(raw) - {"id", "url", "model", "kind", "role", "api_key_env"}
         if unknown:
             raise ConfigError(f"backends[{i}]: unknown keys {sorted(unknown)}")
         missing = {"id", "url", "model"} - set(raw)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import aiohttp
 
 from control.facts import FACTS_PATH, Facts, FactsError, facts_from_server_info
@@ -14,7 +16,9 @@ async def fetch_facts(
     """Raises FactsError naming the backend when it can't say (no endpoint, down, junk)."""
     try:
         async with session.get(
-            backend.url + FACTS_PATH, timeout=aiohttp.ClientTimeout(total=timeout)
+            backend.url + FACTS_PATH,
+            headers=backend.auth_headers(os.environ),
+            timeout=aiohttp.ClientTimeout(total=timeout),
         ) as resp:
             if resp.status != 200:
                 raise FactsError(f"facts: {backend.id} answered {FACTS_PATH} with {resp.status}")

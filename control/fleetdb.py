@@ -27,11 +27,11 @@ from pathlib import Path
 from control.config import ConfigError, PairSpec, make_backend
 from control.model import Backend, BackendId
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS added (
     id TEXT PRIMARY KEY, url TEXT NOT NULL, model TEXT NOT NULL,
-    kind TEXT NOT NULL, role TEXT NOT NULL
+    kind TEXT NOT NULL, role TEXT NOT NULL, api_key_env TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS removed (id TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS drained (id TEXT PRIMARY KEY, migrate INTEGER NOT NULL);
@@ -78,6 +78,11 @@ class FleetDB:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            columns = {r[1] for r in self._db.execute("PRAGMA table_info(added)")}
+            if "api_key_env" not in columns:  # a version-1 database: backends had no key
+                self._db.execute(
+                    "ALTER TABLE added ADD COLUMN api_key_env TEXT NOT NULL DEFAULT ''"
+                )
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
             # Refuse to start rather than come back silently without the operator's fleet.
@@ -87,8 +92,10 @@ class FleetDB:
         q = self._db.execute
         try:
             added = tuple(
-                make_backend(id, url, model, kind, role)
-                for id, url, model, kind, role in q("SELECT id, url, model, kind, role FROM added")
+                make_backend(id, url, model, kind, role, key_env)
+                for id, url, model, kind, role, key_env in q(
+                    "SELECT id, url, model, kind, role, api_key_env FROM added"
+                )
             )
             return Configured(
                 added=added,
@@ -109,8 +116,9 @@ class FleetDB:
             for table in ("added", "removed", "drained", "pairs"):
                 db.execute(f"DELETE FROM {table}")  # noqa: S608 - names from the tuple above
             db.executemany(
-                "INSERT INTO added VALUES (?, ?, ?, ?, ?)",
-                [(b.id, b.url, b.model, b.kind.value, b.role.value) for b in state.added],
+                "INSERT INTO added VALUES (?, ?, ?, ?, ?, ?)",
+                [(b.id, b.url, b.model, b.kind.value, b.role.value, b.api_key_env)
+                 for b in state.added],  # fmt: skip
             )
             db.executemany("INSERT INTO removed VALUES (?)", [(i,) for i in sorted(state.removed)])
             db.executemany(

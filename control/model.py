@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NewType
@@ -48,6 +49,13 @@ class Backend:
     model: str
     kind: BackendKind = BackendKind.VLLM
     role: Role = Role.SERVE
+    api_key_env: str = ""  # env var with the backend's own key (see auth_headers)
+
+    def auth_headers(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """What to send the backend: its own key from the caller's environment, never a
+        client's. Empty when it has none (or the variable is unset here)."""
+        key = environ.get(self.api_key_env, "") if self.api_key_env else ""
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     @property
     def serves_clients(self) -> bool:

@@ -4,6 +4,7 @@ feed the result to the registry (which owns the state machine)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 
@@ -27,7 +28,9 @@ async def probe_once(session: aiohttp.ClientSession, backend: Backend, timeout: 
     """Empty string when healthy, else why not."""
     try:
         async with session.get(
-            backend.url + PROBE_PATH[backend.kind], timeout=aiohttp.ClientTimeout(total=timeout)
+            backend.url + PROBE_PATH[backend.kind],
+            headers=backend.auth_headers(os.environ),
+            timeout=aiohttp.ClientTimeout(total=timeout),
         ) as resp:
             await resp.read()
             return "" if resp.status == 200 else f"status {resp.status}"

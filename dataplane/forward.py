@@ -4,6 +4,7 @@ whether to retry (that is failover.py) or touches the client (that is proxy.py).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import aiohttp
@@ -49,12 +50,15 @@ async def open_attempt(
     headers: dict[str, str] | None = None,
 ) -> aiohttp.ClientResponse:
     """The caller owns the returned response and must release or close it. `headers`:
-    extra ones (the trace context, so the engine's own spans join the request's trace)."""
+    extra ones (the trace context, so the engine's own spans join the request's trace).
+    Headers are built here from scratch: nothing of the client's request (its Authorization
+    above all) goes upstream; the backend gets its own key, when it has one."""
+    extra = {**(headers or {}), **backend.auth_headers(os.environ)}
     try:
         return await session.post(
             backend.url + path,
             data=body,
-            headers={**JSON_HEADERS, **headers} if headers else JSON_HEADERS,
+            headers={**JSON_HEADERS, **extra} if extra else JSON_HEADERS,
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=timeouts.connect, sock_read=timeouts.read
             ),

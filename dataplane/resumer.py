@@ -6,6 +6,7 @@ when and where; this module does one attempt."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -190,7 +191,7 @@ class Resumer:
             async with self._session.post(
                 backend.url + Endpoint.COMPLETIONS.value,
                 data=orjson.dumps(body),
-                headers={"Content-Type": "application/json"},
+                headers={"Content-Type": "application/json", **backend.auth_headers(os.environ)},
                 timeout=aiohttp.ClientTimeout(total=self._settings.max_resume_seconds),
             ) as resp:
                 if resp.status != 200:
@@ -314,6 +315,7 @@ class Resumer:
             async with self._session.post(
                 backend.url + "/detokenize",
                 json={"model": self._client.model, "tokens": p.token_ids},
+                headers=backend.auth_headers(os.environ),
                 timeout=aiohttp.ClientTimeout(total=self._timeouts.connect * 2),
             ) as resp:
                 if resp.status != 200:

@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="sampling seed when a request gives none (default: fresh entropy)")
     g.add_argument("--slow-start", type=float, default=0.0, metavar="S",
                    help="sleep S seconds before binding the port")
+    g.add_argument("--api-key", default="", metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/* (like vLLM)")
     g.add_argument("--timing-log", default="", metavar="PATH",
                    help="append each request's engine-side TTFT as a JSON line (benchmarks)")
     m = parser.add_argument_group("model")
@@ -119,6 +121,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         spec=SpecConfig(num_tokens=args.num_speculative_tokens, acceptance=args.spec_acceptance),
         tokenizer_variant=args.tokenizer_variant,
         timing_log=args.timing_log,
+        api_key=args.api_key,
     )
 
 

@@ -51,6 +51,7 @@ class SimConfig:
     spec: SpecConfig = SpecConfig()
     tokenizer_variant: int = 0
     timing_log: str = ""  # append one JSON line per request's first token (benchmarks)
+    api_key: str = ""  # like vLLM's --api-key: /v1/* needs "Authorization: Bearer KEY"
 
 
 class SimState:
@@ -85,7 +86,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def create_app(cfg: SimConfig) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors, _api_key])
     app[STATE] = SimState(cfg)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
@@ -126,6 +127,16 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if e.status < 400:
             raise
         return error_response(ApiError(e.status, e.reason, _error_type(e.status)))
+
+
+@web.middleware
+async def _api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """vLLM checks the key on /v1/* only (health, metrics, tokenize stay open)."""
+    key = request.app[STATE].cfg.api_key
+    if key and request.path.startswith("/v1/"):
+        if request.headers.get("Authorization") != f"Bearer {key}":
+            raise ApiError(401, "Unauthorized", "AuthenticationError")
+    return await handler(request)
 
 
 def error_response(e: ApiError) -> web.Response:

@@ -25,31 +25,31 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x62\x61ton/v1/fleet.proto\x12\x08\x62\x61ton.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"{\n\x07\x42\x61\x63kend\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12#\n\x04kind\x18\x04 \x01(\x0e\x32\x15.baton.v1.BackendKind\x12#\n\x04role\x18\x05 \x01(\x0e\x32\x15.baton.v1.BackendRole\"\xba\x01\n\rBackendStatus\x12\"\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x11.baton.v1.Backend\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.baton.v1.HealthState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tin_flight\x18\x05 \x01(\r\x12\x11\n\tmigrating\x18\x06 \x01(\x08\"\x9a\x01\n\x0c\x42\x61\x63kendFacts\x12\x12\n\nvocab_hash\x18\x01 \x01(\t\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x13\n\x0bparams_hash\x18\x03 \x01(\t\x12\x13\n\x0btemperature\x18\x04 \x01(\x01\x12\r\n\x05top_p\x18\x05 \x01(\x01\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\xa2\x02\n\x04Pair\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10\x64raft_backend_id\x18\x03 \x01(\t\x12\x19\n\x11target_backend_id\x18\x04 \x01(\t\x12\x1f\n\x17\x62ound_target_backend_id\x18\x05 \x01(\t\x12\x18\n\x10num_draft_tokens\x18\x06 \x01(\r\x12\x13\n\x0bparams_hash\x18\x07 \x01(\t\x12\"\n\x05state\x18\x08 \x01(\x0e\x32\x13.baton.v1.PairState\x12\x1b\n\x13\x62\x61seline_acceptance\x18\t \x01(\x01\x12\x19\n\x11recent_acceptance\x18\n \x01(\x01\x12\x0e\n\x06rounds\x18\x0b \x01(\x04\x12\x0e\n\x06reason\x18\x0c \x01(\t\"F\n\x08Snapshot\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12)\n\x08\x62\x61\x63kends\x18\x02 \x03(\x0b\x32\x17.baton.v1.BackendStatus\"\x82\x01\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x12\n\nbackend_id\x18\x05 \x01(\t\x12\x0c\n\x04json\x18\x06 \x01(\t*t\n\x0b\x42\x61\x63kendKind\x12\x1c\n\x18\x42\x41\x43KEND_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42\x41\x43KEND_KIND_VLLM\x10\x01\x12\x17\n\x13\x42\x41\x43KEND_KIND_SGLANG\x10\x02\x12\x17\n\x13\x42\x41\x43KEND_KIND_OPENAI\x10\x03*t\n\x0b\x42\x61\x63kendRole\x12\x1c\n\x18\x42\x41\x43KEND_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42\x41\x43KEND_ROLE_SERVE\x10\x01\x12\x16\n\x12\x42\x41\x43KEND_ROLE_DRAFT\x10\x02\x12\x17\n\x13\x42\x41\x43KEND_ROLE_TARGET\x10\x03*\x91\x01\n\x0bHealthState\x12\x1c\n\x18HEALTH_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14HEALTH_STATE_HEALTHY\x10\x01\x12\x18\n\x14HEALTH_STATE_DEMOTED\x10\x02\x12\x19\n\x15HEALTH_STATE_DRAINING\x10\x03\x12\x15\n\x11HEALTH_STATE_DOWN\x10\x04*q\n\tPairState\x12\x1a\n\x16PAIR_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11PAIR_STATE_ACTIVE\x10\x01\x12\x18\n\x14PAIR_STATE_PROBATION\x10\x02\x12\x17\n\x13PAIR_STATE_DETACHED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x62\x61ton/v1/fleet.proto\x12\x08\x62\x61ton.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x01\n\x07\x42\x61\x63kend\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12#\n\x04kind\x18\x04 \x01(\x0e\x32\x15.baton.v1.BackendKind\x12#\n\x04role\x18\x05 \x01(\x0e\x32\x15.baton.v1.BackendRole\x12\x13\n\x0b\x61pi_key_env\x18\x06 \x01(\t\"\xba\x01\n\rBackendStatus\x12\"\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x11.baton.v1.Backend\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.baton.v1.HealthState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tin_flight\x18\x05 \x01(\r\x12\x11\n\tmigrating\x18\x06 \x01(\x08\"\x9a\x01\n\x0c\x42\x61\x63kendFacts\x12\x12\n\nvocab_hash\x18\x01 \x01(\t\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x13\n\x0bparams_hash\x18\x03 \x01(\t\x12\x13\n\x0btemperature\x18\x04 \x01(\x01\x12\r\n\x05top_p\x18\x05 \x01(\x01\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\xa2\x02\n\x04Pair\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10\x64raft_backend_id\x18\x03 \x01(\t\x12\x19\n\x11target_backend_id\x18\x04 \x01(\t\x12\x1f\n\x17\x62ound_target_backend_id\x18\x05 \x01(\t\x12\x18\n\x10num_draft_tokens\x18\x06 \x01(\r\x12\x13\n\x0bparams_hash\x18\x07 \x01(\t\x12\"\n\x05state\x18\x08 \x01(\x0e\x32\x13.baton.v1.PairState\x12\x1b\n\x13\x62\x61seline_acceptance\x18\t \x01(\x01\x12\x19\n\x11recent_acceptance\x18\n \x01(\x01\x12\x0e\n\x06rounds\x18\x0b \x01(\x04\x12\x0e\n\x06reason\x18\x0c \x01(\t\"F\n\x08Snapshot\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12)\n\x08\x62\x61\x63kends\x18\x02 \x03(\x0b\x32\x17.baton.v1.BackendStatus\"\x82\x01\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x12\n\nbackend_id\x18\x05 \x01(\t\x12\x0c\n\x04json\x18\x06 \x01(\t*t\n\x0b\x42\x61\x63kendKind\x12\x1c\n\x18\x42\x41\x43KEND_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42\x41\x43KEND_KIND_VLLM\x10\x01\x12\x17\n\x13\x42\x41\x43KEND_KIND_SGLANG\x10\x02\x12\x17\n\x13\x42\x41\x43KEND_KIND_OPENAI\x10\x03*t\n\x0b\x42\x61\x63kendRole\x12\x1c\n\x18\x42\x41\x43KEND_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42\x41\x43KEND_ROLE_SERVE\x10\x01\x12\x16\n\x12\x42\x41\x43KEND_ROLE_DRAFT\x10\x02\x12\x17\n\x13\x42\x41\x43KEND_ROLE_TARGET\x10\x03*\x91\x01\n\x0bHealthState\x12\x1c\n\x18HEALTH_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14HEALTH_STATE_HEALTHY\x10\x01\x12\x18\n\x14HEALTH_STATE_DEMOTED\x10\x02\x12\x19\n\x15HEALTH_STATE_DRAINING\x10\x03\x12\x15\n\x11HEALTH_STATE_DOWN\x10\x04*q\n\tPairState\x12\x1a\n\x16PAIR_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11PAIR_STATE_ACTIVE\x10\x01\x12\x18\n\x14PAIR_STATE_PROBATION\x10\x02\x12\x17\n\x13PAIR_STATE_DETACHED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'baton.v1.fleet_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BACKENDKIND']._serialized_start=1036
-  _globals['_BACKENDKIND']._serialized_end=1152
-  _globals['_BACKENDROLE']._serialized_start=1154
-  _globals['_BACKENDROLE']._serialized_end=1270
-  _globals['_HEALTHSTATE']._serialized_start=1273
-  _globals['_HEALTHSTATE']._serialized_end=1418
-  _globals['_PAIRSTATE']._serialized_start=1420
-  _globals['_PAIRSTATE']._serialized_end=1533
-  _globals['_BACKEND']._serialized_start=67
-  _globals['_BACKEND']._serialized_end=190
-  _globals['_BACKENDSTATUS']._serialized_start=193
-  _globals['_BACKENDSTATUS']._serialized_end=379
-  _globals['_BACKENDFACTS']._serialized_start=382
-  _globals['_BACKENDFACTS']._serialized_end=536
-  _globals['_PAIR']._serialized_start=539
-  _globals['_PAIR']._serialized_end=829
-  _globals['_SNAPSHOT']._serialized_start=831
-  _globals['_SNAPSHOT']._serialized_end=901
-  _globals['_EVENT']._serialized_start=904
-  _globals['_EVENT']._serialized_end=1034
+  _globals['_BACKENDKIND']._serialized_start=1058
+  _globals['_BACKENDKIND']._serialized_end=1174
+  _globals['_BACKENDROLE']._serialized_start=1176
+  _globals['_BACKENDROLE']._serialized_end=1292
+  _globals['_HEALTHSTATE']._serialized_start=1295
+  _globals['_HEALTHSTATE']._serialized_end=1440
+  _globals['_PAIRSTATE']._serialized_start=1442
+  _globals['_PAIRSTATE']._serialized_end=1555
+  _globals['_BACKEND']._serialized_start=68
+  _globals['_BACKEND']._serialized_end=212
+  _globals['_BACKENDSTATUS']._serialized_start=215
+  _globals['_BACKENDSTATUS']._serialized_end=401
+  _globals['_BACKENDFACTS']._serialized_start=404
+  _globals['_BACKENDFACTS']._serialized_end=558
+  _globals['_PAIR']._serialized_start=561
+  _globals['_PAIR']._serialized_end=851
+  _globals['_SNAPSHOT']._serialized_start=853
+  _globals['_SNAPSHOT']._serialized_end=923
+  _globals['_EVENT']._serialized_start=926
+  _globals['_EVENT']._serialized_end=1056
 # @@protoc_insertion_point(module_scope)

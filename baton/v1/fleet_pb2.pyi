@@ -129,11 +129,16 @@ class Backend(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
+    API_KEY_ENV_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     url: _builtins.str
     model: _builtins.str
     kind: Global___BackendKind.ValueType
     role: Global___BackendRole.ValueType
+    api_key_env: _builtins.str
+    """The name of an environment variable holding the backend's own API key, resolved by each
+    process that calls the backend (shims, control's probes). The key itself never travels.
+    """
     def __init__(
         self,
         *,
@@ -142,10 +147,11 @@ class Backend(_message.Message):
         model: _builtins.str = ...,
         kind: Global___BackendKind.ValueType = ...,
         role: Global___BackendRole.ValueType = ...,
+        api_key_env: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "kind", b"kind", "model", b"model", "role", b"role", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key_env", b"api_key_env", "id", b"id", "kind", b"kind", "model", b"model", "role", b"role", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

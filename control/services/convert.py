@@ -60,7 +60,12 @@ REASON_TO_PB = {
 
 def backend_to_pb(b: Backend) -> fleet_pb2.Backend:
     return fleet_pb2.Backend(
-        id=b.id, url=b.url, model=b.model, kind=KIND_TO_PB[b.kind], role=ROLE_TO_PB[b.role]
+        id=b.id,
+        url=b.url,
+        model=b.model,
+        kind=KIND_TO_PB[b.kind],
+        role=ROLE_TO_PB[b.role],
+        api_key_env=b.api_key_env,
     )
 
 
@@ -73,6 +78,7 @@ def backend_from_pb(b: fleet_pb2.Backend) -> Backend:
         b.model,
         KIND_FROM_PB.get(b.kind, BackendKind.VLLM),
         ROLE_FROM_PB.get(b.role, Role.SERVE),
+        b.api_key_env,
     )
 
 
@@ -80,7 +86,8 @@ def backend_fields_from_pb(b: fleet_pb2.Backend) -> dict[str, str]:
     """Raw fields for config.make_backend, which validates them; unset enums get defaults."""
     kind = KIND_FROM_PB.get(b.kind, BackendKind.VLLM)
     role = ROLE_FROM_PB.get(b.role, Role.SERVE)
-    return {"id": b.id, "url": b.url, "model": b.model, "kind": kind.value, "role": role.value}
+    return {"id": b.id, "url": b.url, "model": b.model, "kind": kind.value, "role": role.value,
+            "api_key_env": b.api_key_env}  # fmt: skip
 
 
 def status_to_pb(s: BackendStatus, in_flight: Mapping[BackendId, int]) -> fleet_pb2.BackendStatus:

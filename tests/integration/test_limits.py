@@ -292,3 +292,29 @@ def test_an_empty_keys_file_refuses_to_start(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert out.returncode != 0 and "holds no API keys" in out.stderr
+
+
+def test_the_backend_gets_its_own_key_never_the_clients(tmp_path: Path) -> None:
+    """A vLLM-style engine with --api-key: the shim authenticates the client with the client's
+    key and the engine with the engine's (named by api_key_env, read from the environment)."""
+    from tests.integration.harness import start_control, start_shim, start_sim, write_config
+
+    sim = start_sim("--api-key", "engine-secret")
+    parts = [sim]
+    try:
+        config = write_config(tmp_path / "control.toml", [("s0", sim.ready)])
+        config.write_text(config.read_text().replace('kind = "vllm"',
+                                                     'kind = "vllm"\napi_key_env = "S0_KEY"'))
+        env = {"S0_KEY": "engine-secret"}
+        control = start_control(config, env=env)
+        parts.append(control)
+        shim = start_shim(control.ready, env={**env, "BATON_API_KEYS": "client-key"})
+        parts.append(shim)
+        base = shim.ready
+        assert post(base, CHAT, {"Authorization": "Bearer client-key"})[0] == 200
+        # The engine really checks: the client's key (or none) is refused there.
+        assert post(sim.ready, CHAT, {"Authorization": "Bearer client-key"})[0] == 401
+        assert post(sim.ready, CHAT)[0] == 401
+    finally:
+        for p in reversed(parts):
+            p.stop(grace=3)
