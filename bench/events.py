@@ -2,6 +2,12 @@
 memory, and kept in memory + appended to the durable file, in one process and one run.
 
 Usage: python -m bench.events [--routes N] [--reps R] [--json PATH]
+       python -m bench.events --instructions   (needs valgrind)
+
+Wall-clock routes/s move with whatever else the machine runs. `--instructions` counts CPU
+instructions instead (valgrind's callgrind, repeatable under any load): each variant runs at
+two sizes, and the difference divided by the extra routes is the cost of one route, start-up
+excluded.
 
 This measures control's own routing path (policy + load + pins + audit event), without gRPC
 in front, so the events' share is as large as it can look: through the RouteStream each
@@ -12,7 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -58,12 +67,66 @@ def routes_per_second(events: EventLog, n: int, store: EventFile | None = None) 
     return n / (time.perf_counter() - started)
 
 
+def one_variant(variant: str, n: int) -> None:
+    """What each callgrind child runs: `n` routes with one audit variant."""
+    if variant == "off":
+        routes_per_second(NoEvents(time.time), n)
+    elif variant == "memory":
+        routes_per_second(EventLog(time.time), n)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            store = EventFile(Path(tmp) / "events.jsonl")
+            routes_per_second(EventLog(time.time, sink=store.append), n, store)
+            store.close()
+
+
+def instructions(variant: str, n: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out",
+             sys.executable, "-m", "bench.events", "--variant", variant, "--routes", str(n)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if found is None:
+        raise RuntimeError(f"no callgrind total in: {out.stderr[-500:]}")
+    return int(found.group(1))
+
+
+def by_instructions(small: int, large: int, json_path: Path) -> int:
+    per_route = {
+        v: (instructions(v, large) - instructions(v, small)) / (large - small)
+        for v in ("off", "memory", "durable")
+    }
+    print(f"{'audit events':<14}{'instructions/route':>20}{'vs off':>10}")
+    for name, value in per_route.items():
+        print(f"{name:<14}{value:>20,.0f}{value / per_route['off']:>10.3f}")
+    cost = 1 - per_route["off"] / per_route["durable"]
+    verdict = "PASS" if cost <= 0.10 else "FAIL"
+    print(f"\n{verdict}  durable audit log costs {cost:.1%} of routing throughput "
+          "(instructions, <= 10%)")  # fmt: skip
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps({"instructions_per_route": per_route, "cost": cost}, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.events", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.events",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--routes", type=int, default=100_000)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", type=Path, default=Path("bench/results/events.json"))
+    parser.add_argument("--instructions", action="store_true", help="count, don't time")
+    parser.add_argument("--variant", choices=("off", "memory", "durable"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.variant:
+        one_variant(args.variant, args.routes)
+        return 0
+    if args.instructions:
+        return by_instructions(2_000, 12_000, args.json.with_suffix(".instructions.json"))
     runs: dict[str, list[float]] = {"off": [], "memory": [], "durable": []}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):  # interleaved, so drift hits every variant alike
