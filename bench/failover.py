@@ -402,6 +402,8 @@ async def run(fleet: Fleet, plan: Plan) -> dict[str, Any]:
         direct = await ph.load("direct", quarter, lambda i: fleet.sims[sims[i % len(sims)]].ready)
         baton = await ph.load("baton", quarter, lambda i: fleet.shim.ready)
         records = await ph.chaos(kills)
+        # Before the floor phases, which send the same resume prompts again.
+        logs = {sid: read_jsonl(fleet.timing_path(sid)) for sid in fleet.sims}
         events = await asyncio.to_thread(failover_events, fleet.control.ready)
         floors = await ph.floors(events, records, refs)
         together = await floors_together(
@@ -415,7 +417,6 @@ async def run(fleet: Fleet, plan: Plan) -> dict[str, Any]:
         loaded = await floors_under_load(ph, kill_groups(events)[:FLOOR_SAMPLES],
                                          {r.rid: r for r in records}, refs)  # fmt: skip
     measured = [v for _, v in floors if not math.isnan(v)]
-    logs = {sid: read_jsonl(fleet.timing_path(sid)) for sid in fleet.sims}
     engine = engine_ttfts(events, {r.rid: r for r in records}, refs, logs)
     return {
         "summary": summarize(

@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import aiohttp
 import orjson
@@ -311,11 +312,20 @@ class StreamRelay:
                 for p in pending
                 if tokens_left(self._client, p) != 0
             }
+        rpc = asyncio.ensure_future(
+            self._oracle_failover(failed_backend, failure, exclude, [b.id for b in preferred])
+        )
         try:
-            backend = await self._oracle_failover(
-                failed_backend, failure, exclude, [b.id for b in preferred]
-            )
+            if await self._fallback_answered(rpc, early):
+                # The route's own next fallback (control's order, chosen at route time) has
+                # already accepted the resume: go on there now. Control's answer, still on
+                # its way, demotes the failed backend and keeps the books; waiting for it
+                # would put a control round trip into every gap.
+                self._keep(rpc)
+                return preferred[0], early
+            backend = await rpc
         except BaseException:
+            rpc.cancel()
             for task in early.values():
                 discard(task)
             raise
@@ -324,6 +334,32 @@ class StreamRelay:
                 discard(task)
             early = {}
         return backend, early
+
+    @staticmethod
+    async def _fallback_answered(
+        rpc: asyncio.Future[Backend | None], early: dict[int, asyncio.Task[Started]]
+    ) -> bool:
+        """Whether every early start on the fallback succeeded before control answered."""
+        while early and not rpc.done():
+            waiting = [t for t in early.values() if not t.done()]
+            if not waiting:
+                return all(not t.cancelled() and t.exception() is None for t in early.values())
+            if any(t.done() and (t.cancelled() or t.exception()) for t in early.values()):
+                return False  # a start failed: control decides
+            pending: list[asyncio.Future[Any]] = [rpc, *waiting]
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        return False
+
+    def _keep(self, task: asyncio.Future[Backend | None]) -> None:
+        """Let control's late answer finish in the background (its failure is not ours)."""
+        self._background.add(task)  # type: ignore[arg-type]
+
+        def done(t: asyncio.Future[Backend | None]) -> None:
+            self._background.discard(t)
+            if not t.cancelled():
+                t.exception()  # retrieved: a dead control is handled elsewhere
+
+        task.add_done_callback(done)
 
     def _report(self, result: ChoiceResume, report: FailoverReport) -> None:
         if result.verdict is None:
