@@ -9,6 +9,7 @@ prompt. Seam check: resume m tokens early and require the new backend to regener
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -78,6 +79,9 @@ class ChoiceProgress:
     pieces: list[str] = field(default_factory=list)  # text sent to the client, in order
     # (token count, text) of the latest chunks that carried tokens, newest last.
     recent: deque[tuple[int, str]] = field(default_factory=lambda: deque(maxlen=RECENT_CHUNKS))
+    # The texts of the latest chunks, newest last (the text path's overlap: one chunk is one
+    # token on the engines that stream without ids).
+    recent_text: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_CHUNKS))
     content_chunks: int = 0  # token estimate where ids are unknown (text path)
     # Text chunks without ids after some with ids: a text-path resume (a token-id engine
     # failed over to one without ids); counted on top of the ids.
@@ -99,6 +103,7 @@ class ChoiceProgress:
     def add(self, text: str, ids: list[int] | None) -> None:
         if text:
             self.pieces.append(text)
+            self.recent_text.append(text)
             self.content_chunks += 1
             if not ids and self.token_ids:
                 self.untracked_chunks += 1
@@ -142,6 +147,11 @@ class ResumePlan:
     overlap_text: str
     seam: Seam  # the verdict if nothing is checked; VERIFIED means "check the overlap"
     needs_held_text: bool  # token path with stop strings: text the engine held back is lost
+    overlap_tokens: int = 0  # tokens the overlap spans: what a side check asks for
+
+    @property
+    def checks(self) -> bool:
+        return bool(self.overlap_ids or self.overlap_text)
 
 
 def _remaining(body: Mapping[str, Any], generated: int) -> dict[str, Any]:
@@ -172,9 +182,10 @@ def plan_resume(
         raise Refused("a tool call was being streamed; it cannot be resumed faithfully")
     body = client.body
     has_stops = bool(body.get("stop"))
+    m = seam_tokens if not exact else 0
     if token_path and progress.prompt_ids is not None:
-        return _token_plan(client, progress, seam_tokens if not exact else 0, has_stops)
-    return _text_plan(client, progress)
+        return _token_plan(client, progress, m, has_stops)
+    return _text_plan(client, progress, m if not has_stops else 0)
 
 
 def _token_plan(
@@ -211,20 +222,41 @@ def _token_plan(
         overlap_text,
         seam,
         needs_held_text=has_stops and bool(progress.token_ids),
+        overlap_tokens=n_overlap,
     )
 
 
-def _text_plan(client: ClientRequest, progress: ChoiceProgress) -> ResumePlan:
+def _text_overlap(progress: ChoiceProgress, m: int) -> str:
+    """The last m chunks' text, when the client has more than that (else nothing to check).
+    Only chunks of this choice's text path count: ids mean token-path chunks."""
+    chunks = progress.recent_text
+    if m <= 0 or len(chunks) <= m or progress.token_ids:
+        return ""
+    text = "".join(list(chunks)[-m:])
+    return text if progress.text.endswith(text) else ""
+
+
+def _text_plan(client: ClientRequest, progress: ChoiceProgress, m: int = 0) -> ResumePlan:
     body = dict(client.body)
     for name in ("return_token_ids", "stream_options", "n"):
         body.pop(name, None)
-    sent = progress.text
+    # Greedy text resumes can be checked like token ones, by text: resume m chunks early and
+    # the new backend must regenerate exactly the text the client already has for them.
+    overlap_text = _text_overlap(progress, m) if client.greedy else ""
+    n_overlap = m if overlap_text else 0
+    sent = progress.text[: len(progress.text) - len(overlap_text)]
     body.update(stream=True, n=1, stream_options={"include_usage": True})
-    body.update(_remaining(client.body, progress.generated))
-    seam = Seam.UNCHECKED if client.greedy else Seam.SAMPLED
-    if not sent and not progress.token_ids:
+    body.update(_remaining(client.body, progress.generated - n_overlap))
+    seam = (
+        Seam.VERIFIED if overlap_text else Seam.UNCHECKED if client.greedy else Seam.SAMPLED
+    )
+    plan = functools.partial(
+        ResumePlan, overlap_text=overlap_text, seam=seam, needs_held_text=False,
+        overlap_tokens=n_overlap, overlap_ids=(),
+    )  # fmt: skip
+    if not progress.text and not progress.token_ids:
         # Nothing of this choice reached the client: start it again as asked.
-        return ResumePlan(ResumePath.TEXT, client.endpoint, body, (), "", seam, False)
+        return plan(ResumePath.TEXT, client.endpoint, body)
     if client.endpoint is Endpoint.CHAT:
         messages = list(body["messages"])
         last = messages[-1] if messages else {}
@@ -240,13 +272,13 @@ def _text_plan(client: ClientRequest, progress: ChoiceProgress) -> ResumePlan:
         else:
             messages.append({"role": "assistant", "content": sent})
         body.update(messages=messages, continue_final_message=True, add_generation_prompt=False)
-        return ResumePlan(ResumePath.TEXT, Endpoint.CHAT, body, (), "", seam, False)
+        return plan(ResumePath.TEXT, Endpoint.CHAT, body)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise Refused("a token-id or batched prompt cannot be resumed as text")
     body["prompt"] = prompt + sent
     body.pop("echo", None)
-    return ResumePlan(ResumePath.TEXT, Endpoint.COMPLETIONS, body, (), "", seam, False)
+    return plan(ResumePath.TEXT, Endpoint.COMPLETIONS, body)
 
 
 class SeamCheck:
@@ -259,7 +291,7 @@ class SeamCheck:
         self._text_want = overlap_text
         self._ids: list[int] = []
         self._text: list[str] = []
-        self.verdict: Seam | None = None if overlap_ids else Seam.UNCHECKED
+        self.verdict: Seam | None = None if overlap_ids or overlap_text else Seam.UNCHECKED
 
     def feed(self, ids: list[int], text: str, finished: bool) -> tuple[list[int], str] | None:
         if self.verdict is not None:
@@ -271,6 +303,9 @@ class SeamCheck:
             self.verdict = Seam.DIVERGENT
             return None
         joined = "".join(self._text)
+        if not self._text_want.startswith(joined[: len(self._text_want)]):
+            self.verdict = Seam.DIVERGENT  # already other text: no need to wait for the rest
+            return None
         if len(self._ids) < len(self._want) or len(joined) < len(self._text_want):
             if finished:  # ended inside the overlap: the old backend had gone on
                 self.verdict = Seam.DIVERGENT

@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -185,11 +185,12 @@ class Resumer:
         non-streaming request over the shared prefix, sent once the resume is flowing (so
         its prefill is cached and it does not compete with the resume's)."""
         await flowing.wait()
-        body = {**check.body, "stream": False, "max_tokens": len(check.overlap_ids)}
-        body.pop("min_tokens", None)
+        body = {**check.body, "stream": False, "max_tokens": check.overlap_tokens}
+        for name in ("min_tokens", "stream_options"):
+            body.pop(name, None)
         try:
             async with self._session.post(
-                backend.url + Endpoint.COMPLETIONS.value,
+                backend.url + check.endpoint.value,
                 data=orjson.dumps(body),
                 headers={"Content-Type": "application/json", **backend.auth_headers(os.environ)},
                 timeout=aiohttp.ClientTimeout(total=self._settings.max_resume_seconds),
@@ -199,8 +200,16 @@ class Resumer:
                 choice = (orjson.loads(await resp.read()).get("choices") or [{}])[0]
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
             return Seam.UNCHECKED
-        got = tuple(choice.get("token_ids") or ())
-        return Seam.VERIFIED if got == check.overlap_ids else Seam.DIVERGENT
+        if check.overlap_ids:
+            ids = tuple(choice.get("token_ids") or ())
+            return Seam.VERIFIED if ids == check.overlap_ids else Seam.DIVERGENT
+        text = choice_text_whole(choice)
+        prefill = _assistant_prefill(check.body)
+        if prefill and text.startswith(prefill):
+            # Some engines (llama-server) answer a continued assistant turn, when not
+            # streaming, with the prefill and the new text together.
+            text = text[len(prefill) :]
+        return text_verdict(text, check.overlap_text)
 
     async def _finish_exhausted(
         self, backend: Backend, p: ChoiceProgress, result: ChoiceResume
@@ -375,3 +384,26 @@ def discard(early: asyncio.Task[Started]) -> None:
         early.cancel()
     elif not early.cancelled() and early.exception() is None:
         early.result().upstream.close()
+
+
+def choice_text_whole(choice: dict[str, Any]) -> str:
+    """The text of a non-streamed choice, chat or completion."""
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    return text if isinstance(text, str) else ""
+
+
+def _assistant_prefill(body: dict[str, Any]) -> str:
+    messages = body.get("messages")
+    if not (body.get("continue_final_message") and isinstance(messages, list) and messages):
+        return ""
+    content = messages[-1].get("content") if isinstance(messages[-1], dict) else None
+    return content if isinstance(content, str) else ""
+
+
+def text_verdict(got: str, want: str) -> Seam:
+    """A text-path overlap check. A shorter answer that is a prefix of what the client has
+    proves nothing either way (an engine may put several tokens in one chunk)."""
+    if got == want:
+        return Seam.VERIFIED
+    return Seam.UNCHECKED if want.startswith(got) else Seam.DIVERGENT

@@ -164,3 +164,27 @@ def test_no_overlap_is_unchecked_pass_through() -> None:
     check = SeamCheck((), "")
     assert check.verdict is Seam.UNCHECKED
     assert check.feed([1], "a", False) == ([1], "a")
+
+
+def test_a_greedy_text_resume_starts_m_chunks_early_and_checks_them_by_text() -> None:
+    p = progress([([], "Hel"), ([], "lo"), ([], " wo"), ([], "rl"), ([], "d!")], prompt=None)
+    plan = plan_resume(comp("Say:", max_tokens=10), p, token_path=False, seam_tokens=2)
+    assert plan.seam is Seam.VERIFIED and plan.overlap_text == "rld!" and plan.overlap_ids == ()
+    assert plan.body["prompt"] == "Say:Hello wo" and plan.overlap_tokens == 2
+    assert plan.body["max_tokens"] == 10 - 5 + 2  # the overlap is generated again
+    exact = plan_resume(comp("Say:", max_tokens=10), p, token_path=False, seam_tokens=2,
+                        exact=True)  # fmt: skip
+    assert exact.seam is Seam.UNCHECKED and exact.body["prompt"] == "Say:Hello world!"
+    check = SeamCheck(plan.overlap_ids, plan.overlap_text)
+    assert check.feed([], "rl", False) is None  # still inside the overlap
+    assert check.feed([], "d! next", False) == ([], " next") and check.verdict is Seam.VERIFIED
+    drift = SeamCheck((), "rld!")
+    assert drift.feed([], "rle", False) is None and drift.verdict is Seam.DIVERGENT
+
+
+def test_text_verdicts_of_a_side_check() -> None:
+    from dataplane.resumer import text_verdict
+
+    assert text_verdict("rld!", "rld!") is Seam.VERIFIED
+    assert text_verdict("rl", "rld!") is Seam.UNCHECKED  # fewer chunks than tokens: no proof
+    assert text_verdict("rle!", "rld!") is Seam.DIVERGENT
