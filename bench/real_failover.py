@@ -6,7 +6,7 @@ Per fleet (vllm: 2 vLLM replicas; llama: 3 llama-server replicas; mixed: 1 of ea
 1. Overhead: N greedy 256-token chat streams, one at a time, alternately direct to a replica
    and through Baton (control + shim, real processes), so both see the same machine load:
    TTFT and whole-stream time of each, and Baton over direct.
-2. Failover: K streams of 2000 tokens through Baton; after 40 chunks the serving replica's
+2. Failover: K streams of 3000 tokens through Baton; after 5 chunks the serving replica's
    whole process group is SIGKILLed. Per kill: the client's gap (from the last chunk the
    dead engine delivered to the first resumed one), the shim's own gap from its failover
    event (failure detected -> first resumed byte), the resume path and seam verdict, and
@@ -46,8 +46,8 @@ from scripts.engines.replicas import MODEL, Engine, Replicas
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "real_failover.json"
 MESSAGES = [{"role": "user", "content": "hi"}]
-KILL_AFTER = 40
-FAILOVER_TOKENS = 2000  # a kill after 40 chunks lands mid-stream even on llama-server
+KILL_AFTER = 5
+FAILOVER_TOKENS = 3000  # the engines outrun the client: kill early, in a long stream
 OVERHEAD_TOKENS = 256
 FLEETS = {"vllm": ("v0", "v1"), "llama": ("l0", "l1", "l2"), "mixed": ("l0", "v0")}
 
