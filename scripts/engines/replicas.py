@@ -183,6 +183,9 @@ class Replicas:
         env = {
             "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default reserves far more
             "VLLM_CPU_OMP_THREADS_BIND": str(core),
+            # OpenMP threads sleep when idle instead of spinning: on a 2-core machine a
+            # spinning replica starves control and the shim beside it.
+            "OMP_WAIT_POLICY": "PASSIVE",
             "VLLM_NO_USAGE_STATS": "1",
             "HF_HUB_OFFLINE": "1",
         }

@@ -90,7 +90,7 @@ def sdk(base_url: str) -> openai.OpenAI:
 
 
 def events(fleet: Fleet, kind: str, request_id: str = "") -> list[dict[str, Any]]:
-    args = ["events", "--kind", kind, "--json"]
+    args = ["events", "--kind", kind, "--json", "--timeout", "30"]
     if request_id:
         args += ["--request-id", request_id]
     out = fleet.baton(*args)

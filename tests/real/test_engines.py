@@ -65,7 +65,7 @@ def serving(admin: AdminClient, request_id: str) -> str:
 def stream(fleet: Fleet, endpoint: str, kill: Callable[[str], None] | None = None) -> Streamed:
     """Stream through Baton with the SDK; after KILL_AFTER chunks call kill(serving id)."""
     c = sdk(fleet.base_url)
-    admin = AdminClient(fleet.control.ready)
+    admin = AdminClient(fleet.control.ready, timeout=30.0)
     admin.events(kind="route", limit=1)  # connect now, not between a chunk and the kill
     kw: dict[str, Any] = dict(
         model=MODEL,
@@ -103,7 +103,10 @@ def failover_event(fleet: Fleet, request_id: str) -> dict[str, Any]:
         found[:] = events(fleet, "failover", request_id)
         return bool(found) and all(r.get("seam") for r in found)
 
-    assert wait_until(landed, timeout=20, interval=0.2), f"failover events: {found}"
+    # Generous: two vLLM replicas, control and the shim share 2 cores in CI.
+    if not wait_until(landed, timeout=60, interval=0.2):
+        context = events(fleet, "route", request_id) + events(fleet, "retry", request_id)
+        raise AssertionError(f"failover events: {found}; route/retry events: {context}")
     assert len(found) == 1, found
     return found[0]
 
@@ -146,7 +149,7 @@ def test_adaptive_keeps_conversation_on_one_vllm_replica(pool: Pool, tmp_path: P
                 model=MODEL, messages=messages, temperature=0, max_tokens=64
             )
             reply = raw.parse().choices[0].message.content or ""
-            with AdminClient(fleet.control.ready) as admin:
+            with AdminClient(fleet.control.ready, timeout=30.0) as admin:
                 served.append(serving(admin, raw.headers["x-request-id"]))
             messages.append({"role": "assistant", "content": reply})
         after = {e.name: prefix_hits(e) for e in engines}
