@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import sys
-import threading
 import time
 import urllib.request
 from collections import Counter
@@ -49,8 +48,8 @@ from bench.chaos_fleet import (
 )
 from bench.failover import Reference, make_prompts, reference
 from bench.overhead import await_serving
-from bench.parts import MODEL, shim_argv, sim_argv
-from clients.procs import Part, StartFailed
+from bench.parts import MODEL, shim_argv
+from clients.procs import StartFailed
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "chaos.json"
 SOAK_FACTOR = 10
@@ -143,19 +142,8 @@ class ChaosFleet(Fleet):
     a data dir and can be restarted on its own address, and two shims."""
 
     def __init__(self, logdir: Path, backends: int) -> None:
-        self._logdir = logdir
-        self._lock = threading.Lock()
-        self._closed = False
-        self._others: list[Part] = []
-        self.sims: dict[str, Part] = {}
-        self.ports: dict[str, int] = {}
-        self.up_since: dict[str, float | None] = {}
-        logdir.mkdir(parents=True, exist_ok=True)
+        self._init_sims(logdir, backends)
         try:
-            for sid in (f"s{i}" for i in range(backends)):
-                self.sims[sid] = self._start(sid, sim_argv("127.0.0.1:0"), other=False)
-                self.ports[sid] = int(self.sims[sid].ready.rsplit(":", 1)[1])
-                self.up_since[sid] = time.monotonic()
             self._config = logdir / "chaos.control.toml"
             self._config.write_text(fleet_toml(self.sims))
             self._data = logdir / "chaos.data"

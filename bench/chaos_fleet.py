@@ -67,6 +67,21 @@ class Fleet:
     """Real processes; `close()` stops every one of them, including sims restarted later."""
 
     def __init__(self, logdir: Path, backends: int) -> None:
+        self._init_sims(logdir, backends)
+        try:
+            # Outside the fleet, prefix cache off: every floor sample pays its whole prefill.
+            self.floor = self._start("floor", sim_argv("127.0.0.1:0", "--cache-blocks", "0"))
+            config = logdir / "failover.control.toml"
+            config.write_text(fleet_toml(self.sims))
+            self.control = self._start("control", control_argv(str(config)))
+            self.shim = self._start("shim", shim_argv(self.control.ready))
+        except BaseException:
+            self.close()
+            raise
+
+    def _init_sims(self, logdir: Path, backends: int) -> None:
+        """The sims s0..s{backends-1} and the bookkeeping chaos() and restart() rely on (a
+        subclass starts its own control and shims after this)."""
         self._logdir = logdir
         self._lock = threading.Lock()
         self._closed = False
@@ -81,12 +96,6 @@ class Fleet:
                 self.sims[sid] = self._start(sid, self._sim_argv(sid, 0), other=False)
                 self.ports[sid] = int(self.sims[sid].ready.rsplit(":", 1)[1])
                 self.up_since[sid] = time.monotonic()
-            # Outside the fleet, prefix cache off: every floor sample pays its whole prefill.
-            self.floor = self._start("floor", sim_argv("127.0.0.1:0", "--cache-blocks", "0"))
-            config = logdir / "failover.control.toml"
-            config.write_text(fleet_toml(self.sims))
-            self.control = self._start("control", control_argv(str(config)))
-            self.shim = self._start("shim", shim_argv(self.control.ready))
         except BaseException:
             self.close()
             raise

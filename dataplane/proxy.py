@@ -23,6 +23,7 @@ from dataplane.oracle import Oracle, Outcome
 from dataplane.settings import ResumeSettings
 from dataplane.shape import reply_hash
 from dataplane.speculative import SpecServer
+from dataplane.stitch import choice_text_whole
 from dataplane.streaming import StreamRelay, with_token_ids
 from dataplane.validate import ClientRequest, Endpoint
 
@@ -248,6 +249,4 @@ def _chat_reply(answer: dict[str, Any], client: ClientRequest) -> str | None:
     """The assistant's text of a whole chat answer (choice 0), for the next turn's pin."""
     if client.endpoint is not Endpoint.CHAT:
         return None
-    message = answer["choices"][0].get("message")
-    content = message.get("content") if isinstance(message, dict) else None
-    return content if isinstance(content, str) else None
+    return choice_text_whole(answer["choices"][0]) or None

@@ -28,7 +28,14 @@ from dataplane.resume import (
     plan_resume,
 )
 from dataplane.settings import ResumeSettings
-from dataplane.stitch import FAILED_FINISH, Stitcher, StopMatcher, choice_text, malformed
+from dataplane.stitch import (
+    FAILED_FINISH,
+    Stitcher,
+    StopMatcher,
+    choice_text,
+    choice_text_whole,
+    malformed,
+)
 from dataplane.upstream_sse import StreamFailed, each_event
 from dataplane.validate import ClientRequest, Endpoint
 
@@ -384,13 +391,6 @@ def discard(early: asyncio.Task[Started]) -> None:
         early.cancel()
     elif not early.cancelled() and early.exception() is None:
         early.result().upstream.close()
-
-
-def choice_text_whole(choice: dict[str, Any]) -> str:
-    """The text of a non-streamed choice, chat or completion."""
-    message = choice.get("message")
-    text = message.get("content") if isinstance(message, dict) else choice.get("text")
-    return text if isinstance(text, str) else ""
 
 
 def _assistant_prefill(body: dict[str, Any]) -> str:

@@ -43,6 +43,13 @@ def choice_text(choice: dict[str, Any], chat: bool) -> str:
     return choice.get("text") or ""
 
 
+def choice_text_whole(choice: dict[str, Any]) -> str:
+    """The text of a non-streamed choice, chat or completion."""
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    return text if isinstance(text, str) else ""
+
+
 def _ids_or_none(v: Any) -> bool:
     return v is None or (
         isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
