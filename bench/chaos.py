@@ -49,7 +49,8 @@ from bench.chaos_fleet import (
 from bench.failover import Reference, make_prompts, reference
 from bench.overhead import await_serving
 from bench.parts import MODEL, shim_argv
-from clients.procs import StartFailed
+from bench.sim_zygote import Forked
+from clients.procs import Part, StartFailed
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "chaos.json"
 SOAK_FACTOR = 10
@@ -116,8 +117,10 @@ def http_get(url: str) -> str:
 def metric_sum(text: str, name: str, labels: str = "") -> float:
     total = 0.0
     for line in text.splitlines():
-        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{") and (
-            labels in line
+        if (
+            line.startswith(name)
+            and line[len(name) : len(name) + 1] in (" ", "{")
+            and (labels in line)
         ):
             total += float(line.rsplit(" ", 1)[1])
     return total
@@ -184,9 +187,9 @@ class ChaosFleet(Fleet):
 
     def processes(self) -> dict[str, int]:
         with self._lock:
-            named = {"control": self.control, **{f"shim{i}": s for i, s in enumerate(self.shims)},
-                     **self.sims}  # fmt: skip
-        return {name: p.proc.pid for name, p in named.items() if p.alive}
+            shims = {f"shim{i}": s for i, s in enumerate(self.shims)}
+            named: dict[str, Part | Forked] = {"control": self.control, **shims, **self.sims}
+        return {name: p.pid for name, p in named.items() if p.alive}
 
 
 def rss_kib(pids: Mapping[str, int]) -> dict[str, int]:

@@ -25,6 +25,7 @@ import aiohttp
 import orjson
 
 from bench.parts import MODEL, control_argv, control_toml, shim_argv, sim_argv
+from bench.sim_zygote import Forked, Zygote
 from clients.procs import Part, StartFailed
 
 PROBE_INTERVAL = 0.2
@@ -81,19 +82,22 @@ class Fleet:
 
     def _init_sims(self, logdir: Path, backends: int) -> None:
         """The sims s0..s{backends-1} and the bookkeeping chaos() and restart() rely on (a
-        subclass starts its own control and shims after this)."""
+        subclass starts its own control and shims after this). Fleet sims are forked from a
+        warm parent (bench/sim_zygote.py): their restarts must not take the router's CPU."""
         self._logdir = logdir
         self._lock = threading.Lock()
         self._closed = False
         self._others: list[Part] = []
-        self.sims: dict[str, Part] = {}
+        self.sims: dict[str, Forked] = {}
         self.ports: dict[str, int] = {}
         self.up_since: dict[str, float | None] = {}
         logdir.mkdir(parents=True, exist_ok=True)
+        with (logdir / "failover.sims.log").open("ab") as log:
+            self._zygote = Zygote(stderr=log.fileno())
         try:
             for sid in (f"s{i}" for i in range(backends)):
                 self.timing_path(sid).unlink(missing_ok=True)
-                self.sims[sid] = self._start(sid, self._sim_argv(sid, 0), other=False)
+                self.sims[sid] = self._zygote.spawn(sid, self._sim_argv(sid, 0)[1:])
                 self.ports[sid] = int(self.sims[sid].ready.rsplit(":", 1)[1])
                 self.up_since[sid] = time.monotonic()
         except BaseException:
@@ -123,8 +127,6 @@ class Fleet:
             part = self.sims[sid]
         at = time.monotonic()
         part.kill()  # waits for the exit
-        if part.proc.stdout:
-            part.proc.stdout.close()
         return at
 
     def restart(self, sid: str) -> bool:
@@ -133,7 +135,7 @@ class Fleet:
             if self._closed:
                 return False
             try:
-                part = self._start(sid, self._sim_argv(sid, self.ports[sid]), other=False)
+                part = self._zygote.spawn(sid, self._sim_argv(sid, self.ports[sid])[1:])
             except StartFailed:
                 time.sleep(0.25)
                 continue
@@ -155,13 +157,14 @@ class Fleet:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            parts = [*reversed(self._others), *self.sims.values()]
+            parts: list[Part | Forked] = [*reversed(self._others), *self.sims.values()]
         for part in parts:
             with contextlib.suppress(Exception):
                 part.stop(3.0)
+        self._zygote.close()
 
 
-def fleet_toml(sims: Mapping[str, Part]) -> str:
+def fleet_toml(sims: Mapping[str, Forked]) -> str:
     return control_toml({sid: p.ready for sid, p in sims.items()}, probe_interval=PROBE_INTERVAL)
 
 

@@ -67,6 +67,10 @@ class Part:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole process group, so an engine's children die with it."""
         if self.alive:

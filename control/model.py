@@ -42,6 +42,15 @@ class Reason(StrEnum):
     UNKNOWN_MODEL = "unknown-model"
 
 
+# The cheap GET each kind of backend answers: control's health probes, the shim's standby
+# connections. A generic OpenAI-compatible server need not have /health; /v1/models is in the API.
+PROBE_PATH = {
+    BackendKind.VLLM: "/health",
+    BackendKind.SGLANG: "/health",
+    BackendKind.OPENAI: "/v1/models",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Backend:
     id: BackendId

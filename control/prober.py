@@ -13,15 +13,8 @@ import aiohttp
 from control.config import ProbeSettings
 from control.facts import Facts
 from control.facts_fetch import fetch_facts
-from control.model import Backend, BackendKind
+from control.model import PROBE_PATH, Backend
 from control.registry import Registry
-
-PROBE_PATH = {
-    BackendKind.VLLM: "/health",
-    BackendKind.SGLANG: "/health",
-    # A generic OpenAI-compatible server need not have /health; /v1/models is in the API.
-    BackendKind.OPENAI: "/v1/models",
-}
 
 
 async def probe_once(session: aiohttp.ClientSession, backend: Backend, timeout: float) -> str:

@@ -115,6 +115,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="parallel: resume from the exact prefix and verify the overlap "
         "in a side request (no added gap); inline: resume m tokens early",
     )
+    resume.add_argument(
+        "--standby-connections",
+        type=int,
+        default=4,
+        metavar="N",
+        help="connections kept open to every routable backend for resumes, so a failover "
+        "does not wait for a handshake (0 = none)",
+    )
     resume.add_argument("--max-resumes", type=int, default=3, help="failovers per request")
     resume.add_argument("--max-resume-seconds", type=float, default=30.0)
     resume.add_argument(
@@ -140,6 +148,8 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
         keys = load_keys(args.api_keys_file)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"--api-keys-file: {exc}") from None
+    if args.standby_connections < 0:
+        raise SystemExit("--standby-connections must not be negative")
     if args.route_timeout <= 0 or args.shutdown_grace < 0:
         raise SystemExit("--route-timeout must be positive and --shutdown-grace not negative")
     return ShimSettings(
@@ -158,6 +168,7 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
             resume=ResumeSettings(
                 seam_tokens=args.seam_tokens,
                 seam_mode=args.seam_mode,
+                standby_connections=args.standby_connections,
                 max_resumes=args.max_resumes,
                 max_resume_seconds=args.max_resume_seconds,
                 first_token_timeout=args.first_token_timeout,

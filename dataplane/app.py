@@ -3,12 +3,15 @@ cleanup contexts so they open before the first request and close after the last.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
 
+from control.model import Backend
 from control.tracing import tracing_from_env
 from dataplane.handlers import (
     LIMITS,
@@ -27,6 +30,7 @@ from dataplane.limits import Limits, StreamSlots
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import GrpcOracle
 from dataplane.proxy import Proxy, ProxySettings
+from dataplane.standby import Standby
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,21 +62,45 @@ def make_app(settings: ShimSettings) -> web.Application:
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         oracle = GrpcOracle(settings.control, route_timeout=settings.route_timeout)
-        connector = aiohttp.TCPConnector(
-            limit=settings.max_connections, keepalive_timeout=settings.keepalive_timeout
-        )
-        async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        # Resumes get a pool of their own, kept warm by Standby.
+        async with _session(settings) as session, _session(settings) as resumes:
             await oracle.start()
             app[ORACLE] = oracle
             metrics = ShimMetrics(oracle.link_stats)
             app[METRICS] = metrics
             tracing = tracing_from_env("baton-shim")
             app[TRACING] = tracing
-            app[PROXY] = Proxy(session, oracle, settings.proxy, metrics, tracing)
+            app[PROXY] = Proxy(session, oracle, settings.proxy, metrics, tracing, resumes)
+            spare = settings.proxy.resume.standby_connections
+            standby = Standby(
+                resumes, lambda: resume_targets(oracle), spare, settings.keepalive_timeout / 3
+            )
+            warming = asyncio.create_task(standby.run()) if spare > 0 else None
             yield
+            if warming is not None:
+                warming.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await warming
             await oracle.close()
             tracing.shutdown()  # flush the last spans
 
     app.cleanup_ctx.append(resources)
     add_routes(app)
     return app
+
+
+def _session(settings: ShimSettings) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(
+        limit=settings.max_connections, keepalive_timeout=settings.keepalive_timeout
+    )
+    return aiohttp.ClientSession(connector=connector, auto_decompress=False)
+
+
+def resume_targets(oracle: GrpcOracle) -> list[Backend]:
+    """Where a stream may resume, by the last snapshot: routable backends that serve
+    clients and are not being drained."""
+    return [
+        s.backend
+        for s in oracle.fleet.snapshot.backends
+        if s.routable and s.backend.serves_clients and not s.migrating
+    ]

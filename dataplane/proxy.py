@@ -25,6 +25,7 @@ from dataplane.shape import reply_hash
 from dataplane.speculative import SpecServer
 from dataplane.stitch import choice_text_whole
 from dataplane.streaming import StreamRelay, with_token_ids
+from dataplane.upstream_sse import settle
 from dataplane.validate import ClientRequest, Endpoint
 
 log = logging.getLogger("baton.shim")
@@ -59,7 +60,11 @@ class Proxy:
         settings: ProxySettings,
         metrics: ShimMetrics,
         tracing: Tracing = OFF,
+        resumes: aiohttp.ClientSession | None = None,
     ) -> None:
+        """`resumes`: the session failovers resume on (standby.py keeps it warm); default
+        `session`."""
+        self._resumes = resumes or session
         self._metrics = metrics
         self._tracing = tracing
         self._session = session
@@ -105,10 +110,14 @@ class Proxy:
     ) -> web.StreamResponse:
         """One backend: raises AttemptFailed while nothing has reached the client yet."""
         upstream = await self._open(ex, backend)
+        settling = False  # handed to _settle: its connection goes back to the pool
         try:
             if ex.client.stream and upstream.status == 200:
                 fallbacks = decision.backends[attempt + 1 :]
-                return await self._relay_stream(request, ex, backend, upstream, fallbacks)
+                resp, settling = await self._relay_stream(
+                    request, ex, backend, upstream, fallbacks
+                )
+                return resp
             return await self._relay_whole(ex, backend, upstream)
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away: closing the upstream (below) stops the generation,
@@ -116,7 +125,8 @@ class Proxy:
             self._oracle.finished(Outcome(ex.request_id, backend.id, ex.client.model, False, 499))
             raise
         finally:
-            upstream.close()
+            if not settling:
+                upstream.close()
 
     async def _open(self, ex: Exchange, backend: Backend) -> aiohttp.ClientResponse:
         body = with_token_ids(ex.client, backend, ex.raw)
@@ -163,7 +173,8 @@ class Proxy:
         backend: Backend,
         upstream: aiohttp.ClientResponse,
         fallbacks: tuple[Backend, ...],
-    ) -> web.StreamResponse:
+    ) -> tuple[web.StreamResponse, bool]:
+        """The response, and whether `upstream` was handed to _settle."""
         # Read the first piece before sending headers: a backend that dies before its first
         # byte is still retried invisibly, and the client gets a 200 from whoever answers.
         try:
@@ -177,7 +188,7 @@ class Proxy:
         )
         await resp.prepare(request)
         relay = StreamRelay(
-            session=self._session,
+            session=self._resumes,
             oracle=self._oracle,
             timeouts=self._settings.timeouts,
             settings=self._settings.resume,
@@ -191,13 +202,27 @@ class Proxy:
             tracing=self._tracing,
         )
         try:
-            complete = await relay.run(backend, upstream, first)
+            try:
+                complete = await relay.run(backend, upstream, first)
+            finally:
+                ex.first_byte = relay.first_byte
+            reply = relay.stitcher.choices[0].text if complete and relay.stitcher.choices else None
+            self._finished(ex, relay.served_by or backend, 200 if complete else 502, reply)
+            await resp.write_eof()
+            finished = relay.finished_upstreams()
+            self._settle(finished)
         finally:
-            ex.first_byte = relay.first_byte
-        reply = relay.stitcher.choices[0].text if complete and relay.stitcher.choices else None
-        self._finished(ex, relay.served_by or backend, 200 if complete else 502, reply)
-        await resp.write_eof()
-        return resp
+            relay.close()
+        return resp, any(u is upstream for u in finished)
+
+    def _settle(self, upstreams: list[aiohttp.ClientResponse]) -> None:
+        """Give finished upstream connections back to the pool, after the handler: a client
+        that hangs up after its [DONE] must not cancel it, nor wait for it."""
+        if not upstreams:
+            return
+        task = asyncio.create_task(_settle_all(upstreams))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _finished(
         self, ex: Exchange, backend: Backend, status: int, reply: str | None = None
@@ -230,6 +255,10 @@ class Proxy:
         # Keep a reference until done so the report isn't garbage-collected mid-flight.
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+async def _settle_all(upstreams: list[aiohttp.ClientResponse]) -> None:
+    await asyncio.gather(*(settle(u) for u in upstreams))
 
 
 def _answer(body: bytes) -> dict[str, Any]:

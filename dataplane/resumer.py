@@ -95,8 +95,12 @@ class Resumer:
         stitcher: Stitcher,
         write: Callable[[bytes], Awaitable[None]],
         handover: Handover,
+        trailers: list[aiohttp.ClientResponse] | None = None,
     ) -> None:
+        """`trailers`: where a finished resume's response goes to be settled (upstream_sse.settle)
+        by the owner; without it, it is closed at once."""
         self._handover = handover
+        self._trailers = trailers
         self._session = session
         self._timeouts = timeouts
         self._settings = settings
@@ -123,21 +127,21 @@ class Resumer:
         backend: Backend,
         p: ChoiceProgress,
         detected: float,
-        early: asyncio.Task[Started] | None = None,
+        early: Started | None = None,
     ) -> ChoiceResume:
-        """Resume `p` on `backend` to its end. `early`: a start() already under way (opened
-        while control was deciding, on the backend it decided)."""
+        """Resume `p` on `backend` to its end. `early`: a start() already open there (this
+        call owns it from now on)."""
         result = ChoiceResume()
         if tokens_left(self._client, p) == 0:
             if early is not None:
-                discard(early)
+                early.upstream.close()
             return await self._finish_exhausted(backend, p, result)
         exact = self._settings.seam_mode == "parallel"
         verify: asyncio.Task[Seam] | None = None
         try:
             while True:
                 try:
-                    started = await (early or self.start(backend, p, exact=exact))
+                    started = early or await self.start(backend, p, exact=exact)
                 except Refused as why:
                     result.failure, result.detail = "refused", str(why)
                     return result
@@ -154,6 +158,7 @@ class Resumer:
                 elif result.seam is None and verify is None:  # a divergent try keeps its verdict
                     result.seam = plan.seam if plan.seam is not Seam.VERIFIED else None
                 seam = SeamCheck(plan.overlap_ids, plan.overlap_text)
+                outcome = ""
                 stops = (
                     StopMatcher(
                         _stops(self._client),
@@ -171,7 +176,11 @@ class Resumer:
                     result.failure, result.detail = failed.failure, str(failed)
                     return result
                 finally:
-                    started.upstream.close()
+                    if self._trailers is None or outcome != "finished":
+                        started.upstream.close()  # also stops a generation still running
+                    else:
+                        # Its generation is over: settled once the client has its ending.
+                        self._trailers.append(started.upstream)
                 if outcome == "divergent":
                     result.seam, exact = Seam.DIVERGENT, True
                     continue
@@ -184,8 +193,8 @@ class Resumer:
         finally:
             if verify is not None:  # the resume failed: its verdict no longer matters
                 verify.cancel()
-            if early is not None:
-                discard(early)
+            if early is not None:  # never relayed
+                early.upstream.close()
 
     async def _verify(self, backend: Backend, check: ResumePlan, flowing: asyncio.Event) -> Seam:
         """Would `backend` regenerate the overlap the client already has? One short,
@@ -383,14 +392,6 @@ def _stops(client: ClientRequest) -> list[str]:
     if isinstance(stop, str):
         return [stop]
     return list(stop or [])
-
-
-def discard(early: asyncio.Task[Started]) -> None:
-    """Drop a speculative start: cancel it, or close what it opened."""
-    if not early.done():
-        early.cancel()
-    elif not early.cancelled() and early.exception() is None:
-        early.result().upstream.close()
 
 
 def _assistant_prefill(body: dict[str, Any]) -> str:

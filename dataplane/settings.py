@@ -15,3 +15,5 @@ class ResumeSettings:
     # parallel: stream from the exact prefix and verify the overlap in a side request;
     # inline: resume m tokens early and check them before sending (costs m decode steps).
     seam_mode: str = "parallel"
+    # Connections kept open to every routable backend for resumes (standby.py); 0 = none.
+    standby_connections: int = 4

@@ -10,7 +10,6 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 import aiohttp
 import orjson
@@ -20,7 +19,7 @@ from control.model import Backend, RequestShape
 from control.tracing import OFF, Tracing
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget
-from dataplane.forward import Timeouts
+from dataplane.forward import AttemptFailed, Timeouts
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import ControlUnavailable, FailoverReport, Oracle
 from dataplane.resume import ChoiceProgress, Refused, Seam, plan_resume
@@ -30,7 +29,6 @@ from dataplane.resumer import (
     ChoiceResume,
     Resumer,
     Started,
-    discard,
     tokens_left,
 )
 from dataplane.settings import ResumeSettings
@@ -76,6 +74,8 @@ class StreamRelay:
         self._fallbacks = tuple(fallbacks)
         self._budget = RetryBudget(settings.max_resumes, settings.max_resume_seconds)
         self.stitcher = Stitcher(client, strip_ids=not client.body.get("return_token_ids"))
+        # Upstream responses whose generation is over, settled (or closed) by settle()/close().
+        self._trailers: list[aiohttp.ClientResponse] = []
         self._resumer = Resumer(
             session=session,
             timeouts=timeouts,
@@ -84,6 +84,7 @@ class StreamRelay:
             stitcher=self.stitcher,
             write=self._write,
             handover=self,
+            trailers=self._trailers,
         )
         self.first_byte: float | None = None
         self.served_by: Backend | None = None
@@ -106,8 +107,22 @@ class StreamRelay:
                 upstream.close()
                 moved = StreamFailed(Failure.MIGRATE, f"{backend.id} drained with migration")
                 return await self._failover(backend, moved, target)
+            self._trailers.append(upstream)  # it sent [DONE]
         await self._resp.write(self.stitcher.ending())
         return True
+
+    def finished_upstreams(self) -> list[aiohttp.ClientResponse]:
+        """Hands over the upstream responses whose generation is over, for the caller to
+        settle (upstream_sse.settle) once the client's answer is complete."""
+        out = list(self._trailers)
+        self._trailers.clear()
+        return out
+
+    def close(self) -> None:
+        """Drop every upstream still held (the client left, or the answer failed)."""
+        for t in self._trailers:
+            t.close()
+        self._trailers.clear()
 
     # -- migration (Handover, for the resumer too) -----------------------------------------
 
@@ -215,7 +230,7 @@ class StreamRelay:
                 return await self._give_up(
                     failed_backend, failure, attempt, "exhausted", "resume budget exhausted" + note
                 )
-            early: dict[int, asyncio.Task[Started]] = {}
+            early: dict[int, Started] = {}
             backend = decided
             if backend is None:
                 backend, early = await self._choose(failed_backend, failure, exclude, pending)
@@ -230,9 +245,9 @@ class StreamRelay:
                 failure,
                 backend.id,
             )
-            results = await asyncio.gather(
-                *(self._resumer.run(backend, p, detected, early.get(p.index)) for p in pending)
-            )
+            runs = [self._resumer.run(backend, p, detected, early.get(p.index)) for p in pending]
+            # One choice, the usual case, needs no task: one event-loop turn less per gap.
+            results = [await runs[0]] if len(runs) == 1 else list(await asyncio.gather(*runs))
             for p, r in zip(pending, results, strict=True):
                 self._report(
                     r,
@@ -297,58 +312,56 @@ class StreamRelay:
         failure: str,
         exclude: list[str],
         pending: list[ChoiceProgress],
-    ) -> tuple[Backend | None, dict[int, asyncio.Task[Started]]]:
-        """Control decides where to resume, but it was already asked once: the route's
-        fallbacks are its preferred answer. The resume opens there while control decides
-        (those starts come back with the answer); if it picks another backend they are
-        dropped."""
+    ) -> tuple[Backend | None, dict[int, Started]]:
+        """Where to resume. Control was asked at route time already: the route's next
+        fallback, in control's order, is its answer given in advance, so the resume opens
+        there at once. Control's Failover answer, asked in parallel (it demotes the failed
+        backend and keeps the books), is used only when that fallback cannot take the
+        resume: waiting for it would put a control round trip into every gap. Returns the
+        backend and, when it is the fallback, the resumes already open there."""
         gone = {failed_backend.id, *exclude, *self._oracle.fleet.migrating}
         preferred = [b for b in self._fallbacks if b.id not in gone]
-        early: dict[int, asyncio.Task[Started]] = {}
-        if preferred:
-            exact = self._settings.seam_mode == "parallel"
-            early = {
-                p.index: asyncio.create_task(self._resumer.start(preferred[0], p, exact=exact))
-                for p in pending
-                if tokens_left(self._client, p) != 0
-            }
         rpc = asyncio.ensure_future(
-            self._oracle_failover(failed_backend, failure, exclude, [b.id for b in preferred])
+            self._oracle_failover(
+                failed_backend, failure, exclude, [b.id for b in preferred], after=bool(preferred)
+            )
         )
         try:
-            if await self._fallback_answered(rpc, early):
-                # The route's own next fallback (control's order, chosen at route time) has
-                # already accepted the resume: go on there now. Control's answer, still on
-                # its way, demotes the failed backend and keeps the books; waiting for it
-                # would put a control round trip into every gap.
-                self._keep(rpc)
-                return preferred[0], early
-            backend = await rpc
+            if preferred:
+                opened = await self._open_all(preferred[0], pending)
+                if opened is not None:
+                    self._keep(rpc)
+                    return preferred[0], opened
+            return await rpc, {}
         except BaseException:
             rpc.cancel()
-            for task in early.values():
-                discard(task)
             raise
-        if backend is None or not preferred or backend.id != preferred[0].id:
-            for task in early.values():
-                discard(task)
-            early = {}
-        return backend, early
 
-    @staticmethod
-    async def _fallback_answered(
-        rpc: asyncio.Future[Backend | None], early: dict[int, asyncio.Task[Started]]
-    ) -> bool:
-        """Whether every early start on the fallback succeeded before control answered."""
-        while early and not rpc.done():
-            waiting = [t for t in early.values() if not t.done()]
-            if not waiting:
-                return all(not t.cancelled() and t.exception() is None for t in early.values())
-            if any(t.done() and (t.cancelled() or t.exception()) for t in early.values()):
-                return False  # a start failed: control decides
-            pending: list[asyncio.Future[Any]] = [rpc, *waiting]
-            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        return False
+    async def _open_all(
+        self, backend: Backend, pending: list[ChoiceProgress]
+    ) -> dict[int, Started] | None:
+        """Every pending choice's resume opened on `backend`, or None (and nothing left
+        open) if any could not be. One choice, the usual case, opens in this task: a task
+        per start would cost event-loop turns in every gap."""
+        exact = self._settings.seam_mode == "parallel"
+        todo = [p for p in pending if tokens_left(self._client, p) != 0]
+        if len(todo) == 1:
+            try:
+                return {todo[0].index: await self._resumer.start(backend, todo[0], exact=exact)}
+            except (AttemptFailed, Refused):
+                return None
+        got = await asyncio.gather(
+            *(self._resumer.start(backend, p, exact=exact) for p in todo), return_exceptions=True
+        )
+        if all(isinstance(g, Started) for g in got):
+            return {p.index: g for p, g in zip(todo, got, strict=True) if isinstance(g, Started)}
+        for g in got:
+            if isinstance(g, Started):
+                g.upstream.close()
+        for g in got:
+            if not isinstance(g, Started | AttemptFailed | Refused):
+                raise g  # cancelled, or a bug: not a backend's refusal
+        return None
 
     def _keep(self, task: asyncio.Future[Backend | None]) -> None:
         """Let control's late answer finish in the background (its failure is not ours)."""
@@ -402,8 +415,19 @@ class StreamRelay:
         self._oracle.report_failover(report)
 
     async def _oracle_failover(
-        self, failed: Backend, failure: str, exclude: list[str], preferred: Sequence[str]
+        self,
+        failed: Backend,
+        failure: str,
+        exclude: list[str],
+        preferred: Sequence[str],
+        after: bool = False,
     ) -> Backend | None:
+        """Control's choice of a backend to resume on. `after`: a resume is being opened on the
+        route's fallback in this same loop turn; yield once first so its request goes out
+        before this call's serialization (aiohttp writes a request body in a task of its
+        own on Python 3.11, queued behind this one)."""
+        if after:
+            await asyncio.sleep(0)
         try:
             decision = await self._oracle.failover(
                 self._rid,

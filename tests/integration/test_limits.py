@@ -118,11 +118,13 @@ class FakeBackend:
 def custom_fleet(
     tmp_path: Path, backends: list[tuple[str, str]], *shim_args: str,
     shim_env: dict[str, str] | None = None, probe_interval: float = 0.2, control_extra: str = "",
+    kind: str = "vllm",
 ) -> Iterator[tuple[Any, Any]]:  # fmt: skip
-    """Control over the given backend URLs and one shim: (control, shim) parts."""
+    """Control over the given backend URLs (all of `kind`) and one shim: (control, shim)."""
     config = write_config(
-        tmp_path / "control.toml", backends, probe_interval=probe_interval, extra=control_extra
-    )
+        tmp_path / "control.toml", backends, probe_interval=probe_interval, extra=control_extra,
+        kind=kind,
+    )  # fmt: skip
     control = start_control(config)
     try:
         shim = start_shim(control.ready, *shim_args, env=shim_env)
