@@ -8,7 +8,10 @@ control and one shim run as real processes (bench/chaos_fleet.py). Phases, in on
 2. No-kill overhead: N/4 streams direct (round robin over the sims, so each sim carries the same
    batch as behind the shim), then N/4 through the shim, both at concurrency C.
 3. Chaos: N streams through the shim at concurrency C while a sim is SIGKILLed every ~kill-every
-   seconds and restarted on its old port 0.1-0.5 s later (never leaving no settled sim).
+   seconds and restarted on its old port 0.1-0.5 s later (never leaving no settled sim). Sims
+   are forked from a warm parent (bench/sim_zygote.py): a cold `python -m sim` start burns
+   ~0.7 CPU-s, which at this kill rate took about a core of the 2-core machine from the
+   router being measured, and none from the floor phases.
 4. Engine floor: every sim logs its own TTFT per request (`--timing-log`); each resume is found
    in its new backend's log by its exact prompt ids, so the floor of that failover is what the
    engine itself needed, at that moment and under that load (the kill's other resumes queued on
@@ -21,6 +24,9 @@ control and one shim run as real processes (bench/chaos_fleet.py). Phases, in on
    model with its prefix cache OFF: each sample pays its full prefill (at most ~1.6 ms here), the
    most a resume target could pay, with no batch and no CPU contention. Its TTFT includes the
    client's HTTP round trip; the shim's gap includes the control Failover RPC and the stitching.
+6. Floor under load: each kill's resumes sent together, directly, to the backend that took them,
+   while the same closed-loop load as the chaos phase runs through the shim (so the machine is
+   as busy as it was): the strictest of the floors.
 
 Prints a table and PASS/FAIL lines (benchmarks never gate) and writes JSON: the summary, every
 client record, failover event, kill and restart, for a breakdown after the fact. "machine CPU
@@ -453,12 +459,12 @@ async def floors_under_load(
     """The physical floor under the run's conditions: each kill's resumes, sent together by a
     plain client straight to the backend that took them (its prefix cache warm with the run's
     prompts, as it was), while the fleet carries the run's load (the same closed loop at the
-    same concurrency, direct to the sims). No router in the way: what any client would wait."""
+    same concurrency, through the shim as in the chaos phase, so every process that was busy
+    then is busy now). No router in the way of the resumes: what any client would wait."""
     fleet, plan = ph.fleet, ph.plan
-    sims = list(fleet.sims)
     background = asyncio.create_task(
         load(ph.session, 1_000_000, plan.concurrency, plan.tokens, ph.prompts,
-             lambda i: fleet.sims[sims[i % len(sims)]].ready)
+             lambda i: fleet.shim.ready)
     )  # fmt: skip
     out: list[float] = []
     try:

@@ -68,8 +68,10 @@ class ChoiceResume:
     detail: str = ""
     verdict: asyncio.Task[Seam] | None = None  # a parallel seam check still running
     handover: Backend | None = None  # failure "migrate": where control said to move it
-    # Set at the resumed stream's first event. The seam check waits for it: on a card that
-    # prefills one request at a time it would otherwise delay the resume itself.
+    # Set at the resumed stream's second event (or its end). The seam check waits for it: on
+    # a card that prefills one request at a time it would otherwise delay the resume itself,
+    # and the resumes the same failure sent there (their first tokens come before this
+    # stream's second).
     flowing: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -176,6 +178,7 @@ class Resumer:
                     result.failure, result.detail = failed.failure, str(failed)
                     return result
                 finally:
+                    result.flowing.set()  # a stream that ended early: the check may go now
                     if self._trailers is None or outcome != "finished":
                         started.upstream.close()  # also stops a generation still running
                     else:
@@ -260,8 +263,11 @@ class Resumer:
         chat = endpoint is Endpoint.CHAT
         stitcher = self._stitcher
         ask_after = 0.0  # when control may next be asked where to migrate
+        events = 0
         async for event in each_event(upstream.content, self._settings):
-            result.flowing.set()
+            events += 1
+            if events == 2:
+                result.flowing.set()
             data = event.data
             if event.is_done:
                 break

@@ -6,6 +6,7 @@ unbroken stream or an explicit error event; never a silently truncated one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -37,6 +38,8 @@ from dataplane.upstream_sse import StreamFailed, read_events
 from dataplane.validate import ClientRequest
 
 log = logging.getLogger("baton.shim.stream")
+# Longest a Failover call waits for the resumed stream to flow (see StreamRelay._choose).
+CONTROL_AFTER_S = 0.1
 
 __all__ = ["ResumeSettings", "StreamRelay", "with_token_ids"]
 
@@ -88,6 +91,8 @@ class StreamRelay:
         )
         self.first_byte: float | None = None
         self.served_by: Backend | None = None
+        self._quiet: asyncio.Event | None = None  # set: control may be told of the failure
+        self._quiet_writes = 0  # resumed writes since the failure
         self._ask_after = 0.0  # when control may next be asked where to migrate
 
     async def run(self, backend: Backend, upstream: aiohttp.ClientResponse, first: bytes) -> bool:
@@ -157,6 +162,16 @@ class StreamRelay:
         if self.first_byte is None:
             self.first_byte = time.monotonic()
         await self._resp.write(data)
+        if self._quiet is not None:
+            self._quiet_writes += 1
+            if self._quiet_writes >= 2:
+                self._speak()
+
+    def _speak(self) -> None:
+        """Let a Failover call held back for the resume (see _choose) go."""
+        if self._quiet is not None:
+            self._quiet.set()
+            self._quiet = None
 
     async def _pump(
         self, backend: Backend, upstream: aiohttp.ClientResponse, first: bytes
@@ -248,6 +263,7 @@ class StreamRelay:
             runs = [self._resumer.run(backend, p, detected, early.get(p.index)) for p in pending]
             # One choice, the usual case, needs no task: one event-loop turn less per gap.
             results = [await runs[0]] if len(runs) == 1 else list(await asyncio.gather(*runs))
+            self._speak()  # in case the resume ended before its second write
             for p, r in zip(pending, results, strict=True):
                 self._report(
                     r,
@@ -321,9 +337,14 @@ class StreamRelay:
         backend and, when it is the fallback, the resumes already open there."""
         gone = {failed_backend.id, *exclude, *self._oracle.fleet.migrating}
         preferred = [b for b in self._fallbacks if b.id not in gone]
+        # With a fallback to try, control hears of the failure once the resumed stream is
+        # flowing (its second write, or that fallback failing): its call's work, and that
+        # of the other resumes of the same failure, then stays out of every gap.
+        quiet = self._quiet = asyncio.Event() if preferred else None
+        self._quiet_writes = 0
         rpc = asyncio.ensure_future(
             self._oracle_failover(
-                failed_backend, failure, exclude, [b.id for b in preferred], after=bool(preferred)
+                failed_backend, failure, exclude, [b.id for b in preferred], after=quiet
             )
         )
         try:
@@ -332,6 +353,7 @@ class StreamRelay:
                 if opened is not None:
                     self._keep(rpc)
                     return preferred[0], opened
+            self._speak()
             return await rpc, {}
         except BaseException:
             rpc.cancel()
@@ -420,14 +442,13 @@ class StreamRelay:
         failure: str,
         exclude: list[str],
         preferred: Sequence[str],
-        after: bool = False,
+        after: asyncio.Event | None = None,
     ) -> Backend | None:
-        """Control's choice of a backend to resume on. `after`: a resume is being opened on the
-        route's fallback in this same loop turn; yield once first so its request goes out
-        before this call's serialization (aiohttp writes a request body in a task of its
-        own on Python 3.11, queued behind this one)."""
-        if after:
-            await asyncio.sleep(0)
+        """Control's choice of a backend to resume on. `after`: asked once it is set, or
+        CONTROL_AFTER_S has passed, whichever comes first."""
+        if after is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(after.wait(), CONTROL_AFTER_S)
         try:
             decision = await self._oracle.failover(
                 self._rid,
