@@ -510,7 +510,7 @@ def parse_args(argv: list[str] | None) -> tuple[Plan, Path]:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="40 requests")
-    p.add_argument("--requests", type=int, help="streams in the chaos phase (default 200)")
+    p.add_argument("--requests", type=int, help="streams in the chaos phase (default 400)")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--backends", type=int, default=3)
     p.add_argument("--tokens", type=int, default=64, help="max_tokens per stream")
@@ -520,7 +520,7 @@ def parse_args(argv: list[str] | None) -> tuple[Plan, Path]:
     a = p.parse_args(argv)
     if a.backends < 2:
         p.error("--backends must be at least 2: a resume needs somewhere to go")
-    n = a.requests if a.requests is not None else (40 if a.quick else 200)
+    n = a.requests if a.requests is not None else (40 if a.quick else 400)
     return Plan(n, a.concurrency, a.backends, a.tokens, a.kill_every, a.seed), a.json
 
 

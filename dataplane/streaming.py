@@ -6,10 +6,9 @@ unbroken stream or an explicit error event; never a silently truncated one."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import aiohttp
@@ -38,7 +37,7 @@ from dataplane.upstream_sse import StreamFailed, read_events
 from dataplane.validate import ClientRequest
 
 log = logging.getLogger("baton.shim.stream")
-# Longest a Failover call waits for the resumed stream to flow (see StreamRelay._choose).
+# Longest a Failover call waits for the resumed stream to flow (see StreamRelay._tell_later).
 CONTROL_AFTER_S = 0.1
 
 __all__ = ["ResumeSettings", "StreamRelay", "with_token_ids"]
@@ -91,8 +90,10 @@ class StreamRelay:
         )
         self.first_byte: float | None = None
         self.served_by: Backend | None = None
-        self._quiet: asyncio.Event | None = None  # set: control may be told of the failure
-        self._quiet_writes = 0  # resumed writes since the failure
+        # A Failover call held back until the resumed stream flows (see _choose), and the
+        # resumed writes since it was.
+        self._tell: Callable[[], None] | None = None
+        self._told_after = 0
         self._ask_after = 0.0  # when control may next be asked where to migrate
 
     async def run(self, backend: Backend, upstream: aiohttp.ClientResponse, first: bytes) -> bool:
@@ -162,16 +163,16 @@ class StreamRelay:
         if self.first_byte is None:
             self.first_byte = time.monotonic()
         await self._resp.write(data)
-        if self._quiet is not None:
-            self._quiet_writes += 1
-            if self._quiet_writes >= 2:
+        if self._tell is not None:
+            self._told_after += 1
+            if self._told_after >= 2:
                 self._speak()
 
     def _speak(self) -> None:
-        """Let a Failover call held back for the resume (see _choose) go."""
-        if self._quiet is not None:
-            self._quiet.set()
-            self._quiet = None
+        """Make the Failover call held back for the resume (see _choose), if one is."""
+        tell, self._tell = self._tell, None
+        if tell is not None:
+            tell()
 
     async def _pump(
         self, backend: Backend, upstream: aiohttp.ClientResponse, first: bytes
@@ -331,33 +332,37 @@ class StreamRelay:
     ) -> tuple[Backend | None, dict[int, Started]]:
         """Where to resume. Control was asked at route time already: the route's next
         fallback, in control's order, is its answer given in advance, so the resume opens
-        there at once. Control's Failover answer, asked in parallel (it demotes the failed
-        backend and keeps the books), is used only when that fallback cannot take the
-        resume: waiting for it would put a control round trip into every gap. Returns the
-        backend and, when it is the fallback, the resumes already open there."""
+        there at once, and control is told afterwards (_tell_later). Control's Failover
+        answer is waited for only when that fallback cannot take the resume: waiting for it
+        would put a control round trip into every gap. Returns the backend and, when it is
+        the fallback, the resumes already open there."""
         gone = {failed_backend.id, *exclude, *self._oracle.fleet.migrating}
         preferred = [b for b in self._fallbacks if b.id not in gone]
-        # With a fallback to try, control hears of the failure once the resumed stream is
-        # flowing (its second write, or that fallback failing): its call's work, and that
-        # of the other resumes of the same failure, then stays out of every gap.
-        quiet = self._quiet = asyncio.Event() if preferred else None
-        self._quiet_writes = 0
-        rpc = asyncio.ensure_future(
-            self._oracle_failover(
-                failed_backend, failure, exclude, [b.id for b in preferred], after=quiet
+        ids = [b.id for b in preferred]
+        if preferred:
+            opened = await self._open_all(preferred[0], pending)
+            if opened is not None:
+                self._tell_later(failed_backend, failure, list(exclude), ids)
+                return preferred[0], opened
+        return await self._oracle_failover(failed_backend, failure, exclude, ids), {}
+
+    def _tell_later(
+        self, failed: Backend, failure: str, exclude: list[str], preferred: Sequence[str]
+    ) -> None:
+        """Control hears of the failure (and demotes the backend) once the resumed stream
+        flows: at its second write, or CONTROL_AFTER_S from now if that comes first. Its
+        call's work then stays out of the gap of this resume and of the other resumes the
+        same failure started; its answer only keeps the books."""
+
+        def tell() -> None:
+            timer.cancel()
+            self._keep(
+                asyncio.ensure_future(self._oracle_failover(failed, failure, exclude, preferred))
             )
-        )
-        try:
-            if preferred:
-                opened = await self._open_all(preferred[0], pending)
-                if opened is not None:
-                    self._keep(rpc)
-                    return preferred[0], opened
-            self._speak()
-            return await rpc, {}
-        except BaseException:
-            rpc.cancel()
-            raise
+
+        self._speak()  # an earlier one still held back goes first
+        timer = asyncio.get_running_loop().call_later(CONTROL_AFTER_S, self._speak)
+        self._tell, self._told_after = tell, 0
 
     async def _open_all(
         self, backend: Backend, pending: list[ChoiceProgress]
@@ -442,13 +447,7 @@ class StreamRelay:
         failure: str,
         exclude: list[str],
         preferred: Sequence[str],
-        after: asyncio.Event | None = None,
     ) -> Backend | None:
-        """Control's choice of a backend to resume on. `after`: asked once it is set, or
-        CONTROL_AFTER_S has passed, whichever comes first."""
-        if after is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(after.wait(), CONTROL_AFTER_S)
         try:
             decision = await self._oracle.failover(
                 self._rid,

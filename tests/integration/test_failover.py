@@ -129,6 +129,31 @@ def test_sigkill_from_outside_mid_stream(tmp_path: Path, reference: Part) -> Non
         assert event["from_backend"] == "s0" and event["seam"] == "verified"
 
 
+def test_control_hears_of_the_failure_while_the_resume_streams(
+    tmp_path: Path, reference: Part
+) -> None:
+    # The resume opens on the route's fallback before control is told (its Failover call
+    # waits for the resumed stream to flow): control must still demote the dead backend,
+    # and hear of it before the client's stream is over (probes are too slow to).
+    want = uninterrupted(reference, "completions", max_tokens=40)
+    per_sim = [("--fault", "exit-after=4"), ("--decode-ms-per-step", "20")]
+    with fleet(tmp_path, n=2, per_sim=per_sim, probe_interval=60) as f:
+        c = sdk(f.base_url)
+        text, states = "", []
+        for ch in c.completions.create(
+            model=MODEL, prompt=PROMPT, temperature=0, max_tokens=40, stream=True
+        ):
+            text += ch.choices[0].text if ch.choices else ""
+            if len(text) > 0 and not states and not f.sims["s0"].alive:
+                # Resumed bytes are flowing: ask control (a few tokens of 20 ms each left).
+                wait_until(lambda: f.backends()["s0"]["state"] == "demoted", 0.4)
+                states.append(f.backends()["s0"]["state"])
+        assert text == want
+        assert states == ["demoted"]
+        (event,) = failovers(f)
+        assert (event["from_backend"], event["to_backend"]) == ("s0", "s1")
+
+
 def test_backend_dying_during_the_resume_itself(tmp_path: Path, reference: Part) -> None:
     want = uninterrupted(reference, "completions", max_tokens=TOKENS)
     # s1 and s2 die 3 tokens into their resumes, inside the 4-token seam overlap.
