@@ -36,8 +36,10 @@ class RouteStream:
         self._on_broken = on_broken
         self._timeout = timeout
         self._call: Any = None  # grpc.aio.StreamStreamCall while open
-        # request id -> (answer, deadline on the loop clock)
-        self._pending: dict[str, tuple[asyncio.Future[routing_pb2.RouteResponse], float]] = {}
+        # request id -> (answer, deadline on the loop clock) of each question in flight, oldest
+        # first: one request can have two (a failover's call made late, then its next failover).
+        # An answer goes to the oldest waiter; control answers in the order it was asked.
+        self._pending: dict[str, list[tuple[asyncio.Future[routing_pb2.RouteResponse], float]]] = {}
         self._routes: list[routing_pb2.RouteRequest] = []
         self._failovers: list[routing_pb2.FailoverRequest] = []
         self._outcomes: list[routing_pb2.RequestOutcome] = []
@@ -67,13 +69,17 @@ class RouteStream:
         loop = asyncio.get_running_loop()
         self._start()
         fut: asyncio.Future[routing_pb2.RouteResponse] = loop.create_future()
-        self._pending[request_id] = (fut, loop.time() + self._timeout)
+        entry = (fut, loop.time() + self._timeout)
+        waiting = self._pending.setdefault(request_id, [])
+        waiting.append(entry)
         queue.append(request)
         self._wake.set()
         try:
             return await fut
         finally:
-            self._pending.pop(request_id, None)
+            waiting.remove(entry)
+            if not waiting and self._pending.get(request_id) is waiting:
+                del self._pending[request_id]
 
     def report(self, outcome: routing_pb2.RequestOutcome) -> None:
         """Queued; sent with the next routes, or by flush() when the shim is idle. Bounded:
@@ -124,9 +130,10 @@ class RouteStream:
         try:
             async for msg in call:
                 for result in msg.results:
-                    entry = self._pending.get(result.request_id)
-                    if entry is not None and not entry[0].done():
-                        entry[0].set_result(result.response)
+                    for fut, _ in self._pending.get(result.request_id, ()):
+                        if not fut.done():
+                            fut.set_result(result.response)
+                            break
         except grpc.aio.AioRpcError as exc:
             reason = f"{exc.code().name}: {exc.details()}"
         if self._call is call:
@@ -137,7 +144,7 @@ class RouteStream:
         call, self._call = self._call, None
         if call is not None:
             call.cancel()
-        for fut, _ in self._pending.values():
+        for fut, _ in [e for waiting in self._pending.values() for e in waiting]:
             if not fut.done():
                 fut.set_exception(StreamBroken(reason))
         self._on_broken(reason)
@@ -156,7 +163,7 @@ class RouteStream:
                 self._tasks[0] = asyncio.create_task(self._writer())
                 self._write_started = None
                 self._broken("write timed out")
-            for fut, deadline in list(self._pending.values()):
+            for fut, deadline in [e for waiting in self._pending.values() for e in waiting]:
                 if deadline <= now and not fut.done():
                     fut.set_exception(TimeoutError())
 
