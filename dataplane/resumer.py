@@ -97,10 +97,10 @@ class Resumer:
         stitcher: Stitcher,
         write: Callable[[bytes], Awaitable[None]],
         handover: Handover,
-        trailers: list[aiohttp.ClientResponse] | None = None,
+        trailers: list[aiohttp.ClientResponse],
     ) -> None:
-        """`trailers`: where a finished resume's response goes to be settled (upstream_sse.settle)
-        by the owner; without it, it is closed at once."""
+        """`trailers`: where a finished resume's response goes, for the owner to settle
+        (upstream_sse.settle) once the client's answer is complete."""
         self._handover = handover
         self._trailers = trailers
         self._session = session
@@ -179,11 +179,10 @@ class Resumer:
                     return result
                 finally:
                     result.flowing.set()  # a stream that ended early: the check may go now
-                    if self._trailers is None or outcome != "finished":
-                        started.upstream.close()  # also stops a generation still running
-                    else:
-                        # Its generation is over: settled once the client has its ending.
+                    if outcome == "finished":  # its generation is over: keep the connection
                         self._trailers.append(started.upstream)
+                    else:
+                        started.upstream.close()  # also stops a generation still running
                 if outcome == "divergent":
                     result.seam, exact = Seam.DIVERGENT, True
                     continue

@@ -76,7 +76,7 @@ class StreamRelay:
         self._fallbacks = tuple(fallbacks)
         self._budget = RetryBudget(settings.max_resumes, settings.max_resume_seconds)
         self.stitcher = Stitcher(client, strip_ids=not client.body.get("return_token_ids"))
-        # Upstream responses whose generation is over, settled (or closed) by settle()/close().
+        # Upstream responses whose generation is over: finished_upstreams() hands them over.
         self._trailers: list[aiohttp.ClientResponse] = []
         self._resumer = Resumer(
             session=session,
@@ -90,7 +90,7 @@ class StreamRelay:
         )
         self.first_byte: float | None = None
         self.served_by: Backend | None = None
-        # A Failover call held back until the resumed stream flows (see _choose), and the
+        # A Failover call held back until the resumed stream flows (see _tell_later), and the
         # resumed writes since it was.
         self._tell: Callable[[], None] | None = None
         self._told_after = 0
@@ -169,7 +169,7 @@ class StreamRelay:
                 self._speak()
 
     def _speak(self) -> None:
-        """Make the Failover call held back for the resume (see _choose), if one is."""
+        """Make the Failover call held back for the resume (see _tell_later), if one is."""
         tell, self._tell = self._tell, None
         if tell is not None:
             tell()
