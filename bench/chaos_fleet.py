@@ -97,7 +97,7 @@ class Fleet:
         try:
             for sid in (f"s{i}" for i in range(backends)):
                 self.timing_path(sid).unlink(missing_ok=True)
-                self.sims[sid] = self._zygote.spawn(sid, self._sim_argv(sid, 0)[1:])
+                self.sims[sid] = self._zygote.spawn(sid, self._sim_argv(sid, 0))
                 self.ports[sid] = int(self.sims[sid].ready.rsplit(":", 1)[1])
                 self.up_since[sid] = time.monotonic()
         except BaseException:
@@ -109,15 +109,16 @@ class Fleet:
         return self._logdir / f"failover.{sid}.timing.jsonl"
 
     def _sim_argv(self, sid: str, port: int) -> list[str]:
-        return sim_argv(f"127.0.0.1:{port}", "--timing-log", str(self.timing_path(sid)))
+        """The sim's own arguments (what follows `python -m sim`), for the zygote."""
+        return sim_argv(f"127.0.0.1:{port}", "--timing-log", str(self.timing_path(sid)))[1:]
 
-    def _start(self, name: str, argv: list[str], other: bool = True) -> Part:
+    def _start(self, name: str, argv: list[str]) -> Part:
+        """A part other than the fleet's sims (those come from the zygote)."""
         # Parts log to files: a warning per failover must not garble the table.
         with (self._logdir / f"failover.{name}.log").open("ab") as log:
             part = Part(name, argv, stderr=log.fileno())
-        if other:
-            with self._lock:
-                self._others.append(part)
+        with self._lock:
+            self._others.append(part)
         return part
 
     def kill(self, sid: str) -> float:
@@ -135,7 +136,7 @@ class Fleet:
             if self._closed:
                 return False
             try:
-                part = self._zygote.spawn(sid, self._sim_argv(sid, self.ports[sid])[1:])
+                part = self._zygote.spawn(sid, self._sim_argv(sid, self.ports[sid]))
             except StartFailed:
                 time.sleep(0.25)
                 continue

@@ -23,7 +23,8 @@ control and one shim run as real processes (bench/chaos_fleet.py). Phases, in on
    had to prefill. Measured after the load, one at a time, on a separate sim of the same cost
    model with its prefix cache OFF: each sample pays its full prefill (at most ~1.6 ms here), the
    most a resume target could pay, with no batch and no CPU contention. Its TTFT includes the
-   client's HTTP round trip; the shim's gap includes the control Failover RPC and the stitching.
+   client's HTTP round trip; the shim's gap includes its own hops and the stitching (control
+   is told of the failure once the resumed stream flows, after the gap).
 6. Floor under load: each kill's resumes sent together, directly, to the backend that took them,
    while the same closed-loop load as the chaos phase runs through the shim (so the machine is
    as busy as it was): the strictest of the floors.
