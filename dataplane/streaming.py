@@ -262,8 +262,13 @@ class StreamRelay:
                 backend.id,
             )
             runs = [self._resumer.run(backend, p, detected, early.get(p.index)) for p in pending]
-            # One choice, the usual case, needs no task: one event-loop turn less per gap.
-            results = [await runs[0]] if len(runs) == 1 else list(await asyncio.gather(*runs))
+            try:
+                # One choice, the usual case, needs no task: one event-loop turn less per gap.
+                results = [await runs[0]] if len(runs) == 1 else list(await asyncio.gather(*runs))
+            except BaseException:
+                for started in early.values():  # a run cancelled before it began owns nothing
+                    started.upstream.close()
+                raise
             self._speak()  # in case the resume ended before its second write
             for p, r in zip(pending, results, strict=True):
                 self._report(
