@@ -121,16 +121,22 @@ def run_load(system: System, plan: Plan, target: str, mode: str, conc: int) -> d
         argv.append("--stream")
     if system.cores is not None:
         argv += [a for core in sorted(system.cores.engine) for a in ("--cpu", str(core))]
+    return run_loadgen(argv, plan.warmup + plan.duration + 90, f"for {target} {mode} c={conc}")
+
+
+def run_loadgen(argv: list[str], timeout: float, what: str) -> dict[str, Any]:
+    """Runs a `bench.loadgen` argv to its end and returns the JSON it printed. `what` names
+    the run in the error if it fails."""
     # Own session: Ctrl-C reaches only us, and the finally below ends the child.
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=plan.warmup + plan.duration + 90)
+        out, _ = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     if proc.returncode != 0:
-        raise RuntimeError(f"loadgen exited {proc.returncode} for {target} {mode} c={conc}")
+        raise RuntimeError(f"loadgen exited {proc.returncode} {what}")
     result: dict[str, Any] = json.loads(out)
     return result
 

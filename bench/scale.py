@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import platform
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import stats
-from bench.overhead import await_serving
+from bench.overhead import await_serving, run_loadgen
 from bench.parts import MODEL, control_argv, control_toml, shim_argv, sim_argv
 from clients.procs import Part
 
@@ -78,17 +77,7 @@ def load(plan: Plan, url: str, pids: dict[str, int]) -> dict[str, Any]:
         "--warmup", str(plan.warmup), "--model", MODEL, "--max-tokens", str(plan.tokens),
         *(a for name, pid in pids.items() for a in ("--pid", f"{name}={pid}")),
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=plan.warmup + plan.duration + 90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"loadgen exited {proc.returncode} against {url}")
-    result: dict[str, Any] = json.loads(out)
-    return result
+    return run_loadgen(argv, plan.warmup + plan.duration + 90, f"against {url}")
 
 
 def row(target: str, workers: int, raws: list[dict[str, Any]]) -> Row:

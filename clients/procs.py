@@ -11,6 +11,17 @@ import threading
 from collections.abc import Mapping, Sequence
 
 
+def signal_group(proc: subprocess.Popen[str] | subprocess.Popen[bytes], sig: int) -> None:
+    """Signal `proc`'s process group (it was started in a session of its own); after a
+    SIGKILL, wait for it, so its port and pid are free on return."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    if sig == signal.SIGKILL:
+        proc.wait()
+
+
 class StartFailed(RuntimeError):
     pass
 
@@ -74,11 +85,8 @@ class Part:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole process group, so an engine's children die with it."""
         if self.alive:
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-        if sig == signal.SIGKILL:
+            signal_group(self.proc, sig)
+        elif sig == signal.SIGKILL:
             self.proc.wait()
 
     def stop(self, grace: float = 5.0) -> int:

@@ -14,7 +14,7 @@ import orjson
 from aiohttp import web
 
 from control.model import Backend, Decision, RequestShape
-from control.tracing import OFF, SpanKind, Tracing
+from control.tracing import SpanKind, Tracing
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget, classify_status
 from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
@@ -59,12 +59,12 @@ class Proxy:
         oracle: Oracle,
         settings: ProxySettings,
         metrics: ShimMetrics,
-        tracing: Tracing = OFF,
-        resumes: aiohttp.ClientSession | None = None,
+        tracing: Tracing,
+        resumes: aiohttp.ClientSession,
     ) -> None:
-        """`resumes`: the session failovers resume on (standby.py keeps it warm); default
-        `session`."""
-        self._resumes = resumes or session
+        """`resumes`: the session failovers resume on, a pool of its own that standby.py keeps
+        warm."""
+        self._resumes = resumes
         self._metrics = metrics
         self._tracing = tracing
         self._session = session

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from clients.procs import signal_group
+
 MODEL = "tiny"  # the name every replica serves the tiny model under
 CONTEXT = 4096  # tokens; the tiny model's max_position_embeddings (make_tiny_model.py)
 VLLM_START_S = 240.0  # a cold vLLM start is 30-50 s idle; several at once on 2 cores take longer
@@ -103,12 +105,7 @@ class Engine:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole process group: vLLM's engine core and worker are children that a
         kill of the API server alone would orphan."""
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        if sig == signal.SIGKILL:
-            self.proc.wait()
+        signal_group(self.proc, sig)
 
     def pids_named(self, fragment: str) -> list[int]:
         """Pids in this replica's process group whose command line holds `fragment`

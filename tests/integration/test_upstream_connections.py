@@ -160,8 +160,11 @@ def test_a_resume_goes_out_on_a_connection_opened_before_the_failure(
         with custom_fleet(tmp_path, backends, "--standby-connections", str(spare),
                           kind="openai") as (_, shim):  # fmt: skip
             if spare:
-                # The standby pool has touched the engine (the probe path of kind openai).
-                assert wait_until(lambda: len(engine.requests("GET", "/v1/models")) >= spare)
+                # The standby pool has opened its connections (GETs on the probe path of kind
+                # openai from `spare` client ports; control's own probes come one at a time).
+                assert wait_until(
+                    lambda: len(set(engine.requests("GET", "/v1/models"))) >= spare
+                )
             resumed = None
             for i in range(12):  # routing alternates; bounded until one lands on the sim
                 before = set(engine.requests("GET", "/v1/models"))
