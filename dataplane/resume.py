@@ -48,6 +48,9 @@ SAMPLING_FIELDS = (
     "user",
 )  # fmt: skip
 RECENT_CHUNKS = 64  # per choice, for choosing the seam overlap; bounds memory
+# A seam check regenerates at most this many tokens (the overlap starts at a character
+# boundary, which may lie further back than m when chunks carry several tokens).
+MAX_OVERLAP = 64
 
 
 def static_refusal(body: Mapping[str, Any]) -> str | None:
@@ -77,8 +80,20 @@ class ChoiceProgress:
     prompt_ids: list[int] | None = None
     token_ids: list[int] = field(default_factory=list)
     pieces: list[str] = field(default_factory=list)  # text sent to the client, in order
-    # (token count, text) of the latest chunks that carried tokens, newest last.
-    recent: deque[tuple[int, str]] = field(default_factory=lambda: deque(maxlen=RECENT_CHUNKS))
+    # Character boundaries the client's text is known to end at, newest last: (tokens, text
+    # length) after a one-token chunk that carried text. Byte-level engines (vLLM, the sim)
+    # release a token's text only once the bytes so far decode to whole characters, so after
+    # such a chunk nothing of those tokens is held back; a chunk of several tokens may hold
+    # its last ones back. (0, 0) is the start of the generation. A resume whose prompt ends
+    # at one of these behaves like a fresh request; past the last one the client may lack
+    # the text of some tokens (half a character), which Baton then derives itself.
+    settled: deque[tuple[int, int]] = field(
+        default_factory=lambda: deque([(0, 0)], maxlen=RECENT_CHUNKS)
+    )
+    # False with stop strings: the engine holds back text that could start one, so a chunk's
+    # text says nothing of where the client's text ends.
+    settles: bool = True
+    text_len: int = 0
     # The texts of the latest chunks, newest last (the text path's overlap: one chunk is one
     # token on the engines that stream without ids).
     recent_text: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_CHUNKS))
@@ -89,6 +104,11 @@ class ChoiceProgress:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     tool_call: bool = False
+    # The engine's reasoning parser split this choice's text: the delta field its reasoning
+    # came in ("reasoning", or "reasoning_content" on older engines), and whether the
+    # reasoning is still going on (the end-of-reasoning token not yet generated).
+    reasoning_field: str = ""
+    reasoning: bool = False
 
     @property
     def text(self) -> str:
@@ -100,16 +120,20 @@ class ChoiceProgress:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def add(self, text: str, ids: list[int] | None) -> None:
+    def add(self, text: str, ids: list[int] | None, *, settled: bool = False) -> None:
+        """One chunk's text and ids, as the client got them. `settled`: the caller knows the
+        text covers every one of the ids (Baton decoded them itself)."""
         if text:
             self.pieces.append(text)
             self.recent_text.append(text)
+            self.text_len += len(text)
             self.content_chunks += 1
             if not ids and self.token_ids:
                 self.untracked_chunks += 1
         if ids:
             self.token_ids.extend(ids)
-            self.recent.append((len(ids), text))
+            if self.settles and (settled or (text and len(ids) == 1)):
+                self.settled.append((len(self.token_ids), self.text_len))
 
     @property
     def generated(self) -> int:
@@ -117,24 +141,43 @@ class ChoiceProgress:
             return len(self.token_ids) + self.untracked_chunks
         return self.content_chunks
 
+    def held(self, *, from_start: bool = False) -> Held | None:
+        """The tokens since the last known character boundary and the client's text for
+        them, when the client may lack some of their text; None when it has all of it.
+        `from_start`: since the start of the generation (stop strings: an engine holds
+        back text without regard to boundaries)."""
+        at, text_at = (0, 0) if from_start or not self.settles else self.settled[-1]
+        if not self.token_ids or (at == len(self.token_ids) and not from_start):
+            return None
+        return Held(tuple(self.token_ids[at:]), self.text[text_at:])
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A resume's prompt ends past the last character boundary the client's text is known to
+    end at (or the engine held text back for a stop string). The resumed engine cannot be
+    trusted with the text there: vLLM, primed with a prompt that ends mid-character, sends
+    the whole prompt's text in its first chunk. So Baton derives it: the client gets
+    decode(ids + the new ids)[len(sent):] once that decodes to whole characters."""
+
+    ids: tuple[int, ...]  # generated since the boundary: in the resume's prompt already
+    sent: str  # what the client has of their text
+
 
 def overlap(progress: ChoiceProgress, m: int) -> tuple[int, str]:
-    """The fewest trailing chunks holding at least m tokens that start at a settled boundary:
-    the chunk before them released text (engines hold text back at incomplete UTF-8 or a
-    possible stop string), so their texts joined are what the client got for those tokens.
-    (0, "") when no such boundary lies within the recent chunks."""
-    if m <= 0:
+    """The fewest trailing tokens, at least m, that start at a known character boundary
+    (ChoiceProgress.settled), and the client's text since it: a resume that starts there
+    is primed like a fresh request, and must regenerate exactly those tokens and text.
+    (0, "") when no such boundary is recent enough."""
+    if m <= 0 or not progress.settles:
         return 0, ""
-    chunks = list(progress.recent)
-    covers_all = sum(n for n, _ in chunks) == len(progress.token_ids)
-    tokens = 0
-    for i in range(len(chunks) - 1, -1, -1):
-        tokens += chunks[i][0]
-        if tokens < m:
-            continue
-        settled = bool(chunks[i - 1][1]) if i > 0 else covers_all
-        if settled:
-            return tokens, "".join(text for _, text in chunks[i:])
+    total = len(progress.token_ids)
+    for at, text_at in reversed(progress.settled):
+        n = total - at
+        if n > MAX_OVERLAP:
+            break
+        if n >= m:
+            return n, progress.text[text_at:]
     return 0, ""
 
 
@@ -146,7 +189,9 @@ class ResumePlan:
     overlap_ids: tuple[int, ...]
     overlap_text: str
     seam: Seam  # the verdict if nothing is checked; VERIFIED means "check the overlap"
-    needs_held_text: bool  # token path with stop strings: text the engine held back is lost
+    # Token path, prompt past the last known character boundary (or stop strings): the
+    # resumed text is derived from ids, and stop strings are matched by Baton.
+    held: Held | None = None
     overlap_tokens: int = 0  # tokens the overlap spans: what a side check asks for
 
     @property
@@ -154,12 +199,18 @@ class ResumePlan:
         return bool(self.overlap_ids or self.overlap_text)
 
 
+def tokens_allowed(body: Mapping[str, Any], generated: int) -> int | None:
+    """Tokens the client still allows a choice that has `generated` (None: no limit). Never
+    negative, even when a misbehaving backend sent more than it was asked for."""
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    return None if limit is None else max(0, int(limit) - generated)
+
+
 def _remaining(body: Mapping[str, Any], generated: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    if limit is not None:
-        # Never negative, even when a misbehaving backend sent more than it was asked for.
-        out["max_tokens"] = max(0, limit - generated)
+    left = tokens_allowed(body, generated)
+    if left is not None:
+        out["max_tokens"] = left
     if body.get("min_tokens"):
         out["min_tokens"] = max(0, body["min_tokens"] - generated)
     return out
@@ -175,17 +226,25 @@ def plan_resume(
 ) -> ResumePlan:
     """Raises Refused. `exact`: resume from the exact prefix, no overlap (after a divergent
     seam, so the continuation is conditioned on what the client saw)."""
-    why = static_refusal(client.body)
+    why = refusal(client, progress)
     if why:
         raise Refused(why)
-    if progress.tool_call:
-        raise Refused("a tool call was being streamed; it cannot be resumed faithfully")
     body = client.body
     has_stops = bool(body.get("stop"))
     m = seam_tokens if not exact else 0
     if token_path and progress.prompt_ids is not None:
         return _token_plan(client, progress, m, has_stops)
     return _text_plan(client, progress, m if not has_stops else 0)
+
+
+def refusal(client: ClientRequest, progress: ChoiceProgress) -> str | None:
+    """Why this choice cannot be resumed faithfully now, or None."""
+    why = static_refusal(client.body)
+    if why:
+        return why
+    if progress.tool_call:
+        return "a tool call was being streamed; it cannot be resumed faithfully"
+    return None
 
 
 def _token_plan(
@@ -204,8 +263,16 @@ def _token_plan(
     if seam is Seam.VERIFIED and n_overlap == 0:
         seam = Seam.UNCHECKED
     kept = progress.token_ids[: len(progress.token_ids) - n_overlap]
+    # An overlap starts at a character boundary: the engine's own text is then right. An
+    # exact resume may not: its text is derived (Held).
+    held = progress.held(from_start=has_stops) if n_overlap == 0 else None
     assert progress.prompt_ids is not None  # noqa: S101 - checked by the caller
     request: dict[str, Any] = {k: body[k] for k in SAMPLING_FIELDS if k in body}
+    if held is not None:
+        # Matched by Baton over the derived text: the engine would match them over its own,
+        # which after a cut mid-character starts with the prompt's text.
+        request.pop("stop", None)
+        request.pop("include_stop_str_in_output", None)
     request.update(
         model=client.model,
         prompt=progress.prompt_ids + kept,
@@ -221,7 +288,7 @@ def _token_plan(
         tuple(progress.token_ids[len(kept) :]),
         overlap_text,
         seam,
-        needs_held_text=has_stops and bool(progress.token_ids),
+        held=held,
         overlap_tokens=n_overlap,
     )
 
@@ -251,8 +318,8 @@ def _text_plan(client: ClientRequest, progress: ChoiceProgress, m: int = 0) -> R
         Seam.VERIFIED if overlap_text else Seam.UNCHECKED if client.greedy else Seam.SAMPLED
     )
     plan = functools.partial(
-        ResumePlan, overlap_text=overlap_text, seam=seam, needs_held_text=False,
-        overlap_tokens=n_overlap, overlap_ids=(),
+        ResumePlan, overlap_text=overlap_text, seam=seam, overlap_tokens=n_overlap,
+        overlap_ids=(),
     )  # fmt: skip
     if not progress.text and not progress.token_ids:
         # Nothing of this choice reached the client: start it again as asked.
@@ -315,3 +382,34 @@ class SeamCheck:
             return None
         self.verdict = Seam.VERIFIED
         return self._ids[len(self._want) :], joined[len(self._text_want) :]
+
+
+REPLACEMENT = "\ufffd"
+
+
+class HeldText:
+    """The text of a resume whose prompt ends past the client's last known character
+    boundary (ResumePlan.held). The caller decodes `ids` with the new engine's tokenizer
+    whenever the engine says it released text (it does so only at whole characters) and
+    feeds the result to resolve(); from the first resolved release on, the engine's own text
+    is right again (its detokenizer restarted at a character boundary)."""
+
+    def __init__(self, held: Held) -> None:
+        self.ids = list(held.ids)
+        self._sent = held.sent
+        self.verdict: Seam | None = None  # DIVERGENT: the decoded text is not the client's
+
+    def add(self, ids: list[int]) -> None:
+        self.ids.extend(ids)
+
+    def resolve(self, decoded: str, finished: bool) -> str | None:
+        """What the client lacks, from decoded = decode(ids): None while that ends inside a
+        character (a byte-level engine releases nothing then either). At the end the caller
+        passes the text up to the last character boundary (the rest is never released)."""
+        if decoded.endswith(REPLACEMENT) and not finished:
+            return None
+        if not decoded.startswith(self._sent):
+            # The new engine decodes the client's tokens to other text (another tokenizer):
+            # what follows cannot continue the client's text faithfully.
+            self.verdict = Seam.DIVERGENT
+        return decoded[len(self._sent) :]

@@ -19,13 +19,16 @@ from control.model import Backend, BackendKind
 from dataplane.failover import Failure, classify_status
 from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
 from dataplane.resume import (
+    REPLACEMENT,
     ChoiceProgress,
+    HeldText,
     Refused,
     ResumePath,
     ResumePlan,
     Seam,
     SeamCheck,
     plan_resume,
+    tokens_allowed,
 )
 from dataplane.settings import ResumeSettings
 from dataplane.stitch import (
@@ -43,6 +46,9 @@ TOKEN_KINDS = frozenset({BackendKind.VLLM, BackendKind.SGLANG})
 # A stream on a migrating backend with nowhere to go keeps streaming there; control is asked
 # again at most this often (it may have a backend by then).
 MIGRATION_RETRY_S = 1.0
+# How far back the end of a stream looks for a character boundary (tokens; a character is
+# at most 4 bytes, and every token has at least one).
+SETTLE_TOKENS = 8
 
 
 class Handover(Protocol):
@@ -77,12 +83,11 @@ class ChoiceResume:
 
 @dataclass(slots=True)
 class Started:
-    """A resume request that is open: its plan, its response, the held-back text to prepend
-    and, in parallel mode, the plan of the seam check to run beside it."""
+    """A resume request that is open: its plan, its response and, in parallel mode, the
+    plan of the seam check to run beside it."""
 
     plan: ResumePlan
     upstream: aiohttp.ClientResponse
-    held: str
     check: ResumePlan | None
 
 
@@ -120,9 +125,8 @@ class Resumer:
         if exact and self._settings.seam_mode == "parallel":
             candidate = plan_resume(self._client, p, token_path=token_path, seam_tokens=m)
             check = candidate if candidate.seam is Seam.VERIFIED else None
-        held = await self._held_text(backend, p) if plan.needs_held_text else ""
         upstream = await self._open(backend, plan.endpoint, plan.body)
-        return Started(plan, upstream, held, check)
+        return Started(plan, upstream, check)
 
     async def run(
         self,
@@ -165,14 +169,15 @@ class Resumer:
                     StopMatcher(
                         _stops(self._client),
                         bool(self._client.body.get("include_stop_str_in_output")),
-                        started.held,
                     )
-                    if plan.needs_held_text
+                    if plan.held is not None and _stops(self._client)
                     else None
                 )
+                held = HeldText(plan.held) if plan.held is not None else None
                 try:
                     outcome = await self._relay_resumed(
-                        backend, started.upstream, p, plan.endpoint, seam, stops, detected, result
+                        backend, started.upstream, p, plan.endpoint, seam, held, stops, detected,
+                        result,
                     )
                 except StreamFailed as failed:
                     result.failure, result.detail = failed.failure, str(failed)
@@ -186,6 +191,11 @@ class Resumer:
                 if outcome == "divergent":
                     result.seam, exact = Seam.DIVERGENT, True
                     continue
+                if held is not None and held.verdict is Seam.DIVERGENT:
+                    result.seam = Seam.DIVERGENT  # the side check's verdict cannot undo it
+                    if verify is not None:
+                        verify.cancel()
+                        verify = None
                 if verify is not None:
                     # Reported when it lands; the client's stream need not wait for it.
                     result.verdict, verify = verify, None
@@ -218,10 +228,13 @@ class Resumer:
                 choice = (orjson.loads(await resp.read()).get("choices") or [{}])[0]
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
             return Seam.UNCHECKED
-        if check.overlap_ids:
-            ids = tuple(choice.get("token_ids") or ())
-            return Seam.VERIFIED if ids == check.overlap_ids else Seam.DIVERGENT
         text = choice_text_whole(choice)
+        if check.overlap_ids:
+            # The overlap starts at a character boundary: the engine's text for it must be
+            # the client's, byte for byte, as well as its ids.
+            ids = tuple(choice.get("token_ids") or ())
+            same = ids == check.overlap_ids and text == check.overlap_text
+            return Seam.VERIFIED if same else Seam.DIVERGENT
         prefill = _assistant_prefill(check.body)
         if prefill and text.startswith(prefill):
             # Some engines (llama-server) answer a continued assistant turn, when not
@@ -235,12 +248,16 @@ class Resumer:
         """Every token the client asked for was sent, only the finish was lost: end the
         choice with "length" as the engine would have, releasing the text it held back for
         a possible stop string. Resuming would ask for max_tokens 0, which engines refuse."""
-        try:
-            needs_held = _stops(self._client) and p.token_ids and backend.kind in TOKEN_KINDS
-            held = await self._held_text(backend, p) if needs_held else ""
-        except AttemptFailed as failed:
-            result.failure, result.detail = failed.failure, failed.detail
-            return result
+        held = ""
+        stops = backend.kind in TOKEN_KINDS and bool(_stops(self._client))
+        pending = p.held(from_start=True) if stops else None
+        if pending is not None:
+            try:
+                decoded = await self._settled_decode(backend, list(pending.ids))
+            except AttemptFailed as failed:
+                result.failure, result.detail = failed.failure, failed.detail
+                return result
+            held = HeldText(pending).resolve(decoded, True) or ""
         if held:
             p.pieces.append(held)  # its tokens are in p.token_ids already: not add()
         p.finish_reason = "length"
@@ -255,10 +272,14 @@ class Resumer:
         p: ChoiceProgress,
         endpoint: Endpoint,
         seam: SeamCheck,
+        held: HeldText | None,
         stops: StopMatcher | None,
         detected: float,
         result: ChoiceResume,
     ) -> str:
+        """Relays one resumed stream to its end: "finished" (the engine ended it), "stopped"
+        (Baton matched a stop string; the engine is still generating) or "divergent" (the
+        inline seam check failed). Raises StreamFailed."""
         chat = endpoint is Endpoint.CHAT
         stitcher = self._stitcher
         ask_after = 0.0  # when control may next be asked where to migrate
@@ -302,13 +323,23 @@ class Resumer:
                 continue
             ids, text = verified
             stop_reason = ch.get("stop_reason")
+            settled = False
+            if held is not None:
+                # Never the engine's text here: only its word that it released some.
+                held.add(ids)
+                text, resolved = "", None
+                if text_released(ch, chat) or finish:
+                    resolved = await self._resolve(backend, held, finish, stop_reason)
+                if resolved is not None:
+                    text, settled, held = resolved, True, None
+            engine_finish = finish
             if stops is not None:
                 text, matched = stops.feed(text)
                 if matched is not None:
                     finish, stop_reason = "stop", matched
                 elif finish:
                     text += stops.flush()
-            p.add(text, ids)
+            p.add(text, ids, settled=settled)
             if finish:
                 p.finish_reason, p.stop_reason = finish, stop_reason
             if text or finish or (ids and not stitcher.strip_ids):
@@ -316,7 +347,7 @@ class Resumer:
                     result.gap_ms = (time.perf_counter() - detected) * 1000
                 await self._write(stitcher.chunk(p.index, text, ids, finish, stop_reason))
             if finish:
-                return "finished"
+                return "finished" if engine_finish else "stopped"
             # A chunk boundary, everything so far sent: a migration can start here.
             if self._handover.due(backend.id) and time.monotonic() >= ask_after:
                 ask_after = time.monotonic() + MIGRATION_RETRY_S
@@ -338,13 +369,37 @@ class Resumer:
         upstream.close()
         raise AttemptFailed(_resume_failure(status), f"resume answered {status}{why}")
 
-    async def _held_text(self, backend: Backend, p: ChoiceProgress) -> str:
-        """Text the old engine generated but held back (a possible stop string): the tokens
-        are in the resume prompt, so only their text needs recovering."""
+    async def _resolve(
+        self, backend: Backend, held: HeldText, finish: str | None, stop_reason: object
+    ) -> str | None:
+        """The held tokens' text once it is whole characters (HeldText.resolve)."""
+        ids = held.ids
+        if finish == "stop" and not isinstance(stop_reason, str) and ids:
+            ids = ids[:-1]  # EOS or a stop token id: engines release no text for it
+        if finish:
+            decoded = await self._settled_decode(backend, ids)
+        else:
+            decoded = await self._decode(backend, ids)
+        return held.resolve(decoded, finish is not None)
+
+    async def _settled_decode(self, backend: Backend, ids: list[int]) -> str:
+        """The text of `ids` up to their last character boundary: what a byte-level engine
+        has released when its stream ends (bytes of half a character are never sent). The
+        cut is at most a few tokens back (a character is at most 4 bytes); bounded."""
+        for cut in range(min(len(ids), SETTLE_TOKENS) + 1):
+            decoded = await self._decode(backend, ids[: len(ids) - cut])
+            if not decoded.endswith(REPLACEMENT):
+                return decoded
+        return decoded.rstrip(REPLACEMENT)
+
+    async def _decode(self, backend: Backend, ids: list[int]) -> str:
+        """The new engine's own text for `ids` (its tokenizer, not ours: Baton has none)."""
+        if not ids:
+            return ""
         try:
             async with self._session.post(
                 backend.url + "/detokenize",
-                json={"model": self._client.model, "tokens": p.token_ids},
+                json={"model": self._client.model, "tokens": ids},
                 headers=backend.auth_headers(os.environ),
                 timeout=aiohttp.ClientTimeout(total=self._timeouts.connect * 2),
             ) as resp:
@@ -353,18 +408,26 @@ class Resumer:
                     raise AttemptFailed(
                         _resume_failure(resp.status), f"detokenize answered {resp.status}{why}"
                     )
-                full = (await resp.json()).get("prompt", "")
+                text = (await resp.json()).get("prompt")
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise classify_exception(exc) from exc
-        sent = p.text
-        return full[len(sent) :] if full.startswith(sent) else ""
+        except ValueError:  # not JSON
+            raise AttemptFailed(Failure.GARBAGE, "detokenize answered no JSON") from None
+        if not isinstance(text, str):
+            raise AttemptFailed(Failure.GARBAGE, "detokenize answered no text")
+        return text
 
 
 def tokens_left(client: ClientRequest, p: ChoiceProgress) -> int | None:
     """Tokens the client still allows this choice (None: no limit). A text-path count
     undercounts (a chunk can carry several tokens), so 0 here is never premature."""
-    limit = client.body.get("max_completion_tokens") or client.body.get("max_tokens")
-    return None if limit is None else max(0, int(limit) - p.generated)
+    return tokens_allowed(client.body, p.generated)
+
+
+def text_released(ch: dict[str, Any], chat: bool) -> bool:
+    """Whether a resumed chunk carries text: a byte-level engine releases text only at a
+    character boundary, so this says when decoding the held tokens is worth a call."""
+    return bool(choice_text(ch, chat))
 
 
 def _resume_failure(status: int) -> Failure:

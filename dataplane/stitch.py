@@ -133,6 +133,8 @@ class Stitcher:
         self.ident = Identity()
         self.choices: dict[int, ChoiceProgress] = {}
         self._prompt_ids: list[int] | None = None  # chat: top-level, shared by all choices
+        # With stop strings an engine holds text back, so chunks show no character boundary.
+        self._settles = not client.body.get("stop")
         self.usage: dict[str, Any] | None = None
         self.resumed = False
         self.extra_prompt_tokens: int | None = None  # text path: learned from a resume's usage
@@ -144,7 +146,9 @@ class Stitcher:
     def choice(self, index: int) -> ChoiceProgress:
         p = self.choices.get(index)
         if p is None:
-            p = self.choices[index] = ChoiceProgress(index, self._prompt_ids)
+            p = self.choices[index] = ChoiceProgress(
+                index, self._prompt_ids, settles=self._settles
+            )
         return p
 
     def unfinished(self) -> list[ChoiceProgress]:

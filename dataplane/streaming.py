@@ -22,7 +22,7 @@ from dataplane.failover import Failure, RetryBudget
 from dataplane.forward import AttemptFailed, Timeouts
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import ControlUnavailable, FailoverReport, Oracle
-from dataplane.resume import ChoiceProgress, Refused, Seam, plan_resume
+from dataplane.resume import ChoiceProgress, Refused, Seam, refusal
 from dataplane.resumer import (
     MIGRATION_RETRY_S,
     TOKEN_KINDS,
@@ -140,10 +140,9 @@ class StreamRelay:
         so a migration with nowhere to go leaves the stream where it is: a drain with
         --migrate never turns a healthy stream into an error. (Control releases the
         request's load on `backend` either way; it is counted again when it ends.)"""
-        try:
-            for p in self.stitcher.unfinished():
-                plan_resume(self._client, p, token_path=True, seam_tokens=0)
-        except Refused as why:
+        unfinished = self.stitcher.unfinished()
+        why = next(filter(None, (refusal(self._client, p) for p in unfinished)), None)
+        if why is not None:
             # It would end in an error event; finishing here is what a plain drain does.
             log.info("request %s: not migrating off %s: %s", self._rid, backend.id, why)
             self._ask_after = float("inf")
@@ -235,12 +234,11 @@ class StreamRelay:
             if cause != Failure.MIGRATE:  # a planned move spends none of the resume budget
                 counted += 1
             sent = {p.index: p.generated for p in pending}
-            try:
-                for p in pending:  # a refusal needs no backend: check before asking for one
-                    plan_resume(self._client, p, token_path=True, seam_tokens=0)
-            except Refused as why:
+            # A refusal needs no backend: checked before asking for one.
+            why = next(filter(None, (refusal(self._client, p) for p in pending)), None)
+            if why is not None:
                 await self._oracle_failover(failed_backend, failure, exclude, ())
-                return await self._give_up(failed_backend, failure, attempt, "refused", str(why))
+                return await self._give_up(failed_backend, failure, attempt, "refused", why)
             note = f"; refused by {', '.join(refusals)}" if refusals else ""
             if not self._budget.allows(max(counted - 1, 0), time.perf_counter() - detected):
                 return await self._give_up(

@@ -3,7 +3,10 @@ from __future__ import annotations
 import pytest
 
 from dataplane.resume import (
+    MAX_OVERLAP,
     ChoiceProgress,
+    Held,
+    HeldText,
     Refused,
     ResumePath,
     Seam,
@@ -68,18 +71,52 @@ def test_sampled_and_stop_strings_skip_the_check() -> None:
     )
     assert sampled.seam is Seam.SAMPLED and sampled.overlap_ids == () and sampled.body["seed"] == 3
     stops = plan_resume(chat(stop=["x"]), progress(ONE_PER_CHUNK), token_path=True, seam_tokens=4)
-    assert stops.seam is Seam.UNCHECKED and stops.needs_held_text
+    # With stop strings the engine held text back: the resume's text is derived from all the
+    # ids, and Baton matches the stop strings (the engine would see only its own text).
+    assert stops.seam is Seam.UNCHECKED and stops.held is not None
+    assert stops.held.ids == tuple(range(10, 18)) and stops.held.sent == "t0t1t2t3t4t5t6t7"
+    assert "stop" not in stops.body
 
 
 def test_overlap_starts_at_a_settled_boundary() -> None:
     # Chunk 3 released no text (held back): the overlap may not start right after it.
     p = progress([([1], "a"), ([2], "b"), ([3], ""), ([4], "cd"), ([5], "e")])
     assert overlap(p, 2) == (3, "cde")
-    # Multi-token chunks: the overlap covers whole chunks.
+    # A chunk of several tokens proves no boundary (its last tokens may be half a
+    # character the engine held back): the overlap goes back to one that does.
     q = progress([([1, 2], "ab"), ([3, 4, 5], "cde")])
-    assert overlap(q, 2) == (3, "cde")
+    assert overlap(q, 2) == (5, "abcde")
     assert overlap(q, 4) == (5, "abcde")
     assert overlap(q, 0) == (0, "")
+    # No boundary within MAX_OVERLAP tokens: no overlap at all.
+    far = progress([(list(range(MAX_OVERLAP + 1)), "x" * 10)])
+    assert overlap(far, 2) == (0, "")
+
+
+def test_held_tokens_past_the_last_boundary() -> None:
+    # "é" as two byte tokens: the engine released nothing with the first (half a character).
+    p = progress([([1], "a"), ([0xC3], ""), ([0xA9], "é"), ([0xE4], "")])
+    assert p.held() == Held((0xE4,), "")
+    # An exact resume past the boundary derives its text; an overlap starts at a boundary.
+    exact = plan_resume(chat(max_tokens=9), p, token_path=True, seam_tokens=4, exact=True)
+    assert exact.held == Held((0xE4,), "") and exact.body["prompt"][-1] == 0xE4
+    inline = plan_resume(chat(max_tokens=9), p, token_path=True, seam_tokens=2)
+    assert inline.held is None and inline.overlap_ids == (0xC3, 0xA9, 0xE4)
+    assert inline.overlap_text == "é" and inline.body["prompt"] == [1, 2, 1]
+    assert progress([([1], "a"), ([2], "b")]).held() is None
+
+
+def test_held_text_is_derived_from_ids_once_whole() -> None:
+    held = HeldText(Held((0xE4,), ""))
+    held.add([0xB8])
+    assert held.resolve("\ufffd", False) is None  # still half a character: nothing yet
+    held.add([0xAD, 0x41])
+    assert held.resolve("中A", False) == "中A" and held.verdict is None
+    # What the client has must be a prefix of the decoded text, or the seam is divergent.
+    other = HeldText(Held((0x41, 0xE4), "A"))
+    assert other.resolve("B中", False) is not None and other.verdict is Seam.DIVERGENT
+    # At the end, what the caller passes is final even with a U+FFFD at its end.
+    assert HeldText(Held((0x80,), "")).resolve("\ufffd", True) == "\ufffd"
 
 
 def test_text_path_for_chat_and_completions() -> None:
