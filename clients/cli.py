@@ -43,7 +43,16 @@ def cmd_backends_list(args: argparse.Namespace, c: AdminClient) -> None:
 
 
 def cmd_backends_add(args: argparse.Namespace, c: AdminClient) -> None:
-    row = c.add_backend(args.id, args.url, args.model, args.kind, args.role, args.api_key_env)
+    row = c.add_backend(
+        args.id,
+        args.url,
+        args.model,
+        args.kind,
+        args.role,
+        args.api_key_env,
+        reasoning_parser=args.reasoning_parser,
+        tool_parser=args.tool_parser,
+    )
     _print(args, asdict(row), f"added {row.id} ({row.model} at {row.url})")
 
 
@@ -149,6 +158,12 @@ def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     add.add_argument("--role", default="serve", choices=("serve", "draft", "target"))
     add.add_argument("--api-key-env", default="", metavar="VAR",
                      help="env var holding the backend's own API key (read by shims and control)")
+    add.add_argument("--reasoning-parser", default="", metavar="NAME",
+                     help="the engine's --reasoning-parser (e.g. deepseek_r1): shims keep the "
+                     "reasoning/content split across a failover")
+    add.add_argument("--tool-parser", default="", metavar="NAME",
+                     help="the engine's --tool-call-parser (e.g. hermes): a stream with tools on "
+                     "it is not resumed (an explicit error)")
     add.set_defaults(admin=cmd_backends_add)
     for name, fn, text in (
         ("remove", cmd_backends_remove, "unregister a backend"),

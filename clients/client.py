@@ -52,6 +52,8 @@ class BackendRow:
     since: str  # ISO 8601, UTC
     in_flight: int
     migrating: bool = False  # drained with --migrate: in-flight streams move elsewhere
+    reasoning_parser: str = ""  # the engine's --reasoning-parser; "" = none
+    tool_parser: str = ""  # the engine's --tool-call-parser; "" = none
 
 
 def _iso(ts: Timestamp) -> str:
@@ -91,6 +93,8 @@ def _row(s: fleet_pb2.BackendStatus) -> BackendRow:
         since=_iso(s.since),
         in_flight=s.in_flight,
         migrating=s.migrating,
+        reasoning_parser=b.reasoning_parser,
+        tool_parser=b.tool_parser,
     )
 
 
@@ -156,6 +160,8 @@ class AdminClient:
         kind: str = "vllm",
         role: str = "serve",
         api_key_env: str = "",
+        reasoning_parser: str = "",
+        tool_parser: str = "",
     ) -> BackendRow:
         try:
             pb_kind = convert.KIND_TO_PB[BackendKind(kind)]
@@ -163,7 +169,14 @@ class AdminClient:
         except ValueError as exc:
             raise AdminError(str(exc)) from None
         backend = fleet_pb2.Backend(
-            id=id, url=url, model=model, kind=pb_kind, role=pb_role, api_key_env=api_key_env
+            id=id,
+            url=url,
+            model=model,
+            kind=pb_kind,
+            role=pb_role,
+            api_key_env=api_key_env,
+            reasoning_parser=reasoning_parser,
+            tool_parser=tool_parser,
         )
         resp = self._call("AddBackend", admin_pb2.AddBackendRequest(backend=backend))
         return _row(resp.backend)  # type: ignore[attr-defined]

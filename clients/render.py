@@ -10,6 +10,9 @@ from typing import Any
 from clients.client import BackendRow
 
 BACKEND_COLUMNS = ("id", "model", "kind", "role", "state", "in_flight", "since", "reason", "url")
+# Shown only when some backend sets them (most fleets run no output parsers), before the url.
+PARSER_COLUMNS = ("reasoning_parser", "tool_parser")
+_URL = BACKEND_COLUMNS.index("url")
 
 
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
@@ -26,9 +29,10 @@ def backends(rows: Sequence[BackendRow]) -> str:
     if not rows:
         return "no backends registered (add one with `baton backends add`)"
     # A migrating drain shows in the state column: it is what the operator must wait on.
+    parsers = [c for c in PARSER_COLUMNS if any(getattr(r, c) for r in rows)]
     return table(
         [{**asdict(r), "state": f"{r.state} (migrate)" if r.migrating else r.state} for r in rows],
-        BACKEND_COLUMNS,
+        (*BACKEND_COLUMNS[:_URL], *parsers, *BACKEND_COLUMNS[_URL:]),
     )
 
 

@@ -96,7 +96,14 @@ def _redacted(url: str) -> str:
 
 
 def make_backend(
-    id: str, url: str, model: str, kind: str = "vllm", role: str = "serve", api_key_env: str = ""
+    id: str,
+    url: str,
+    model: str,
+    kind: str = "vllm",
+    role: str = "serve",
+    api_key_env: str = "",
+    reasoning_parser: str = "",
+    tool_parser: str = "",
 ) -> Backend:
     if not id or not isinstance(id, str):
         raise ConfigError("backend id must be a non-empty string")
@@ -118,11 +125,27 @@ def make_backend(
         raise ConfigError(
             f"backend {id!r}: api_key_env must name an environment variable, got {api_key_env!r}"
         )
-    return Backend(BackendId(id), validate_url(url), model, k, r, api_key_env)
+    for key, name in (("reasoning_parser", reasoning_parser), ("tool_parser", tool_parser)):
+        if not isinstance(name, str) or not _PARSER_NAME.fullmatch(name):
+            raise ConfigError(
+                f"backend {id!r}: {key} must be a parser name (lowercase letters, digits, '_' "
+                f"and '-', as vLLM spells it, e.g. {_PARSER_EXAMPLE[key]!r}), got {name!r}"
+            )
+    return Backend(
+        BackendId(id), validate_url(url), model, k, r, api_key_env, reasoning_parser, tool_parser
+    )
 
 
 # Only a variable's name goes in config and on the wire; the key stays in each process's env.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# An engine's output parser by name (vLLM --reasoning-parser / --tool-call-parser); "" = none.
+_PARSER_NAME = re.compile(r"[a-z0-9_-]*")
+_PARSER_EXAMPLE = {"reasoning_parser": "deepseek_r1", "tool_parser": "hermes"}
+
+
+_BACKEND_KEYS = frozenset(
+    {"id", "url", "model", "kind", "role", "api_key_env", "reasoning_parser", "tool_parser"}
+)
 
 
 def parse(data: dict[str, Any]) -> Config:
@@ -133,7 +156,7 @@ def parse(data: dict[str, Any]) -> Config:
     for i, raw in enumerate(data.get("backends", [])):
         if not isinstance(raw, dict):
             raise ConfigError(f"backends[{i}] must be a table")
-        unknown = set(raw) - {"id", "url", "model", "kind", "role", "api_key_env"}
+        unknown = set(raw) - _BACKEND_KEYS
         if unknown:
             raise ConfigError(f"backends[{i}]: unknown keys {sorted(unknown)}")
         missing = {"id", "url", "model"} - set(raw)

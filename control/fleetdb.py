@@ -27,11 +27,12 @@ from pathlib import Path
 from control.config import ConfigError, PairSpec, make_backend
 from control.model import Backend, BackendId
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS added (
     id TEXT PRIMARY KEY, url TEXT NOT NULL, model TEXT NOT NULL,
-    kind TEXT NOT NULL, role TEXT NOT NULL, api_key_env TEXT NOT NULL DEFAULT ''
+    kind TEXT NOT NULL, role TEXT NOT NULL, api_key_env TEXT NOT NULL DEFAULT '',
+    reasoning_parser TEXT NOT NULL DEFAULT '', tool_parser TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS removed (id TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS drained (id TEXT PRIMARY KEY, migrate INTEGER NOT NULL);
@@ -39,6 +40,8 @@ CREATE TABLE IF NOT EXISTS pairs (
     draft TEXT PRIMARY KEY, target TEXT NOT NULL, num_draft_tokens INTEGER NOT NULL
 );
 """
+
+_ADDED_LATER = ("api_key_env", "reasoning_parser", "tool_parser")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +82,13 @@ class FleetDB:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
             columns = {r[1] for r in self._db.execute("PRAGMA table_info(added)")}
-            if "api_key_env" not in columns:  # a version-1 database: backends had no key
-                self._db.execute(
-                    "ALTER TABLE added ADD COLUMN api_key_env TEXT NOT NULL DEFAULT ''"
-                )
+            # Columns later versions added, in order (version 1 had no key, 2 no parsers):
+            # an older database gets them with their empty default, which is what it meant.
+            for column in _ADDED_LATER:
+                if column not in columns:
+                    self._db.execute(
+                        f"ALTER TABLE added ADD COLUMN {column} TEXT NOT NULL DEFAULT ''"
+                    )
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
             # Refuse to start rather than come back silently without the operator's fleet.
@@ -92,9 +98,10 @@ class FleetDB:
         q = self._db.execute
         try:
             added = tuple(
-                make_backend(id, url, model, kind, role, key_env)
-                for id, url, model, kind, role, key_env in q(
-                    "SELECT id, url, model, kind, role, api_key_env FROM added"
+                make_backend(id, url, model, kind, role, key_env, reasoning, tool)
+                for id, url, model, kind, role, key_env, reasoning, tool in q(
+                    "SELECT id, url, model, kind, role, api_key_env, reasoning_parser, "
+                    "tool_parser FROM added"
                 )
             )
             return Configured(
@@ -116,9 +123,10 @@ class FleetDB:
             for table in ("added", "removed", "drained", "pairs"):
                 db.execute(f"DELETE FROM {table}")  # noqa: S608 - names from the tuple above
             db.executemany(
-                "INSERT INTO added VALUES (?, ?, ?, ?, ?, ?)",
-                [(b.id, b.url, b.model, b.kind.value, b.role.value, b.api_key_env)
-                 for b in state.added],  # fmt: skip
+                "INSERT INTO added (id, url, model, kind, role, api_key_env, reasoning_parser,"
+                " tool_parser) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(b.id, b.url, b.model, b.kind.value, b.role.value, b.api_key_env,
+                  b.reasoning_parser, b.tool_parser) for b in state.added],  # fmt: skip
             )
             db.executemany("INSERT INTO removed VALUES (?)", [(i,) for i in sorted(state.removed)])
             db.executemany(

@@ -59,6 +59,11 @@ class Backend:
     kind: BackendKind = BackendKind.VLLM
     role: Role = Role.SERVE
     api_key_env: str = ""  # env var with the backend's own key (see auth_headers)
+    # The output parsers the engine runs (vLLM --reasoning-parser / --tool-call-parser names;
+    # "" = none). A resume goes through an endpoint that runs no parser, so the shim must know
+    # which parsed structure to keep across a failover, or refuse a resume it cannot keep.
+    reasoning_parser: str = ""
+    tool_parser: str = ""
 
     def auth_headers(self, environ: Mapping[str, str]) -> dict[str, str]:
         """What to send the backend: its own key from the caller's environment, never a

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from dataplane.detok import whole
 from dataplane.validate import ClientRequest, Endpoint
 
 
@@ -384,8 +385,6 @@ class SeamCheck:
         return self._ids[len(self._want) :], joined[len(self._text_want) :]
 
 
-REPLACEMENT = "\ufffd"
-
 
 class HeldText:
     """The text of a resume whose prompt ends past the client's last known character
@@ -406,7 +405,7 @@ class HeldText:
         """What the client lacks, from decoded = decode(ids): None while that ends inside a
         character (a byte-level engine releases nothing then either). At the end the caller
         passes the text up to the last character boundary (the rest is never released)."""
-        if decoded.endswith(REPLACEMENT) and not finished:
+        if not (finished or whole(decoded)):
             return None
         if not decoded.startswith(self._sent):
             # The new engine decodes the client's tokens to other text (another tokenizer):

@@ -6,6 +6,7 @@ when and where; this module does one attempt."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -16,10 +17,10 @@ import aiohttp
 import orjson
 
 from control.model import Backend, BackendKind
+from dataplane import detok
 from dataplane.failover import Failure, classify_status
 from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
 from dataplane.resume import (
-    REPLACEMENT,
     ChoiceProgress,
     HeldText,
     Refused,
@@ -46,9 +47,6 @@ TOKEN_KINDS = frozenset({BackendKind.VLLM, BackendKind.SGLANG})
 # A stream on a migrating backend with nowhere to go keeps streaming there; control is asked
 # again at most this often (it may have a backend by then).
 MIGRATION_RETRY_S = 1.0
-# How far back the end of a stream looks for a character boundary (tokens; a character is
-# at most 4 bytes, and every token has at least one).
-SETTLE_TOKENS = 8
 
 
 class Handover(Protocol):
@@ -383,14 +381,7 @@ class Resumer:
         return held.resolve(decoded, finish is not None)
 
     async def _settled_decode(self, backend: Backend, ids: list[int]) -> str:
-        """The text of `ids` up to their last character boundary: what a byte-level engine
-        has released when its stream ends (bytes of half a character are never sent). The
-        cut is at most a few tokens back (a character is at most 4 bytes); bounded."""
-        for cut in range(min(len(ids), SETTLE_TOKENS) + 1):
-            decoded = await self._decode(backend, ids[: len(ids) - cut])
-            if not decoded.endswith(REPLACEMENT):
-                return decoded
-        return decoded.rstrip(REPLACEMENT)
+        return await detok.settled(functools.partial(self._decode, backend), ids)
 
     async def _decode(self, backend: Backend, ids: list[int]) -> str:
         """The new engine's own text for `ids` (its tokenizer, not ours: Baton has none)."""

@@ -10,6 +10,7 @@ a rejected pairing never emits anything (DESIGN §6).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from aiohttp import web
 
 from control.model import Backend, Decision, Pairing, RequestShape
 from control.routing import SpecStats
+from dataplane import detok
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget
 from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
@@ -95,7 +97,8 @@ class SpecServer:
         try:
             while len(run.generated) < limit:
                 judged = await self._next(run, limit - len(run.generated))
-                await self._emit(run, writer, judged.emitted)
+                last = bool(judged.finished) or len(run.generated) + len(judged.emitted) >= limit
+                await self._emit(run, writer, judged.emitted, last=last)
                 if judged.finished:
                     finish = judged.finished
                     break
@@ -292,22 +295,30 @@ class SpecServer:
 
     # -- client side -----------------------------------------------------------------------
 
-    async def _emit(self, run: SpecRun, writer: AnswerWriter, ids: tuple[int, ...]) -> None:
-        if not ids:
-            return
+    async def _emit(
+        self, run: SpecRun, writer: AnswerWriter, ids: tuple[int, ...], *, last: bool = False
+    ) -> None:
+        """Send the text `ids` add, as the target would stream it: only up to whole
+        characters (detok), and at the end up to the last character boundary."""
         run.generated.extend(ids)
         run.ctx.extend(ids)
+        if not ids and not last:
+            return
         while True:
             try:
-                text = await self._detokenize(run.target, run.generated)
+                decode = functools.partial(self._detokenize, run.target)
+                if last:
+                    text = await detok.settled(decode, run.generated)
+                else:
+                    text = await decode(run.generated)
                 break
             except AttemptFailed as failed:
                 await self._failover(run, failed, 1)
-        # A trailing U+FFFD is half a character: send it when the rest arrives.
-        safe = text.rstrip("\ufffd") if len(run.generated) else text
-        if safe.startswith(run.text) and len(safe) > len(run.text):
-            delta = safe[len(run.text) :]
-            run.text = safe
+        if not (last or detok.whole(text)):
+            return  # half a character: the rest comes with the next round
+        if text.startswith(run.text) and len(text) > len(run.text):
+            delta = text[len(run.text) :]
+            run.text = text
             if run.first_byte is None:
                 run.first_byte = time.monotonic()
             await writer.text(delta)

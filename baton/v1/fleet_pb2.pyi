@@ -130,6 +130,8 @@ class Backend(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     API_KEY_ENV_FIELD_NUMBER: _builtins.int
+    REASONING_PARSER_FIELD_NUMBER: _builtins.int
+    TOOL_PARSER_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     url: _builtins.str
     model: _builtins.str
@@ -138,6 +140,15 @@ class Backend(_message.Message):
     api_key_env: _builtins.str
     """The name of an environment variable holding the backend's own API key, resolved by each
     process that calls the backend (shims, control's probes). The key itself never travels.
+    """
+    reasoning_parser: _builtins.str
+    """The engine's vLLM --reasoning-parser (e.g. "deepseek_r1"); empty when it runs none. A shim
+    resumes a broken stream through an endpoint that runs no parser, so it needs to know which
+    parser's structure (reasoning apart from content) to keep, or that it cannot keep it.
+    """
+    tool_parser: _builtins.str
+    """The engine's vLLM --tool-call-parser (e.g. "hermes"); empty when it runs none. The resume
+    runs no tool parser, so a shim refuses to resume a stream with tools on it on such a backend.
     """
     def __init__(
         self,
@@ -148,10 +159,12 @@ class Backend(_message.Message):
         kind: Global___BackendKind.ValueType = ...,
         role: Global___BackendRole.ValueType = ...,
         api_key_env: _builtins.str = ...,
+        reasoning_parser: _builtins.str = ...,
+        tool_parser: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key_env", b"api_key_env", "id", b"id", "kind", b"kind", "model", b"model", "role", b"role", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key_env", b"api_key_env", "id", b"id", "kind", b"kind", "model", b"model", "reasoning_parser", b"reasoning_parser", "role", b"role", "tool_parser", b"tool_parser", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -66,6 +66,8 @@ def backend_to_pb(b: Backend) -> fleet_pb2.Backend:
         kind=KIND_TO_PB[b.kind],
         role=ROLE_TO_PB[b.role],
         api_key_env=b.api_key_env,
+        reasoning_parser=b.reasoning_parser,
+        tool_parser=b.tool_parser,
     )
 
 
@@ -79,6 +81,8 @@ def backend_from_pb(b: fleet_pb2.Backend) -> Backend:
         KIND_FROM_PB.get(b.kind, BackendKind.VLLM),
         ROLE_FROM_PB.get(b.role, Role.SERVE),
         b.api_key_env,
+        b.reasoning_parser,
+        b.tool_parser,
     )
 
 
@@ -87,7 +91,8 @@ def backend_fields_from_pb(b: fleet_pb2.Backend) -> dict[str, str]:
     kind = KIND_FROM_PB.get(b.kind, BackendKind.VLLM)
     role = ROLE_FROM_PB.get(b.role, Role.SERVE)
     return {"id": b.id, "url": b.url, "model": b.model, "kind": kind.value, "role": role.value,
-            "api_key_env": b.api_key_env}  # fmt: skip
+            "api_key_env": b.api_key_env, "reasoning_parser": b.reasoning_parser,
+            "tool_parser": b.tool_parser}  # fmt: skip
 
 
 def status_to_pb(s: BackendStatus, in_flight: Mapping[BackendId, int]) -> fleet_pb2.BackendStatus:

@@ -51,9 +51,20 @@ def test_list_status_add_drain_undrain_remove(tmp_path: Path) -> None:
 
         extra = start_sim()
         f.parts.append(extra)
-        added = f.baton("backends", "add", "s2", "--url", extra.ready, "--model", MODEL, "--json")
+        parsers = ("--reasoning-parser", "deepseek_r1", "--tool-parser", "hermes")
+        added = f.baton("backends", "add", "s2", "--url", extra.ready, "--model", MODEL,
+                        *parsers, "--json")  # fmt: skip
         assert added.returncode == 0, added.stderr
-        assert set(f.backends()) == {"s0", "s1", "s2"}
+        assert json.loads(added.stdout)["reasoning_parser"] == "deepseek_r1"
+        rows = f.backends()
+        assert set(rows) == {"s0", "s1", "s2"}
+        parsed = {bid: (r["reasoning_parser"], r["tool_parser"]) for bid, r in rows.items()}
+        assert parsed == {"s0": ("", ""), "s1": ("", ""), "s2": ("deepseek_r1", "hermes")}
+        table = f.baton("backends", "list")
+        head, *lines = table.stdout.splitlines()
+        assert "REASONING PARSER" in head and "TOOL PARSER" in head
+        (s2,) = [line.split() for line in lines if line.split()[0] == "s2"]
+        assert s2[-3:] == ["deepseek_r1", "hermes", extra.ready]
         for _ in range(3):
             c.completions.create(model=MODEL, prompt="x", max_tokens=2)
         assert metric(extra.ready, "vllm:request_success_total") >= 1
@@ -80,6 +91,10 @@ def test_refusals_are_readable_with_nonzero_exit(tmp_path: Path) -> None:
         assert dup.returncode == 1 and "ALREADY_EXISTS" in dup.stderr and "s0" in dup.stderr
         bad = f.baton("backends", "add", "z", "--url", "ftp://x", "--model", "m")
         assert bad.returncode == 1 and "http(s)" in bad.stderr
+        parser = f.baton("backends", "add", "z", "--url", "http://127.0.0.1:1", "--model", "m",
+                         "--reasoning-parser", "DeepSeek-R1")  # fmt: skip
+        assert parser.returncode == 1 and "INVALID_ARGUMENT" in parser.stderr
+        assert "reasoning_parser must be a parser name" in parser.stderr
         missing = f.baton("backends", "drain", "nope")
         assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
 

@@ -49,7 +49,7 @@ def test_backends_drains_and_pairs_survive_a_control_restart(tmp_path: Path) -> 
         control = start_control(config, *data)
         parts.append(control)
         baton(control, "backends", "add", "d", "--url", d.ready, "--model", MODEL,
-              "--role", "draft")  # fmt: skip
+              "--role", "draft", "--reasoning-parser", "deepseek_r1")  # fmt: skip
         baton(control, "backends", "remove", "s2")
         drained = baton(control, "backends", "drain", "s1", "--migrate")
         assert drained["state"] == "draining" and drained["migrating"] is True
@@ -61,6 +61,7 @@ def test_backends_drains_and_pairs_survive_a_control_restart(tmp_path: Path) -> 
         fleet = backends(control)
         assert sorted(fleet) == ["d", "s0", "s1"]  # config + added - removed
         assert fleet["d"]["role"] == "draft" and fleet["d"]["url"] == d.ready
+        assert (fleet["d"]["reasoning_parser"], fleet["d"]["tool_parser"]) == ("deepseek_r1", "")
         assert fleet["s1"]["state"] == "draining" and fleet["s1"]["migrating"] is True
         assert fleet["s0"]["state"] == "healthy" and not fleet["s0"]["migrating"]
         # Bound again once control has re-read both backends' facts.

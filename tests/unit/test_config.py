@@ -24,6 +24,28 @@ def test_loads_backends_and_settings(tmp_path: Path) -> None:
         Role.TARGET,
     )
     assert cfg.probes.interval == 0.5
+    assert (b.reasoning_parser, b.tool_parser) == ("", "")  # an engine runs no parser unless said
+
+
+def test_output_parsers_are_read_from_the_backend_table(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[[backends]]\nid = "a"\nurl = "http://127.0.0.1:8001"\nmodel = "m"\n'
+        'reasoning_parser = "deepseek_r1"\ntool_parser = "hermes"\n'
+        '[[backends]]\nid = "b"\nurl = "http://127.0.0.1:8002"\nmodel = "m"\n'
+        'reasoning_parser = "qwen3"\n'
+    )
+    a, b = load(path).backends
+    assert (a.reasoning_parser, a.tool_parser) == ("deepseek_r1", "hermes")
+    assert (b.reasoning_parser, b.tool_parser) == ("qwen3", "")
+
+
+@pytest.mark.parametrize("key", ["reasoning_parser", "tool_parser"])
+@pytest.mark.parametrize("value", ["DeepSeek-R1", "deepseek r1", "hermes;rm", 1, True, None])
+def test_a_parser_that_is_not_a_parser_name_is_refused(key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=f"backend 'a': {key} must be a parser name") as info:
+        parse({"backends": [{"id": "a", "url": "http://h", "model": "m", key: value}]})
+    assert repr(value) in str(info.value)
 
 
 @pytest.mark.parametrize(

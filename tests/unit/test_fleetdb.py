@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from control.config import ConfigError, PairSpec
-from control.fleetdb import Configured, FleetDB, configured, fleet, overlay
+from control.fleetdb import SCHEMA_VERSION, Configured, FleetDB, configured, fleet, overlay
 from control.model import Backend, BackendId, BackendKind, Role
 
 
@@ -79,3 +81,46 @@ def test_a_row_that_fails_validation_is_refused(tmp_path: Path) -> None:
     db.save(Configured((Backend(BackendId("x"), "ftp://user:pw@h", "m"),)))
     with pytest.raises(ConfigError, match="http"):
         db.load()
+
+
+def test_output_parsers_survive_a_save_and_load(tmp_path: Path) -> None:
+    parsed = replace(b("p"), reasoning_parser="deepseek_r1", tool_parser="hermes")
+    db = FleetDB(tmp_path / "fleet.db")
+    db.save(Configured((parsed, replace(b("q"), reasoning_parser="qwen3"))))
+    db.close()
+    again = FleetDB(tmp_path / "fleet.db").load()
+    assert again.added == (parsed, replace(b("q"), reasoning_parser="qwen3"))
+
+
+# The `added` table as earlier versions created it: version 1 had no key, 2 no parsers.
+OLD_ADDED = {
+    1: "id TEXT PRIMARY KEY, url TEXT NOT NULL, model TEXT NOT NULL, kind TEXT NOT NULL, "
+    "role TEXT NOT NULL",
+    2: "id TEXT PRIMARY KEY, url TEXT NOT NULL, model TEXT NOT NULL, kind TEXT NOT NULL, "
+    "role TEXT NOT NULL, api_key_env TEXT NOT NULL DEFAULT ''",
+}
+
+
+@pytest.mark.parametrize("version", sorted(OLD_ADDED))
+def test_an_older_database_is_migrated_keeping_its_rows(tmp_path: Path, version: int) -> None:
+    path = tmp_path / "fleet.db"
+    old = sqlite3.connect(path)
+    old.execute(f"CREATE TABLE added ({OLD_ADDED[version]})")
+    cols = ("id", "url", "model", "kind", "role", "api_key_env")[: 5 + (version >= 2)]
+    row = ("old", "http://127.0.0.1:9", "m", "vllm", "serve", "OLD_KEY")[: len(cols)]
+    old.execute(f"INSERT INTO added ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", row)
+    old.execute(f"PRAGMA user_version = {version}")
+    old.commit()
+    old.close()
+
+    db = FleetDB(path)
+    kept = Backend(BackendId("old"), "http://127.0.0.1:9", "m",
+                   api_key_env="OLD_KEY" if version >= 2 else "")  # fmt: skip
+    assert db.load().added == (kept,)  # the old row, with no parsers: what it meant
+    parsed = replace(b("new"), reasoning_parser="deepseek_r1", tool_parser="hermes")
+    db.save(Configured((kept, parsed)))
+    db.close()
+    assert FleetDB(path).load().added == (kept, parsed)
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    check.close()

@@ -41,3 +41,16 @@ def test_a_migrating_drain_shows_in_the_state_column() -> None:
                      "2026-01-01T00:00:00+00:00", 3, migrating=True)  # fmt: skip
     line = render.backends([row]).splitlines()[1]
     assert "draining (migrate)" in line
+
+
+def test_parser_columns_show_only_when_some_backend_runs_a_parser() -> None:
+    from clients.client import BackendRow
+
+    plain = BackendRow("s0", "http://h:1", "m", "vllm", "serve", "healthy", "", "t", 0)
+    assert "PARSER" not in render.backends([plain])
+    parsed = BackendRow("s1", "http://h:2", "m", "vllm", "serve", "healthy", "", "t", 0,
+                        reasoning_parser="deepseek_r1", tool_parser="hermes")  # fmt: skip
+    head, one, two = render.backends([plain, parsed]).splitlines()
+    assert head.split()[-5:] == ["REASONING", "PARSER", "TOOL", "PARSER", "URL"]
+    assert two.split()[-3:] == ["deepseek_r1", "hermes", "http://h:2"]
+    assert one.split()[-1] == "http://h:1"  # a backend without parsers leaves them blank
