@@ -18,6 +18,7 @@ from control.tracing import SpanKind, Tracing
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget, classify_status
 from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
+from dataplane.markers import MarkerCache
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import Oracle, Outcome
 from dataplane.settings import ResumeSettings
@@ -72,6 +73,7 @@ class Proxy:
         self._settings = settings
         self._background: set[asyncio.Task[None]] = set()
         self._spec = SpecServer(session, oracle, settings.timeouts, settings.budget)
+        self._markers = MarkerCache(resumes)
 
     async def serve(
         self, request: web.Request, ex: Exchange, decision: Decision
@@ -199,6 +201,7 @@ class Proxy:
             fallbacks=fallbacks,
             background=self._background,
             metrics=self._metrics,
+            markers=self._markers,
             tracing=self._tracing,
         )
         try:
@@ -206,7 +209,7 @@ class Proxy:
                 complete = await relay.run(backend, upstream, first)
             finally:
                 ex.first_byte = relay.first_byte
-            reply = relay.stitcher.choices[0].text if complete and relay.stitcher.choices else None
+            reply = relay.stitcher.choices[0].reply if complete and relay.stitcher.choices else None
             self._finished(ex, relay.served_by or backend, 200 if complete else 502, reply)
             await resp.write_eof()
             finished = relay.finished_upstreams()

@@ -59,6 +59,10 @@ def static_refusal(body: Mapping[str, Any]) -> str | None:
     for name in GUIDED_FIELDS:
         if body.get(name):
             return f"guided decoding ({name}) cannot be resumed faithfully"
+    if body.get("tools") and body.get("tool_choice", "auto") != "none":
+        # A tool call after the seam would reach the client as content: a resume runs on an
+        # endpoint with no tool parser, and Baton does not parse tool calls itself.
+        return "tool calls cannot be resumed faithfully (a resume runs no tool parser)"
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
         return "JSON-constrained output (response_format) cannot be resumed faithfully"
@@ -105,17 +109,27 @@ class ChoiceProgress:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     tool_call: bool = False
-    # The engine's reasoning parser split this choice's text: the delta field its reasoning
-    # came in ("reasoning", or "reasoning_content" on older engines), and whether the
-    # reasoning is still going on (the end-of-reasoning token not yet generated).
+    # Reasoning (dataplane/reasoning.py): the delta field it came in ("" = none seen yet),
+    # whether it is still open, and whether its end tag's token was generated while its
+    # text has not come yet. `pieces` hold the engine's raw text, tag included, as a
+    # resume's /v1/completions would decode it; the reply (content) starts at reply_start.
     reasoning_field: str = ""
     reasoning: bool = False
+    end_pending: bool = False
+    reply_start: int = 0
+    # Structure in the stream that no resume can keep (a parser Baton cannot follow): why.
+    unfollowed: str = ""
 
     @property
     def text(self) -> str:
         if len(self.pieces) > 1:
             self.pieces[:] = ["".join(self.pieces)]
         return self.pieces[0] if self.pieces else ""
+
+    @property
+    def reply(self) -> str:
+        """The answer's content: what the next turn of the conversation sends back."""
+        return self.text[self.reply_start :]
 
     @property
     def finished(self) -> bool:
@@ -245,7 +259,7 @@ def refusal(client: ClientRequest, progress: ChoiceProgress) -> str | None:
         return why
     if progress.tool_call:
         return "a tool call was being streamed; it cannot be resumed faithfully"
-    return None
+    return progress.unfollowed or None
 
 
 def _token_plan(
@@ -305,6 +319,8 @@ def _text_overlap(progress: ChoiceProgress, m: int) -> str:
 
 
 def _text_plan(client: ClientRequest, progress: ChoiceProgress, m: int = 0) -> ResumePlan:
+    if progress.reasoning_field:
+        raise Refused("a reasoning stream cannot be resumed as text (its split would be lost)")
     body = dict(client.body)
     for name in ("return_token_ids", "stream_options", "n"):
         body.pop(name, None)

@@ -340,10 +340,11 @@ class Resumer:
             p.add(text, ids, settled=settled)
             if finish:
                 p.finish_reason, p.stop_reason = finish, stop_reason
-            if text or finish or (ids and not stitcher.strip_ids):
+            out = stitcher.chunk(p.index, text, ids, finish, stop_reason)
+            if out:
                 if result.gap_ms == 0.0:
                     result.gap_ms = (time.perf_counter() - detected) * 1000
-                await self._write(stitcher.chunk(p.index, text, ids, finish, stop_reason))
+                await self._write(out)
             if finish:
                 return "finished" if engine_finish else "stopped"
             # A chunk boundary, everything so far sent: a migration can start here.

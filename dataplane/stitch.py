@@ -7,12 +7,15 @@ across the seam and answers include_usage over the whole generation."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from dataplane import reasoning
 from dataplane.failover import Failure
+from dataplane.reasoning import REASONING_FIELDS, Markers
 from dataplane.resume import ChoiceProgress
 from dataplane.validate import ClientRequest, Endpoint
 
@@ -135,6 +138,10 @@ class Stitcher:
         self._prompt_ids: list[int] | None = None  # chat: top-level, shared by all choices
         # With stop strings an engine holds text back, so chunks show no character boundary.
         self._settles = not client.body.get("stop")
+        # The first backend's reasoning parser (follow_reasoning): its name, and its think
+        # tags when Baton can follow them across a resume.
+        self._parser = ""
+        self.markers: Markers | None = None
         self.usage: dict[str, Any] | None = None
         self.resumed = False
         self.extra_prompt_tokens: int | None = None  # text path: learned from a resume's usage
@@ -150,6 +157,11 @@ class Stitcher:
                 index, self._prompt_ids, settles=self._settles
             )
         return p
+
+    def follow_reasoning(self, parser: str, markers: Markers | None) -> None:
+        """The first backend runs reasoning parser `parser` ("" = none); `markers`: its
+        think tags, None when Baton cannot follow that parser."""
+        self._parser, self.markers = parser, markers if self.chat else None
 
     def unfinished(self) -> list[ChoiceProgress]:
         return [p for p in self.choices.values() if not p.finished]
@@ -177,6 +189,8 @@ class Stitcher:
             self._prompt_ids = obj["prompt_token_ids"]
             for p in self.choices.values():
                 p.prompt_ids = self._prompt_ids
+                if self.markers is not None:
+                    p.reasoning = reasoning.open_after(p.prompt_ids, self.markers)
         choices = obj.get("choices") or []
         if not choices and "usage" in obj:
             self.usage = obj["usage"]
@@ -192,9 +206,14 @@ class Stitcher:
         p = self.choice(ch.get("index", 0))
         if ch.get("prompt_token_ids") is not None:  # vLLM: null after the first chunk
             p.prompt_ids = ch["prompt_token_ids"]
-        if self.chat and (ch.get("delta") or {}).get("tool_calls"):
-            p.tool_call = True
-        p.add(choice_text(ch, self.chat), ch.get("token_ids"))
+        ids = ch.get("token_ids")
+        if self.chat:
+            delta = ch.get("delta") or {}
+            if delta.get("tool_calls"):
+                p.tool_call = True
+            p.add(self._raw(p, delta, ids or ()), ids)
+        else:
+            p.add(ch.get("text") or "", ids)
         finish = ch.get("finish_reason")
         if finish in FAILED_FINISH:
             # The text up to here is real; the finish is the engine's failure, not the answer.
@@ -205,6 +224,55 @@ class Stitcher:
             p.finish_reason = finish
             p.stop_reason = ch.get("stop_reason")
         return None
+
+    def _raw(self, p: ChoiceProgress, delta: dict[str, Any], ids: Sequence[int]) -> str:
+        """A parsed delta's text as the engine generated it (reasoning, the end tag's text
+        if its token is here, content), keeping track of where reasoning ends."""
+        content = delta.get("content") or ""
+        thought = ""
+        for key in REASONING_FIELDS:
+            value = delta.get(key)
+            if isinstance(value, str) and value:
+                thought, p.reasoning_field = value, key
+                break
+        if thought and self.markers is None and not p.unfollowed:
+            p.unfollowed = (
+                f"the reasoning of reasoning parser {self._parser!r} cannot be kept across a resume"
+                if self._parser
+                else "the backend streams reasoning but names no reasoning_parser"
+            )
+        m = self.markers
+        if m is not None and p.reasoning and m.end_id in ids:
+            p.reasoning = False
+            p.reply_start = p.text_len + len(thought) + len(m.end_text)
+            return thought + m.end_text + content
+        if content and p.reasoning:
+            # Content while reasoning looked open: the engine's parser knows better.
+            p.reasoning = False
+            p.reply_start = p.text_len + len(thought)
+        return thought + content
+
+    def _delta(self, p: ChoiceProgress, raw: str, ids: Sequence[int]) -> dict[str, Any]:
+        """A resumed chunk's raw text as the first backend's parser would have sent it.
+        Called after p.add(raw, ids)."""
+        m = self.markers
+        if m is None or not p.reasoning:
+            return {"content": raw} if raw else {}
+        field = p.reasoning_field or REASONING_FIELDS[0]
+        if m.end_id in ids:
+            p.end_pending = True
+        cut = reasoning.split(raw, m) if p.end_pending else None
+        if cut is None:
+            return {field: raw} if raw else {}
+        thought, content = cut
+        p.reasoning = p.end_pending = False
+        p.reply_start = p.text_len - len(content)
+        delta: dict[str, Any] = {}
+        if thought:
+            delta[field] = thought
+        if content:
+            delta["content"] = content
+        return delta
 
     def _clean(self, obj: dict[str, Any], raw: bytes) -> bytes:
         if raw and self.strip_ids:
@@ -231,12 +299,19 @@ class Stitcher:
         finish: str | None = None,
         stop_reason: str | int | None = None,
     ) -> bytes:
-        """A chunk in the client's format, as if the first backend had sent it."""
+        """A chunk in the client's format, as if the first backend had sent it; b"" when it
+        would carry nothing the client wants (no text, no finish, ids it did not ask for;
+        the end tag's token alone, for which a parser sends no delta). Every resumed chunk
+        comes through here: it keeps the reasoning state."""
         choice: dict[str, Any] = {"index": index}
         if self.chat:
-            choice["delta"] = {"content": text} if text else {}
+            choice["delta"] = delta = self._delta(self.choice(index), text, ids)
+            empty = not delta
         else:
             choice["text"] = text
+            empty = not text
+        if empty and not finish and (self.strip_ids or not ids):
+            return b""
         choice["logprobs"] = None
         choice["finish_reason"] = finish
         if finish:

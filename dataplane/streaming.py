@@ -20,6 +20,7 @@ from control.tracing import OFF, Tracing
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget
 from dataplane.forward import AttemptFailed, Timeouts
+from dataplane.markers import MarkerCache
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import ControlUnavailable, FailoverReport, Oracle
 from dataplane.resume import ChoiceProgress, Refused, Seam, refusal
@@ -58,6 +59,7 @@ class StreamRelay:
         fallbacks: Sequence[Backend],
         background: set[asyncio.Task[None]],
         metrics: ShimMetrics,
+        markers: MarkerCache | None = None,
         tracing: Tracing = OFF,
     ) -> None:
         """`fallbacks`: the route decision's backends in order, control's preference for
@@ -65,6 +67,7 @@ class StreamRelay:
         request (a seam check still running when the stream ends)."""
         self._background = background
         self._metrics = metrics
+        self._markers = markers
         self._tracing = tracing
         self._detected_ns = 0  # wall clock of the current failure, for the failover span
         self._oracle = oracle
@@ -99,6 +102,10 @@ class StreamRelay:
     async def run(self, backend: Backend, upstream: aiohttp.ClientResponse, first: bytes) -> bool:
         """True when the client got a complete answer, False when it got an error event."""
         self.served_by = backend
+        parser = backend.reasoning_parser
+        if parser and self.stitcher.chat:
+            markers = await self._markers.get(backend) if self._markers is not None else None
+            self.stitcher.follow_reasoning(parser, markers)
         try:
             target = await self._pump(backend, upstream, first)
         except StreamFailed as failed:

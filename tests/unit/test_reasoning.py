@@ -1,0 +1,118 @@
+"""Reasoning across a seam: the first stream's parsed deltas are tracked as the engine's raw
+text (tag included), and a resumed raw stream is split the way vLLM's deepseek_r1 parser
+splits it, by the end tag's token id."""
+
+from __future__ import annotations
+
+import orjson
+
+from dataplane.reasoning import Markers, open_after, split
+from dataplane.resume import plan_resume
+from dataplane.stitch import Stitcher
+from dataplane.validate import ClientRequest, Endpoint
+
+START, END = 300, 301
+M = Markers(START, END, "</think>")
+PROMPT = [1, 2, START]  # the template opened the assistant turn with <think>
+
+
+def chat() -> ClientRequest:
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    return ClientRequest(Endpoint.CHAT, body, "m", True, True)
+
+
+def first(s: Stitcher, delta: dict[str, object], ids: list[int], **top: object) -> None:
+    obj = {"id": "c", "created": 1, "model": "m", **top}
+    obj["choices"] = [{"index": 0, "delta": delta, "token_ids": ids}]
+    out, failure = s.original(orjson.dumps(obj), b"")
+    assert failure is None and out is not None
+
+
+def delta(out: bytes) -> dict[str, object]:
+    return orjson.loads(out[6:].split(b"\n\n")[0])["choices"][0]["delta"]  # type: ignore[no-any-return]
+
+
+def stitcher() -> Stitcher:
+    s = Stitcher(chat(), strip_ids=True)
+    s.follow_reasoning("deepseek_r1", M)
+    first(s, {"role": "assistant", "content": ""}, [], prompt_token_ids=PROMPT)
+    return s
+
+
+def test_open_after_reads_the_prompts_last_tag() -> None:
+    assert open_after([1, START], M) and open_after([1, 2], M)
+    assert not open_after([1, START, 5, END, 6], M)
+    assert split("ab</think>cd", M) == ("ab", "cd") and split("ab", M) is None
+
+
+def test_first_stream_is_tracked_as_raw_text_with_the_tag() -> None:
+    s = stitcher()
+    p = s.choices[0]
+    assert p.reasoning
+    first(s, {"reasoning": "hm"}, [10])
+    first(s, {}, [END])  # vLLM sends the tag's token alone with an empty delta
+    first(s, {"content": "yes"}, [11])
+    assert p.text == "hm</think>yes" and p.reply == "yes" and not p.reasoning
+    assert p.reasoning_field == "reasoning" and p.token_ids == [10, END, 11]
+
+
+def test_a_delta_holding_the_tag_is_split_like_the_parser_does() -> None:
+    s = stitcher()
+    first(s, {"reasoning": "a", "content": "b"}, [10, END, 11])
+    p = s.choices[0]
+    assert p.text == "a</think>b" and p.reply == "b" and not p.reasoning
+
+
+def test_resumed_raw_text_keeps_reasoning_then_content() -> None:
+    s = stitcher()
+    first(s, {"reasoning_content": "so"}, [10])  # an older engine's field name
+    p = s.choices[0]
+    outs = []
+    for raw, ids in (("me", [12]), ("</think>", [END]), ("ok", [13])):
+        p.add(raw, ids)
+        outs.append(s.chunk(0, raw, ids))
+    assert delta(outs[0]) == {"reasoning_content": "me"}
+    assert outs[1] == b""  # the tag alone: no delta, as from the parser
+    assert delta(outs[2]) == {"content": "ok"} and p.reply == "ok"
+    # In one chunk, and with the tag's text arriving after its token (held bytes before it).
+    s2 = stitcher()
+    q = s2.choices[0]
+    q.add("", [0xE4, END])
+    assert s2.chunk(0, "", [0xE4, END]) == b""
+    q.add("\ufffd</think>x", [7])
+    assert delta(s2.chunk(0, "\ufffd</think>x", [7])) == {"reasoning": "\ufffd", "content": "x"}
+
+
+def test_reasoning_from_a_parser_baton_cannot_follow_is_refused_not_relabelled() -> None:
+    s = Stitcher(chat(), strip_ids=True)
+    s.follow_reasoning("gpt_oss", None)
+    first(s, {"role": "assistant", "content": ""}, [], prompt_token_ids=PROMPT)
+    first(s, {"reasoning": "x"}, [10])
+    p = s.choices[0]
+    try:
+        plan_resume(chat(), p, token_path=True, seam_tokens=0)
+    except Exception as why:  # noqa: BLE001 - asserting on the message
+        assert "gpt_oss" in str(why)
+    else:
+        raise AssertionError("a resume of an unfollowed parser's stream was planned")
+    unnamed = Stitcher(chat(), strip_ids=True)
+    first(unnamed, {"role": "assistant", "content": ""}, [], prompt_token_ids=PROMPT)
+    first(unnamed, {"reasoning": "x"}, [10])
+    assert "no reasoning_parser" in unnamed.choices[0].unfollowed
+
+
+def test_tools_in_the_request_refuse_a_resume() -> None:
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}]}  # fmt: skip
+    s = Stitcher(ClientRequest(Endpoint.CHAT, body, "m", True, True), strip_ids=True)
+    first(s, {"role": "assistant", "content": ""}, [], prompt_token_ids=PROMPT)
+    try:
+        plan_resume(ClientRequest(Endpoint.CHAT, body, "m", True, True), s.choices[0],
+                    token_path=True, seam_tokens=0)  # fmt: skip
+    except Exception as why:  # noqa: BLE001
+        assert "tool" in str(why)
+    else:
+        raise AssertionError("tools resumed")
+    none = {**body, "tool_choice": "none"}
+    plan_resume(ClientRequest(Endpoint.CHAT, none, "m", True, True), s.choices[0],
+                token_path=True, seam_tokens=0)  # fmt: skip
