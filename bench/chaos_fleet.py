@@ -67,11 +67,16 @@ def pick(draw: float, candidates: Sequence[str]) -> str | None:
 class Fleet:
     """Real processes; `close()` stops every one of them, including sims restarted later."""
 
-    def __init__(self, logdir: Path, backends: int) -> None:
+    _sim_extra: tuple[str, ...] = ()  # more arguments for every sim
+
+    def __init__(self, logdir: Path, backends: int, sim_extra: Sequence[str] = ()) -> None:
+        """`sim_extra`: more arguments for every sim (e.g. --byte-level)."""
+        self._sim_extra = tuple(sim_extra)
         self._init_sims(logdir, backends)
         try:
             # Outside the fleet, prefix cache off: every floor sample pays its whole prefill.
-            self.floor = self._start("floor", sim_argv("127.0.0.1:0", "--cache-blocks", "0"))
+            floor = sim_argv("127.0.0.1:0", "--cache-blocks", "0", *self._sim_extra)
+            self.floor = self._start("floor", floor)
             config = logdir / "failover.control.toml"
             config.write_text(fleet_toml(self.sims))
             self.control = self._start("control", control_argv(str(config)))
@@ -110,7 +115,8 @@ class Fleet:
 
     def _sim_argv(self, sid: str, port: int) -> list[str]:
         """The sim's own arguments (what follows `python -m sim`), for the zygote."""
-        return sim_argv(f"127.0.0.1:{port}", "--timing-log", str(self.timing_path(sid)))[1:]
+        timing = ("--timing-log", str(self.timing_path(sid)))
+        return sim_argv(f"127.0.0.1:{port}", *timing, *self._sim_extra)[1:]
 
     def _start(self, name: str, argv: list[str]) -> Part:
         """A part other than the fleet's sims (those come from the zygote)."""

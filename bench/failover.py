@@ -350,6 +350,7 @@ class Plan:
     kill_every: float
     seed: int
     prompts: int = 16
+    byte_level: bool = False  # sims with a byte-level vocabulary: multi-byte text, split
 
 
 @dataclass(slots=True)
@@ -517,18 +518,23 @@ def parse_args(argv: list[str] | None) -> tuple[Plan, Path]:
     p.add_argument("--tokens", type=int, default=64, help="max_tokens per stream")
     p.add_argument("--kill-every", type=float, default=0.4, help="mean seconds between kills")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--byte-level", action="store_true",
+                   help="byte-level sims: characters split across tokens, invalid UTF-8")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     a = p.parse_args(argv)
     if a.backends < 2:
         p.error("--backends must be at least 2: a resume needs somewhere to go")
     n = a.requests if a.requests is not None else (40 if a.quick else 400)
-    return Plan(n, a.concurrency, a.backends, a.tokens, a.kill_every, a.seed), a.json
+    plan = Plan(n, a.concurrency, a.backends, a.tokens, a.kill_every, a.seed,
+                byte_level=a.byte_level)  # fmt: skip
+    return plan, a.json
 
 
 def main(argv: list[str] | None = None) -> int:
     plan, json_path = parse_args(argv)
     try:
-        with Fleet(json_path.parent, plan.backends) as fleet:
+        extra = ("--byte-level",) if plan.byte_level else ()
+        with Fleet(json_path.parent, plan.backends, extra) as fleet:
             await_serving(fleet.shim.ready)
             doc = asyncio.run(run(fleet, plan))
     except KeyboardInterrupt:

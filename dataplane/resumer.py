@@ -180,6 +180,9 @@ class Resumer:
                 except StreamFailed as failed:
                     result.failure, result.detail = failed.failure, str(failed)
                     return result
+                except AttemptFailed as failed:  # decoding the held tokens' text failed
+                    result.failure, result.detail = failed.failure, failed.detail
+                    return result
                 finally:
                     result.flowing.set()  # a stream that ended early: the check may go now
                     if outcome == "finished":  # its generation is over: keep the connection
@@ -400,7 +403,9 @@ class Resumer:
                     raise AttemptFailed(
                         _resume_failure(resp.status), f"detokenize answered {resp.status}{why}"
                     )
-                text = (await resp.json()).get("prompt")
+                answer = await resp.json()
+            # vLLM answers {"prompt": text}; SGLang's native API {"text": text}.
+            text = answer.get("prompt", answer.get("text")) if isinstance(answer, dict) else None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise classify_exception(exc) from exc
         except ValueError:  # not JSON

@@ -15,7 +15,7 @@ import sys
 
 from sim.costmodel import CostParams
 from sim.faults import FaultSpecError, parse_fault_spec
-from sim.model import ModelConfig
+from sim.model import MAX_THINK_TOKENS, ModelConfig
 from sim.protocol import Limits
 from sim.server import SimConfig, start_server
 from sim.specdecode import SpecConfig
@@ -60,6 +60,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="degenerate model: loop once the history has T tokens (with --loop-period)")
     m.add_argument("--loop-period", type=int, default=0, metavar="L",
                    help="degenerate model: the argmax is history[-L] (0 = off)")
+    m.add_argument("--byte-level", action="store_true",
+                   help="byte-level BPE vocabulary (own vocab_hash); the model emits multi-byte "
+                        "characters, characters split across tokens and invalid UTF-8")
+    m.add_argument("--reasoning", action="store_true",
+                   help="<think>/</think> tokens, a template opening <think>, and chat "
+                        "responses split like vLLM's --reasoning-parser deepseek_r1")
+    m.add_argument("--think-tokens", type=int, default=32, metavar="N",
+                   help="with --reasoning: </think> comes at or after N tokens of thinking")
     c = parser.add_argument_group("cost model (all 0 = as fast as possible)")
     c.add_argument("--prefill-us-per-token", type=float, default=20.0,
                    help="prefill time per prompt token not in the prefix cache")
@@ -97,6 +105,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             draft_agree_rate=args.draft_agree_rate,
             loop_after_len=args.loop_after_len,
             loop_period=args.loop_period,
+            think_tokens=args.think_tokens,
         ),
         limits=Limits(
             model=args.model,
@@ -122,6 +131,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         tokenizer_variant=args.tokenizer_variant,
         timing_log=args.timing_log,
         api_key=args.api_key,
+        byte_level=args.byte_level,
+        reasoning=args.reasoning,
     )
 
 
@@ -137,6 +148,8 @@ def _check_ranges(args: argparse.Namespace) -> None:
         raise SystemExit("--default-top-k must be -1, 0 (off) or at least 1")
     if args.loop_after_len < 0 or args.loop_period < 0:
         raise SystemExit("--loop-after-len and --loop-period must be >= 0")
+    if not 0 <= args.think_tokens <= MAX_THINK_TOKENS:
+        raise SystemExit(f"--think-tokens must be in [0, {MAX_THINK_TOKENS}]")
 
 
 def _split_listen(listen: str) -> tuple[str, int]:

@@ -9,6 +9,12 @@ left open (no ``<|end|>``), so
 
 The partial's ids then come from re-encoding its text — the text resume path,
 which may tokenize differently from what the model generated (intended).
+
+A reasoning model's template (``open_think``, DeepSeek-R1 style) opens the
+assistant turn with ``<think>``: the generation prompt ends
+``<|assistant|><think>``. Messages are rendered as given (an assistant
+message's content is not wrapped), so continue_final_message leaves no
+``<think>`` before the partial.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ def render(
     *,
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
+    open_think: bool = False,
 ) -> str:
     """Render to prompt text (special tokens as their strings)."""
     if add_generation_prompt and continue_final_message:
@@ -92,5 +99,5 @@ def render(
         if not (continue_final_message and i == last):
             pieces.append("<|end|>")
     if add_generation_prompt:
-        pieces.append("<|assistant|>")
+        pieces.append("<|assistant|><think>" if open_think else "<|assistant|>")
     return "".join(pieces)

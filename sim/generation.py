@@ -1,20 +1,87 @@
 """One generated sequence (one choice): decoding, EOS, length and stop strings (pure).
 
-Text release follows vLLM's detokenizer: with stop strings, the last
-``max(len(stop)) - 1`` characters are held back until they can no longer start
-a stop string, and the output is cut before the stop string (which is not
-included). Token ids are reported as generated, including the token that
-completed a stop string and the EOS token, and count as completion tokens.
+Text release follows vLLM 0.32's detokenizer (FastIncrementalDetokenizer over
+tokenizers' DecodeStream, skip_special_tokens on), see ``Detokenizer``: text
+comes out only once the bytes since the last release decode to text that does
+not end in U+FFFD, and bytes never released by the end are dropped. On top of
+that, with stop strings, the last ``max(len(stop)) - 1`` released characters
+are held back until they can no longer start a stop string, and the output is
+cut before the stop string (after it with include_stop_str_in_output, which
+also turns the hold-back off). Token ids are reported as generated, including
+the token that completed a stop string and the EOS token, and count as
+completion tokens. For ASCII output every token releases its own text at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from random import Random
 
 from sim.model import ToyModel
 from sim.protocol import SamplingParams
-from sim.tokenizer import EOS
+from sim.tokenizer import EOS, Tokenizer
+
+_REPLACEMENT = "\ufffd"
+
+
+class Detokenizer:
+    """What vLLM 0.32 releases as text, token by token (pure, one per sequence).
+
+    ``pending`` holds the bytes of the tokens since the last release (special
+    tokens add none). After each token the pending bytes are decoded with
+    replacement; text that is non-empty and does not end in U+FFFD is released
+    and pending is emptied, anything else waits (a genuine U+FFFD at the end
+    waits too, as in tokenizers' DecodeStream).
+
+    The prompt quirk: vLLM primes the DecodeStream with the prompt ids. When
+    the prompt's own text ends in U+FFFD (it stops inside a character, e.g. a
+    resume prompt cut mid-character), the stream has no clean prefix yet, and
+    its first release is the text of the whole prompt (specials stripped)
+    followed by the new text. That is the same rule with pending starting out
+    as the prompt's bytes.
+    """
+
+    __slots__ = ("_visible", "_whole", "_pending", "primed")
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Seq[int] = ()) -> None:
+        self._visible = tokenizer.visible
+        self._whole = tokenizer.whole
+        self._pending = bytearray()
+        # True when the prompt ends mid-character (its text comes out first).
+        self.primed = bool(prompt_ids) and tokenizer.ends_mid_character(prompt_ids)
+        if self.primed:
+            self._pending += tokenizer.visible_bytes(prompt_ids)
+
+    def step(self, token_id: int) -> str:
+        """The text released by this token ("" when none)."""
+        pending = self._pending
+        if not pending:
+            text = self._whole[token_id]
+            if text is not None:  # whole characters on its own (or a special: "")
+                return text
+        pending += self._visible[token_id]
+        text = pending.decode("utf-8", errors="replace")
+        if text and not text.endswith(_REPLACEMENT):
+            pending.clear()
+            return text
+        return ""
+
+
+def released_text(
+    tokenizer: Tokenizer, prompt_ids: Seq[int], ids: Seq[int], *, primed: bool | None = None
+) -> str:
+    """All text a stream over ``ids`` releases (what a non-streaming response holds).
+
+    ``primed``: Detokenizer(tokenizer, prompt_ids).primed, when already known.
+    """
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    if primed is None:
+        primed = bool(prompt_ids) and tokenizer.ends_mid_character(prompt_ids)
+    if not primed and not text.endswith(_REPLACEMENT):
+        return text  # every byte was released: the releases add up to the plain decode
+    detok = Detokenizer(tokenizer, prompt_ids)
+    return "".join(detok.step(t) for t in ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,8 +96,8 @@ class Sequence:
     """Generates one choice token by token. Mutable, owned by one request."""
 
     __slots__ = (
-        "_model", "_params", "_texts", "_prompt", "_h", "_last", "_rng", "_stops", "_hold",
-        "_buf", "_sent", "token_ids", "finish_reason", "stop_reason",
+        "_model", "_params", "_detok", "_prompt", "_h", "_last", "_rng", "_stops", "_hold",
+        "_back", "_buf", "_sent", "token_ids", "finish_reason", "stop_reason",
     )
 
     def __init__(
@@ -44,8 +111,8 @@ class Sequence:
     ) -> None:
         self._model = model
         self._params = params
-        self._texts = model.tokenizer.texts
-        self._prompt = prompt_ids  # read only by degenerate (looping) models
+        self._detok = Detokenizer(model.tokenizer, prompt_ids)
+        self._prompt = prompt_ids  # read by degenerate (looping) models and output_text
         self._h = model.start(prompt_ids) if prompt_hash is None else prompt_hash
         self._last: int | None = prompt_ids[-1] if prompt_ids else None
         self._rng: Random | None = None
@@ -53,7 +120,9 @@ class Sequence:
             # Seed + choice index, like vLLM's per-request generator; no seed = fresh entropy.
             self._rng = Random(params.seed + index) if params.seed is not None else Random()
         self._stops = params.stop
-        self._hold = max((len(s) for s in params.stop), default=1) - 1
+        # A stop string may start this many characters before the new text.
+        self._back = max((len(s) for s in params.stop), default=1) - 1
+        self._hold = 0 if params.include_stop_str_in_output else self._back
         self._buf = ""
         self._sent = 0
         self.token_ids: list[int] = []
@@ -67,8 +136,10 @@ class Sequence:
     def output_text(self) -> str:
         """All text generated so far, as a non-streaming response reports it."""
         if self._stops:
-            return self._buf  # already cut before the stop string
-        return self._model.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+            return self._buf  # already cut at the stop string
+        return released_text(
+            self._model.tokenizer, self._prompt, self.token_ids, primed=self._detok.primed
+        )
 
     def _loop_token(self) -> int | None:
         """history[loop_index] of prompt + generated, without concatenating them."""
@@ -100,8 +171,8 @@ class Sequence:
         at_limit = len(self.token_ids) >= self._params.max_tokens
         if not self._stops:
             if tid == EOS:
-                return self._end("", "stop")
-            text = self._texts[tid]
+                return self._end("", "stop")  # vLLM does not detokenize the EOS token
+            text = self._detok.step(tid)
             return self._end(text, "length") if at_limit else TokenEvent(tid, text, None)
         return self._step_with_stops(tid, at_limit)
 
@@ -133,16 +204,20 @@ class Sequence:
         if tid == EOS:
             return self._end(self._release(len(self._buf)), "stop")
         before = len(self._buf)
-        self._buf += self._texts[tid]
-        start = max(0, before - self._hold)
+        new = self._detok.step(tid)
+        self._buf += new
+        start = max(0, before - self._back)
         cut, matched = -1, None
-        # Like vLLM, stop strings are not checked before min_tokens outputs.
-        stops = self._stops if len(self.token_ids) >= self._params.min_tokens else ()
+        # Like vLLM, stop strings are not checked before min_tokens outputs, nor
+        # when no text was released (the output did not grow).
+        stops = self._stops if new and len(self.token_ids) >= self._params.min_tokens else ()
         for s in stops:
             i = self._buf.find(s, start)
             if i >= 0 and (cut < 0 or i < cut):
                 cut, matched = i, s
         if matched is not None:
+            if self._params.include_stop_str_in_output:
+                cut += len(matched)
             text = self._release(cut)
             self._buf = self._buf[:cut]
             return self._end(text, "stop", matched)

@@ -27,6 +27,22 @@ Scores: the candidate at 0-based rank r has logit -r * _RANK_GAP for the first
 _MAX_SAMPLE_CANDIDATES ranks; every other id sits at one tail logit, ranked
 after them in id order. ``logprob`` is log-softmax of that over the vocabulary.
 
+Byte-level mode (the tokenizer was built with ``byte_level``): the tables
+also hold multi-byte pieces, so greedy output mixes ASCII with whole
+characters in one token, characters split over several tokens (a lead byte or
+fragment, then continuation bytes), and invalid UTF-8 (a lone continuation
+byte; a lead byte followed by ASCII). Which table applies depends on a small
+UTF-8 state of the history (continuation bytes still owed, and whether the
+text so far ends in U+FFFD), kept in the low bits of the history hash; after
+a lead byte the next token is usually, not always, a continuation byte.
+
+Reasoning mode (the tokenizer has ``<think>``/``</think>``): the low bits also
+count tokens since the last ``<think>`` (saturating at ``think_tokens``); from
+``think_tokens`` on, at positions chosen by a hash of the history (and only
+where the text so far ends on a whole character), ``</think>`` is forced to
+the top, so each think block ends once. Without either mode the hash is the
+plain rolling hash, bit for bit as before.
+
 Hashing uses CPython's tuple hash of ints, which is fixed per interpreter
 build (no PYTHONHASHSEED involvement): replicas must run the same CPython,
 the sim's equivalent of "same engine version".
@@ -35,7 +51,7 @@ the sim's equivalent of "same engine version".
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from random import Random
 
@@ -51,6 +67,16 @@ _SALT_SCORE = -7  # distinct tuple tags so the hashes below are independent
 _SALT_CHIP = -11
 _SALT_DRAFT = -13
 _DRAFT_BITS = 24
+_SALT_THINK = -17
+# Stateful modes keep this in the low bits of the history hash: bits 0-1 =
+# UTF-8 continuation bytes still owed, bit 2 = text so far ends in U+FFFD,
+# bits 3.. = 1 + tokens since <think> (saturating), 0 = not thinking.
+_UTF8_BITS = 3
+_THINK_SHIFT = _UTF8_BITS
+MAX_THINK_TOKENS = (1 << 14) - 2
+_STATE_MASK = (1 << (_THINK_SHIFT + 14)) - 1
+# A quarter of the positions at or past think_tokens end the think block.
+_THINK_END_MASK = 3
 # Score gap between consecutive candidates, in logits; with temperature T the
 # sampling distribution is softmax(-rank * gap / T).
 _RANK_GAP = 1.5
@@ -78,6 +104,7 @@ class ModelConfig:
     draft_agree_rate: float = 1.0  # < 1: act as a draft of the model with this seed
     loop_after_len: int = 0  # degenerate mode: see loop_index
     loop_period: int = 0  # 0 = off
+    think_tokens: int = 32  # reasoning mode: </think> comes at or after this many think tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +130,7 @@ def _weighted_table(weights: dict[int, float]) -> tuple[int, ...]:
 
 
 def _token_weights(tok: Tokenizer) -> dict[int, float]:
+    """ASCII candidates: letters, space, punctuation, digits and the ASCII merges."""
     weights: dict[int, float] = {}
     for ch, w in _LETTER_WEIGHTS.items():
         weights[ord(ch)] = float(w)
@@ -112,10 +140,91 @@ def _token_weights(tok: Tokenizer) -> dict[int, float]:
         weights[ord(ch)] = 6.0
     for d in "0123456789":
         weights[ord(d)] = 1.0
-    for i in range(FIRST_MERGE_ID, tok.vocab_size):
+    for i in range(FIRST_MERGE_ID, tok.merge_end):
+        if not tok.pieces[i].isascii():
+            continue  # byte-level merges: see _multibyte_weights
         text = tok.texts[i]
         if text.strip():  # skip pure-whitespace merges: they only make gaps
             weights[i] = 12.0 if text.startswith(" ") else 9.0
+    return weights
+
+
+# Byte-level mode: share of the candidate mass at a character boundary that
+# goes to multi-byte pieces, by kind (of the ASCII mass).
+_WHOLE_SHARE = 0.16  # a whole character in one token ("é", "中", " é")
+_LEAD_SHARE = 0.09  # a lone lead byte (C3, E4, F0, ...): 1-3 continuation bytes owed
+_FRAGMENT_SHARE = 0.07  # a lead byte + some continuation bytes (E4 B8, F0 9F 98)
+_LONE_CONT_SHARE = 0.035  # a lone continuation byte: invalid UTF-8
+# After a lead byte / fragment: continuation bytes, else ASCII letters (invalid).
+_CONT_SHARE = 0.88
+_LEADS = (0xC3, 0xCE, 0xD0, 0xE2, 0xE4, 0xE6, 0xE7, 0xF0)
+_LONE_CONTS = (0x80, 0x8D, 0x94, 0x9C, 0xA9, 0xAD, 0xB8, 0xBC)
+
+
+def _owed(piece: bytes, owed: int = 0, bad: bool = False) -> tuple[int, bool]:
+    """UTF-8 state after ``piece``: (continuation bytes owed, text ends in U+FFFD).
+
+    Second-byte range rules (E0, ED, F0, F4) are ignored: the model only opens
+    sequences whose continuation bytes it picks validly (see _continuation_weights).
+    """
+    for b in piece:
+        if owed:
+            if 0x80 <= b <= 0xBF:
+                owed -= 1
+                if not owed:
+                    bad = False
+                continue
+            bad = True  # the open sequence is cut short: U+FFFD, then b starts afresh
+        if b < 0x80:
+            owed, bad = 0, False
+        elif 0xC2 <= b <= 0xDF:
+            owed = 1
+        elif 0xE0 <= b <= 0xEF:
+            owed = 2
+        elif 0xF0 <= b <= 0xF4:
+            owed = 3
+        else:
+            owed, bad = 0, True  # lone continuation byte, C0, C1, F5..FF
+    return owed, bad
+
+
+def _multibyte_weights(tok: Tokenizer, ascii_mass: float) -> dict[int, float]:
+    whole: list[int] = []
+    fragments: list[int] = []
+    spaced: list[int] = []
+    for i in range(FIRST_MERGE_ID, tok.merge_end):
+        piece = tok.pieces[i]
+        if piece.isascii():
+            continue
+        owed, bad = _owed(piece)
+        if owed:
+            (spaced if piece.startswith(b" ") else fragments).append(i)
+        elif not bad:
+            whole.append(i)
+    weights: dict[int, float] = {}
+
+    def spread(ids: Sequence[int], share: float) -> None:
+        for i in ids:
+            weights[i] = weights.get(i, 0.0) + share * ascii_mass / len(ids)
+
+    spread(whole, _WHOLE_SHARE)
+    spread(_LEADS, _LEAD_SHARE)
+    spread(fragments + spaced, _FRAGMENT_SHARE)
+    spread(_LONE_CONTS, _LONE_CONT_SHARE)
+    return weights
+
+
+def _continuation_weights(owed: int) -> dict[int, float]:
+    """Candidates when ``owed`` continuation bytes are still owed."""
+    # After a 4-byte lead (owed 3) the next byte must be 90..BF (F0's rule);
+    # 9F is the emoji block.
+    conts = range(0x90, 0xC0) if owed == 3 else range(0x80, 0xC0)
+    weights = {b: _CONT_SHARE / len(conts) for b in conts}
+    if owed == 3:
+        weights[0x9F] += _CONT_SHARE
+    letters = sum(_LETTER_WEIGHTS.values())
+    for ch, w in _LETTER_WEIGHTS.items():
+        weights[ord(ch)] = (1 - _CONT_SHARE) * w / letters
     return weights
 
 
@@ -124,17 +233,43 @@ class ToyModel:
 
     __slots__ = (
         "config", "tokenizer", "_tables", "_tie_cut", "_eos_cut", "_h0", "_space_end",
-        "_agree_cut", "_loop_from", "_log_z",
+        "_agree_cut", "_loop_from", "_log_z", "_cont_tables", "_utf8", "_think_start",
+        "_think_end", "_think_cap", "start", "advance",
     )
+    # Rolling hash of a whole history (equals advancing token by token), and
+    # one step of it; plain tuple hashing unless a stateful mode is on.
+    start: Callable[[Sequence[int]], int]
+    advance: Callable[[int, int], int]
 
     def __init__(self, config: ModelConfig, tokenizer: Tokenizer) -> None:
         self.config = config
         self.tokenizer = tokenizer
         weights = _token_weights(tokenizer)
-        no_space = {t: w for t, w in weights.items() if not tokenizer.texts[t].startswith(" ")}
+        if tokenizer.byte_level:
+            weights |= _multibyte_weights(tokenizer, sum(weights.values()))
+        no_space = {t: w for t, w in weights.items() if not tokenizer.pieces[t].startswith(b" ")}
         # After a token ending in a space, never start with one: avoids "  " runs.
         self._tables = (_weighted_table(weights), _weighted_table(no_space))
-        self._space_end = tuple(t.endswith(" ") for t in tokenizer.texts)
+        self._space_end = tuple(p.endswith(b" ") for p in tokenizer.pieces)
+        # Indexed by continuation bytes owed (byte-level mode only).
+        self._cont_tables: tuple[tuple[int, ...], ...] = ()
+        if tokenizer.byte_level:
+            self._cont_tables = tuple(
+                _weighted_table(_continuation_weights(n)) if n else () for n in range(4)
+            )
+        self._think_start = tokenizer.think_start
+        self._think_end = tokenizer.think_end
+        self._think_cap = 1 + min(max(config.think_tokens, 0), MAX_THINK_TOKENS)
+        # Per token and UTF-8 state (bits 0-2), the next UTF-8 state.
+        self._utf8: tuple[tuple[int, ...], ...] = ()
+        if tokenizer.byte_level or self._think_end is not None:
+            self._utf8 = tuple(
+                tuple(_pack(*_owed(p, s & 3, bool(s & 4))) for s in range(8))
+                for p in tokenizer.visible
+            )
+            self.start, self.advance = self._start_stateful, self._advance_stateful
+        else:
+            self.start, self.advance = self._start_plain, _advance_plain
         self._tie_cut = int(min(max(config.tie_rate, 0.0), 1.0) * (1 << _TIE_BITS))
         self._eos_cut = int(min(max(config.eos_rate, 0.0), 1.0) * (1 << _EOS_BITS))
         self._h0 = hash((config.seed, 0x5EED))
@@ -147,22 +282,45 @@ class ToyModel:
         self._log_z = math.log(ranked + tail)
 
     # -- history hashing -------------------------------------------------
-    def start(self, ids: Sequence[int]) -> int:
-        """Rolling hash of a whole history (equals advancing token by token)."""
+    def _start_plain(self, ids: Sequence[int]) -> int:
         h = self._h0
         for t in ids:
             h = hash((h, t))
         return h
 
-    @staticmethod
-    def advance(h: int, token_id: int) -> int:
-        return hash((h, token_id))
+    def _start_stateful(self, ids: Sequence[int]) -> int:
+        h, advance = self._h0 & ~_STATE_MASK, self._advance_stateful
+        for t in ids:
+            h = advance(h, t)
+        return h
+
+    def _advance_stateful(self, h: int, token_id: int) -> int:
+        utf8 = self._utf8[token_id][h & 7]
+        think = (h & _STATE_MASK) >> _THINK_SHIFT
+        if token_id == self._think_start:
+            think = 1
+        elif token_id == self._think_end:
+            think = 0
+        elif think and think < self._think_cap:
+            think += 1
+        return (hash((h, token_id)) & ~_STATE_MASK) | (think << _THINK_SHIFT) | utf8
 
     # -- scores ------------------------------------------------------------
-    def _table_for(self, last: int | None) -> tuple[int, ...]:
+    def _table_for(self, h: int, last: int | None) -> tuple[int, ...]:
+        if self._cont_tables and h & 3:
+            return self._cont_tables[h & 3]
         if last is not None and self._space_end[last]:
             return self._tables[1]
         return self._tables[0]
+
+    def _ends_think(self, h: int) -> bool:
+        """Reasoning mode: whether </think> is forced to the top at this history."""
+        return (
+            self._think_end is not None
+            and (h & _STATE_MASK) >> _THINK_SHIFT == self._think_cap
+            and not h & 7  # the text so far ends on a whole character
+            and not hash((h, _SALT_THINK)) & _THINK_END_MASK
+        )
 
     def near_tie(self, h: int) -> bool:
         """Whether the top-2 margin at this history is within chip noise (model property)."""
@@ -207,7 +365,7 @@ class ToyModel:
         The list for a smaller k is always a prefix of the list for a larger one.
         """
         x = hash((h, _SALT_SCORE)) & _MASK64
-        table = self._table_for(last)
+        table = self._table_for(h, last)
         top1 = table[x & _TABLE_MASK]
         slot = (x >> _TABLE_BITS) & _TABLE_MASK
         top2 = table[slot]
@@ -230,6 +388,9 @@ class ToyModel:
         del ids[n:]
         if self.is_draft and self.draft_disagrees(h):
             ids[0], ids[1] = ids[1], ids[0]
+        if self._think_end is not None and self._ends_think(h):
+            end = self._think_end
+            ids = [end, *(t for t in ids if t != end)][:n]
         if loop is not None and _forced(loop, allow_eos):
             ids = [loop, *(t for t in ids if t != loop)][:n]
         return Candidates(tuple(ids), tie)
@@ -240,6 +401,8 @@ class ToyModel:
         """Argmax; the same answer as ``candidates(...).ids[0]``, without allocations."""
         if loop is not None and _forced(loop, allow_eos):
             return loop
+        if self._think_end is not None and self._ends_think(h):
+            return self._think_end
         if self.is_draft:
             # Drafts are the rarer, cheaper role: reuse candidates() rather than
             # duplicate the swap logic in this fast path.
@@ -247,7 +410,7 @@ class ToyModel:
         x = hash((h, _SALT_SCORE)) & _MASK64
         if allow_eos and ((x >> 24) & 0xFFFF) < self._eos_cut:
             return EOS
-        table = self._table_for(last)
+        table = self._table_for(h, last)
         top1 = table[x & _TABLE_MASK]
         if (x >> 40) < self._tie_cut and hash((h, _SALT_CHIP, self.config.chip_seed)) & 1:
             slot = (x >> _TABLE_BITS) & _TABLE_MASK
@@ -287,6 +450,14 @@ class ToyModel:
             if u <= 0:
                 return tok
         return ids[kept - 1]
+
+
+def _advance_plain(h: int, token_id: int) -> int:
+    return hash((h, token_id))
+
+
+def _pack(owed: int, bad: bool) -> int:
+    return owed | (4 if bad else 0)
 
 
 def _forced(loop: int, allow_eos: bool) -> bool:

@@ -65,6 +65,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0  # EOS and stop strings are suppressed before this many outputs
+    include_stop_str_in_output: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,7 @@ class GenRequest:
     return_token_ids: bool = False
     role: str = "assistant"  # chat only: role of the streamed message
     prompt_logprobs: int | None = None  # completions only: top-k to score at each prompt position
+    include_reasoning: bool = True  # chat with a reasoning parser: send the reasoning part
 
 
 def check_model(body: Mapping[str, Any], limits: Limits) -> None:
@@ -101,7 +103,10 @@ def parse_chat(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRe
         messages = parse_messages(body.get("messages"))
         add_gen = _opt(body, "add_generation_prompt", bool, True)
         cont = _opt(body, "continue_final_message", bool, False)
-        text = render(messages, add_generation_prompt=add_gen, continue_final_message=cont)
+        text = render(
+            messages, add_generation_prompt=add_gen, continue_final_message=cont,
+            open_think=tok.think_start is not None,
+        )
     except TemplateError as e:
         raise bad_request(str(e), "messages") from None
     prompt_ids = tok.encode(text)
@@ -109,7 +114,9 @@ def parse_chat(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRe
     if max_tokens is None:
         max_tokens = _opt(body, "max_tokens", int, None)
     role = "assistant" if add_gen else messages[-1].role
-    return _finish(body, "chat", prompt_ids, max_tokens, limits, role=role)
+    req = _finish(body, "chat", prompt_ids, max_tokens, limits, role=role)
+    include_reasoning = _opt(body, "include_reasoning", bool, True)
+    return req if include_reasoning else replace(req, include_reasoning=False)
 
 
 def parse_completion(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRequest:
@@ -183,6 +190,7 @@ def _finish(
         stop=_stops(body.get("stop")),
         ignore_eos=_opt(body, "ignore_eos", bool, False),
         min_tokens=_opt(body, "min_tokens", int, 0),
+        include_stop_str_in_output=_opt(body, "include_stop_str_in_output", bool, False),
     )
     if params.temperature < 0:
         raise bad_request("'temperature' must be >= 0", "temperature")

@@ -10,6 +10,10 @@ Placement of the vLLM ``return_token_ids`` fields (vLLM >= 0.10.2):
 chunk when include_usage is on), as in current vLLM. ``prompt_logprobs``, when
 requested, rides on each completions choice: [null, {"<id>": {"logprob",
 "rank", "decoded_token"}}, ...].
+
+Chat on a reasoning sim (``Meta.reasoning``): streamed deltas come from
+sim.reasoning (``{"reasoning": ...}`` / ``{"content": ...}`` / both / ``{}``),
+and the message gets ``reasoning`` next to ``content`` (null when absent).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from sim.reasoning import extract
 from sim.scoring import Scored
 
 DONE = b"data: [DONE]\n\n"
@@ -35,6 +40,8 @@ class Meta:
     return_token_ids: bool
     include_usage: bool
     role: str = "assistant"
+    reasoning: bool = False  # chat through the deepseek_r1 reasoning parser
+    include_reasoning: bool = True
 
     @property
     def chunk_object(self) -> str:
@@ -87,10 +94,16 @@ def token_chunk(
     finish_reason: str | None = None,
     stop_reason: str | None = None,
     prompt_ids: Sequence[int] | None = None,
+    delta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One generated token (or the abort marker when token_ids is empty)."""
+    """One generated token (or the abort marker when token_ids is empty).
+
+    Chat: ``delta`` replaces the plain ``{"content": text}`` (reasoning parser).
+    """
     if meta.chat:
-        choice: dict[str, Any] = {"index": index, "delta": {"content": text}}
+        choice: dict[str, Any] = {
+            "index": index, "delta": {"content": text} if delta is None else delta
+        }
     else:
         choice = {"index": index, "text": text}
     choice["logprobs"] = None
@@ -161,10 +174,11 @@ def full_response(
     choices: list[dict[str, Any]] = []
     for i, r in enumerate(results):
         if meta.chat:
-            choice: dict[str, Any] = {
-                "index": i,
-                "message": {"role": meta.role, "content": r.text, "tool_calls": []},
-            }
+            message: dict[str, Any] = {"role": meta.role, "content": r.text, "tool_calls": []}
+            if meta.reasoning:
+                reasoning, message["content"] = extract(r.text)
+                message["reasoning"] = reasoning if meta.include_reasoning else None
+            choice: dict[str, Any] = {"index": i, "message": message}
         else:
             choice = {"index": i, "text": r.text}
         choice["logprobs"] = None

@@ -24,6 +24,7 @@ from sim import specdecode, timing
 from sim.faults import FaultKind, FaultSpec
 from sim.generation import Sequence
 from sim.protocol import GenRequest
+from sim.reasoning import R1Stream
 from sim.scoring import prompt_logprobs
 
 if TYPE_CHECKING:
@@ -54,6 +55,13 @@ class Run:
         self._check_faults = not faults.empty
         self._prefill_s = 0.0
         self._prompt_logprobs: r.PromptLogprobs | None = None
+        tok = state.tokenizer
+        self._parsers: list[R1Stream] | None = None
+        if meta.reasoning and tok.think_start is not None and tok.think_end is not None:
+            self._parsers = [
+                R1Stream(tok.think_start, tok.think_end, include_reasoning=meta.include_reasoning)
+                for _ in range(req.n)
+            ]
 
     # -- lifecycle -----------------------------------------------------------
     def begin(self) -> None:
@@ -199,9 +207,18 @@ class Run:
                 self.emitted += 1
                 prompt = req.prompt_ids if first[i] else None
                 first[i] = False
+                delta = None
+                if self._parsers is not None:
+                    delta = self._parsers[i].delta(ev.text, (ev.token_id,))
+                    if delta is None:
+                        # vLLM skips the chunk, unless it ends the choice or the
+                        # client asked for token ids (then: an empty delta).
+                        if ev.finish_reason is None and not meta.return_token_ids:
+                            continue
+                        delta = {}
                 buf.append(
                     r.sse(r.token_chunk(meta, i, ev.text, [ev.token_id], ev.finish_reason,
-                                        ev.stop_reason, prompt))
+                                        ev.stop_reason, prompt, delta))
                 )
             self._first_token()
         if meta.include_usage:
@@ -210,6 +227,11 @@ class Run:
         await resp.write(b"".join(buf))
         self._settle()
         return resp
+
+    def _abort_delta(self, i: int) -> dict[str, object] | None:
+        if self._parsers is None:
+            return None
+        return self._parsers[i].delta("", ()) or {}
 
     def _generated(self) -> int:
         return sum(len(s.token_ids) for s in self.seqs)
@@ -228,7 +250,7 @@ class Run:
         if kind is FaultKind.ABORT:
             self.outcome = "abort"
             out = [
-                r.sse(r.token_chunk(self.meta, i, "", [], "abort"))
+                r.sse(r.token_chunk(self.meta, i, "", [], "abort", delta=self._abort_delta(i)))
                 for i, s in enumerate(self.seqs)
                 if not s.finished
             ]

@@ -52,6 +52,11 @@ class SimConfig:
     tokenizer_variant: int = 0
     timing_log: str = ""  # append one JSON line per request's first token (benchmarks)
     api_key: str = ""  # like vLLM's --api-key: /v1/* needs "Authorization: Bearer KEY"
+    # A byte-level BPE vocabulary whose model emits multi-byte (and invalid) UTF-8.
+    byte_level: bool = False
+    # <think>/</think> tokens, a template opening "<think>", and chat responses
+    # parsed like vLLM's --reasoning-parser deepseek_r1 (see sim.reasoning).
+    reasoning: bool = False
 
 
 class SimState:
@@ -59,7 +64,9 @@ class SimState:
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        self.tokenizer = build_tokenizer(cfg.tokenizer_variant)
+        self.tokenizer = build_tokenizer(
+            cfg.tokenizer_variant, byte_level=cfg.byte_level, reasoning=cfg.reasoning
+        )
         self.vocab_hash = self.tokenizer.vocab_hash()
         self.model = ToyModel(cfg.model, self.tokenizer)
         self.cache = PrefixCache(cfg.cost.cache_blocks, cfg.cost.block_size)
@@ -190,6 +197,8 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
         return_token_ids=req.return_token_ids,
         include_usage=req.include_usage,
         role=req.role,
+        reasoning=chat and state.cfg.reasoning,
+        include_reasoning=req.include_reasoning,
     )
     run = Run(state, req, faults, meta)
     await _admit(state)
@@ -253,6 +262,7 @@ async def tokenize(request: web.Request) -> web.Response:
                 parse_messages(body["messages"]),
                 add_generation_prompt=bool(body.get("add_generation_prompt", True)),
                 continue_final_message=bool(body.get("continue_final_message", False)),
+                open_think=state.tokenizer.think_start is not None,
             )
         except TemplateError as e:
             raise bad_request(str(e), "messages") from None

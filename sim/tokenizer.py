@@ -9,6 +9,18 @@ A non-zero ``variant`` leaves out every 16th merge target (which ones depends
 on the variant), so ids and pieces shift: a different vocabulary with a
 different ``vocab_hash``, for testing that pairs refuse mismatched tokenizers.
 Variants equal mod 16 are the same vocabulary.
+
+``byte_level=True`` adds merges for multi-byte UTF-8 fragments, the way a
+byte-level BPE (Llama 3, Qwen) has them: whole characters as one token ("é",
+"中", "😀"), their intermediate pieces (a lead byte plus continuation bytes,
+b"\\xe4\\xb8", b"\\xf0\\x9f\\x98"), and a space followed by a lead byte
+(b" \\xe4"). Ids of the ASCII merges stay as they are; the new ones follow, so
+it is a different vocabulary (and ``vocab_hash``).
+
+``reasoning=True`` adds two *added* tokens after the merges, ``<think>`` and
+``</think>`` (DeepSeek-R1 style): encode() maps their strings to them like the
+specials, but they are not special, so ``skip_special_tokens`` keeps their
+text in decoded output.
 """
 
 from __future__ import annotations
@@ -60,27 +72,50 @@ _MERGE_TARGETS: tuple[str, ...] = (
     "ly", "  ",
 )
 
+# Byte-level mode only, after the ASCII targets (so ASCII merge ids do not
+# move). Building a whole character merges left to right, so its prefixes
+# (lead byte + continuation bytes) become tokens too: "中" = E4 B8 AD brings
+# b"\xe4\xb8". Leads are ones whose continuation bytes are unconstrained
+# (plus F0, whose second byte must be 90..BF; see the model's tables).
+BYTE_TARGETS: tuple[bytes, ...] = tuple(
+    s.encode() for s in (
+        "é", "è", "à", "ü", "ö", "ñ", "ç", "ß", "ø", "α", "π", "д", "и",
+        "中", "文", "日", "本", "的", "是", "人", "一",
+        "€", "—", "’", "“", "”", "…", "→",
+        "😀", "🚀", "🎉", "👍",
+    )
+) + (b" \xe4", b" \xc3", b" \xe2", b" \xf0", " 中".encode(), " é".encode())
+
 # GPT-2 style pre-tokenization: merges never cross these pieces. Special token
 # strings are matched first so templates render to their ids.
+THINK_START = "<think>"
+THINK_END = "</think>"
+
+
 _SPECIAL_RE = "|".join(re.escape(s) for s in SPECIAL_TOKENS)
 _PRETOKEN_RE = re.compile(
     rf"({_SPECIAL_RE})| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+"
 )
 _WORD_CACHE_MAX = 100_000
+_REPLACEMENT = "\ufffd"
 
 
 _VARIANT_STRIDE = 16
 
 
-def _build_merges(variant: int = 0) -> tuple[dict[tuple[int, int], int], list[bytes]]:
-    """Turn _MERGE_TARGETS into BPE merges (pair -> new id == rank)."""
+def _build_merges(
+    variant: int = 0, byte_level: bool = False
+) -> tuple[dict[tuple[int, int], int], list[bytes]]:
+    """Turn _MERGE_TARGETS (and BYTE_TARGETS) into BPE merges (pair -> new id == rank)."""
     pieces: list[bytes] = [bytes([b]) for b in range(256)]
     pieces += [s.encode() for s in SPECIAL_TOKENS]
     merges: dict[tuple[int, int], int] = {}
     known: dict[bytes, int] = {}
     skip = variant % _VARIANT_STRIDE if variant else -1
-    for i, target in enumerate(_MERGE_TARGETS):
-        raw = target.encode()
+    targets = [t.encode() for t in _MERGE_TARGETS]
+    if byte_level:
+        targets += BYTE_TARGETS
+    for i, raw in enumerate(targets):
         if raw in known or i % _VARIANT_STRIDE == skip:
             continue
         symbols = _apply_merges(list(raw), merges)
@@ -119,14 +154,41 @@ class Tokenizer:
     pieces: tuple[bytes, ...]
     texts: tuple[str, ...]  # decoded text of each id (specials as their names)
     _cache: dict[str, tuple[int, ...]]
+    # Bytes of each id in skip_special_tokens decoding (specials -> b"").
+    visible: tuple[bytes, ...] = ()
+    # Text of each id when its visible bytes decode to whole characters on
+    # their own ("" for specials), else None: the detokenizer's fast path.
+    whole: tuple[str | None, ...] = ()
+    merge_end: int = FIRST_MERGE_ID  # first id after the merges (added tokens follow)
+    byte_level: bool = False
+    think_start: int | None = None  # <think> / </think> ids in reasoning mode
+    think_end: int | None = None
+    added: dict[str, int] | None = None  # strings encode() maps to one id (specials, think)
+    # New vocabularies (byte-level, reasoning) split on added tokens first.
+    _added_re: re.Pattern[str] | None = None
 
     @property
     def vocab_size(self) -> int:
         return len(self.pieces)
 
     def encode(self, text: str) -> list[int]:
-        """Text -> ids. Special token strings map to their ids (like HF added tokens)."""
-        out: list[int] = []
+        """Text -> ids. Special/added token strings map to their ids (like HF added tokens)."""
+        if self._added_re is not None:
+            # HF order: cut out added tokens first, pre-tokenize the text between.
+            out: list[int] = []
+            added = self.added or SPECIAL_TOKENS
+            for i, part in enumerate(self._added_re.split(text)):
+                if i % 2:
+                    out.append(added[part])
+                elif part:
+                    self._encode_into(part, out)
+            return out
+        return self._encode_into(text, [])
+
+    def _encode_into(self, text: str, out: list[int]) -> list[int]:
+        # The default vocabulary's own pre-tokenizer (kept bit for bit): specials
+        # are matched only where a piece starts, so one right after punctuation
+        # ("?<|end|>") is encoded as its bytes.
         cache = self._cache
         for m in _PRETOKEN_RE.finditer(text):
             piece = m.group(0)
@@ -152,6 +214,27 @@ class Tokenizer:
             raw = b"".join(pieces[i] for i in ids)
         return raw.decode("utf-8", errors="replace")
 
+    def visible_bytes(self, ids: Iterable[int]) -> bytes:
+        """The bytes ``decode(ids, skip_special_tokens=True)`` decodes."""
+        visible = self.visible
+        return b"".join(visible[i] for i in ids)
+
+    def ends_mid_character(self, ids: Sequence[int]) -> bool:
+        """Whether ``decode(ids, skip_special_tokens=True)`` ends with U+FFFD.
+
+        Looks only at the tail: a byte that is not a UTF-8 continuation byte
+        always starts a new sequence, so decoding splits cleanly there.
+        """
+        visible, tail = self.visible, b""
+        for i in reversed(ids):
+            tail = visible[i] + tail
+            if len(tail) >= 4:
+                break
+        for j in range(len(tail) - 1, -1, -1):
+            if not 0x80 <= tail[j] <= 0xBF:
+                return tail[j:].decode("utf-8", errors="replace").endswith(_REPLACEMENT)
+        return bool(tail)  # only continuation bytes (at most 4 of them): invalid
+
     def vocab_hash(self) -> str:
         """``sha256:<hex>`` over every piece in id order, each length-prefixed (unambiguous)."""
         h = hashlib.sha256()
@@ -165,7 +248,34 @@ class Tokenizer:
         return all(type(i) is int and 0 <= i < n for i in ids)
 
 
-def build_tokenizer(variant: int = 0) -> Tokenizer:
-    merges, pieces = _build_merges(variant)
+def build_tokenizer(
+    variant: int = 0, *, byte_level: bool = False, reasoning: bool = False
+) -> Tokenizer:
+    merges, pieces = _build_merges(variant, byte_level)
+    merge_end = len(pieces)
+    added = dict(SPECIAL_TOKENS)
+    think_start = think_end = None
+    if reasoning:
+        think_start, think_end = merge_end, merge_end + 1
+        pieces += [THINK_START.encode(), THINK_END.encode()]
+        added |= {THINK_START: think_start, THINK_END: think_end}
     texts = tuple(p.decode("utf-8", errors="replace") for p in pieces)
-    return Tokenizer(merges=merges, pieces=tuple(pieces), texts=texts, _cache={})
+    visible = tuple(b"" if BOS <= i < FIRST_MERGE_ID else p for i, p in enumerate(pieces))
+    whole = tuple(_whole_text(p) for p in visible)
+    return Tokenizer(
+        merges=merges, pieces=tuple(pieces), texts=texts, _cache={}, visible=visible,
+        whole=whole, merge_end=merge_end, byte_level=byte_level, think_start=think_start,
+        think_end=think_end, added=added,
+        _added_re=(
+            re.compile("(" + "|".join(re.escape(a) for a in added) + ")")
+            if byte_level or reasoning else None
+        ),
+    )
+
+
+def _whole_text(piece: bytes) -> str | None:
+    try:
+        text = piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None if text.endswith(_REPLACEMENT) else text

@@ -30,7 +30,9 @@ def write_config(
     extra: str = "",
     probe_interval: float = 0.2,
     kind: str = "vllm",
+    backend_extra: str = "",
 ) -> Path:
+    """`backend_extra`: TOML lines added to every [[backends]] table."""
     lines = [extra, "[probes]", f"interval = {probe_interval}", "timeout = 0.5", ""]
     for bid, url in backends:
         lines += [
@@ -39,6 +41,7 @@ def write_config(
             f'url = "{url}"',
             f'model = "{model}"',
             f'kind = "{kind}"',
+            backend_extra,
             "",
         ]
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -56,8 +56,12 @@ class Reader(threading.Thread):
             self.started.set()
 
 
-def test_drain_with_migrate_moves_in_flight_streams_invisibly(tmp_path: Path) -> None:
-    ref = start_sim()
+@pytest.mark.parametrize("vocab", [(), ("--byte-level",)], ids=["ascii", "bytes"])
+def test_drain_with_migrate_moves_in_flight_streams_invisibly(
+    tmp_path: Path, vocab: tuple[str, ...]
+) -> None:
+    """Byte-level sims too: the move lands wherever the stream is, mid-character or not."""
+    ref = start_sim(*vocab)
     try:
         want = {}
         for i in range(STREAMS):
@@ -68,7 +72,7 @@ def test_drain_with_migrate_moves_in_flight_streams_invisibly(tmp_path: Path) ->
     finally:
         ref.stop()
 
-    with fleet(tmp_path, n=2, sim_args=SLOW, probe_interval=60) as f:
+    with fleet(tmp_path, n=2, sim_args=(*SLOW, *vocab), probe_interval=60) as f:
         s0 = f.sims["s0"].ready
         readers = [Reader(f.base_url, i) for i in range(STREAMS)]
         for r in readers:

@@ -125,8 +125,13 @@ def through(base_url: str, prompt: str, n: int, *, chat: bool, stream: bool) -> 
                                      temperature=0).choices[0].text  # fmt: skip
 
 
-def test_pair_output_is_byte_identical_to_the_target_alone(tmp_path: Path) -> None:
-    with spec_fleet(tmp_path, [()]) as f:
+@pytest.mark.parametrize("vocab", [(), ("--byte-level",)], ids=["ascii", "bytes"])
+def test_pair_output_is_byte_identical_to_the_target_alone(
+    tmp_path: Path, vocab: tuple[str, ...]
+) -> None:
+    """Byte-level sims too: accepted tokens end mid-character, and a round's text goes out
+    only up to whole characters, as the target alone would stream it."""
+    with spec_fleet(tmp_path, [vocab], draft=(*AGREE, *vocab)) as f:
         bound = f.ok("pairs", "bind", "d", "t0", "-k", "4")
         assert bound["state"] == "active" and bound["target"] == "t0"
         t0 = f.fleet.sims["t0"]
@@ -136,6 +141,8 @@ def test_pair_output_is_byte_identical_to_the_target_alone(tmp_path: Path) -> No
                 want = direct(t0, prompt, 40, chat=chat)
                 got = through(f.fleet.base_url, prompt, 40, chat=chat, stream=stream)
                 assert got == want, (prompt, chat, stream)
+                if vocab:
+                    assert any(ord(ch) > 127 for ch in want), want  # it is multi-byte text
         # The pair really served: rounds counted, acceptance near the draft's agreement.
         assert wait_until(lambda: f.pairs()["d"]["rounds"] > 20)
         acceptance = f.pairs()["d"]["acceptance"]

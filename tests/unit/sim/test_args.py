@@ -23,6 +23,7 @@ def test_defaults_are_the_plain_model_and_vllms_generation_defaults() -> None:
     lim = cfg.limits
     assert (lim.default_temperature, lim.default_top_p, lim.default_top_k) == (0.0, 1.0, 0)
     assert lim.default_seed is None and cfg.tokenizer_variant == 0
+    assert not cfg.byte_level and not cfg.reasoning and cfg.model.think_tokens == 32
 
 
 def test_new_flags_reach_the_config() -> None:
@@ -48,6 +49,8 @@ def test_new_flags_reach_the_config() -> None:
         ("--default-top-k", "-2"),
         ("--default-temperature", "-1"),
         ("--loop-period", "-1"),
+        ("--think-tokens", "-1"),
+        ("--think-tokens", "20000"),
     ],
 )
 def test_out_of_range_flags_are_refused(argv: tuple[str, ...]) -> None:
@@ -60,3 +63,8 @@ def test_cache_config_info_gauge_carries_the_block_size() -> None:
     line = next(ln for ln in text.splitlines() if ln.startswith("vllm:cache_config_info{"))
     assert 'block_size="32"' in line and 'num_gpu_blocks="100"' in line
     assert line.endswith(" 1.0")
+
+
+def test_byte_level_and_reasoning_flags_reach_the_config() -> None:
+    cfg = config("--byte-level", "--reasoning", "--think-tokens", "7")
+    assert cfg.byte_level and cfg.reasoning and cfg.model.think_tokens == 7

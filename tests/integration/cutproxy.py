@@ -1,0 +1,114 @@
+"""A real HTTP hop in front of a sim that cuts one chosen stream after k tokens: tests arm it
+per request, so one fleet can fail a stream at every position in turn. The cut is the sim's
+own (`X-Sim-Fault: die-after=k` added to the armed request; the sim drops the connection
+mid-stream without [DONE]), and the proxy drops its client connection when that happens."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import aiohttp
+from aiohttp import web
+
+HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
+
+
+class Arm:
+    """The next cut, shared by the proxies of one fleet: whichever gets the next generation
+    request cuts it, and only that one (the resume and the seam check pass)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._k: int | None = None
+        self.fired = threading.Event()
+
+    def set(self, k: int) -> None:
+        with self._lock:
+            self._k = k
+            self.fired.clear()
+
+    def take(self) -> int | None:
+        with self._lock:
+            k, self._k = self._k, None
+        if k is not None:
+            self.fired.set()
+        return k
+
+
+async def _serve(target: str, arm: Arm, ready: asyncio.Future[str]) -> None:
+    session = aiohttp.ClientSession(auto_decompress=False)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        k = arm.take() if request.path.endswith(("/completions",)) and body else None
+        if k is not None:
+            headers["X-Sim-Fault"] = f"die-after={k}"
+        async with session.request(
+            request.method, target + request.path_qs, data=body, headers=headers
+        ) as up:
+            resp = web.StreamResponse(status=up.status)
+            for name in ("Content-Type", "Cache-Control"):
+                if name in up.headers:
+                    resp.headers[name] = up.headers[name]
+            await resp.prepare(request)
+            try:
+                async for piece in up.content.iter_any():
+                    await resp.write(piece)
+            except aiohttp.ClientPayloadError:
+                # The sim cut the stream: so does this hop (no chunked terminator).
+                if request.transport is not None:
+                    request.transport.abort()
+                return resp
+            await resp.write_eof()
+            return resp
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    ready.set_result(f"http://127.0.0.1:{port}")
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await session.close()
+        await runner.cleanup()
+
+
+@contextmanager
+def cut_proxies(targets: list[str], arm: Arm) -> Iterator[list[str]]:
+    """One proxy per target URL, on their own event loop thread; yields their URLs."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    urls, serving = [], []  # the futures keep the proxies' tasks referenced (alive)
+    try:
+        for t in targets:
+            ready: asyncio.Future[str] = loop.create_future()
+            serving.append(asyncio.run_coroutine_threadsafe(_serve(t, arm, ready), loop))
+            urls.append(asyncio.run_coroutine_threadsafe(_wait(ready), loop).result(10))
+        yield urls
+    finally:
+        asyncio.run_coroutine_threadsafe(_stop_all(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+async def _wait(f: asyncio.Future[str]) -> str:
+    return await f
+
+
+async def _stop_all() -> None:
+    """Cancel the proxies and wait for their clean-up (runner, client session)."""
+    me = asyncio.current_task()
+    others = [t for t in asyncio.all_tasks() if t is not me]
+    for t in others:
+        t.cancel()
+    await asyncio.gather(*others, return_exceptions=True)

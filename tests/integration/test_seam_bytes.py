@@ -1,0 +1,264 @@
+"""Failover on what byte-level models really emit: characters cut across tokens, invalid
+UTF-8, the engine holding back half a character, and the engine's prompt-window quirk on a
+resume cut mid-character (vLLM then sends the whole prompt's text). Sims in byte-level mode
+behave like that; a cut proxy fails one stream at each position in turn, and every client
+stream must equal an uninterrupted one byte for byte, with no seam marked verified wrongly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from clients.client import AdminClient
+from clients.procs import Part
+from tests.integration.cutproxy import Arm, cut_proxies
+from tests.integration.harness import (
+    MODEL,
+    start_control,
+    start_shim,
+    start_sim,
+    wait_until,
+    write_config,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+BYTES = ("--byte-level",)
+TOKENS = 40
+PROMPT = "once upon a time"
+MESSAGES = [{"role": "user", "content": PROMPT}]
+REPLACEMENT = "\ufffd"
+
+
+@dataclass
+class BytesFleet:
+    ref: Part
+    arm: Arm
+    shims: dict[str, Part]  # seam mode -> shim
+    admin: AdminClient
+
+    def client(self, mode: str) -> openai.OpenAI:
+        return sdk(self.shims[mode].ready + "/v1")
+
+    def settled(self, failovers: int) -> None:
+        """Wait until control has heard of `failovers` failovers and re-admitted every
+        backend: the next request starts on a healthy fleet."""
+
+        def ready() -> bool:
+            seen = len(self.admin.events(kind="failover", limit=10_000))
+            healthy = all(b.state == "healthy" for b in self.admin.list_backends())
+            return seen >= failovers and healthy
+
+        assert wait_until(ready, 30), "fleet did not settle after a failover"
+
+
+def sdk(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+@contextmanager
+def seam_fleet(
+    tmp: Path, sim_flags: Sequence[str], backend_extra: str = ""
+) -> Iterator[BytesFleet]:
+    """A reference sim, two sims behind cut proxies, control, and a shim per seam mode."""
+    parts: list[Part] = []
+    arm = Arm()
+    try:
+        ref = start_sim(*sim_flags)
+        parts.append(ref)
+        sims = [start_sim(*sim_flags) for _ in range(2)]
+        parts += sims
+        with cut_proxies([s.ready for s in sims], arm) as urls:
+            config = write_config(
+                tmp / "control.toml",
+                [(f"s{i}", u) for i, u in enumerate(urls)],
+                probe_interval=0.1,
+                extra='routing = "roundrobin"\n[health]\nreadmit_after = 1\n',
+                backend_extra=backend_extra,
+            )
+            control = start_control(config)
+            parts.append(control)
+            shims = {}
+            for mode in ("parallel", "inline"):
+                shims[mode] = start_shim(control.ready, "--seam-mode", mode)
+                parts.append(shims[mode])
+            with AdminClient(control.ready, timeout=10.0) as admin:
+                yield BytesFleet(ref, arm, shims, admin)
+    finally:
+        for p in reversed(parts):
+            p.stop(grace=3)
+
+
+@pytest.fixture(scope="module")
+def bf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BytesFleet]:
+    with seam_fleet(tmp_path_factory.mktemp("bytes"), BYTES) as f:
+        yield f
+
+
+def stream(c: openai.OpenAI, endpoint: str, **kw: Any) -> tuple[str, list[Any]]:
+    if endpoint == "chat":
+        chunks = list(c.chat.completions.create(
+            model=MODEL, messages=MESSAGES, temperature=0, stream=True, **kw
+        ))  # fmt: skip
+        return "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices), chunks
+    chunks = list(
+        c.completions.create(model=MODEL, prompt=PROMPT, temperature=0, stream=True, **kw)
+    )
+    return "".join(ch.choices[0].text for ch in chunks if ch.choices), chunks
+
+
+def held_positions(chunks: list[Any], chat: bool) -> list[int]:
+    """Token counts k after which the engine had held text back (the k-th token's chunk
+    carried ids but no text): a cut there ends the resume's prompt mid-character."""
+    out, k = [], 0
+    for ch in chunks:
+        if not ch.choices:
+            continue
+        c = ch.choices[0]
+        ids = (c.model_extra or {}).get("token_ids") or []
+        if not ids:
+            continue
+        k += len(ids)
+        text = (c.delta.content if chat else c.text) or ""
+        if not text:
+            out.append(k)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["parallel", "inline"])
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_cut_at_every_position_of_multibyte_text_is_byte_identical(
+    bf: BytesFleet, endpoint: str, mode: str
+) -> None:
+    want, ref_chunks = stream(
+        sdk(bf.ref.ready + "/v1"), endpoint, max_tokens=TOKENS,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    # The stream is what byte-level models emit: non-ASCII, invalid bytes, held-back text.
+    assert any(ord(ch) > 127 and ch != REPLACEMENT for ch in want), want
+    assert REPLACEMENT in want, want
+    held = held_positions(ref_chunks, endpoint == "chat")
+    assert len([k for k in held if k < TOKENS]) >= 2, held
+    before = len(bf.admin.events(kind="failover", limit=10_000))
+    c = bf.client(mode)
+    for k in range(1, TOKENS):
+        bf.settled(before + k - 1)
+        bf.arm.set(k)
+        text, chunks = stream(
+            c, endpoint, max_tokens=TOKENS, stream_options={"include_usage": True}
+        )
+        assert bf.arm.fired.is_set()
+        assert text == want, f"cut after {k} tokens (held at {held})"
+        assert PROMPT not in text
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == TOKENS
+    bf.settled(before + TOKENS - 1)
+    events = bf.admin.events(kind="failover", limit=10_000)[before:]
+    assert len(events) == TOKENS - 1
+    assert {e["path"] for e in events} == {"token"} and {e["outcome"] for e in events} == {
+        "resumed"
+    }
+    # Identical replicas, greedy: no seam is divergent, and most are verified.
+    seams = [e["seam"] for e in events]
+    assert "divergent" not in seams, seams
+    assert seams.count("verified") >= TOKENS - 1 - 6, seams
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_multibyte_stop_string_is_found_across_the_seam(bf: BytesFleet, endpoint: str) -> None:
+    """The stop string straddles characters cut across tokens; the engine held text back
+    for it before the cut, and Baton matches it over the derived text after."""
+    full, _ = stream(sdk(bf.ref.ready + "/v1"), endpoint, max_tokens=TOKENS)
+    at = next(i for i in range(20, len(full) - 2) if ord(full[i]) > 127 and full[i] != REPLACEMENT)
+    stop = full[at - 1 : at + 1]
+    want, ref_chunks = stream(
+        sdk(bf.ref.ready + "/v1"), endpoint, max_tokens=TOKENS, stop=[stop],
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    assert want == full[: full.index(stop)] and ref_chunks[-1].choices[0].finish_reason == "stop"
+    generated = sum(
+        len((ch.choices[0].model_extra or {}).get("token_ids") or [])
+        for ch in ref_chunks if ch.choices
+    )  # fmt: skip
+    before = len(bf.admin.events(kind="failover", limit=10_000))
+    for k in range(1, generated):
+        bf.settled(before + k - 1)
+        bf.arm.set(k)
+        text, chunks = stream(bf.client("parallel"), endpoint, max_tokens=TOKENS, stop=[stop])
+        assert bf.arm.fired.is_set()
+        assert text == want, f"cut after {k} of {generated} tokens"
+        finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+        assert finishes[-1] == "stop" and finishes.count("stop") == 1
+    bf.settled(before + generated - 1)
+
+
+def test_tools_in_the_request_get_an_explicit_error_not_relabelled_content(
+    bf: BytesFleet,
+) -> None:
+    """A resume runs no tool parser: a tool call after the seam would come as content."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    before = len(bf.admin.events(kind="failover", limit=10_000))
+    bf.arm.set(5)
+    stream_ = bf.client("parallel").chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=0, stream=True, max_tokens=TOKENS,
+        tools=tools,  # type: ignore[arg-type]
+    )  # fmt: skip
+    with pytest.raises(openai.APIError) as err:
+        list(stream_)
+    assert "tool" in str(err.value)
+    bf.settled(before + 1)
+    (event,) = bf.admin.events(kind="failover", limit=10_000)[before:]
+    assert event["outcome"] == "refused" and "tool" in event["detail"]
+
+
+THINK = (*BYTES, "--reasoning", "--think-tokens", "12")
+
+
+@pytest.fixture(scope="module")
+def rf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BytesFleet]:
+    tmp = tmp_path_factory.mktemp("reasoning")
+    with seam_fleet(tmp, THINK, 'reasoning_parser = "deepseek_r1"') as f:
+        yield f
+
+
+def parsed(c: openai.OpenAI, **kw: Any) -> tuple[str, str, list[Any]]:
+    """(reasoning text, content text, chunks) of a greedy chat stream."""
+    chunks = list(c.chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=0, stream=True, max_tokens=TOKENS, **kw
+    ))  # fmt: skip
+    thought = content = ""
+    for ch in chunks:
+        if not ch.choices:
+            continue
+        delta = ch.choices[0].delta
+        assert "reasoning_content" not in (delta.model_extra or {})  # vLLM 0.32's name only
+        thought += (delta.model_extra or {}).get("reasoning") or ""
+        content += delta.content or ""
+    return thought, content, chunks
+
+
+@pytest.mark.parametrize("mode", ["parallel", "inline"])
+def test_reasoning_and_content_survive_a_cut_at_every_position(
+    rf: BytesFleet, mode: str
+) -> None:
+    want_thought, want_content, ref_chunks = parsed(
+        sdk(rf.ref.ready + "/v1"), extra_body={"return_token_ids": True}
+    )
+    assert want_thought and want_content  # the model reasons, then answers
+    ids = [t for ch in ref_chunks if ch.choices
+           for t in (ch.choices[0].model_extra or {}).get("token_ids") or []]  # fmt: skip
+    before = len(rf.admin.events(kind="failover", limit=10_000))
+    for k in range(1, len(ids)):
+        rf.settled(before + k - 1)
+        rf.arm.set(k)
+        thought, content, _ = parsed(rf.client(mode))
+        assert rf.arm.fired.is_set()
+        assert (thought, content) == (want_thought, want_content), f"cut after {k} tokens"
+    rf.settled(before + len(ids) - 1)
+    seams = [e["seam"] for e in rf.admin.events(kind="failover", limit=10_000)[before:]]
+    assert "divergent" not in seams, seams
