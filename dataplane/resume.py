@@ -279,13 +279,11 @@ def _token_plan(
         seam = Seam.UNCHECKED
     kept = progress.token_ids[: len(progress.token_ids) - n_overlap]
     # An overlap starts at a character boundary and its text is checked against the
-    # client's: the engine's text after it is then proven in step. An exact resume's first
-    # text is derived from ids (Held), never taken on trust: past the last known boundary
-    # it would be wrong (the prompt-window quirk), and even at one it is only the engine's
-    # word. Nothing generated yet: the resume is the request itself.
-    held = None
-    if n_overlap == 0 and progress.token_ids:
-        held = progress.held(from_start=has_stops) or Held((), "")
+    # client's: the engine's text after it is then proven in step. An exact resume past the
+    # last known boundary derives its text from ids (Held): the engine's would be wrong (the
+    # prompt-window quirk). One at a boundary takes the engine's text, which a side check
+    # then compares with the ids' (Resumer._verify): any difference makes it divergent.
+    held = progress.held(from_start=has_stops) if n_overlap == 0 else None
     assert progress.prompt_ids is not None  # noqa: S101 - checked by the caller
     request: dict[str, Any] = {k: body[k] for k in SAMPLING_FIELDS if k in body}
     if held is not None:

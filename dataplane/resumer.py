@@ -77,6 +77,11 @@ class ChoiceResume:
     # and the resumes the same failure sent there (their first tokens come before this
     # stream's second).
     flowing: asyncio.Event = field(default_factory=asyncio.Event)
+    # An exact resume at a character boundary: the ids and the engine's text of its first
+    # chunks up to the first that carried text, for the side check (set once they are in,
+    # or at the stream's end).
+    first_text: tuple[list[int], str] = field(default_factory=lambda: ([], ""))
+    first_seen: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(slots=True)
@@ -155,12 +160,23 @@ class Resumer:
                 early = None
                 plan = started.plan
                 result.path = plan.path
-                if started.check is not None and verify is None:
+                # An exact token resume at a character boundary passes the engine's text on:
+                # checked beside the stream against the ids' own text.
+                at_boundary = (
+                    plan.path is ResumePath.TOKEN and plan.held is None and not plan.checks
+                    and bool(p.token_ids)
+                )  # fmt: skip
+                if (started.check is not None or at_boundary) and verify is None:
+                    base: Seam = plan.seam if plan.seam is not Seam.VERIFIED else Seam.UNCHECKED
+                    if result.seam is not None:
+                        base = result.seam  # a divergent try keeps its verdict
                     verify = asyncio.create_task(
-                        self._verify(backend, started.check, result.flowing)
+                        self._verify(backend, started.check, result, at_boundary, base)
                     )
                 elif result.seam is None and verify is None:  # a divergent try keeps its verdict
                     result.seam = plan.seam if plan.seam is not Seam.VERIFIED else None
+                if not at_boundary:
+                    result.first_seen.set()  # nothing to watch
                 seam = SeamCheck(plan.overlap_ids, plan.overlap_text)
                 outcome = ""
                 stops = (
@@ -185,6 +201,7 @@ class Resumer:
                     return result
                 finally:
                     result.flowing.set()  # a stream that ended early: the check may go now
+                    result.first_seen.set()
                     if outcome == "finished":  # its generation is over: keep the connection
                         self._trailers.append(started.upstream)
                     else:
@@ -209,11 +226,42 @@ class Resumer:
             if early is not None:  # never relayed
                 early.upstream.close()
 
-    async def _verify(self, backend: Backend, check: ResumePlan, flowing: asyncio.Event) -> Seam:
+    async def _verify(
+        self,
+        backend: Backend,
+        check: ResumePlan | None,
+        result: ChoiceResume,
+        first: bool,
+        base: Seam,
+    ) -> Seam:
+        """The seam's verdict, beside the stream, once the resume is flowing (so its
+        prefill is cached and the checks do not compete with it): `check`, would `backend`
+        regenerate the overlap the client already has; `first`, is the text the engine sent
+        first the text of its ids. `base`: the verdict when there is no overlap to check."""
+        await result.flowing.wait()
+        verdict = await self._overlap_verdict(backend, check) if check is not None else base
+        if first and not await self._first_text_agrees(backend, result):
+            return Seam.DIVERGENT
+        return verdict
+
+    async def _first_text_agrees(self, backend: Backend, result: ChoiceResume) -> bool:
+        """The engine's first text after a resume at a character boundary, against
+        /detokenize of the same ids. Unknown (the call failed) counts as agreeing: the
+        verdict stays what the overlap says, never a guess of divergence."""
+        await result.first_seen.wait()
+        ids, text = result.first_text
+        if not text:
+            return True
+        try:
+            decoded = await self._decode(backend, ids)
+        except AttemptFailed:
+            return True
+        # A chunk of several tokens may end with half a character held back.
+        return decoded == text or (not detok.whole(decoded) and decoded.startswith(text))
+
+    async def _overlap_verdict(self, backend: Backend, check: ResumePlan) -> Seam:
         """Would `backend` regenerate the overlap the client already has? One short,
-        non-streaming request over the shared prefix, sent once the resume is flowing (so
-        its prefill is cached and it does not compete with the resume's)."""
-        await flowing.wait()
+        non-streaming request over the shared prefix."""
         body = {**check.body, "stream": False, "max_tokens": check.overlap_tokens}
         for name in ("min_tokens", "stream_options"):
             body.pop(name, None)
@@ -324,6 +372,12 @@ class Resumer:
                 continue
             ids, text = verified
             stop_reason = ch.get("stop_reason")
+            if not result.first_seen.is_set():
+                seen_ids, seen_text = result.first_text
+                seen_ids.extend(ids)
+                if text:
+                    result.first_text = (seen_ids, text)
+                    result.first_seen.set()
             settled = False
             if held is not None:
                 # Never the engine's text here: only its word that it released some.

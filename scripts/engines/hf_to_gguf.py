@@ -1,11 +1,12 @@
-"""Convert the tiny model to GGUF with llama.cpp's own converter (from the llama-cpp-python
+"""Convert a tiny model to GGUF with llama.cpp's own converter (from the llama-cpp-python
 sdist), offline. Run with the engine venv's python: `hf_to_gguf.py LLAMA_CPP_DIR MODEL_DIR OUT`.
 
 Two patches, both for the toy tokenizer (see ../shared/research/backends.md):
 - its pre-tokenizer hash is unknown to the converter; it is GPT-2's ByteLevel regex, so it is
   declared `gpt-2`;
 - llama.cpp refuses a gpt2 vocab without merges, so one dummy merge of bytes 0x00 and 0x01 is
-  written; that pair never occurs in the ASCII the tests send.
+  written; that pair never occurs in what the tests send, and no model generates it (even
+  tiny-bytes, which emits any byte, emits no C0 control but tab and newline).
 """
 
 from __future__ import annotations

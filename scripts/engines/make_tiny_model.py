@@ -1,23 +1,54 @@
-"""Build the tiny random Llama every real-engine test serves, offline (no download).
+"""Build the tiny random Llamas the real-engine tests serve, offline (no download), in seconds.
 
-Run with the engine venv's python (it has torch and transformers): `make_tiny_model.py OUT_DIR`.
+Run with the engine venv's python (it has torch and transformers):
+`make_tiny_model.py OUT_DIR [VARIANT]`, VARIANT one of tiny (the default), tiny-bytes,
+tiny-think.
 
-Why it looks like this (see ../shared/research/backends.md):
+All three share the recipe (see ../shared/research/backends.md):
 - head_dim 32: vLLM's CPU attention needs head_dim >= 32 and a multiple of 16.
 - initializer_range 0.3: greedy output is a long chaotic string, not one token repeated.
 - token id = byte value (byte-level BPE with no merges), so tokenization is canonical and a
-  text resume is exactly a token-id resume.
-- lm_head rows of everything but printable ASCII and newline are zeroed: output is ASCII (no
-  UTF-8 split across SSE deltas) and never EOS, so every request runs to max_tokens.
+  text resume of valid UTF-8 is exactly a token-id resume.
+- the lm_head rows of EOS and the other specials are zeroed: a request never stops early, it
+  runs to max_tokens.
+
+The variants differ in what greedy decoding can emit:
+- tiny: printable ASCII and newline only (every other row zeroed), so no UTF-8 character is
+  ever split across SSE deltas.
+- tiny-bytes: every byte but the C0 controls (tab and newline kept) and DEL, like a real
+  byte-level BPE model (Llama 3, Qwen) that emits multi-byte characters one byte per token
+  and invalid sequences (U+FFFD once decoded). A reserved residual feature, set on UTF-8
+  lead bytes and read by the continuation-byte rows, makes continuation bytes follow lead
+  bytes more often than not, so whole characters split across tokens are common too.
+- tiny-think: ASCII like tiny, plus the added tokens <think> and </think>, NOT special (their
+  text survives skip_special_tokens, as DeepSeek-R1's do), a chat template whose generation
+  prompt ends with <|assistant|><think>, and weights that emit </think> exactly once, at
+  position THINK_AT + 2 of the sequence (0-based, prompt included: ~480-500 tokens into
+  the reply to a short chat message; at once after a longer prompt), then go on with content
+  (vLLM's `--reasoning-parser deepseek_r1` splits the stream into `reasoning`, then
+  `content`). How: residual features the random part of the network neither reads nor
+  writes; one layer-0 head attends uniformly and reads a flag set only on <|bos|> (which
+  the template starts with), so it carries 1/(position+1); the </think> row reads a
+  constant feature minus that, so its logit changes sign at THINK_AT and wins the argmax
+  right after. A second head attends (through a big query-key product) to any </think>
+  already in the context, and the row reads that as a large penalty: it never comes twice.
+  Without <|bos|> (a raw completion prompt) </think> comes first.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch  # type: ignore[import-not-found]  # the engine venv has it, .venv not
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # type: ignore[import-not-found]
+from tokenizers import (  # type: ignore[import-not-found]
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    pre_tokenizers,
+)
 from transformers import (  # type: ignore[import-not-found]
     LlamaConfig,
     LlamaForCausalLM,
@@ -25,7 +56,10 @@ from transformers import (  # type: ignore[import-not-found]
 )
 
 SPECIALS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+THINK = ["<think>", "</think>"]  # ids 263 and 264 in tiny-think
 VOCAB = 264  # 256 bytes + 7 specials, padded to a multiple of 8
+THINK_VOCAB = 272  # + <think>, </think>, padded again
+HIDDEN = 128
 # Room for streams long enough that a kill lands mid-stream even on llama-server, which
 # generates ~2,000 tokens/s with this model.
 CONTEXT = 4096
@@ -36,6 +70,32 @@ CHAT_TEMPLATE = (
     "{% if not (loop.last and m['role'] == 'assistant' and not add_generation_prompt) %}"
     "<|end|>{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+THINK_TEMPLATE = CHAT_TEMPLATE.replace(
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}",
+    "{% if add_generation_prompt %}<|assistant|><think>{% endif %}",
+)
+ASCII = [10] + list(range(32, 127))
+BYTES = [9, 10] + list(range(32, 127)) + list(range(128, 256))
+LEADS = list(range(0xC2, 0xF5))  # bytes that start a 2-, 3- or 4-byte character
+CONTINUATIONS = list(range(0x80, 0xC0))
+
+# tiny-bytes: D_LEAD is LEAD_FLAG in a lead byte's embedding, NOT_LEAD in every other one,
+# and the continuation rows of the lm_head read it with weight LEAD_BOOST: continuation bytes
+# mostly follow a lead byte (tuned by hand on the test prompts: per 1,000 tokens about 350
+# ASCII, 120 valid multi-byte characters and 300 U+FFFD; the output stays chaotic).
+D_LEAD = HIDDEN - 1
+LEAD_FLAG = 20.0
+NOT_LEAD = -10.0
+LEAD_BOOST = 4.0
+
+# tiny-think's reserved residual dims. The residual stream of this random model has an RMS of
+# 30 to 100 after its layers (r below), which the final RMSNorm divides every feature by.
+D_CONST, D_BOS, D_TFLAG, D_COUNT, D_SEEN = (HIDDEN - 1 - i for i in range(5))
+CONST = 0.3  # in every token's embedding, like the random entries (std 0.3)
+FLAG = 1.0  # <|bos|>'s D_BOS, </think>'s D_TFLAG
+THINK_AT = 500  # </think> is at (0-based) position THINK_AT + 2, prompt included
+THINK_GAIN = 1e7  # how steeply the </think> logit climbs through the position THINK_AT
+SEEN_QK = 10.0  # the query (D_CONST) and key (D_TFLAG) weights of the seen head
 
 
 def byte_vocab() -> dict[str, int]:
@@ -50,7 +110,7 @@ def byte_vocab() -> dict[str, int]:
     return {mapping[b]: b for b in range(256)}
 
 
-def build(out: Path) -> None:
+def tokenizer(think: bool = False) -> PreTrainedTokenizerFast:
     vocab = byte_vocab()
     for i, tok in enumerate(SPECIALS):
         vocab[tok] = 256 + i
@@ -58,23 +118,33 @@ def build(out: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
+    if think:
+        # Not special: skip_special_tokens keeps their text (DeepSeek-R1 style).
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|bos|>",
         eos_token="<|eos|>",
         pad_token="<|pad|>",
         additional_special_tokens=SPECIALS[3:],
-        chat_template=CHAT_TEMPLATE,
+        chat_template=THINK_TEMPLATE if think else CHAT_TEMPLATE,
         add_bos_token=False,  # the chat template writes <|bos|> itself
     )
     text = "hi there, {x}!\n"
     assert fast.decode(fast.encode(text)) == text, "tokenizer is not byte-exact"
     assert fast.encode("A") == [65], "token id must equal the byte value"
+    if think:
+        ids = fast.encode("<think>a</think>b")
+        assert ids == [263, 97, 264, 98], ids
+        assert fast.decode(ids, skip_special_tokens=True) == "<think>a</think>b"
+    return fast
 
+
+def random_model(vocab: int) -> LlamaForCausalLM:
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=128,
+        vocab_size=vocab,
+        hidden_size=HIDDEN,
         intermediate_size=256,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -88,16 +158,116 @@ def build(out: Path) -> None:
         pad_token_id=258,
         torch_dtype="float32",
     )
-    model = LlamaForCausalLM(config)
-    keep = [b for b in range(32, 127)] + [10]
+    return LlamaForCausalLM(config)
+
+
+def rms(x: torch.Tensor, eps: float) -> float:
+    """What LlamaRMSNorm divides `x` by."""
+    return float((x.pow(2).mean() + eps).sqrt())
+
+
+def only_rows(model: LlamaForCausalLM, keep: list[int]) -> None:
+    """Zero every lm_head row but `keep`: greedy decoding can emit nothing else."""
+    mask = torch.ones(model.config.vocab_size, dtype=torch.bool)
+    mask[keep] = False
+    model.lm_head.weight[mask] = 0.0
+
+
+def reserve(model: LlamaForCausalLM, dims: list[int]) -> None:
+    """Take residual dims away from the random network: no embedding, attention, MLP or
+    lm_head weight reads or writes them; the variant then wires them by hand."""
+    model.model.embed_tokens.weight[:, dims] = 0.0
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        for read in (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj):
+            read.weight[:, dims] = 0.0
+        for write in (a.o_proj, m.down_proj):
+            write.weight[dims, :] = 0.0
+    model.lm_head.weight[:, dims] = 0.0
+
+
+def build_tiny(model_dir: Path) -> None:
+    fast = tokenizer()
+    model = random_model(VOCAB)
     with torch.no_grad():
-        mask = torch.ones(VOCAB, dtype=torch.bool)
-        mask[keep] = False
-        model.lm_head.weight[mask] = 0.0
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    fast.save_pretrained(out)
+        only_rows(model, ASCII)
+    save(model, fast, model_dir)
+
+
+def build_bytes(model_dir: Path) -> None:
+    fast = tokenizer()
+    model = random_model(VOCAB)
+    with torch.no_grad():
+        only_rows(model, BYTES)
+        reserve(model, [D_LEAD])
+        model.model.embed_tokens.weight[:, D_LEAD] = NOT_LEAD
+        model.model.embed_tokens.weight[LEADS, D_LEAD] = LEAD_FLAG
+        model.lm_head.weight[CONTINUATIONS, D_LEAD] = LEAD_BOOST
+    save(model, fast, model_dir)
+
+
+def build_think(model_dir: Path) -> None:
+    fast = tokenizer(think=True)
+    think_end = fast.convert_tokens_to_ids("</think>")
+    bos = fast.convert_tokens_to_ids("<|bos|>")
+    model = random_model(THINK_VOCAB)
+    hd = model.config.head_dim
+    with torch.no_grad():
+        only_rows(model, ASCII + [think_end])
+        reserve(model, [D_CONST, D_BOS, D_TFLAG, D_COUNT, D_SEEN])
+        emb = model.model.embed_tokens.weight
+        emb[:, D_CONST] = CONST
+        emb[bos, D_BOS] = FLAG
+        emb[think_end, D_TFLAG] = FLAG
+        # Layer 0, KV head 1 (query heads 2 and 3) becomes the two counters.
+        attn = model.model.layers[0].self_attn
+        kv = slice(hd, 2 * hd)
+        attn.k_proj.weight[kv] = 0.0
+        attn.v_proj.weight[kv] = 0.0
+        attn.q_proj.weight[2 * hd : 4 * hd] = 0.0
+        attn.o_proj.weight[:, 2 * hd : 4 * hd] = 0.0
+        # Query head 2 is all zero: it attends uniformly, and its value reads <|bos|>'s flag,
+        # so it carries 1/(position+1) (the template starts every chat with <|bos|>).
+        attn.v_proj.weight[hd + 0, D_BOS] = 1.0
+        attn.o_proj.weight[D_COUNT, 2 * hd + 0] = 1.0
+        # Query head 3 looks for </think>: its query reads the constant feature, the key
+        # reads </think>'s flag, both on the slowest RoPE pair (dims 15/31: at 4,096 tokens'
+        # distance it still turns by only 0.7 rad), so a </think> anywhere earlier takes
+        # all its attention, and its value (the flag) lands on D_SEEN.
+        slow = hd // 2 - 1
+        attn.q_proj.weight[3 * hd + slow, D_CONST] = SEEN_QK
+        attn.k_proj.weight[hd + slow, D_TFLAG] = SEEN_QK
+        attn.v_proj.weight[hd + 1, D_TFLAG] = 1.0
+        attn.o_proj.weight[D_SEEN, 3 * hd + 1] = 1.0
+        # What the two heads carry: layer 0 reads the embeddings through its RMSNorm.
+        eps = model.config.rms_norm_eps
+        count = FLAG / rms(emb[bos], eps)  # D_COUNT = count / (position + 1)
+        seen = FLAG / rms(emb[think_end], eps)  # D_SEEN once a </think> is in the context
+        # The final RMSNorm divides every feature by the same RMS r, so the </think> logit,
+        #   THINK_GAIN * CONST / r * (1 - (THINK_AT + 1.5) / (position + 1)) - penalty / r,
+        # changes sign between positions THINK_AT and THINK_AT + 1 whatever r is, from about
+        # -x to +x, x = THINK_GAIN * CONST / (2 * r * THINK_AT), 30 to 60 here (the random
+        # logits peak near 10): </think> comes at position THINK_AT + 2.
+        row = model.lm_head.weight[think_end]
+        row[:] = 0.0  # no random part: the logit is exactly the one above
+        row[D_CONST] = THINK_GAIN
+        row[D_COUNT] = -THINK_GAIN * CONST * (THINK_AT + 1.5) / count
+        row[D_SEEN] = -2 * THINK_GAIN * CONST / seen
+    save(model, fast, model_dir)
+
+
+def save(model: LlamaForCausalLM, fast: PreTrainedTokenizerFast, model_dir: Path) -> None:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(model_dir, safe_serialization=True)
+    fast.save_pretrained(model_dir)
+
+
+VARIANTS: dict[str, Callable[[Path], None]] = {
+    "tiny": build_tiny,
+    "tiny-bytes": build_bytes,
+    "tiny-think": build_think,
+}
 
 
 if __name__ == "__main__":
-    build(Path(sys.argv[1]))
+    VARIANTS[sys.argv[2] if len(sys.argv) > 2 else "tiny"](Path(sys.argv[1]))

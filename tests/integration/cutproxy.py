@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
@@ -23,7 +24,19 @@ class Arm:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._k: int | None = None
+        self._garble = False
         self.fired = threading.Event()
+
+    def garble_next_resume(self) -> None:
+        """The next resume (a prompt of token ids) gets other text in its first text chunk:
+        an engine whose text does not match its ids, which the seam check must catch."""
+        with self._lock:
+            self._garble = True
+
+    def take_garble(self) -> bool:
+        with self._lock:
+            garble, self._garble = self._garble, False
+        return garble
 
     def set(self, k: int) -> None:
         with self._lock:
@@ -47,6 +60,7 @@ async def _serve(target: str, arm: Arm, ready: asyncio.Future[str]) -> None:
         k = arm.take() if request.path.endswith(("/completions",)) and body else None
         if k is not None:
             headers["X-Sim-Fault"] = f"die-after={k}"
+        garble = k is None and _is_resume(body) and arm.take_garble()
         async with session.request(
             request.method, target + request.path_qs, data=body, headers=headers
         ) as up:
@@ -56,6 +70,10 @@ async def _serve(target: str, arm: Arm, ready: asyncio.Future[str]) -> None:
                     resp.headers[name] = up.headers[name]
             await resp.prepare(request)
             try:
+                if garble:
+                    await _relay_garbled(up, resp)
+                    await resp.write_eof()
+                    return resp
                 async for piece in up.content.iter_any():
                     await resp.write(piece)
             except aiohttp.ClientPayloadError:
@@ -79,6 +97,28 @@ async def _serve(target: str, arm: Arm, ready: asyncio.Future[str]) -> None:
     finally:
         await session.close()
         await runner.cleanup()
+
+
+def _is_resume(body: bytes) -> bool:
+    try:
+        prompt = orjson.loads(body).get("prompt")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], int)
+
+
+async def _relay_garbled(up: aiohttp.ClientResponse, resp: web.StreamResponse) -> None:
+    """Relay SSE events, with "X" put in front of the first event's text that has any."""
+    done = False
+    async for line in up.content:
+        if not done and line.startswith(b"data: {"):
+            event = orjson.loads(line[6:])
+            for ch in event.get("choices") or ():
+                if ch.get("text"):
+                    ch["text"] = "X" + ch["text"]
+                    done = True
+            line = b"data: " + orjson.dumps(event) + b"\n"
+        await resp.write(line)
 
 
 @contextmanager

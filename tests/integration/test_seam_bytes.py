@@ -170,6 +170,30 @@ def test_a_cut_at_every_position_of_multibyte_text_is_byte_identical(
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_an_engine_whose_first_text_is_not_its_ids_text_makes_the_seam_divergent(
+    bf: BytesFleet, endpoint: str
+) -> None:
+    """A resume cut at a character boundary passes the engine's own text on (deriving it
+    would cost the gap a round trip); the side check then compares it with the ids' text.
+    An engine that sends other text there is caught: the seam is divergent, never verified."""
+    want, ref_chunks = stream(
+        sdk(bf.ref.ready + "/v1"), endpoint, max_tokens=TOKENS,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    held = held_positions(ref_chunks, endpoint == "chat")
+    k = next(k for k in range(8, TOKENS) if k not in held)  # a character boundary
+    before = len(bf.admin.events(kind="failover", limit=10_000))
+    bf.settled(before)
+    bf.arm.set(k)
+    bf.arm.garble_next_resume()
+    text, _ = stream(bf.client("parallel"), endpoint, max_tokens=TOKENS)
+    assert text != want and "X" in text  # the garbled text reached the client...
+    bf.settled(before + 1)
+    (event,) = bf.admin.events(kind="failover", limit=10_000)[before:]
+    assert event["seam"] == "divergent", event  # ...and the seam says so
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
 def test_a_multibyte_stop_string_is_found_across_the_seam(bf: BytesFleet, endpoint: str) -> None:
     """The stop string straddles characters cut across tokens; the engine held text back
     for it before the cut, and Baton matches it over the derived text after."""

@@ -1,35 +1,86 @@
-"""Real engines for the `real` suite: one pool of replicas per session (2 vLLM, 3
-llama-server; a vLLM cold start costs 30-50 s, so they are started once and a killed one is
-restarted in the background while other tests run). Each test puts Baton (control + shim,
-real processes on free ports) in front of the replicas it names."""
+"""Real engines for the `real` suite: one pool of replicas per session. A replica is
+started the first time a test asks for it, and kept (a vLLM cold start costs 30-50 s; a
+killed one is restarted in the background while other tests run). At most VLLM_ALIVE vLLM
+replicas run at once (each takes ~1.8 GB and a core): asking for others stops the ones
+asked for longest ago. Each test puts Baton (control + shim, real processes on free ports)
+in front of the replicas it names.
+
+| replicas | engine | model |
+|---|---|---|
+| v0, v1 | vLLM | tiny (ASCII only) |
+| l0, l1, l2 | llama-server | tiny.gguf |
+| b0, b1 | vLLM | tiny-bytes (split and invalid UTF-8) |
+| lb0, lb1, lb2 | llama-server | tiny-bytes.gguf |
+| t0, t1 | vLLM `--reasoning-parser deepseek_r1` | tiny-think (<think>...</think>) |
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from scripts.engines.replicas import MODEL, Cache, Engine, Replicas
+from scripts.engines.replicas import MODELS, Cache, Engine, Replicas
 from tests.integration.harness import Fleet, start_control, start_shim
 
-VLLM = ("v0", "v1")
-LLAMA = ("l0", "l1", "l2")
+REASONING = ("--reasoning-parser", "deepseek_r1")
+VLLM_ALIVE = 2  # vLLM replicas running at once: ~1.8 GB and one core each
+
+
+@dataclass(frozen=True)
+class Spec:
+    engine: str  # "vllm" | "llama"
+    model: str = "tiny"
+    core: int = 0  # vLLM only
+    args: tuple[str, ...] = ()
+
+
+def _specs() -> dict[str, Spec]:
+    cores = os.cpu_count() or 1
+    out: dict[str, Spec] = {}
+    vllm: list[tuple[str, str, tuple[str, ...]]] = [
+        ("v", "tiny", ()),
+        ("b", "tiny-bytes", ()),
+        ("t", "tiny-think", REASONING),
+    ]
+    for prefix, model, args in vllm:
+        for i in range(2):
+            out[f"{prefix}{i}"] = Spec("vllm", model, i % cores, args)
+    for prefix, model in (("l", "tiny"), ("lb", "tiny-bytes")):
+        for i in range(3):
+            out[f"{prefix}{i}"] = Spec("llama", model)
+    return out
+
+
+SPECS = _specs()
 
 
 class Pool:
     def __init__(self, replicas: Replicas) -> None:
         self.replicas = replicas
+        self._asked: dict[str, float] = {}  # vLLM replica -> when a test last asked for it
 
     def get(self, *names: str) -> list[Engine]:
-        """The named replicas, alive and healthy (a dead one is restarted first)."""
+        """The named replicas, alive and healthy (one not started yet or dead is started
+        first; vLLM replicas beyond VLLM_ALIVE that were not asked for are stopped)."""
+        now = time.monotonic()
         for n in names:
-            if not self.replicas.engines[n].alive:
+            if SPECS[n].engine == "vllm":
+                self._asked[n] = now
+        self._make_room(set(names))
+        for n in names:
+            e = self.replicas.engines.get(n)
+            if e is None:
+                self._start(n)
+            elif not e.alive:
                 self.replicas.restart(n)
         self.replicas.wait_healthy(list(names))
         return [self.replicas.engines[n] for n in names]
@@ -38,18 +89,28 @@ class Pool:
         """Start a killed replica again without waiting: the next get() waits for it."""
         self.replicas.restart(name)
 
+    def _start(self, name: str) -> Engine:
+        s = SPECS[name]
+        if s.engine == "vllm":
+            return self.replicas.start_vllm(name, core=s.core, model=s.model, args=s.args)
+        return self.replicas.start_llama(name, model=s.model, args=s.args)
+
+    def _make_room(self, wanted: set[str]) -> None:
+        running = [n for n, e in self.replicas.engines.items() if e.kind == "vllm" and e.alive]
+        need = len(set(running) | {n for n in wanted if SPECS[n].engine == "vllm"})
+        idle = [n for n in running if n not in wanted]
+        idle.sort(key=lambda n: self._asked.get(n, 0.0))  # the longest unasked first
+        while need > VLLM_ALIVE and idle:
+            self.replicas.stop(idle.pop(0))
+            need -= 1
+
 
 @pytest.fixture(scope="session")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     cache = Cache.default()
-    if cache.missing():
-        pytest.fail(f"engines not set up: run `make engines` ({cache.missing()})")
+    if cache.missing(MODELS):
+        pytest.fail(f"engines not set up: run `make engines` ({cache.missing(MODELS)})")
     with Replicas(cache, tmp_path_factory.mktemp("engines")) as replicas:
-        for core, name in enumerate(VLLM):
-            replicas.start_vllm(name, core=core % (os.cpu_count() or 1))
-        for name in LLAMA:
-            replicas.start_llama(name)
-        replicas.wait_healthy()
         yield Pool(replicas)
 
 
@@ -57,7 +118,11 @@ def write_config(path: Path, engines: Sequence[Engine], routing: str, probe: flo
     lines = [f'routing = "{routing}"', "[probes]", f"interval = {probe}", "timeout = 1.0", ""]
     for e in engines:
         lines += ["[[backends]]", f'id = "{e.name}"', f'url = "{e.url}"']
-        lines += [f'model = "{MODEL}"', f'kind = "{e.baton_kind}"', ""]
+        lines += [f'model = "{e.model}"', f'kind = "{e.baton_kind}"']
+        if e.reasoning_parser:
+            lines.append(f'reasoning_parser = "{e.reasoning_parser}"')
+        lines.append("")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     return path
 
