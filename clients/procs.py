@@ -26,6 +26,17 @@ class StartFailed(RuntimeError):
     pass
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _term_on_parent_death() -> None:
+    """In the child before exec: SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 class Part:
     """`ready` is the address the part printed on its `<NAME> READY <address>` line."""
 
@@ -37,7 +48,10 @@ class Part:
         timeout: float = 30.0,
         env: Mapping[str, str] | None = None,
         stderr: int | None = None,
+        die_with_parent: bool = False,
     ) -> None:
+        """`die_with_parent`: the part gets SIGTERM when this process dies, however it
+        dies (Linux): a SIGKILLed `baton up` leaves no orphan holding its ports."""
         self.name = name
         self.proc = subprocess.Popen(
             [sys.executable, "-m", *module_argv],
@@ -47,6 +61,7 @@ class Part:
             env={**os.environ, **(env or {})},
             # Own process group: Ctrl-C reaches the parent, which stops parts in order.
             start_new_session=True,
+            preexec_fn=_term_on_parent_death if die_with_parent else None,  # noqa: PLW1509
         )
         self.ready = self._await_ready(timeout)
 

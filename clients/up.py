@@ -66,11 +66,16 @@ def run(args: argparse.Namespace) -> int:
             token = token or ensure_token_file(Path(args.data_dir))
         if args.config:
             control_argv += ["--config", str(args.config)]
+        if not cfg.backends:
+            # The embedded sims are registered anew at every start (new ports): not
+            # operator configuration, so not saved, and no saved copy collides with them.
+            control_argv.append("--no-fleet-db")
         control = Part(
             "control",
             control_argv,
             timeout=args.ready_timeout,
             env={"BATON_ADMIN_TOKEN": token} if token else None,
+            die_with_parent=True,
         )
         children.append(control)
         if not cfg.backends:
@@ -79,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             "shim",
             ["dataplane", "--control", control.ready, "--listen", args.listen],
             timeout=args.ready_timeout,
+            die_with_parent=True,
         )
         children.append(shim)
         print(
@@ -134,6 +140,7 @@ def _start_fleet(
                     str(i),
                 ],
                 timeout=args.ready_timeout,
+                die_with_parent=True,
             )
             children.append(sim)
             admin.add_backend(f"sim-{i}", sim.ready, args.sim_model, "vllm", "serve")

@@ -25,6 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "at run time) are kept across restarts (env BATON_DATA_DIR; none: memory only)",
     )
     parser.add_argument(
+        "--no-fleet-db",
+        action="store_true",
+        help="keep only the audit log in --data-dir, not the fleet: for a fleet registered "
+        "anew at every start (baton up's embedded sims), which a saved one would collide with",
+    )
+    parser.add_argument(
         "--tls-cert", type=Path, help="PEM certificate chain: serve gRPC over TLS (with --tls-key)"
     )
     parser.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
@@ -59,6 +65,7 @@ async def _serve(
         args.listen,
         metrics_listen=args.metrics_listen or None,
         data_dir=args.data_dir,
+        keep_fleet=not args.no_fleet_db,
         admin_token=os.environ.get("BATON_ADMIN_TOKEN") or None,
         tls=tls,
     )

@@ -49,6 +49,7 @@ class ControlPlane:
         *,
         metrics_listen: str | None = None,
         data_dir: Path | None = None,
+        keep_fleet: bool = True,
         admin_token: str | None = None,
         tls: tuple[bytes, bytes] | None = None,
         clock: Callable[[], float] = time.time,
@@ -64,7 +65,7 @@ class ControlPlane:
             durable=self._event_file.flush if self._event_file else None,
         )
         # What operators changed at run time (backends, drains, pairs) survives a restart.
-        self._db = FleetDB(data_dir / "fleet.db") if data_dir else None
+        self._db = FleetDB(data_dir / "fleet.db") if data_dir and keep_fleet else None
         saved = self._db.load() if self._db else Configured()
         self.registry = Registry(
             fleet(config.backends, saved),

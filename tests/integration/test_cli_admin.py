@@ -257,3 +257,62 @@ def test_baton_up_runs_the_fleet_with_a_token_file_and_stops_cleanly(tmp_path: P
         if f"--control {control}" in cmdline or f"--listen {control}" in cmdline:
             leftovers.append(cmdline)
     assert leftovers == []
+
+
+def test_baton_up_starts_cleanly_again_however_the_last_one_ended(tmp_path: Path) -> None:
+    """`make up` any number of times in one checkout: after Ctrl-C, after SIGTERM, and after
+    a SIGKILL of its whole process group (its parts die with it, leaving no orphans)."""
+    import functools
+    import os
+    import re
+    import signal
+
+    from tests.integration.harness import wait_until
+
+    env = {k: v for k, v in os.environ.items() if k not in ("BATON_ADMIN_TOKEN", "BATON_DATA_DIR")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    argv = [sys.executable, "-m", "clients.cli", "up", "--sim", "2", "--listen", "127.0.0.1:0",
+            "--control-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]  # fmt: skip
+
+    def parts_of(control: str) -> list[str]:
+        out = []
+        for proc in Path("/proc").iterdir():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if f"--control {control}" in cmdline or f"--listen {control}" in cmdline:
+                out.append(cmdline)
+        return out
+
+    def gone(control: str) -> bool:
+        return parts_of(control) == []
+
+    log = tmp_path / "up.log"
+    for ending in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL, None):
+        with log.open("a") as err:
+            up = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                  stderr=err, text=True, start_new_session=True)  # fmt: skip
+        try:
+            line = up.stdout.readline()  # type: ignore[union-attr]
+            found = re.search(r"base URL: (\S+)\s+\(control: (\S+)\)", line)
+            assert found, (ending, line, log.read_text()[-2000:])
+            base_url, control = found.groups()
+            c = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+            reply = c.chat.completions.create(
+                model="baton-sim", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+            assert reply.choices[0].message.content
+        finally:
+            if ending is None:
+                up.send_signal(signal.SIGTERM)
+            elif ending == signal.SIGKILL:
+                os.killpg(up.pid, signal.SIGKILL)
+            else:
+                up.send_signal(ending)
+            up.wait(30)
+        if ending != signal.SIGKILL:
+            assert up.returncode == 0, (ending, log.read_text()[-2000:])
+        # However it ended, every part it started goes with it.
+        assert wait_until(functools.partial(gone, control), 20), parts_of(control)
+    assert not (tmp_path / ".baton" / "fleet.db").exists()  # the embedded fleet is not saved
