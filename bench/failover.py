@@ -82,6 +82,9 @@ class Reference:
     prompt_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
     text: str
+    # Token counts k after which the engine held text back (the k-th token's chunk carried no
+    # text): a cut there ends the resume's prompt mid-character.
+    held: frozenset[int] = frozenset()
 
 
 def make_prompts(seed: int, count: int) -> list[str]:
@@ -126,6 +129,7 @@ def summarize(
     completed = [r for r in records if r.verdict == "completed"]
     differs = [r for r in completed if r.text != refs[r.prompt].text]
     resumed = [e for e in events if e.get("outcome") == "resumed"]
+    prompt_of = {r.rid: r.prompt for r in records}
     gaps = [float(e["gap_ms"]) for e in resumed]
     gap50, floor50 = stats.percentile(gaps, 50), stats.percentile(floors_ms, 50)
     return {
@@ -139,6 +143,11 @@ def summarize(
         "failovers": len(events),
         "by_outcome": dict(Counter(str(e.get("outcome")) for e in events)),
         "by_seam": dict(Counter(str(e.get("seam") or "-") for e in events)),
+        "mid_character": sum(
+            1 for e in resumed
+            if (r := prompt_of.get(str(e.get("request_id")))) is not None
+            and int(e["tokens_sent"]) in refs[r].held
+        ),
         "by_failure": dict(Counter(str(e.get("failure")) for e in events)),
         "gap_ms": stats.p50_p99(gaps),
         "floor_ms": stats.p50_p99(floors_ms),
@@ -293,6 +302,7 @@ def report(s: Mapping[str, Any], o: Mapping[str, Any], busy: Mapping[str, float]
         ["failover events", str(s["failovers"])],
         ["  by outcome", counts(s["by_outcome"])],
         ["  by seam", counts(s["by_seam"])],
+        ["  resumed cut mid-character (text held back)", str(s.get("mid_character", 0))],
         ["  by failure", counts(s["by_failure"])],
         ["gap p50 / p99 (ms)", p50_99(s["gap_ms"])],
         [f"floor p50 / p99 (ms, n={s['floor_samples']})", p50_99(s["floor_ms"])],
@@ -323,12 +333,26 @@ def report(s: Mapping[str, Any], o: Mapping[str, Any], busy: Mapping[str, float]
 async def reference(
     session: aiohttp.ClientSession, url: str, prompt: str, tokens: int
 ) -> Reference:
+    """Streamed, so the reference also says where the engine held text back."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
-            "return_token_ids": True}  # fmt: skip
+            "return_token_ids": True, "stream": True}  # fmt: skip
+    prompt_ids: tuple[int, ...] = ()
+    ids: list[int] = []
+    text: list[str] = []
+    held: set[int] = set()
     async with session.post(url + "/v1/completions", json=body) as resp:
         resp.raise_for_status()
-        ch = (await resp.json())["choices"][0]
-    return Reference(prompt, tuple(ch["prompt_token_ids"]), tuple(ch["token_ids"]), ch["text"])
+        async for line in resp.content:
+            if not line.startswith(b"data: {"):
+                continue
+            for ch in json.loads(line[6:]).get("choices") or ():
+                if ch.get("prompt_token_ids"):
+                    prompt_ids = tuple(ch["prompt_token_ids"])
+                ids += ch.get("token_ids") or []
+                text.append(ch.get("text") or "")
+                if not ch.get("text"):
+                    held.add(len(ids))
+    return Reference(prompt, prompt_ids, tuple(ids), "".join(text), frozenset(held))
 
 
 async def floor_ttft(
