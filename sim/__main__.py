@@ -19,6 +19,7 @@ from sim.model import MAX_THINK_TOKENS, ModelConfig
 from sim.protocol import Limits
 from sim.server import SimConfig, start_server
 from sim.specdecode import SpecConfig
+from sim.tools import MAX_TOOL_CALL_AFTER
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "responses split like vLLM's --reasoning-parser deepseek_r1")
     m.add_argument("--think-tokens", type=int, default=32, metavar="N",
                    help="with --reasoning: </think> comes at or after N tokens of thinking")
+    m.add_argument("--tool-calls", action="store_true",
+                   help="<tool_call>/</tool_call> tokens; a chat request offering tools "
+                        "(tool_choice auto) makes a hermes tool call, parsed like vLLM's "
+                        "--enable-auto-tool-choice --tool-call-parser hermes")
+    m.add_argument("--tool-call-after", type=int, default=8, metavar="N",
+                   help="with --tool-calls: the call starts at or after N generated tokens")
     c = parser.add_argument_group("cost model (all 0 = as fast as possible)")
     c.add_argument("--prefill-us-per-token", type=float, default=20.0,
                    help="prefill time per prompt token not in the prefix cache")
@@ -106,6 +113,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             loop_after_len=args.loop_after_len,
             loop_period=args.loop_period,
             think_tokens=args.think_tokens,
+            tool_call_after=args.tool_call_after,
         ),
         limits=Limits(
             model=args.model,
@@ -133,6 +141,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         api_key=args.api_key,
         byte_level=args.byte_level,
         reasoning=args.reasoning,
+        tool_calls=args.tool_calls,
     )
 
 
@@ -150,6 +159,8 @@ def _check_ranges(args: argparse.Namespace) -> None:
         raise SystemExit("--loop-after-len and --loop-period must be >= 0")
     if not 0 <= args.think_tokens <= MAX_THINK_TOKENS:
         raise SystemExit(f"--think-tokens must be in [0, {MAX_THINK_TOKENS}]")
+    if not 0 <= args.tool_call_after <= MAX_TOOL_CALL_AFTER:
+        raise SystemExit(f"--tool-call-after must be in [0, {MAX_TOOL_CALL_AFTER}]")
 
 
 def _split_listen(listen: str) -> tuple[str, int]:

@@ -21,6 +21,7 @@ from random import Random
 from sim.model import ToyModel
 from sim.protocol import SamplingParams
 from sim.tokenizer import EOS, Tokenizer
+from sim.tools import ToolCallPlan
 
 _REPLACEMENT = "\ufffd"
 
@@ -97,7 +98,7 @@ class Sequence:
 
     __slots__ = (
         "_model", "_params", "_detok", "_prompt", "_h", "_last", "_rng", "_stops", "_hold",
-        "_back", "_buf", "_sent", "token_ids", "finish_reason", "stop_reason",
+        "_back", "_buf", "_sent", "_tool", "token_ids", "finish_reason", "stop_reason",
     )
 
     def __init__(
@@ -108,8 +109,10 @@ class Sequence:
         *,
         index: int = 0,
         prompt_hash: int | None = None,
+        tool: ToolCallPlan | None = None,
     ) -> None:
         self._model = model
+        self._tool = tool  # tool-call mode: the call this choice makes (sim.tools)
         self._params = params
         self._detok = Detokenizer(model.tokenizer, prompt_ids)
         self._prompt = prompt_ids  # read by degenerate (looping) models and output_text
@@ -152,6 +155,10 @@ class Sequence:
     def _next_id(self) -> int:
         p = self._params
         allow_eos = not p.ignore_eos and len(self.token_ids) >= p.min_tokens
+        if self._tool is not None:
+            forced = self._tool.next(self._h, len(self.token_ids), allow_eos=allow_eos)
+            if forced is not None:
+                return forced
         loop = self._loop_token() if self._model.loops else None
         if self._rng is None:
             return self._model.greedy(self._h, self._last, allow_eos=allow_eos, loop=loop)
@@ -182,7 +189,10 @@ class Sequence:
         Greedy without stop strings (the common router/benchmark case) runs in
         a local loop that produces exactly what repeated step() calls would.
         """
-        if self._rng is not None or self._stops or self._params.min_tokens or self._model.loops:
+        if (
+            self._rng is not None or self._stops or self._params.min_tokens or self._model.loops
+            or self._tool is not None
+        ):
             while self.finish_reason is None:
                 self.step()
             return

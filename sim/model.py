@@ -43,6 +43,11 @@ where the text so far ends on a whole character), ``</think>`` is forced to
 the top, so each think block ends once. Without either mode the hash is the
 plain rolling hash, bit for bit as before.
 
+Tool-call mode (the tokenizer has ``<tool_call>``/``</tool_call>``) leaves the
+scores alone: a chat request that offers tools gets a per-request plan
+(sim.tools.ToolCallPlan) that overrides the argmax once ``tool_call_after``
+tokens are out, at a history ``answer_boundary`` allows.
+
 Hashing uses CPython's tuple hash of ints, which is fixed per interpreter
 build (no PYTHONHASHSEED involvement): replicas must run the same CPython,
 the sim's equivalent of "same engine version".
@@ -105,6 +110,7 @@ class ModelConfig:
     loop_after_len: int = 0  # degenerate mode: see loop_index
     loop_period: int = 0  # 0 = off
     think_tokens: int = 32  # reasoning mode: </think> comes at or after this many think tokens
+    tool_call_after: int = 8  # tool-call mode: the call starts at or after this many tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +327,14 @@ class ToyModel:
             and not h & 7  # the text so far ends on a whole character
             and not hash((h, _SALT_THINK)) & _THINK_END_MASK
         )
+
+    def answer_boundary(self, h: int) -> bool:
+        """Whether the text so far ends on a whole character, outside a think block.
+
+        Where a tool call may start (sim.tools). Without a stateful mode the
+        output is ASCII and there are no think blocks: always.
+        """
+        return not self._utf8 or not h & _STATE_MASK
 
     def near_tie(self, h: int) -> bool:
         """Whether the top-2 margin at this history is within chip noise (model property)."""

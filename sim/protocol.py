@@ -13,6 +13,7 @@ from typing import Any, Literal
 from sim.chat_template import TemplateError, parse_messages, render
 from sim.model import MAX_RANKED
 from sim.tokenizer import BOS, Tokenizer
+from sim.tools import DEFAULT_ARG, ToolSpec
 
 MAX_PROMPT_LOGPROBS = MAX_RANKED  # the model ranks this many candidates per position
 
@@ -80,6 +81,9 @@ class GenRequest:
     role: str = "assistant"  # chat only: role of the streamed message
     prompt_logprobs: int | None = None  # completions only: top-k to score at each prompt position
     include_reasoning: bool = True  # chat with a reasoning parser: send the reasoning part
+    # Chat in tool-call mode offering tools with tool_choice auto: the call the
+    # model makes, and the hermes parser runs (sim.tools). None = neither.
+    tool: ToolSpec | None = None
 
 
 def check_model(body: Mapping[str, Any], limits: Limits) -> None:
@@ -116,7 +120,58 @@ def parse_chat(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRe
     role = "assistant" if add_gen else messages[-1].role
     req = _finish(body, "chat", prompt_ids, max_tokens, limits, role=role)
     include_reasoning = _opt(body, "include_reasoning", bool, True)
-    return req if include_reasoning else replace(req, include_reasoning=False)
+    if not include_reasoning:
+        req = replace(req, include_reasoning=False)
+    if tok.tool_call_start is not None:  # tool-call mode; otherwise tools are ignored
+        tool = parse_tools(body)
+        if tool is not None:
+            req = replace(req, tool=tool)
+    return req
+
+
+def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
+    """``tools`` and ``tool_choice`` as vLLM checks them; the call to make, if any (sim.tools)."""
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise bad_request("'tools' must be a list of function tools", "tools")
+        if not tools:
+            raise bad_request(  # vLLM's wording
+                "`tools` must not be an empty array. Either provide at least one tool or "
+                "omit the field entirely.", "tools",
+            )  # fmt: skip
+        for i, tool in enumerate(tools):
+            fn = tool.get("function") if isinstance(tool, Mapping) else None
+            if (
+                not isinstance(fn, Mapping)
+                or tool.get("type", "function") != "function"
+                or not isinstance(fn.get("name"), str)
+                or not isinstance(fn.get("parameters"), Mapping | None)
+            ):
+                raise bad_request(
+                    f"tools[{i}] must be {{'type': 'function', 'function': {{'name': a string, "
+                    "'parameters': an object}}}}", "tools",
+                )  # fmt: skip
+    # vLLM: with tools and no tool_choice, "auto"; an explicit null behaves as "auto" too.
+    choice = body["tool_choice"] if "tool_choice" in body else ("auto" if tools else "none")
+    if choice == "none" or (choice is None and not tools):
+        return None
+    if not tools:
+        raise bad_request("When using `tool_choice`, `tools` must be set.", "tool_choice")
+    if choice == "required" or isinstance(choice, Mapping):
+        raise bad_request(
+            "tool_choice 'required' and a named tool_choice are not supported by the sim "
+            "(vLLM serves them with guided decoding)", "tool_choice",
+        )  # fmt: skip
+    if choice not in ("auto", None):
+        raise bad_request(  # vLLM's wording
+            f"Invalid value for `tool_choice`: {choice}! Only named tools, \"none\", "
+            "\"auto\" or \"required\" are supported.", "tool_choice",
+        )  # fmt: skip
+    fn = tools[0]["function"]
+    props = (fn.get("parameters") or {}).get("properties")
+    first = next(iter(props), None) if isinstance(props, Mapping) else None
+    return ToolSpec(fn["name"], first if isinstance(first, str) and first else DEFAULT_ARG)
 
 
 def parse_completion(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRequest:

@@ -14,6 +14,12 @@ requested, rides on each completions choice: [null, {"<id>": {"logprob",
 Chat on a reasoning sim (``Meta.reasoning``): streamed deltas come from
 sim.reasoning (``{"reasoning": ...}`` / ``{"content": ...}`` / both / ``{}``),
 and the message gets ``reasoning`` next to ``content`` (null when absent).
+
+Chat through the hermes tool parser (``Meta.tools``, sim.tools): streamed
+deltas may carry ``tool_calls``, and the message gets the parsed calls in
+``tool_calls`` (``[{"id", "type": "function", "function": {"name",
+"arguments"}}]``), the text before the first ``<tool_call>`` as content
+(null when blank), and finish_reason "tool_calls" when there are calls.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from sim import tools
 from sim.reasoning import extract
 from sim.scoring import Scored
 
@@ -42,6 +49,7 @@ class Meta:
     role: str = "assistant"
     reasoning: bool = False  # chat through the deepseek_r1 reasoning parser
     include_reasoning: bool = True
+    tools: bool = False  # chat through the hermes tool parser (the request offers tools)
 
     @property
     def chunk_object(self) -> str:
@@ -178,11 +186,17 @@ def full_response(
             if meta.reasoning:
                 reasoning, message["content"] = extract(r.text)
                 message["reasoning"] = reasoning if meta.include_reasoning else None
+            finish = r.finish_reason
+            if meta.tools:
+                content, message["tool_calls"] = tools.extract(message["content"] or "")
+                if message["tool_calls"]:
+                    message["content"], finish = content, "tool_calls"
             choice: dict[str, Any] = {"index": i, "message": message}
         else:
+            finish = r.finish_reason
             choice = {"index": i, "text": r.text}
         choice["logprobs"] = None
-        choice["finish_reason"] = r.finish_reason
+        choice["finish_reason"] = finish
         choice["stop_reason"] = r.stop_reason
         if meta.return_token_ids:
             if not meta.chat:

@@ -26,6 +26,7 @@ from sim.generation import Sequence
 from sim.protocol import GenRequest
 from sim.reasoning import R1Stream
 from sim.scoring import prompt_logprobs
+from sim.tools import ToolCallPlan, ToolStream
 
 if TYPE_CHECKING:
     from sim.server import SimState
@@ -48,19 +49,31 @@ class Run:
         self.emitted = 0
         self.outcome = "abort"  # until proven otherwise: cancellation lands here
         h = self.prompt_hash = state.model.start(req.prompt_ids)
+        model, tool = state.model, req.tool
         self.seqs = [
-            Sequence(state.model, req.prompt_ids, req.params, index=i, prompt_hash=h)
+            Sequence(
+                model, req.prompt_ids, req.params, index=i, prompt_hash=h,
+                tool=None if tool is None else ToolCallPlan(model, tool),
+            )
             for i in range(req.n)
-        ]
+        ]  # fmt: skip
         self._check_faults = not faults.empty
         self._prefill_s = 0.0
         self._prompt_logprobs: r.PromptLogprobs | None = None
         tok = state.tokenizer
         self._parsers: list[R1Stream] | None = None
+        self._tool_parsers: list[ToolStream] | None = None
+        think = None
         if meta.reasoning and tok.think_start is not None and tok.think_end is not None:
+            think = (tok.think_start, tok.think_end)
+        self._parsed = meta.tools or think is not None  # chat deltas come from a parser
+        if meta.tools:
+            self._tool_parsers = [
+                ToolStream(think, include_reasoning=meta.include_reasoning) for _ in range(req.n)
+            ]
+        elif think is not None:
             self._parsers = [
-                R1Stream(tok.think_start, tok.think_end, include_reasoning=meta.include_reasoning)
-                for _ in range(req.n)
+                R1Stream(*think, include_reasoning=meta.include_reasoning) for _ in range(req.n)
             ]
 
     # -- lifecycle -----------------------------------------------------------
@@ -207,17 +220,21 @@ class Run:
                 self.emitted += 1
                 prompt = req.prompt_ids if first[i] else None
                 first[i] = False
-                delta = None
-                if self._parsers is not None:
+                delta, finish = None, ev.finish_reason
+                if self._tool_parsers is not None:
+                    tp = self._tool_parsers[i]
+                    delta = tp.delta(ev.text, (ev.token_id,), finished=finish is not None)
+                    finish = tp.finish_reason(finish)
+                elif self._parsers is not None:
                     delta = self._parsers[i].delta(ev.text, (ev.token_id,))
-                    if delta is None:
-                        # vLLM skips the chunk, unless it ends the choice or the
-                        # client asked for token ids (then: an empty delta).
-                        if ev.finish_reason is None and not meta.return_token_ids:
-                            continue
-                        delta = {}
+                if delta is None and self._parsed:
+                    # vLLM skips the chunk, unless it ends the choice or the
+                    # client asked for token ids (then: an empty delta).
+                    if finish is None and not meta.return_token_ids:
+                        continue
+                    delta = {}
                 buf.append(
-                    r.sse(r.token_chunk(meta, i, ev.text, [ev.token_id], ev.finish_reason,
+                    r.sse(r.token_chunk(meta, i, ev.text, [ev.token_id], finish,
                                         ev.stop_reason, prompt, delta))
                 )
             self._first_token()
@@ -229,6 +246,8 @@ class Run:
         return resp
 
     def _abort_delta(self, i: int) -> dict[str, object] | None:
+        if self._tool_parsers is not None:
+            return self._tool_parsers[i].delta("", (), finished=True) or {}
         if self._parsers is None:
             return None
         return self._parsers[i].delta("", ()) or {}

@@ -57,6 +57,10 @@ class SimConfig:
     # <think>/</think> tokens, a template opening "<think>", and chat responses
     # parsed like vLLM's --reasoning-parser deepseek_r1 (see sim.reasoning).
     reasoning: bool = False
+    # <tool_call>/</tool_call> tokens; a chat request offering tools (tool_choice
+    # auto) makes a tool call, parsed like vLLM's --enable-auto-tool-choice
+    # --tool-call-parser hermes (see sim.tools). Other requests are unchanged.
+    tool_calls: bool = False
 
 
 class SimState:
@@ -65,7 +69,8 @@ class SimState:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.tokenizer = build_tokenizer(
-            cfg.tokenizer_variant, byte_level=cfg.byte_level, reasoning=cfg.reasoning
+            cfg.tokenizer_variant, byte_level=cfg.byte_level, reasoning=cfg.reasoning,
+            tool_calls=cfg.tool_calls,
         )
         self.vocab_hash = self.tokenizer.vocab_hash()
         self.model = ToyModel(cfg.model, self.tokenizer)
@@ -199,6 +204,7 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
         role=req.role,
         reasoning=chat and state.cfg.reasoning,
         include_reasoning=req.include_reasoning,
+        tools=chat and req.tool is not None,
     )
     run = Run(state, req, faults, meta)
     await _admit(state)

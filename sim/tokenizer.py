@@ -21,6 +21,12 @@ it is a different vocabulary (and ``vocab_hash``).
 ``</think>`` (DeepSeek-R1 style): encode() maps their strings to them like the
 specials, but they are not special, so ``skip_special_tokens`` keeps their
 text in decoded output.
+
+``tool_calls=True`` adds ``<tool_call>`` and ``</tool_call>`` the same way
+(Hermes / Qwen style), after the think tokens when both are on. A vocabulary
+that has only these on top of the default keeps the default pre-tokenizer
+(specials matched where a piece starts) and cuts out just the two tags
+first, so text without them encodes exactly as before.
 """
 
 from __future__ import annotations
@@ -90,6 +96,8 @@ BYTE_TARGETS: tuple[bytes, ...] = tuple(
 # strings are matched first so templates render to their ids.
 THINK_START = "<think>"
 THINK_END = "</think>"
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
 
 
 _SPECIAL_RE = "|".join(re.escape(s) for s in SPECIAL_TOKENS)
@@ -163,8 +171,11 @@ class Tokenizer:
     byte_level: bool = False
     think_start: int | None = None  # <think> / </think> ids in reasoning mode
     think_end: int | None = None
-    added: dict[str, int] | None = None  # strings encode() maps to one id (specials, think)
-    # New vocabularies (byte-level, reasoning) split on added tokens first.
+    tool_call_start: int | None = None  # <tool_call> / </tool_call> ids in tool-call mode
+    tool_call_end: int | None = None
+    added: dict[str, int] | None = None  # strings encode() maps to one id (specials, tags)
+    # New vocabularies (byte-level, reasoning) split on added tokens first; the
+    # default one with tool-call tags only on the tags (see the module doc).
     _added_re: re.Pattern[str] | None = None
 
     @property
@@ -249,27 +260,35 @@ class Tokenizer:
 
 
 def build_tokenizer(
-    variant: int = 0, *, byte_level: bool = False, reasoning: bool = False
+    variant: int = 0, *, byte_level: bool = False, reasoning: bool = False,
+    tool_calls: bool = False,
 ) -> Tokenizer:
     merges, pieces = _build_merges(variant, byte_level)
     merge_end = len(pieces)
     added = dict(SPECIAL_TOKENS)
-    think_start = think_end = None
+    think_start = think_end = tool_call_start = tool_call_end = None
     if reasoning:
-        think_start, think_end = merge_end, merge_end + 1
+        think_start, think_end = len(pieces), len(pieces) + 1
         pieces += [THINK_START.encode(), THINK_END.encode()]
         added |= {THINK_START: think_start, THINK_END: think_end}
+    if tool_calls:
+        tool_call_start, tool_call_end = len(pieces), len(pieces) + 1
+        pieces += [TOOL_CALL_START.encode(), TOOL_CALL_END.encode()]
+        added |= {TOOL_CALL_START: tool_call_start, TOOL_CALL_END: tool_call_end}
+    # What encode() cuts out before pre-tokenizing: every added token in the new
+    # vocabularies, only the tool-call tags in the default one (module doc).
+    cut = added if byte_level or reasoning else {
+        t: i for t, i in added.items() if t not in SPECIAL_TOKENS
+    }
     texts = tuple(p.decode("utf-8", errors="replace") for p in pieces)
     visible = tuple(b"" if BOS <= i < FIRST_MERGE_ID else p for i, p in enumerate(pieces))
     whole = tuple(_whole_text(p) for p in visible)
     return Tokenizer(
         merges=merges, pieces=tuple(pieces), texts=texts, _cache={}, visible=visible,
         whole=whole, merge_end=merge_end, byte_level=byte_level, think_start=think_start,
-        think_end=think_end, added=added,
-        _added_re=(
-            re.compile("(" + "|".join(re.escape(a) for a in added) + ")")
-            if byte_level or reasoning else None
-        ),
+        think_end=think_end, tool_call_start=tool_call_start, tool_call_end=tool_call_end,
+        added=added,
+        _added_re=re.compile("(" + "|".join(re.escape(a) for a in cut) + ")") if cut else None,
     )
 
 
