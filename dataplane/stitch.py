@@ -53,6 +53,11 @@ def choice_text_whole(choice: dict[str, Any]) -> str:
     return text if isinstance(text, str) else ""
 
 
+def _bare(ch: dict[str, Any]) -> bool:
+    """A chat choice with an empty delta ({}, not {"content": ""}) and no finish."""
+    return ch.get("delta") == {} and ch.get("finish_reason") is None and not ch.get("logprobs")
+
+
 def _ids_or_none(v: Any) -> bool:
     return v is None or (
         isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
@@ -200,6 +205,10 @@ class Stitcher:
             failure = self._track(ch) or failure
         if failure is not None:
             raw = b""  # _track edited the chunk: serialise the edited one
+        elif self.strip_ids and self.chat and all(_bare(ch) for ch in choices):
+            # A parser's skipped delta (a think or tool tag's token alone), sent only because
+            # Baton asked for ids: without them the engine sends no such chunk.
+            return None, None
         return self._clean(obj, raw), failure
 
     def _track(self, ch: dict[str, Any]) -> str | None:
