@@ -62,6 +62,13 @@ def overlay(config: Iterable[Backend], current: Iterable[Backend]) -> Configured
     )
 
 
+def shadowed(config: Iterable[Backend], saved: Configured) -> list[Backend]:
+    """The config file's backends that a saved run-time addition of the same id replaces
+    (with other fields): the saved one wins, and control says so at start."""
+    added = {b.id: b for b in saved.added}
+    return [b for b in config if b.id in added and added[b.id] != b]
+
+
 def fleet(config: Iterable[Backend], saved: Configured) -> list[Backend]:
     """The config's backends minus those removed, plus (replacing by id) those added."""
     out = {b.id: b for b in config if b.id not in saved.removed}

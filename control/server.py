@@ -23,7 +23,7 @@ from control.config import Config, PairSpec
 from control.events import EventKind, EventLog
 from control.facts import Facts
 from control.facts_fetch import fetch_facts
-from control.fleetdb import Configured, FleetDB, configured, fleet
+from control.fleetdb import Configured, FleetDB, configured, fleet, shadowed
 from control.metrics import ControlMetrics
 from control.model import Backend, BackendId
 from control.policy import SpillGuard, make_policy
@@ -67,6 +67,14 @@ class ControlPlane:
         # What operators changed at run time (backends, drains, pairs) survives a restart.
         self._db = FleetDB(data_dir / "fleet.db") if data_dir and keep_fleet else None
         saved = self._db.load() if self._db else Configured()
+        for b in shadowed(config.backends, saved):
+            log.warning(
+                "backend %r: the one added at run time (saved in %s) replaces the config "
+                "file's (url %s): run-time changes are the operator's latest word. To use the "
+                "file's again, re-add it with the file's fields: `baton backends remove %s`, "
+                "then `baton backends add %s --url %s ...`.",
+                b.id, data_dir / "fleet.db" if data_dir else "", b.url, b.id, b.id, b.url,
+            )  # fmt: skip
         self.registry = Registry(
             fleet(config.backends, saved),
             drained=saved.drained,

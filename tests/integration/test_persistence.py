@@ -92,3 +92,34 @@ def _bind(control: Part) -> bool:
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     return out.returncode == 0
+
+
+def test_a_saved_backend_with_a_config_backends_id_wins_and_control_says_so(
+    tmp_path: Path,
+) -> None:
+    """A backend re-added at run time with other fields is saved; after a restart it replaces
+    the config file's backend of the same id (the operator's latest word), and control's log
+    names it and says how to go back to the file's. The start never fails on it."""
+    old, new = start_sim(), start_sim()
+    parts: list[Part] = [old, new]
+    config = tmp_path / "control.toml"
+    config.write_text(f'[[backends]]\nid = "gpu"\nurl = "{old.ready}"\nmodel = "{MODEL}"\n')
+    data = ("--data-dir", str(tmp_path / "data"))
+    log = tmp_path / "control.log"
+    try:
+        control = start_control(config, *data)
+        parts.append(control)
+        baton(control, "backends", "remove", "gpu")
+        baton(control, "backends", "add", "gpu", "--url", new.ready, "--model", MODEL)
+        control.stop(grace=3)
+        with log.open("w") as err:
+            control = Part("control", ["control", "--config", str(config), "--listen",
+                                       "127.0.0.1:0", "--metrics-listen", "", *data],
+                           stderr=err.fileno())  # fmt: skip
+        parts.append(control)
+        assert backends(control)["gpu"]["url"] == new.ready
+        said = log.read_text()
+        assert "'gpu'" in said and "replaces the config file's" in said and old.ready in said
+    finally:
+        for p in reversed(parts):
+            p.stop(grace=3)
