@@ -93,7 +93,8 @@ def test_engine_crash_mid_stream_is_invisible(
         text, chunks = streamed(
             f, endpoint, max_tokens=TOKENS, stream_options={"include_usage": True}
         )
-        assert not f.sims["s0"].alive  # the engine process really died mid-stream
+        # The engine process really died mid-stream (it may still be exiting: wait for it).
+        assert wait_until(lambda: not f.sims["s0"].alive, 10)
         assert text == want
         assert len({ch.id for ch in chunks}) == 1 and len({ch.created for ch in chunks}) == 1
         finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
@@ -136,20 +137,29 @@ def test_control_hears_of_the_failure_while_the_resume_streams(
     # waits for the resumed stream to flow): control must still demote the dead backend,
     # and hear of it before the client's stream is over (probes are too slow to).
     want = uninterrupted(reference, "completions", max_tokens=40)
-    per_sim = [("--fault", "exit-after=4"), ("--decode-ms-per-step", "20")]
+    # s0 dies after 4 tokens; s1 then paces the other 36 at 100 ms each: the resumed
+    # stream runs ~3.6 s, which is the room control has to hear of the failure.
+    per_sim = [("--fault", "exit-after=4"), ("--decode-ms-per-step", "100")]
     with fleet(tmp_path, n=2, per_sim=per_sim, probe_interval=60) as f:
         c = sdk(f.base_url)
-        text, states = "", []
+        text, tokens, states, after_demoted = "", 0, [], 0
         for ch in c.completions.create(
             model=MODEL, prompt=PROMPT, temperature=0, max_tokens=40, stream=True
         ):
-            text += ch.choices[0].text if ch.choices else ""
-            if len(text) > 0 and not states and not f.sims["s0"].alive:
-                # Resumed bytes are flowing: ask control (a few tokens of 20 ms each left).
-                wait_until(lambda: f.backends()["s0"]["state"] == "demoted", 0.4)
+            piece = ch.choices[0].text if ch.choices else ""
+            text += piece
+            tokens += bool(piece)
+            if states:
+                after_demoted += bool(piece)
+            elif tokens == 5:  # s0 sent 4: this one is resumed bytes, from s1
+                # Idle, control hears in tens of ms; 1.5 s is >10x that and still well
+                # inside the ~3.6 s the resumed stream has left (checked just below).
+                wait_until(lambda: f.backends()["s0"]["state"] == "demoted", 1.5)
                 states.append(f.backends()["s0"]["state"])
         assert text == want
         assert states == ["demoted"]
+        assert after_demoted > 0, after_demoted  # the stream was not over when it knew
+        assert wait_until(lambda: not f.sims["s0"].alive, 10)
         (event,) = failovers(f)
         assert (event["from_backend"], event["to_backend"]) == ("s0", "s1")
 

@@ -38,15 +38,17 @@ def test_buffered_while_away_bounded_then_delivered_in_order() -> None:
         up = asyncio.Event()
         up.set()
         outages: list[str] = []
+        away = asyncio.Event()
 
         def unreachable(why: str) -> None:
             outages.append(why)
             up.clear()
+            away.set()
 
         box = Outbox(5, up=up, on_unreachable=unreachable)
         for n in range(7):  # two past the bound
             box.put(control.report(n, "failover" if n % 2 else "attempt_failure"))
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(away.wait(), 5)  # the sender tried the first report
         assert len(outages) == 1 and not up.is_set()  # the first failure says "away"
         assert len(box) == 5 and control.taken == []
         assert box.dropped == {"failover": 1, "attempt_failure": 1}  # n = 5, 6
