@@ -16,7 +16,7 @@ from dataplane import workers
 from dataplane.app import ShimSettings, make_app
 from dataplane.failover import RetryBudget
 from dataplane.forward import Timeouts
-from dataplane.lifecycle import INFLIGHT
+from dataplane.lifecycle import INFLIGHT, Stopping
 from dataplane.limits import API_KEYS_ENV, Limits, load_keys
 from dataplane.proxy import ProxySettings
 from dataplane.settings import ResumeSettings
@@ -201,20 +201,15 @@ async def _serve(args: argparse.Namespace) -> int:
     await site.start()
     bound = runner.addresses[0][1]
     print(f"SHIM READY http://{host or '127.0.0.1'}:{bound}", flush=True)
-    stop, hurry = asyncio.Event(), asyncio.Event()
+    stopping = Stopping()
     loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        # The first signal starts the graceful stop; a second one cuts its grace short.
-        (hurry if stop.is_set() else stop).set()
-
     if os.environ.get(workers.WORKER_ENV):
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor forwards a SIGTERM
     else:
-        loop.add_signal_handler(signal.SIGINT, on_signal)
-    loop.add_signal_handler(signal.SIGTERM, on_signal)
-    await stop.wait()
-    await _drain(runner, app, args.shutdown_grace, hurry)
+        loop.add_signal_handler(signal.SIGINT, stopping.signalled)
+    loop.add_signal_handler(signal.SIGTERM, stopping.signalled)
+    await stopping.stop.wait()
+    await _drain(runner, app, args.shutdown_grace, stopping.hurry)
     await runner.cleanup()
     return 0
 

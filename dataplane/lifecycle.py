@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -75,6 +77,32 @@ class InFlight:
 
 
 INFLIGHT = web.AppKey("inflight", InFlight)
+# A second stop signal cuts the grace short only this long after the first: one SIGTERM was
+# seen to reach the shim's handler twice, 1 ms apart, under load (what sent the second is not
+# pinned down), and ended a stream that had 30 s of grace. An operator's second Ctrl-C comes
+# later than this.
+REPEAT_S = 1.0
+
+
+class Stopping:
+    """The shim's stop signals: the first starts the graceful stop (`stop`); another one at
+    least REPEAT_S later cuts its grace short (`hurry`)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stop = asyncio.Event()
+        self.hurry = asyncio.Event()
+        self._clock = clock
+        self._first = 0.0
+
+    def signalled(self) -> None:
+        now = self._clock()
+        if not self.stop.is_set():
+            self._first = now
+            self.stop.set()
+        elif now - self._first >= REPEAT_S:
+            self.hurry.set()
+        else:
+            log.info("a stop signal again, %.3f s after the first: no hurry", now - self._first)
 
 
 @web.middleware

@@ -1,0 +1,265 @@
+"""The admin bearer token on every AdminService RPC, through real processes: with no token or a
+wrong one each call is UNAUTHENTICATED and changes nothing; with the right one calls work."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2
+from clients.procs import Part
+from tests.integration.harness import (
+    MODEL,
+    http,
+    start_control,
+    start_shim,
+    start_sim,
+    wait_until,
+    write_config,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+TOKEN = "s3cret-admin-token"
+RPC_TIMEOUT = 5.0
+Metadata = tuple[tuple[str, str], ...]
+RIGHT: Metadata = (("authorization", f"Bearer {TOKEN}"),)
+# Each way of not holding the token: none at all, a guess, the token without its scheme,
+# a prefix of it, and the right token after a wrong scheme.
+BAD: dict[str, Metadata] = {
+    "none": (),
+    "wrong": (("authorization", "Bearer guess"),),
+    "no-scheme": (("authorization", TOKEN),),
+    "prefix": (("authorization", f"Bearer {TOKEN[:-1]}"),),
+    "basic": (("authorization", f"Basic {TOKEN}"),),
+}
+
+
+@dataclass
+class AuthFleet:
+    """Control (with a token) over serve sims t0, t1 and a draft d; d is paired with t0, t1 is
+    drained, and a chat turn through the shim left at least one pin."""
+
+    stub: admin_pb2_grpc.AdminServiceStub
+    draft_url: str
+    pair_id: str
+
+
+@pytest.fixture(scope="module")
+def auth_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthFleet]:
+    path: Path = tmp_path_factory.mktemp("auth")
+    parts: list[Part] = []
+    try:
+        sims = {}
+        for bid in ("t0", "t1", "d"):
+            sims[bid] = start_sim()
+            parts.append(sims[bid])
+        config = write_config(
+            path / "control.toml", [(b, sims[b].ready) for b in ("t0", "t1")], probe_interval=0.2
+        )
+        control = start_control(config, env={"BATON_ADMIN_TOKEN": TOKEN})
+        parts.append(control)
+        shim = start_shim(control.ready)
+        parts.append(shim)
+        with grpc.insecure_channel(control.ready) as channel:
+            stub = admin_pb2_grpc.AdminServiceStub(channel)
+            kw: dict[str, Any] = {"metadata": RIGHT, "timeout": RPC_TIMEOUT}
+            draft = fleet_pb2.Backend(
+                id="d", url=sims["d"].ready, model=MODEL, kind=fleet_pb2.BACKEND_KIND_VLLM,
+                role=fleet_pb2.BACKEND_ROLE_DRAFT,
+            )  # fmt: skip
+            stub.AddBackend(admin_pb2.AddBackendRequest(backend=draft), **kw)
+
+            def all_healthy() -> bool:
+                rows = stub.ListBackends(admin_pb2.ListBackendsRequest(), **kw).backends
+                healthy = {r.backend.id for r in rows if r.state == fleet_pb2.HEALTH_STATE_HEALTHY}
+                return healthy == {"t0", "t1", "d"}
+
+            assert wait_until(all_healthy)
+            # t1 drained first, so the chat turn (and so every pin) lands on t0.
+            stub.DrainBackend(admin_pb2.DrainBackendRequest(id="t1"), **kw)
+            body = {
+                "model": MODEL,
+                "messages": [
+                    {"role": "system", "content": "You are a careful agent. " * 20},
+                    {"role": "user", "content": "hello"},
+                ],
+                "max_tokens": 4,
+                "temperature": 0,
+            }
+            status, raw = http(
+                "POST",
+                shim.ready + "/v1/chat/completions",
+                json.dumps(body).encode(),
+                {"Content-Type": "application/json"},
+            )
+            assert status == 200, raw
+
+            def reply_pinned() -> bool:
+                # The prefix pins come with the route; the reply's (depth 3) only when the
+                # shim reports the outcome. After it, nothing changes the pins on its own.
+                pins = stub.ListPins(admin_pb2.ListPinsRequest(), **kw).pins
+                return any(p.depth == 3 and p.backend_id == "t0" for p in pins)
+
+            assert wait_until(reply_pinned), "the chat turn left no reply pin to protect"
+            # Paired after the traffic, so no spec outcome can move the pair later.
+            pair = stub.BindPair(
+                admin_pb2.BindPairRequest(draft_backend_id="d", target_backend_id="t0"), **kw
+            ).pair
+            yield AuthFleet(stub, sims["d"].ready, pair.id)
+    finally:
+        for p in reversed(parts):
+            p.stop(grace=3)
+
+
+def state(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Any]:
+    """Everything an admin call could change, read with the right token."""
+    kw: dict[str, Any] = {"metadata": RIGHT, "timeout": RPC_TIMEOUT}
+    backends = stub.ListBackends(admin_pb2.ListBackendsRequest(), **kw)
+    pins = stub.ListPins(admin_pb2.ListPinsRequest(limit=1000), **kw)
+    pairs = stub.ListPairs(admin_pb2.ListPairsRequest(), **kw)
+    audit = [
+        (e.seq, e.kind, e.backend_id, e.json)
+        for kind in ("admin", "pair")
+        for e in stub.ListEvents(admin_pb2.ListEventsRequest(kind=kind), **kw).events
+    ]
+    return {
+        "snapshot_version": backends.snapshot_version,
+        "backends": sorted(
+            (b.backend.SerializeToString(deterministic=True), b.state, b.migrating)
+            for b in backends.backends
+        ),
+        "pins": (pins.total, sorted((p.prefix, p.backend_id, p.depth) for p in pins.pins)),
+        "pairs": sorted(
+            (p.id, p.draft_backend_id, p.target_backend_id, p.num_draft_tokens, p.state)
+            for p in pairs.pairs
+        ),
+        "audit": audit,
+    }
+
+
+Call = Callable[[AuthFleet, Metadata], object]
+
+
+def _unary(method: str, request: Callable[[AuthFleet], object]) -> Call:
+    def call(f: AuthFleet, md: Metadata) -> object:
+        return getattr(f.stub, method)(request(f), metadata=md, timeout=RPC_TIMEOUT)
+
+    return call
+
+
+def _watch(f: AuthFleet, md: Metadata) -> object:
+    # Bounded: if the stream were let through, no event comes and the deadline ends it.
+    stream = f.stub.WatchEvents(admin_pb2.WatchEventsRequest(), metadata=md, timeout=RPC_TIMEOUT)
+    return next(iter(stream))
+
+
+# Every AdminService RPC, each with a request that the right token would make do something
+# (or at least be accepted): test_every_rpc_is_covered keeps this in step with the proto.
+CALLS: dict[str, Call] = {
+    "AddBackend": _unary(
+        "AddBackend",
+        lambda f: admin_pb2.AddBackendRequest(
+            backend=fleet_pb2.Backend(
+                id="intruder", url=f.draft_url, model=MODEL, kind=fleet_pb2.BACKEND_KIND_VLLM
+            )
+        ),
+    ),
+    "RemoveBackend": _unary("RemoveBackend", lambda f: admin_pb2.RemoveBackendRequest(id="t0")),
+    "DrainBackend": _unary("DrainBackend", lambda f: admin_pb2.DrainBackendRequest(id="t0")),
+    "DrainBackend(migrate)": _unary(
+        "DrainBackend", lambda f: admin_pb2.DrainBackendRequest(id="t0", migrate=True)
+    ),
+    "UndrainBackend": _unary("UndrainBackend", lambda f: admin_pb2.UndrainBackendRequest(id="t1")),
+    "ClearPins": _unary("ClearPins", lambda f: admin_pb2.ClearPinsRequest()),
+    "ClearPins(backend)": _unary(
+        "ClearPins", lambda f: admin_pb2.ClearPinsRequest(backend_id="t0")
+    ),
+    "BindPair": _unary(
+        "BindPair",
+        lambda f: admin_pb2.BindPairRequest(draft_backend_id="d", target_backend_id="t1"),
+    ),
+    "UnbindPair": _unary("UnbindPair", lambda f: admin_pb2.UnbindPairRequest(id=f.pair_id)),
+    "WatchEvents": _watch,
+    # The reads: they change nothing anyway, but must not leak the fleet either.
+    "ListBackends": _unary("ListBackends", lambda f: admin_pb2.ListBackendsRequest()),
+    "GetStatus": _unary("GetStatus", lambda f: admin_pb2.GetStatusRequest()),
+    "ListEvents": _unary("ListEvents", lambda f: admin_pb2.ListEventsRequest()),
+    "ListPins": _unary("ListPins", lambda f: admin_pb2.ListPinsRequest()),
+    "ListPairs": _unary("ListPairs", lambda f: admin_pb2.ListPairsRequest()),
+}
+
+
+def test_every_rpc_is_covered() -> None:
+    service = admin_pb2.DESCRIPTOR.services_by_name["AdminService"]
+    assert {name.split("(")[0] for name in CALLS} == set(service.methods_by_name)
+
+
+@pytest.mark.parametrize("who", sorted(BAD))
+@pytest.mark.parametrize("rpc", list(CALLS))
+def test_without_the_token_every_rpc_is_refused_and_changes_nothing(
+    auth_fleet: AuthFleet, rpc: str, who: str
+) -> None:
+    before = state(auth_fleet.stub)
+    assert before["pins"][0] > 0 and before["pairs"]  # something there to clear or unbind
+    with pytest.raises(grpc.RpcError) as err:
+        CALLS[rpc](auth_fleet, BAD[who])
+    assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED, err.value
+    assert "admin token" in (err.value.details() or "")
+    assert state(auth_fleet.stub) == before
+
+
+def test_with_the_token_mutations_and_the_watch_work(auth_fleet: AuthFleet) -> None:
+    """The same calls with the right token do change the fleet (so the refusals above are
+    about the token); everything changed here is put back, so test order does not matter."""
+    stub = auth_fleet.stub
+    kw: dict[str, Any] = {"metadata": RIGHT, "timeout": RPC_TIMEOUT}
+    # A watch with the token sees the admin events that follow it.
+    seen: list[admin_pb2.WatchEventsResponse] = []
+    stream = stub.WatchEvents(
+        admin_pb2.WatchEventsRequest(kind="admin"), metadata=RIGHT, timeout=30
+    )
+
+    def tail() -> None:
+        try:
+            for resp in stream:
+                seen.append(resp)
+        except grpc.RpcError:
+            pass
+
+    reader = threading.Thread(target=tail, daemon=True)
+    reader.start()
+    try:
+        before = state(stub)
+        CALLS["AddBackend"](auth_fleet, RIGHT)
+        added = state(stub)
+        ids = {
+            b.backend.id for b in stub.ListBackends(admin_pb2.ListBackendsRequest(), **kw).backends
+        }
+        assert "intruder" in ids
+        assert added["snapshot_version"] > before["snapshot_version"]
+        assert len(added["audit"]) == len(before["audit"]) + 1
+        stub.RemoveBackend(admin_pb2.RemoveBackendRequest(id="intruder"), **kw)
+        drained = CALLS["DrainBackend"](auth_fleet, RIGHT)
+        assert drained.backend.state == fleet_pb2.HEALTH_STATE_DRAINING  # type: ignore[attr-defined]
+        stub.UndrainBackend(admin_pb2.UndrainBackendRequest(id="t0"), **kw)
+        # The watch subscribes when its handler starts: keep making admin events (a clear of
+        # a backend with no pins records one and clears nothing) until one reaches it.
+        clear_none = admin_pb2.ClearPinsRequest(backend_id="intruder")
+        assert wait_until(
+            lambda: stub.ClearPins(clear_none, **kw).cleared == 0 and bool(seen), interval=0.1
+        ), "the right token's watch saw no admin event"
+        assert json.loads(seen[0].event.json)["kind"] == "admin"
+        after = state(stub)
+        assert after["backends"] == before["backends"]
+        assert after["pins"] == before["pins"] and after["pairs"] == before["pairs"]
+    finally:
+        stream.cancel()
+        reader.join(timeout=5)
