@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from clients.procs import Part
 
@@ -70,6 +71,18 @@ def start_shim(control: str, *extra: str, env: dict[str, str] | None = None) -> 
     return Part(
         "shim", ["dataplane", "--control", control, "--listen", "127.0.0.1:0", *extra], env=env
     )
+
+
+def cli_json(control: Part, *args: str) -> Any:
+    """Run the real CLI with --json against `control`; its parsed output (it must succeed)."""
+    import os
+
+    out = subprocess.run(
+        [sys.executable, "-m", "clients.cli", *args, "--json", "--control", control.ready],
+        capture_output=True, text=True, timeout=30, env=dict(os.environ),
+    )  # fmt: skip
+    assert out.returncode == 0, (args, out.stderr)
+    return json.loads(out.stdout)
 
 
 @dataclass

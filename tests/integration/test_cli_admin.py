@@ -248,15 +248,20 @@ def test_baton_up_runs_the_fleet_with_a_token_file_and_stops_cleanly(tmp_path: P
         up.send_signal(signal.SIGTERM)
         assert up.wait(30) == 0
     # Every part it started has stopped with it.
-    leftovers = []
+    assert parts_of(control) == []
+
+
+def parts_of(control: str) -> list[str]:
+    """Command lines of the processes started for the control plane at `control`."""
+    out = []
     for proc in Path("/proc").iterdir():
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
         if f"--control {control}" in cmdline or f"--listen {control}" in cmdline:
-            leftovers.append(cmdline)
-    assert leftovers == []
+            out.append(cmdline)
+    return out
 
 
 def test_baton_up_starts_cleanly_again_however_the_last_one_ended(tmp_path: Path) -> None:
@@ -273,17 +278,6 @@ def test_baton_up_starts_cleanly_again_however_the_last_one_ended(tmp_path: Path
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     argv = [sys.executable, "-m", "clients.cli", "up", "--sim", "2", "--listen", "127.0.0.1:0",
             "--control-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]  # fmt: skip
-
-    def parts_of(control: str) -> list[str]:
-        out = []
-        for proc in Path("/proc").iterdir():
-            try:
-                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if f"--control {control}" in cmdline or f"--listen {control}" in cmdline:
-                out.append(cmdline)
-        return out
 
     def gone(control: str) -> bool:
         return parts_of(control) == []

@@ -10,9 +10,6 @@ admin event is recorded a few ms before the SIGKILL, inside one periodic-flush w
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +26,11 @@ from tests.integration.harness import (
     wait_until,
     write_config,
 )
+from tests.integration.harness import cli_json as baton
 
 pytestmark = pytest.mark.timeout(120)
 
 DURABLE_KINDS = ("failover", "retry", "health", "admin")
-
-
-def baton(control: Part, *args: str) -> Any:
-    out = subprocess.run(
-        [sys.executable, "-m", "clients.cli", *args, "--json", "--control", control.ready],
-        capture_output=True, text=True, timeout=30, env=dict(os.environ),
-    )  # fmt: skip
-    assert out.returncode == 0, (args, out.stderr)
-    return json.loads(out.stdout)
 
 
 def durable_events(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

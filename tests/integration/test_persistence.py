@@ -3,8 +3,6 @@ backends added and removed, drains (with --migrate), and speculative pairs."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +10,9 @@ from typing import Any
 
 from clients.procs import Part
 from tests.integration.harness import MODEL, start_control, start_sim, wait_until
+from tests.integration.harness import cli_json as baton
 
 AGREE = ("--draft-agree-rate", "0.4")  # a draft whose facts match the target's
-
-
-def baton(control: Part, *args: str) -> Any:
-    out = subprocess.run(
-        [sys.executable, "-m", "clients.cli", *args, "--json", "--control", control.ready],
-        capture_output=True, text=True, timeout=30, env=dict(os.environ),
-    )  # fmt: skip
-    assert out.returncode == 0, (args, out.stderr)
-    return json.loads(out.stdout)
 
 
 def backends(control: Part) -> dict[str, dict[str, Any]]:

