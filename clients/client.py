@@ -20,6 +20,7 @@ from control.services import convert
 
 DEFAULT_CONTROL = "127.0.0.1:50051"
 TOKEN_FILE = "admin-token"
+SHIM_TOKEN_FILE = "shim-token"  # `baton up` writes it; a shim takes it with --shim-token-file
 
 
 def find_token() -> str | None:

@@ -12,7 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
-from clients.client import TOKEN_FILE, AdminClient, AdminError
+from clients.client import SHIM_TOKEN_FILE, TOKEN_FILE, AdminClient, AdminError
 from clients.procs import Part, StartFailed
 from control import config as config_mod
 
@@ -61,9 +61,19 @@ def run(args: argparse.Namespace) -> int:
             args.metrics_listen,
         ]
         token = os.environ.get("BATON_ADMIN_TOKEN")
+        # Shims must present a token of their own to the routing service; without a data
+        # dir it lives only in this process's children.
+        shim_token = os.environ.get("BATON_SHIM_TOKEN")
         if args.data_dir:
             control_argv += ["--data-dir", args.data_dir]
             token = token or ensure_token_file(Path(args.data_dir))
+            shim_token = shim_token or ensure_token_file(Path(args.data_dir), SHIM_TOKEN_FILE)
+        shim_token = shim_token or secrets.token_urlsafe(24)
+        if token == shim_token:
+            print("baton up: BATON_ADMIN_TOKEN and BATON_SHIM_TOKEN must differ", file=sys.stderr)
+            return 2
+        # The children get the tokens by environment, never on a command line (ps shows those).
+        tokens = {"BATON_SHIM_TOKEN": shim_token, **({"BATON_ADMIN_TOKEN": token} if token else {})}
         if args.config:
             control_argv += ["--config", str(args.config)]
         if not cfg.backends:
@@ -74,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             "control",
             control_argv,
             timeout=args.ready_timeout,
-            env={"BATON_ADMIN_TOKEN": token} if token else None,
+            env=tokens,
             die_with_parent=True,
         )
         children.append(control)
@@ -84,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
             "shim",
             ["dataplane", "--control", control.ready, "--listen", args.listen],
             timeout=args.ready_timeout,
+            env={"BATON_SHIM_TOKEN": shim_token},
             die_with_parent=True,
         )
         children.append(shim)
@@ -110,9 +121,10 @@ def run(args: argparse.Namespace) -> int:
             child.stop()
 
 
-def ensure_token_file(data_dir: Path) -> str:
-    """The admin token `baton up` gives control, kept (0600) where the CLI finds it."""
-    path = data_dir / TOKEN_FILE
+def ensure_token_file(data_dir: Path, name: str = TOKEN_FILE) -> str:
+    """A token `baton up` gives control (the admin token; the shim token), kept (0600) where
+    the CLI, or a shim started by hand, finds it; the same at every start."""
+    path = data_dir / name
     if path.exists():
         return path.read_text().strip()
     data_dir.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -12,6 +13,10 @@ from pathlib import Path
 from control import aio
 from control import config as config_mod
 from control.server import ControlPlane
+from control.services.auth import ADMIN_ENV, SHIM_ENV
+
+log = logging.getLogger("baton.control")
+SHIM_TOKEN_FILE_ENV = "BATON_SHIM_TOKEN_FILE"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     parser.add_argument(
+        "--shim-token-file",
+        type=Path,
+        default=os.environ.get(SHIM_TOKEN_FILE_ENV) or None,
+        metavar="FILE",
+        help=f"the token shims must present to the routing service (or env {SHIM_ENV}; "
+        f"env {SHIM_TOKEN_FILE_ENV}); required when {ADMIN_ENV} is set",
+    )
+    parser.add_argument(
         "--metrics-listen",
         default="127.0.0.1:9464",
         help="HOST:PORT for Prometheus /metrics ('' = off)",
@@ -44,6 +57,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("ROUTING"),
         help="routing policy (overrides the config; env ROUTING)",
     )
+
+
+def _tokens(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(admin token, shim token). Either both services are guarded or, with neither token,
+    both are open (a machine of one's own): an admin token alone would leave the routing
+    service, which can demote the whole fleet, open to anyone who reaches the port."""
+    admin = os.environ.get(ADMIN_ENV) or None
+    shim = os.environ.get(SHIM_ENV) or None
+    if shim is None and args.shim_token_file is not None:
+        try:
+            shim = args.shim_token_file.read_text().strip()
+        except OSError as exc:
+            raise config_mod.ConfigError(f"--shim-token-file: {exc}") from None
+        if not shim:
+            raise config_mod.ConfigError(f"--shim-token-file: {args.shim_token_file} is empty")
+    if admin and not shim:
+        raise config_mod.ConfigError(
+            f"{ADMIN_ENV} is set but no shim token is: the routing service (whose reports "
+            f"demote backends and fill the audit log) would be open to anyone who reaches "
+            f"control. Set {SHIM_ENV} or --shim-token-file for control and every shim "
+            f"(baton up generates one)"
+        )
+    if admin and admin == shim:
+        raise config_mod.ConfigError(
+            f"{ADMIN_ENV} and the shim token are the same: give shims a token of their own, "
+            f"so that a shim's credential cannot change the fleet"
+        )
+    if shim and not admin:
+        log.warning("no %s: the admin service is open to anyone who reaches control", ADMIN_ENV)
+    if not admin and not shim:
+        log.warning(
+            "no %s and no %s: the admin and routing services are open to anyone who reaches "
+            "control (fine on a machine of one's own; see the README's Security section)",
+            ADMIN_ENV, SHIM_ENV,
+        )  # fmt: skip
+    return admin, shim
 
 
 def _tls(args: argparse.Namespace) -> tuple[bytes, bytes] | None:
@@ -58,7 +107,10 @@ def _tls(args: argparse.Namespace) -> tuple[bytes, bytes] | None:
 
 
 async def _serve(
-    args: argparse.Namespace, cfg: config_mod.Config, tls: tuple[bytes, bytes] | None
+    args: argparse.Namespace,
+    cfg: config_mod.Config,
+    tls: tuple[bytes, bytes] | None,
+    tokens: tuple[str | None, str | None],
 ) -> int:
     plane = ControlPlane(
         cfg,
@@ -66,7 +118,8 @@ async def _serve(
         metrics_listen=args.metrics_listen or None,
         data_dir=args.data_dir,
         keep_fleet=not args.no_fleet_db,
-        admin_token=os.environ.get("BATON_ADMIN_TOKEN") or None,
+        admin_token=tokens[0],
+        shim_token=tokens[1],
         tls=tls,
     )
     port = await plane.start()
@@ -90,11 +143,12 @@ def run(args: argparse.Namespace) -> int:
         if args.routing:
             cfg = config_mod.with_routing(cfg, args.routing)
         tls = _tls(args)
+        tokens = _tokens(args)
     except config_mod.ConfigError as exc:
         print(f"baton control: {exc}", file=sys.stderr)
         return 2
     try:
-        return aio.run(_serve(args, cfg, tls))
+        return aio.run(_serve(args, cfg, tls, tokens))
     except config_mod.ConfigError as exc:  # e.g. an unreadable fleet database in --data-dir
         print(f"baton control: {exc}", file=sys.stderr)
         return 2

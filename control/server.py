@@ -30,8 +30,8 @@ from control.policy import SpillGuard, make_policy
 from control.prober import run_prober
 from control.registry import Registry, RegistryError
 from control.routing import Router
+from control.services import auth
 from control.services.admin import AdminServicer
-from control.services.auth import AdminTokenInterceptor
 from control.services.routing import RoutingServicer
 from control.store import EventFile
 from control.tracing import tracing_from_env
@@ -51,6 +51,7 @@ class ControlPlane:
         data_dir: Path | None = None,
         keep_fleet: bool = True,
         admin_token: str | None = None,
+        shim_token: str | None = None,
         tls: tuple[bytes, bytes] | None = None,
         clock: Callable[[], float] = time.time,
         seed: int | None = None,
@@ -97,8 +98,7 @@ class ControlPlane:
         self._listen = listen
         self._tls = tls  # (certificate chain PEM, private key PEM): gRPC over TLS
         self._rng = rng
-        interceptors = [AdminTokenInterceptor(admin_token)] if admin_token else []
-        self.server = grpc.aio.server(interceptors=interceptors)
+        self.server = grpc.aio.server(interceptors=auth.interceptors(admin_token, shim_token))
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
         self.metrics = ControlMetrics(self.registry)

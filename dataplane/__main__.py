@@ -18,6 +18,7 @@ from dataplane.failover import RetryBudget
 from dataplane.forward import Timeouts
 from dataplane.lifecycle import INFLIGHT, Stopping
 from dataplane.limits import API_KEYS_ENV, Limits, load_keys
+from dataplane.oracle import ControlRefused
 from dataplane.proxy import ProxySettings
 from dataplane.settings import ResumeSettings
 
@@ -25,6 +26,8 @@ log = logging.getLogger("baton.shim")
 
 DEFAULTS = Limits()
 CONTROL_TLS_CA_ENV = "BATON_CONTROL_TLS_CA"
+SHIM_TOKEN_ENV = "BATON_SHIM_TOKEN"
+SHIM_TOKEN_FILE_ENV = "BATON_SHIM_TOKEN_FILE"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get(CONTROL_TLS_CA_ENV) or None,
         metavar="PEM",
         help=f"CA of control's certificate: talk TLS to control (env {CONTROL_TLS_CA_ENV})",
+    )
+    parser.add_argument(
+        "--shim-token-file",
+        default=os.environ.get(SHIM_TOKEN_FILE_ENV) or None,
+        metavar="FILE",
+        help=f"control's shim token, presented on every routing call (or env {SHIM_TOKEN_ENV}; "
+        f"env {SHIM_TOKEN_FILE_ENV}); needed when control has one",
     )
     parser.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT for the OpenAI API")
     parser.add_argument(
@@ -140,6 +150,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="WARNING")
 
 
+def shim_token(args: argparse.Namespace) -> str | None:
+    token = os.environ.get(SHIM_TOKEN_ENV) or None
+    if token is None and args.shim_token_file:
+        try:
+            with open(args.shim_token_file) as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise SystemExit(f"--shim-token-file: {exc}") from None
+        if not token:
+            raise SystemExit(f"--shim-token-file: {args.shim_token_file} is empty")
+    return token
+
+
 def settings_from(args: argparse.Namespace) -> ShimSettings:
     for flag in ("max_body_bytes", "max_header_bytes", "max_messages", "max_streams"):
         if getattr(args, flag) < 1:
@@ -155,6 +178,7 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
     return ShimSettings(
         control=args.control,
         route_timeout=args.route_timeout,
+        control_token=shim_token(args),
         max_body_bytes=args.max_body_bytes,
         limits=Limits(
             max_header_bytes=args.max_header_bytes,
@@ -194,7 +218,11 @@ async def _serve(args: argparse.Namespace) -> int:
         max_field_size=line_limit,
         max_headers=max(128, settings.limits.max_header_bytes // 32),
     )
-    await runner.setup()
+    try:
+        await runner.setup()
+    except ControlRefused as exc:
+        log.error("%s", exc)
+        raise SystemExit(f"baton shim: {exc}") from None
     site = web.TCPSite(
         runner, host or "127.0.0.1", int(port), backlog=1024, reuse_port=args.reuse_port or None
     )

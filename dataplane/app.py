@@ -38,6 +38,7 @@ class ShimSettings:
     control: str
     # Bounds what a hung control costs a request; a dead one (refused) costs nothing.
     route_timeout: float = 0.5
+    control_token: str | None = None  # the shim token control's routing service asks for
     max_body_bytes: int = 8 * 1024 * 1024
     max_connections: int = 4096
     # Below common server idle timeouts (uvicorn: 5 s) so we rarely pick a pooled
@@ -61,7 +62,9 @@ def make_app(settings: ShimSettings) -> web.Application:
     app[SLOTS] = StreamSlots(settings.limits)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
-        oracle = GrpcOracle(settings.control, route_timeout=settings.route_timeout)
+        oracle = GrpcOracle(
+            settings.control, route_timeout=settings.route_timeout, token=settings.control_token
+        )
         # Resumes get a pool of their own, kept warm by Standby.
         async with _session(settings) as session, _session(settings) as resumes:
             await oracle.start()

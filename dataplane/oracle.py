@@ -148,6 +148,10 @@ def fleet_view(snapshot: Snapshot) -> FleetView:
     return FleetView(snapshot.version, models_of(backends), backends, snapshot)
 
 
+class ControlRefused(Exception):
+    """Control answered UNAUTHENTICATED: this shim's token is missing or not control's."""
+
+
 class GrpcOracle:
     def __init__(
         self,
@@ -158,11 +162,13 @@ class GrpcOracle:
         flush_interval: float = 0.05,
         probe_interval: float = 0.5,
         max_buffered: int = 10_000,
+        token: str | None = None,
     ) -> None:
         """`route_timeout` bounds what a hung control costs a request (a refused connection
         costs nothing: it fails at once); after the first failure requests are routed
         locally at once until the probe, every `probe_interval`, finds control serving.
-        `max_buffered` bounds each buffer (outcomes; other reports) while control is away."""
+        `max_buffered` bounds each buffer (outcomes; other reports) while control is away.
+        `token`: the shim token control's routing service asks for (the health probe is open)."""
         ca = os.environ.get("BATON_CONTROL_TLS_CA")
         if ca:  # `baton shim --control-tls-ca` sets it (ShimSettings does not carry it)
             with open(ca, "rb") as pem:
@@ -171,6 +177,7 @@ class GrpcOracle:
         else:
             self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = routing_pb2_grpc.RoutingServiceStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         # grpc.health.v1 (served by control next to RoutingService): the probe while away.
         self._health_check = self._channel.unary_unary(
             "/grpc.health.v1.Health/Check",
@@ -189,11 +196,14 @@ class GrpcOracle:
             max_outcomes=max_buffered,
             timeout=route_timeout,
             on_broken=self._unreachable,
+            metadata=self._metadata,
         )
         self._outbox = Outbox(max_buffered, up=self._up, on_unreachable=self._unreachable)
         self._local = DegradedRouter()
         self._fleet = FleetView()
         self._first_snapshot = asyncio.Event()
+        self._refused: str | None = None  # control refused our credential: why
+        self._refusal = asyncio.Event()
         self._poke = asyncio.Event()  # a snapshot arrived: probe control now
         self._tasks: list[asyncio.Task[None]] = []
         self._prober: asyncio.Task[None] | None = None
@@ -223,9 +233,18 @@ class GrpcOracle:
 
     async def start(self, wait_for_snapshot: float = 10.0) -> None:
         self._tasks = [asyncio.create_task(self._watch()), asyncio.create_task(self._flusher())]
-        try:
-            await asyncio.wait_for(self._first_snapshot.wait(), wait_for_snapshot)
-        except TimeoutError:
+        either = [
+            asyncio.create_task(self._first_snapshot.wait()),
+            asyncio.create_task(self._refusal.wait()),
+        ]
+        await asyncio.wait(either, timeout=wait_for_snapshot, return_when=asyncio.FIRST_COMPLETED)
+        for t in either:
+            t.cancel()
+        if self._refused is not None and not self._first_snapshot.is_set():
+            # A shim control will not talk to can only fail every request: say so and stop.
+            await self.close()
+            raise ControlRefused(self._refused)
+        if not self._first_snapshot.is_set():
             log.warning("no snapshot from control yet; serving /v1/models empty until it comes")
 
     async def close(self) -> None:
@@ -319,6 +338,7 @@ class GrpcOracle:
                     accepted=accepted,
                 ),
                 timeout=self._timeout,
+                metadata=self._metadata,
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() in TRANSIENT:
@@ -339,14 +359,21 @@ class GrpcOracle:
         self._outbox.put(
             Report(
                 "attempt_failure",
-                lambda: self._stub.ReportAttemptFailure(msg, timeout=self._report_timeout),
+                lambda: self._stub.ReportAttemptFailure(
+                    msg, timeout=self._report_timeout, metadata=self._metadata
+                ),
             )
         )
 
     def report_failover(self, report: FailoverReport) -> None:
         msg = _failover_to_pb(report)
         self._outbox.put(
-            Report("failover", lambda: self._stub.ReportFailover(msg, timeout=self._report_timeout))
+            Report(
+                "failover",
+                lambda: self._stub.ReportFailover(
+                    msg, timeout=self._report_timeout, metadata=self._metadata
+                ),
+            )
         )
 
     def finished(self, outcome: Outcome) -> None:
@@ -402,7 +429,8 @@ class GrpcOracle:
         while True:
             try:
                 stream = self._stub.WatchSnapshots(
-                    routing_pb2.WatchSnapshotsRequest(after_version=after)
+                    routing_pb2.WatchSnapshotsRequest(after_version=after),
+                    metadata=self._metadata,
                 )
                 async for msg in stream:
                     snapshot = wire.snapshot_from_pb(msg.snapshot)
@@ -411,7 +439,13 @@ class GrpcOracle:
                     self._first_snapshot.set()
                     self._poke.set()
             except grpc.aio.AioRpcError as exc:
-                log.debug("snapshot watch: %s; reconnecting", exc.code().name)
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    if self._refused is None:
+                        log.error("control refused this shim: %s", exc.details())
+                    self._refused = f"control refused this shim: {exc.details()}"
+                    self._refusal.set()
+                else:
+                    log.debug("snapshot watch: %s; reconnecting", exc.code().name)
             # Control restarts start versions again from 1: accept whatever it sends next.
             after = 0
             await asyncio.sleep(0.5)

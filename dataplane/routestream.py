@@ -29,10 +29,13 @@ class RouteStream:
         max_outcomes: int,
         timeout: float,
         on_broken: Callable[[str], None] = lambda reason: None,
+        metadata: tuple[tuple[str, str], ...] = (),
     ) -> None:
         """`on_broken`: told why whenever the stream breaks (control gone, or hung on a
-        write), so the oracle can stop asking control until it answers again."""
+        write), so the oracle can stop asking control until it answers again. `metadata`:
+        sent when each stream opens (the shim token)."""
         self._stub = stub
+        self._metadata = metadata
         self._on_broken = on_broken
         self._timeout = timeout
         self._call: Any = None  # grpc.aio.StreamStreamCall while open
@@ -121,7 +124,7 @@ class RouteStream:
 
     def _open(self) -> Any:
         if self._call is None:
-            self._call = self._stub.RouteStream()  # type: ignore[call-arg]
+            self._call = self._stub.RouteStream(metadata=self._metadata)  # type: ignore[call-arg]
             self._tasks.append(asyncio.create_task(self._read(self._call)))
         return self._call
 

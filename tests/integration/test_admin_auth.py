@@ -64,9 +64,10 @@ def auth_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthFleet]:
         config = write_config(
             path / "control.toml", [(b, sims[b].ready) for b in ("t0", "t1")], probe_interval=0.2
         )
-        control = start_control(config, env={"BATON_ADMIN_TOKEN": TOKEN})
+        shim_token = {"BATON_SHIM_TOKEN": "the-shim-token"}
+        control = start_control(config, env={"BATON_ADMIN_TOKEN": TOKEN, **shim_token})
         parts.append(control)
-        shim = start_shim(control.ready)
+        shim = start_shim(control.ready, env=shim_token)
         parts.append(shim)
         with grpc.insecure_channel(control.ready) as channel:
             stub = admin_pb2_grpc.AdminServiceStub(channel)

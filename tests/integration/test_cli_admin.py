@@ -14,6 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from baton.v1 import routing_pb2, routing_pb2_grpc
 from tests.integration.harness import MODEL, fleet, metric, start_sim
 
 pytestmark = pytest.mark.timeout(90)
@@ -109,8 +110,9 @@ def test_unreachable_control_plane_says_so() -> None:
     assert "Traceback" not in out.stderr
 
 
-def test_admin_token_is_enforced_and_routing_stays_open(tmp_path: Path) -> None:
-    with fleet(tmp_path, n=1, control_env={"BATON_ADMIN_TOKEN": "s3cret"}) as f:
+def test_admin_token_is_enforced_and_the_shim_with_its_own_token_serves(tmp_path: Path) -> None:
+    tokens = {"BATON_ADMIN_TOKEN": "s3cret", "BATON_SHIM_TOKEN": "sh1m"}
+    with fleet(tmp_path, n=1, control_env=tokens, shim_env={"BATON_SHIM_TOKEN": "sh1m"}) as f:
         denied = f.baton("backends", "list", env={"BATON_ADMIN_TOKEN": ""})
         assert denied.returncode == 1 and "UNAUTHENTICATED" in denied.stderr
         wrong = f.baton("status", env={"BATON_ADMIN_TOKEN": "guess"})
@@ -189,7 +191,7 @@ def test_baton_up_runs_the_fleet_with_a_token_file_and_stops_cleanly(tmp_path: P
     import re
     import signal
 
-    env = {k: v for k, v in os.environ.items() if k not in ("BATON_ADMIN_TOKEN", "BATON_DATA_DIR")}
+    env = {k: v for k, v in os.environ.items() if k not in TOKEN_ENV}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     up = subprocess.Popen(
         [
@@ -219,6 +221,20 @@ def test_baton_up_runs_the_fleet_with_a_token_file_and_stops_cleanly(tmp_path: P
         base_url, control = found.groups()
         token_file = tmp_path / ".baton" / "admin-token"
         assert token_file.stat().st_mode & 0o777 == 0o600
+        # A shim token of its own, which the shim presents and nothing else holds.
+        shim_token_file = tmp_path / ".baton" / "shim-token"
+        assert shim_token_file.stat().st_mode & 0o777 == 0o600
+        shim_token = shim_token_file.read_text().strip()
+        assert shim_token and shim_token != token_file.read_text().strip()
+        forged = routing_pb2.ReportAttemptFailureRequest(
+            request_id="x", backend_id="sim-0", failure="connect", detail="forged"
+        )
+        with grpc.insecure_channel(control) as channel:
+            routing = routing_pb2_grpc.RoutingServiceStub(channel)
+            for md in ((), (("authorization", f"Bearer {token_file.read_text().strip()}"),)):
+                with pytest.raises(grpc.RpcError) as refused:
+                    routing.ReportAttemptFailure(forged, metadata=md, timeout=5)
+                assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
         c = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
         assert (
             c.chat.completions.create(
@@ -251,6 +267,9 @@ def test_baton_up_runs_the_fleet_with_a_token_file_and_stops_cleanly(tmp_path: P
     assert parts_of(control) == []
 
 
+TOKEN_ENV = ("BATON_ADMIN_TOKEN", "BATON_SHIM_TOKEN", "BATON_SHIM_TOKEN_FILE", "BATON_DATA_DIR")
+
+
 def parts_of(control: str) -> list[str]:
     """Command lines of the processes started for the control plane at `control`."""
     out = []
@@ -274,7 +293,7 @@ def test_baton_up_starts_cleanly_again_however_the_last_one_ended(tmp_path: Path
 
     from tests.integration.harness import wait_until
 
-    env = {k: v for k, v in os.environ.items() if k not in ("BATON_ADMIN_TOKEN", "BATON_DATA_DIR")}
+    env = {k: v for k, v in os.environ.items() if k not in TOKEN_ENV}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     argv = [sys.executable, "-m", "clients.cli", "up", "--sim", "2", "--listen", "127.0.0.1:0",
             "--control-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]  # fmt: skip
@@ -293,10 +312,14 @@ def test_baton_up_starts_cleanly_again_however_the_last_one_ended(tmp_path: Path
             assert found, (ending, line, log.read_text()[-2000:])
             base_url, control = found.groups()
             c = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
-            reply = c.chat.completions.create(
-                model="baton-sim", messages=[{"role": "user", "content": "hi"}], max_tokens=4
-            )
-            assert reply.choices[0].message.content
+            chunks = list(
+                c.chat.completions.create(
+                    model="baton-sim", messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=4, stream=True,
+                )
+            )  # fmt: skip
+            assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+            assert chunks[-1].choices[0].finish_reason in ("length", "stop")
         finally:
             if ending is None:
                 up.send_signal(signal.SIGTERM)

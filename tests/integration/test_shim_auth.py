@@ -1,0 +1,338 @@
+"""Only shims may talk to the routing service, through real processes: control holds an admin
+token and a shim token; every RoutingService RPC without the shim token (none, a guess, the
+admin token...) is UNAUTHENTICATED and changes nothing (no demotion, no event, no pin, no pair
+verdict); the shim with the token serves as before; a shim without it refuses to start with a
+message; control refuses to start with an admin token and no shim token, or one token for both."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2, routing_pb2, routing_pb2_grpc
+from clients.procs import Part
+from tests.integration.harness import (
+    MODEL,
+    http,
+    start_control,
+    start_shim,
+    start_sim,
+    wait_until,
+    write_config,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+ADMIN = "admin-token-0123456789"
+SHIM = "shim-token-9876543210"
+TOKENS = {"BATON_ADMIN_TOKEN": ADMIN, "BATON_SHIM_TOKEN": SHIM}
+RPC_TIMEOUT = 5.0
+Metadata = tuple[tuple[str, str], ...]
+AS_SHIM: Metadata = (("authorization", f"Bearer {SHIM}"),)
+AS_ADMIN: Metadata = (("authorization", f"Bearer {ADMIN}"),)
+# Each way of not holding the shim token; the admin token is one of them.
+BAD: dict[str, Metadata] = {
+    "none": (),
+    "wrong": (("authorization", "Bearer guess"),),
+    "admin-token": AS_ADMIN,
+    "no-scheme": (("authorization", SHIM),),
+    "prefix": (("authorization", f"Bearer {SHIM[:-1]}"),),
+}
+
+
+def chat(base: str, content: str = "hello", stream: bool = True) -> tuple[int, bytes]:
+    body = {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": "You are a careful agent. " * 20},
+            {"role": "user", "content": content},
+        ],
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": stream,
+    }
+    return http(
+        "POST",
+        base + "/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+
+
+@dataclass
+class Guarded:
+    """Control (both tokens) over serve sims t0, t1 and a draft d paired with t0; a shim with
+    the shim token; a chat turn through it left pins."""
+
+    control: Part
+    shim: Part
+    admin: admin_pb2_grpc.AdminServiceStub
+    routing: routing_pb2_grpc.RoutingServiceStub
+    pair_id: str
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
+    path: Path = tmp_path_factory.mktemp("shim-auth")
+    parts: list[Part] = []
+    try:
+        sims = {}
+        for bid in ("t0", "t1", "d"):
+            sims[bid] = start_sim()
+            parts.append(sims[bid])
+        config = write_config(
+            path / "control.toml", [(b, sims[b].ready) for b in ("t0", "t1")], probe_interval=0.2
+        )
+        control = start_control(config, env=TOKENS)
+        parts.append(control)
+        shim = start_shim(control.ready, env={"BATON_SHIM_TOKEN": SHIM})
+        parts.append(shim)
+        with grpc.insecure_channel(control.ready) as channel:
+            admin = admin_pb2_grpc.AdminServiceStub(channel)
+            routing = routing_pb2_grpc.RoutingServiceStub(channel)
+            kw: dict[str, Any] = {"metadata": AS_ADMIN, "timeout": RPC_TIMEOUT}
+            draft = fleet_pb2.Backend(
+                id="d", url=sims["d"].ready, model=MODEL, kind=fleet_pb2.BACKEND_KIND_VLLM,
+                role=fleet_pb2.BACKEND_ROLE_DRAFT,
+            )  # fmt: skip
+            admin.AddBackend(admin_pb2.AddBackendRequest(backend=draft), **kw)
+
+            def all_healthy() -> bool:
+                rows = admin.ListBackends(admin_pb2.ListBackendsRequest(), **kw).backends
+                healthy = {r.backend.id for r in rows if r.state == fleet_pb2.HEALTH_STATE_HEALTHY}
+                return healthy == {"t0", "t1", "d"}
+
+            assert wait_until(all_healthy)
+            status, raw = chat(shim.ready)
+            assert status == 200 and b"[DONE]" in raw, raw
+
+            def reply_pinned() -> bool:
+                pins = admin.ListPins(admin_pb2.ListPinsRequest(), **kw).pins
+                return any(p.depth == 3 for p in pins)
+
+            # The shim's outcome report (over the guarded RouteStream) pinned the reply.
+            assert wait_until(reply_pinned), "the shim's outcome never reached control"
+            pair = admin.BindPair(
+                admin_pb2.BindPairRequest(draft_backend_id="d", target_backend_id="t0"), **kw
+            ).pair
+            yield Guarded(control, shim, admin, routing, pair.id)
+    finally:
+        for p in reversed(parts):
+            p.stop(grace=3)
+
+
+def state(g: Guarded) -> dict[str, Any]:
+    """Everything a routing call could change, read over the admin service."""
+    kw: dict[str, Any] = {"metadata": AS_ADMIN, "timeout": RPC_TIMEOUT}
+    backends = g.admin.ListBackends(admin_pb2.ListBackendsRequest(), **kw)
+    pins = g.admin.ListPins(admin_pb2.ListPinsRequest(limit=1000), **kw)
+    pairs = g.admin.ListPairs(admin_pb2.ListPairsRequest(), **kw)
+    events = g.admin.ListEvents(admin_pb2.ListEventsRequest(limit=100_000), **kw).events
+    status = g.admin.GetStatus(admin_pb2.GetStatusRequest(), **kw)
+    return {
+        "backends": sorted(
+            (b.backend.id, b.state, b.reason, b.in_flight) for b in backends.backends
+        ),
+        "pins": (pins.total, sorted((p.prefix, p.backend_id, p.depth) for p in pins.pins)),
+        "pairs": sorted(
+            (p.id, p.target_backend_id, p.bound_target_backend_id, p.state, p.rounds, p.reason)
+            for p in pairs.pairs
+        ),
+        "events": [(e.seq, e.kind, e.backend_id) for e in events],
+        "in_flight": status.in_flight,
+    }
+
+
+SHAPE = routing_pb2.RequestShape(
+    model=MODEL,
+    message_count=2,
+    prefix_chain=[b"\x01" * 16, b"\x02" * 16],
+    assistant_turns=[False, False],
+    prompt_chars=500,
+    greedy=True,
+    stream=True,
+)
+
+
+def _route(request_id: str) -> routing_pb2.RouteRequest:
+    return routing_pb2.RouteRequest(request_id=request_id, shape=SHAPE)
+
+
+def _outcome() -> routing_pb2.RequestOutcome:
+    return routing_pb2.RequestOutcome(
+        request_id="intruder-1", backend_id="t1", outcome=routing_pb2.OUTCOME_BACKEND_ERROR,
+        http_status=500, model=MODEL, message_count=2, reply_chain_hash=b"\x03" * 16,
+    )  # fmt: skip
+
+
+def _failover() -> routing_pb2.FailoverRequest:
+    return routing_pb2.FailoverRequest(
+        request_id="intruder-2", shape=SHAPE, failed_backend_id="t0", failure="truncated"
+    )
+
+
+Call = Callable[[Guarded, Metadata], object]
+
+
+def _unary(method: str, request: Callable[[Guarded], object]) -> Call:
+    def call(g: Guarded, md: Metadata) -> object:
+        return getattr(g.routing, method)(request(g), metadata=md, timeout=RPC_TIMEOUT)
+
+    return call
+
+
+def _route_stream(g: Guarded, md: Metadata) -> object:
+    # A route, a failure outcome and a failover in one message: let through, each would
+    # change the fleet (a route event and pins, a pin on t1, t0 demoted).
+    msg = routing_pb2.RouteStreamRequest(
+        routes=[_route("intruder-3")], outcomes=[_outcome()], failovers=[_failover()]
+    )
+    return next(iter(g.routing.RouteStream(iter([msg]), metadata=md, timeout=RPC_TIMEOUT)))
+
+
+def _watch(g: Guarded, md: Metadata) -> object:
+    stream = g.routing.WatchSnapshots(
+        routing_pb2.WatchSnapshotsRequest(), metadata=md, timeout=RPC_TIMEOUT
+    )
+    return next(iter(stream))  # let through, the fleet's snapshot comes at once
+
+
+# Every RoutingService RPC, with a request that would change the fleet (or leak it) if let
+# through: test_every_routing_rpc_is_covered keeps this in step with the proto.
+CALLS: dict[str, Call] = {
+    "Route": _unary("Route", lambda g: _route("intruder-4")),
+    "RouteStream": _route_stream,
+    "ReportAttemptFailure": _unary(
+        "ReportAttemptFailure",
+        lambda g: routing_pb2.ReportAttemptFailureRequest(
+            request_id="intruder-5", backend_id="t0", failure="connect", detail="forged"
+        ),
+    ),
+    "ReportOutcomes": _unary(
+        "ReportOutcomes", lambda g: routing_pb2.ReportOutcomesRequest(outcomes=[_outcome()])
+    ),
+    "Failover": _unary("Failover", lambda g: _failover()),
+    "ReportFailover": _unary(
+        "ReportFailover",
+        lambda g: routing_pb2.ReportFailoverRequest(
+            request_id="intruder-6", from_backend_id="t0", to_backend_id="t1",
+            failure="truncated", tokens_sent=3, attempt=1,
+            outcome=routing_pb2.FAILOVER_OUTCOME_RESUMED, detail="forged",
+        ),  # fmt: skip
+    ),
+    "WatchSnapshots": _watch,
+    "GatePairing": _unary(
+        "GatePairing",
+        lambda g: routing_pb2.GatePairingRequest(
+            request_id="intruder-7", pair_id=g.pair_id, target_backend_id="t1",
+            drafted=40, accepted=0,
+        ),  # fmt: skip
+    ),
+}
+
+
+def test_every_routing_rpc_is_covered() -> None:
+    service = routing_pb2.DESCRIPTOR.services_by_name["RoutingService"]
+    assert set(CALLS) == set(service.methods_by_name)
+
+
+@pytest.mark.parametrize("who", sorted(BAD))
+@pytest.mark.parametrize("rpc", list(CALLS))
+def test_without_the_shim_token_every_routing_rpc_is_refused_and_changes_nothing(
+    guarded: Guarded, rpc: str, who: str
+) -> None:
+    before = state(guarded)
+    assert before["pins"][0] > 0 and before["pairs"]
+    assert all(b[1] == fleet_pb2.HEALTH_STATE_HEALTHY for b in before["backends"])
+    with pytest.raises(grpc.RpcError) as err:
+        CALLS[rpc](guarded, BAD[who])
+    assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED, err.value
+    assert "shim token" in (err.value.details() or "")
+    assert state(guarded) == before
+
+
+def test_the_shim_token_is_refused_by_the_admin_service(guarded: Guarded) -> None:
+    before = state(guarded)
+    with pytest.raises(grpc.RpcError) as err:
+        guarded.admin.DrainBackend(
+            admin_pb2.DrainBackendRequest(id="t0"), metadata=AS_SHIM, timeout=RPC_TIMEOUT
+        )
+    assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert state(guarded) == before
+
+
+def test_with_the_shim_token_routing_calls_work(guarded: Guarded) -> None:
+    """The same service lets the shim token through (so the refusals above are about the
+    token): a forged-looking failover report is recorded, a route is answered, snapshots come;
+    and the shim with the token serves streamed and plain chats."""
+    kw: dict[str, Any] = {"metadata": AS_SHIM, "timeout": RPC_TIMEOUT}
+    snapshot = next(iter(guarded.routing.WatchSnapshots(routing_pb2.WatchSnapshotsRequest(), **kw)))
+    assert {b.backend.id for b in snapshot.snapshot.backends} >= {"t0", "t1"}
+    routed = guarded.routing.Route(_route("shim-1"), **kw)
+    assert routed.backends[0].id in ("t0", "t1")
+    before = len(state(guarded)["events"])
+    CALLS["ReportFailover"](guarded, AS_SHIM)
+    assert wait_until(lambda: len(state(guarded)["events"]) > before)
+    for stream in (True, False):
+        status, raw = chat(guarded.shim.ready, "and again", stream=stream)
+        assert status == 200, raw
+
+
+def run_module(module: str, *argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A part run to its end (it is expected to refuse to start)."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *argv], env={**os.environ, **env},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("token", ["", "guess", ADMIN])
+def test_a_shim_without_the_token_says_so_and_exits(guarded: Guarded, token: str) -> None:
+    out = run_module(
+        "dataplane", "--control", guarded.control.ready, "--listen", "127.0.0.1:0",
+        env={"BATON_SHIM_TOKEN": token},
+    )  # fmt: skip
+    assert out.returncode != 0 and "SHIM READY" not in out.stdout, out
+    assert "control refused this shim" in out.stderr, out.stderr
+    assert "shim token missing or wrong" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_shim_reads_the_token_from_a_file(guarded: Guarded, tmp_path: Path) -> None:
+    token_file = tmp_path / "shim-token"
+    token_file.write_text(SHIM + "\n")
+    shim = start_shim(
+        guarded.control.ready, "--shim-token-file", str(token_file), env={"BATON_SHIM_TOKEN": ""}
+    )
+    try:
+        status, raw = chat(shim.ready)
+        assert status == 200 and b"[DONE]" in raw, raw
+    finally:
+        shim.stop(grace=3)
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"BATON_ADMIN_TOKEN": ADMIN, "BATON_SHIM_TOKEN": ""}, "no shim token is"),
+        ({"BATON_ADMIN_TOKEN": ADMIN, "BATON_SHIM_TOKEN": ADMIN}, "are the same"),
+    ],
+)
+def test_control_will_not_start_half_guarded(
+    tmp_path: Path, env: dict[str, str], says: str
+) -> None:
+    config = write_config(tmp_path / "control.toml", [], probe_interval=0.2)
+    out = run_module(
+        "control", "--config", str(config), "--listen", "127.0.0.1:0", "--metrics-listen", "",
+        env=env,
+    )  # fmt: skip
+    assert out.returncode == 2, out
+    assert says in out.stderr and "Traceback" not in out.stderr, out.stderr
