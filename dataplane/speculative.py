@@ -26,7 +26,7 @@ from dataplane import detok
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget
 from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
-from dataplane.oracle import ControlUnavailable, Oracle, Outcome
+from dataplane.oracle import ControlUnavailable, FailoverReport, Oracle, Outcome
 from dataplane.shape import reply_hash
 from dataplane.spec_answer import AnswerWriter
 from dataplane.specplan import Judged, judge, max_tokens, repeated_ngram
@@ -59,6 +59,18 @@ class SpecRun:
     tried: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     first_byte: float | None = None
+    moving: Move | None = None  # a failover whose first resumed byte has not been sent yet
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A target that failed mid-stream, until the failover's outcome is known."""
+
+    from_backend: str
+    failure: str
+    detected: float  # monotonic
+    tokens_sent: int
+    attempt: int
 
 
 class SpecServer:
@@ -103,6 +115,7 @@ class SpecServer:
                     finish = judged.finished
                     break
         except OpenAIError as err:
+            self._moved(run, "exhausted", str(err))
             await writer.fail(err)
             self._finished(run, ok=False)
             return writer.response
@@ -110,6 +123,7 @@ class SpecServer:
             # The client went away: no more rounds, and control must stop counting it.
             self._finished(run, ok=False)
             raise
+        self._moved(run, "resumed")  # a resume that ended without new text
         await writer.finish(finish, run.prompt_len, len(run.generated))
         self._finished(run, ok=True)
         return writer.response
@@ -137,6 +151,10 @@ class SpecServer:
                 await self._failover(run, failed, remaining)
 
     async def _failover(self, run: SpecRun, failed: AttemptFailed, remaining: int) -> None:
+        # The last resume failed before it sent anything: that attempt is over.
+        self._moved(run, "failed", str(failed))
+        run.moving = Move(run.target.id, failed.failure, time.monotonic(),
+                          len(run.generated), len(run.tried) + 1)  # fmt: skip
         run.tried.append(run.target.id)
         if not self._budget.allows(len(run.tried), time.monotonic() - run.started):
             raise OpenAIError(ErrorKind.BACKEND_FAILED, f"resume budget exhausted ({failed})")
@@ -322,6 +340,32 @@ class SpecServer:
             if run.first_byte is None:
                 run.first_byte = time.monotonic()
             await writer.text(delta)
+            self._moved(run, "resumed")
+
+    def _moved(self, run: SpecRun, outcome: str, detail: str = "") -> None:
+        """The audit event of a pending failover: `resumed` once the new target's text reached
+        the client, `failed` when it failed too, `exhausted` when the request ends in an error.
+        The resume is by ids from the exact context, so there is no overlap to check."""
+        move, run.moving = run.moving, None
+        if move is None:
+            return
+        resumed = outcome == "resumed"
+        self._oracle.report_failover(
+            FailoverReport(
+                request_id=run.request_id,
+                from_backend=move.from_backend,
+                to_backend=run.target.id if outcome != "exhausted" else "",
+                failure=move.failure,
+                choice=0,
+                tokens_sent=move.tokens_sent,
+                path="token",
+                seam="unchecked" if resumed else "",
+                gap_ms=(time.monotonic() - move.detected) * 1000 if resumed else 0.0,
+                attempt=move.attempt,
+                outcome=outcome,
+                detail=detail or "speculative pair's target",
+            )
+        )
 
     def _finished(self, run: SpecRun, ok: bool) -> None:
         now = time.monotonic()

@@ -104,6 +104,29 @@ def direct(sim: Part, prompt: str, n: int, chat: bool = False) -> str:
     return str(json.loads(raw)["choices"][0]["text"])
 
 
+def direct_ids(sim: Part, prompt: str | list[int], n: int) -> tuple[list[int], list[int], str]:
+    """The target alone, greedy, by token ids: (prompt ids, generated ids, text)."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": n, "temperature": 0,
+            "return_token_ids": True}  # fmt: skip
+    status, raw = http("POST", sim.ready + "/v1/completions", json.dumps(body).encode())
+    assert status == 200, raw
+    choice = json.loads(raw)["choices"][0]
+    return list(choice["prompt_token_ids"]), list(choice["token_ids"]), str(choice["text"])
+
+
+def seamed(
+    n: int, seam: int, first: tuple[list[int], list[int], str], then: Part
+) -> str:
+    """What a greedy stream cut after `seam` tokens of `first`'s output and resumed on `then`
+    must read: the text of those tokens, then `then`'s own continuation of them."""
+    prompt_ids, ids, _ = first
+    body = json.dumps({"model": MODEL, "tokens": ids[:seam]}).encode()
+    status, raw = http("POST", then.ready + "/detokenize", body)
+    assert status == 200, raw
+    _, _, tail = direct_ids(then, prompt_ids + ids[:seam], n - seam)
+    return str(json.loads(raw)["prompt"]) + tail
+
+
 def through(base_url: str, prompt: str, n: int, *, chat: bool, stream: bool) -> str:
     client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
     if chat:
@@ -210,13 +233,26 @@ def test_incident_replay_params_mismatch_is_rejected_never_served(tmp_path: Path
         baseline = f.pairs()["d"]["baseline"]
         assert baseline < 0.75
 
+        # The bound target's own output, read before it is killed: the client's first part.
+        t0_ids = direct_ids(f.fleet.sims["t0"], PROMPTS[0] * 3, 300)
         # The request starts on the bound target; t1 comes back while it streams.
         with AdminClient(f.fleet.control.ready) as admin:
             text = stream_until_killed(
                 f.fleet.base_url, PROMPTS[0] * 3, 300, f.fleet.sims["t0"],
                 lambda: admin.undrain_backend("t1"),
             )
-        assert text  # the stream completed (the SDK raises on an error event)
+        # The stream completed (the SDK raises on an error event), and it is exactly what
+        # the client is owed: the bound target's greedy text up to the seam, then t1's own
+        # greedy continuation of it (the probe round's verified tokens were not emitted).
+        assert wait_until(lambda: any(e["outcome"] == "resumed" for e in f.ok("events", "--kind", "failover")))
+        resumed = [
+            e for e in f.ok("events", "--kind", "failover")
+            if e["from_backend"] == "t0" and e["outcome"] == "resumed"
+        ]  # fmt: skip
+        assert [e["to_backend"] for e in resumed] == ["t1"], resumed
+        seam = resumed[0]["tokens_sent"]
+        assert 0 < seam < 300
+        assert text == seamed(300, seam, t0_ids, f.fleet.sims["t1"]), seam
         events = f.pair_events()
         rejects = [e for e in events if e["action"] == "reject" and e["target"] == "t1"]
         assert rejects, events
