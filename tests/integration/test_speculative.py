@@ -244,9 +244,12 @@ def test_incident_replay_params_mismatch_is_rejected_never_served(tmp_path: Path
         # The stream completed (the SDK raises on an error event), and it is exactly what
         # the client is owed: the bound target's greedy text up to the seam, then t1's own
         # greedy continuation of it (the probe round's verified tokens were not emitted).
-        assert wait_until(lambda: any(e["outcome"] == "resumed" for e in f.ok("events", "--kind", "failover")))
+        def failovers() -> list[dict[str, Any]]:
+            return list(f.ok("events", "--kind", "failover"))
+
+        assert wait_until(lambda: any(e["outcome"] == "resumed" for e in failovers()))
         resumed = [
-            e for e in f.ok("events", "--kind", "failover")
+            e for e in failovers()
             if e["from_backend"] == "t0" and e["outcome"] == "resumed"
         ]  # fmt: skip
         assert [e["to_backend"] for e in resumed] == ["t1"], resumed
