@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from baton.model import RequestShape, RouteRequest
 from control.config import make_backend
 from control.events import EventKind, EventLog
-from control.model import RequestShape, RouteRequest
 from control.policy import make_policy
 from control.registry import Registry
 from control.routing import Outcome, Router

@@ -14,9 +14,9 @@ from typing import Any
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from baton import wire
+from baton.model import BackendKind, HealthState, Role
 from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2
-from control.model import BackendKind, HealthState, Role
-from control.services import convert
 
 DEFAULT_CONTROL = "127.0.0.1:50051"
 TOKEN_FILE = "admin-token"
@@ -34,7 +34,7 @@ def find_token() -> str | None:
         return None
 
 
-STATE_FROM_PB = {v: k for k, v in convert.STATE_TO_PB.items()}
+STATE_FROM_PB = {v: k for k, v in wire.STATE_TO_PB.items()}
 
 
 class AdminError(Exception):
@@ -61,7 +61,7 @@ def _iso(ts: Timestamp) -> str:
     return datetime.fromtimestamp(ts.ToNanoseconds() / 1e9, UTC).isoformat(timespec="seconds")
 
 
-PAIR_STATES = {v: k.value for k, v in convert.PAIR_STATE_TO_PB.items()}
+PAIR_STATES = {v: k.value for k, v in wire.PAIR_STATE_TO_PB.items()}
 
 
 def _pair(p: fleet_pb2.Pair) -> dict[str, Any]:
@@ -87,8 +87,8 @@ def _row(s: fleet_pb2.BackendStatus) -> BackendRow:
         id=b.id,
         url=b.url,
         model=b.model,
-        kind=convert.KIND_FROM_PB.get(b.kind, BackendKind.VLLM).value,
-        role=convert.ROLE_FROM_PB.get(b.role, Role.SERVE).value,
+        kind=wire.KIND_FROM_PB.get(b.kind, BackendKind.VLLM).value,
+        role=wire.ROLE_FROM_PB.get(b.role, Role.SERVE).value,
         state=STATE_FROM_PB.get(s.state, HealthState.DOWN).value,
         reason=s.reason,
         since=_iso(s.since),
@@ -165,8 +165,8 @@ class AdminClient:
         tool_parser: str = "",
     ) -> BackendRow:
         try:
-            pb_kind = convert.KIND_TO_PB[BackendKind(kind)]
-            pb_role = convert.ROLE_TO_PB[Role(role)]
+            pb_kind = wire.KIND_TO_PB[BackendKind(kind)]
+            pb_role = wire.ROLE_TO_PB[Role(role)]
         except ValueError as exc:
             raise AdminError(str(exc)) from None
         backend = fleet_pb2.Backend(

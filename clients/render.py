@@ -1,5 +1,7 @@
 """Pure rendering of admin results as aligned text tables (the CLI's non-JSON output)."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

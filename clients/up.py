@@ -10,11 +10,11 @@ import secrets
 import signal
 import sys
 import threading
+import tomllib
 from pathlib import Path
 
 from clients.client import SHIM_TOKEN_FILE, TOKEN_FILE, AdminClient, AdminError
 from clients.procs import Part, StartFailed
-from control import config as config_mod
 
 SIM_MODEL = "baton-sim"
 
@@ -44,9 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        cfg = config_mod.load(args.config)
-    except config_mod.ConfigError as exc:
-        print(f"baton up: {exc}", file=sys.stderr)
+        has_backends = _config_lists_backends(args.config)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        print(f"baton up: config {args.config}: {exc}", file=sys.stderr)
         return 2
     children: list[Part] = []
     stop = threading.Event()
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         tokens = {"BATON_SHIM_TOKEN": shim_token, **({"BATON_ADMIN_TOKEN": token} if token else {})}
         if args.config:
             control_argv += ["--config", str(args.config)]
-        if not cfg.backends:
+        if not has_backends:
             # The embedded sims are registered anew at every start (new ports): not
             # operator configuration, so not saved, and no saved copy collides with them.
             control_argv.append("--no-fleet-db")
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             die_with_parent=True,
         )
         children.append(control)
-        if not cfg.backends:
+        if not has_backends:
             _start_fleet(args, control.ready, children, token)
         shim = Part(
             "shim",
@@ -119,6 +119,15 @@ def run(args: argparse.Namespace) -> int:
         # Front to back: no new requests reach the shim while engines go away.
         for child in reversed(children):
             child.stop()
+
+
+def _config_lists_backends(path: Path | None) -> bool:
+    """Whether to start the embedded sims. The rest of the file is control's to validate
+    (it refuses a bad one at start, with the reason, and baton up stops with it)."""
+    if path is None:
+        return False
+    with open(path, "rb") as f:
+        return bool(tomllib.load(f).get("backends"))
 
 
 def ensure_token_file(data_dir: Path, name: str = TOKEN_FILE) -> str:

@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from control import aio
+from baton import aio
 from control import config as config_mod
 from control.server import ControlPlane
 from control.services.auth import ADMIN_ENV, SHIM_ENV

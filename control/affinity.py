@@ -2,13 +2,15 @@
 so a conversation's next turn can go where its KV cache is. Soft state, bounded by an LRU
 capacity and a TTL; time comes in as `now`, never read here."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from control.model import BackendId
+from baton.model import BackendId
 
 
 @dataclass(frozen=True, slots=True)

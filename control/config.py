@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from baton.model import Backend, BackendId, BackendKind, Role
 from control.health import HealthPolicy
-from control.model import Backend, BackendId, BackendKind, Role
 from control.policy import DEFAULT_POLICY, POLICIES
 
 

@@ -5,6 +5,8 @@ from config: a replica restarted with another generation config must not keep th
 the one before.
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 import hashlib

@@ -6,8 +6,8 @@ import os
 
 import aiohttp
 
+from baton.model import Backend
 from control.facts import FACTS_PATH, Facts, FactsError, facts_from_server_info
-from control.model import Backend
 
 
 async def fetch_facts(

@@ -24,8 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from baton.model import Backend, BackendId
 from control.config import ConfigError, PairSpec, make_backend
-from control.model import Backend, BackendId
 
 SCHEMA_VERSION = 3
 _SCHEMA = """

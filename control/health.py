@@ -5,11 +5,13 @@ demoted/down --(N consecutive good probes)--> healthy
 any --(admin drain)--> draining --(undrain)--> healthy if the last probe was good, else demoted
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from control.model import Health, HealthState
+from baton.model import Health, HealthState
 
 
 @dataclass(frozen=True, slots=True)

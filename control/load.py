@@ -1,12 +1,14 @@
 """In-flight requests per backend: soft state, rebuilt from traffic, never persisted."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from control.model import BackendId
+from baton.model import BackendId
 
 
 class Load:

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from control.model import HealthState
+from baton.model import HealthState
 from control.registry import Registry
 
 # Route decisions take tens of microseconds; failover gaps a few milliseconds.

@@ -6,30 +6,19 @@ acceptance is compared with the *paired* baseline (same draft, same params hash)
 pairing whose target samples with other params never serves, however good it looks.
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from enum import StrEnum
 
-from control.model import BackendId
+from baton.model import BackendId, PairState, Verdict
 
 DEFAULT_DRAFT_TOKENS = 4
 JUMP = 0.25  # acceptance above the paired baseline by more than this is a spike
 EWMA_ALPHA = 0.2
 PROBATION_ROUNDS = 64  # rounds in line with the baseline before a probation pairing is active
-
-
-class PairState(StrEnum):
-    ACTIVE = "active"
-    PROBATION = "probation"
-    DETACHED = "detached"
-
-
-class Verdict(StrEnum):
-    ACCEPT = "accept"
-    PROBATION = "probation"
-    REJECT = "reject"
 
 
 @dataclass(frozen=True, slots=True)

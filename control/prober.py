@@ -10,10 +10,10 @@ import time
 
 import aiohttp
 
+from baton.model import PROBE_PATH, Backend
 from control.config import ProbeSettings
 from control.facts import Facts
 from control.facts_fetch import fetch_facts
-from control.model import PROBE_PATH, Backend
 from control.registry import Registry
 
 

@@ -1,20 +1,32 @@
 """The single owner of fleet state. Every mutation goes through here and publishes a new,
 immutable, versioned Snapshot to subscribers; readers never see half-applied state."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from baton.model import (
+    Backend,
+    BackendId,
+    BackendStatus,
+    Pairing,
+    PairState,
+    RequestShape,
+    Role,
+    Snapshot,
+    Verdict,
+)
 from control import health
 from control.affinity import PinTable
 from control.events import EventKind, EventLog
 from control.facts import Facts, pair_violations
 from control.health import HealthPolicy, HealthRecord
 from control.load import Load
-from control.model import Backend, BackendId, BackendStatus, Pairing, RequestShape, Role, Snapshot
-from control.pairs import DEFAULT_DRAFT_TOKENS, Pair, PairState, PairTable, Verdict, gate
+from control.pairs import DEFAULT_DRAFT_TOKENS, Pair, PairTable, gate
 
 
 class RegistryError(Exception):

@@ -2,17 +2,19 @@
 pins, take failure and outcome reports. Thin on purpose: the decision is the policy's, the
 state is the registry's."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from random import Random
 
+from baton.model import BackendId, Decision, HealthState, Reason, RouteRequest, SpecStats
+from baton.spread import prefer
 from control.affinity import PinMatch
 from control.events import EventKind
-from control.model import BackendId, Decision, HealthState, Reason, RouteRequest
 from control.policy import Policy, RoutingView
-from control.policy.base import prefer
 from control.registry import Registry
 
 # The failure class a shim reports when it moves a stream off a backend drained with --migrate.
@@ -20,17 +22,6 @@ MIGRATE = "migrate"
 
 # Decisions that put the request where its pinned prefix already is.
 FOLLOWED_PIN = frozenset({Reason.PIN_HIT})
-
-
-@dataclass(frozen=True, slots=True)
-class SpecStats:
-    pair_id: str
-    target_id: str
-    rounds: int
-    drafted: int
-    accepted: int
-    repeated_ngram: bool = False
-    schema_violation: bool = False
 
 
 @dataclass(frozen=True, slots=True)

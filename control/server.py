@@ -17,6 +17,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from baton.model import Backend, BackendId
+from baton.tracing import tracing_from_env
 from baton.v1 import admin_pb2, admin_pb2_grpc, routing_pb2, routing_pb2_grpc
 from control.affinity import PinTable
 from control.config import Config, PairSpec
@@ -25,7 +27,6 @@ from control.facts import Facts
 from control.facts_fetch import fetch_facts
 from control.fleetdb import Configured, FleetDB, configured, fleet, shadowed
 from control.metrics import ControlMetrics
-from control.model import Backend, BackendId
 from control.policy import SpillGuard, make_policy
 from control.prober import run_prober
 from control.registry import Registry, RegistryError
@@ -34,7 +35,6 @@ from control.services import auth
 from control.services.admin import AdminServicer
 from control.services.routing import RoutingServicer
 from control.store import EventFile
-from control.tracing import tracing_from_env
 
 log = logging.getLogger("baton.control")
 

@@ -11,7 +11,7 @@ import sys
 
 from aiohttp import web
 
-from control import aio
+from baton import aio
 from dataplane import workers
 from dataplane.app import ShimSettings, make_app
 from dataplane.failover import RetryBudget

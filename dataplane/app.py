@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from control.model import Backend
-from control.tracing import tracing_from_env
+from baton.model import Backend
+from baton.tracing import tracing_from_env
 from dataplane.handlers import (
     LIMITS,
     MAX_BODY,

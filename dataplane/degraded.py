@@ -5,12 +5,14 @@ and are not known here, so the shim only spreads: round robin over the snapshot'
 backends serving the model (drafts excluded: they serve only through a pair, and pairs need
 control's gate). Every decision is marked `degraded`."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
-from control.model import (
+from baton.model import (
     BackendId,
     Decision,
     HealthState,
@@ -19,7 +21,7 @@ from control.model import (
     RouteRequest,
     Snapshot,
 )
-from control.policy.base import Spreader, candidates, prefer
+from baton.spread import Spreader, candidates, prefer
 
 
 class DegradedRouter:

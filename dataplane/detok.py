@@ -6,6 +6,8 @@ far decode to whole characters: a decoded text that ends in U+FFFD is half a cha
 an invalid byte still open), held back until a later token completes it. When the stream
 ends, bytes of a character never completed are dropped, not sent."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable

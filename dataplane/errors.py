@@ -3,6 +3,8 @@
 Clients (the OpenAI SDKs) read `{"error": {"message", "type", "param", "code"}}` and map the
 HTTP status to their own exception classes, so both must be right."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -1,5 +1,7 @@
 """Pure: classify upstream failures and bound retries. The plumbing asks, this decides."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from control.model import Backend
+from baton.model import Backend
 from dataplane.failover import Failure
 
 

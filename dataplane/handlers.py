@@ -9,8 +9,8 @@ import uuid
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from control.model import Reason
-from control.tracing import SpanKind, Tracing
+from baton.model import Reason
+from baton.tracing import SpanKind, Tracing
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.limits import Limits, StreamSlots, check_head, check_request
 from dataplane.metrics import ShimMetrics

@@ -10,7 +10,7 @@ import os
 import aiohttp
 import orjson
 
-from control.model import Backend
+from baton.model import Backend
 from dataplane.reasoning import THINK_TAGS, Markers
 
 log = logging.getLogger("baton.shim.markers")

@@ -22,11 +22,9 @@ from typing import Protocol
 import grpc
 from grpc_health.v1 import health_pb2
 
+from baton import wire
+from baton.model import Backend, Decision, RequestShape, Snapshot, SpecStats
 from baton.v1 import routing_pb2, routing_pb2_grpc
-from control.model import Backend, Decision, RequestShape, Snapshot
-from control.routing import SpecStats
-from control.services import convert
-from dataplane import wire
 from dataplane.degraded import DegradedRouter
 from dataplane.metrics import LinkStats
 from dataplane.outbox import TRANSIENT, Outbox, Report
@@ -344,7 +342,7 @@ class GrpcOracle:
             if exc.code() in TRANSIENT:
                 self._unreachable(f"gate: {exc.code().name}")
             raise ControlUnavailable(f"control plane: {exc.code().name}") from None
-        target = convert.backend_from_pb(resp.target) if resp.HasField("target") else None
+        target = wire.backend_from_pb(resp.target) if resp.HasField("target") else None
         return GateAnswer(wire.VERDICT_FROM_PB.get(resp.verdict, "reject"), resp.reason, target)
 
     # -- reports: buffered while control is away -----------------------------------------
@@ -464,7 +462,7 @@ def _failover_to_pb(r: FailoverReport) -> routing_pb2.ReportFailoverRequest:
         seam=wire.SEAM_TO_PB.get(r.seam, routing_pb2.SEAM_VERDICT_UNSPECIFIED),
         gap_ms=r.gap_ms,
         attempt=r.attempt,
-        outcome=wire.OUTCOME_TO_PB[r.outcome],
+        outcome=wire.FAILOVER_OUTCOME_TO_PB[r.outcome],
         detail=r.detail,
     )
 

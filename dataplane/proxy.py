@@ -13,8 +13,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from control.model import Backend, Decision, RequestShape
-from control.tracing import SpanKind, Tracing
+from baton.model import Backend, Decision, RequestShape
+from baton.tracing import SpanKind, Tracing
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget, classify_status
 from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt

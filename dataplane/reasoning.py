@@ -12,6 +12,8 @@ the way vLLM's think-tag parsers (deepseek_r1) do it:
 Only parsers listed in THINK_TAGS are followed; a stream from any other parser that shows
 reasoning is refused a resume, explicitly, rather than re-labelled."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Sequence

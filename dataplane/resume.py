@@ -7,6 +7,8 @@ boundaries, and with them the greedy continuation). Text path, for backends with
 ids: the text sent so far, as a final assistant message to continue or appended to the
 prompt. Seam check: resume m tokens early and require the new backend to regenerate them."""
 
+# baton: pure
+
 from __future__ import annotations
 
 import functools

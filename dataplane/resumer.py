@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from control.model import Backend, BackendKind
+from baton.model import Backend, BackendKind
 from dataplane import detok
 from dataplane.failover import Failure, classify_status
 from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt

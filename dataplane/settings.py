@@ -1,5 +1,7 @@
 """The shim's mid-stream failover settings (set from `baton shim` flags)."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -3,6 +3,8 @@
 prefix chain: h_i = H_key(h_{i-1} || canonical(message_i)); two conversations share h_i
 exactly when their first i messages are identical, which is what prefix affinity needs."""
 
+# baton: pure
+
 from __future__ import annotations
 
 import hashlib
@@ -10,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from control.model import RequestShape
+from baton.model import RequestShape
 from dataplane.specplan import sets_temperature, spec_eligible
 from dataplane.validate import ClientRequest, Endpoint
 

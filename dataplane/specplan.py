@@ -8,6 +8,8 @@ accepted prefix is the draft tokens the target ranks first; then comes the targe
 accepted). For greedy decoding the result is exactly the target's own output.
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

@@ -20,8 +20,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from control.model import Backend, Decision, Pairing, RequestShape
-from control.routing import SpecStats
+from baton.model import Backend, Decision, Pairing, RequestShape, SpecStats
 from dataplane import detok
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget

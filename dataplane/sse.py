@@ -1,6 +1,8 @@
 """Pure SSE framing: split a byte stream into events, keeping each event's raw bytes so
 the relay can forward them untouched (no re-serialisation on the hot path)."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import aiohttp
 
-from control.model import PROBE_PATH, Backend
+from baton.model import PROBE_PATH, Backend
 
 
 class Standby:

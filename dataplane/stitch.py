@@ -4,6 +4,8 @@ second role delta, removes fields the client did not ask for (the token ids requ
 resume), converts resumed completion chunks to the client's format, runs stop strings
 across the seam and answers include_usage over the whole generation."""
 
+# baton: pure
+
 from __future__ import annotations
 
 import re

@@ -15,8 +15,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from control.model import Backend, RequestShape
-from control.tracing import OFF, Tracing
+from baton.model import Backend, RequestShape
+from baton.tracing import OFF, Tracing
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget
 from dataplane.forward import AttemptFailed, Timeouts

@@ -2,6 +2,8 @@
 with the parameter at fault. Checks what a router must trust (types it reads, required
 fields); everything else is passed to the engine untouched, which validates the rest."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -17,6 +17,8 @@ message's content is not wrapped), so continue_final_message leaves no
 ``<think>`` before the partial.
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

@@ -11,6 +11,8 @@
 Every cost can be 0; then the server never sleeps.
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections import OrderedDict

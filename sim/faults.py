@@ -7,6 +7,8 @@ the process-wide faults for one request. Token-count faults fire *before* the
 is unaffected and the client has seen exactly N tokens when it fires.
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace

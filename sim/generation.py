@@ -12,6 +12,8 @@ the token that completed a stop string and the EOS token, and count as
 completion tokens. For ASCII output every token releases its own text at once.
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq

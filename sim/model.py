@@ -53,6 +53,8 @@ build (no PYTHONHASHSEED involvement): replicas must run the same CPython,
 the sim's equivalent of "same engine version".
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 import math

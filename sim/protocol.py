@@ -4,6 +4,8 @@ Unknown fields are accepted and ignored, as vLLM does. Errors raise ApiError,
 which the server renders as ``{"error": {"message","type","param","code"}}``.
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -25,6 +25,8 @@ non-empty reasoning to null and drops the delta when nothing else is left.
 /v1/completions runs no parser: its text keeps "</think>".
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -22,6 +22,8 @@ deltas may carry ``tool_calls``, and the message gets the parsed calls in
 (null when blank), and finish_reason "tool_calls" when there are calls.
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Sequence

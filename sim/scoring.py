@@ -9,6 +9,8 @@ allowed as for a request with default min_tokens), which is what lets a router
 verify draft tokens with one scoring call.
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -8,6 +8,8 @@ first rejection (as in rejection sampling), and the step yields accepted + 1
 tokens.
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -3,6 +3,8 @@
 the resume's first token, under the load it had at that moment). Pure: the key and the record
 format; the server writes the lines."""
 
+# baton: pure
+
 from __future__ import annotations
 
 import hashlib

@@ -29,6 +29,8 @@ that has only these on top of the default keeps the default pre-tokenizer
 first, so text without them encodes exactly as before.
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 import hashlib

@@ -1,13 +1,16 @@
 """Adaptive: continuations stick to their prefix's backend, everything else spreads."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 from random import Random
 
-from control.model import Backend, BackendId, BackendStatus, Decision, Reason, RouteRequest
-from control.policy.base import RoutingView, Spreader, candidates, first
+from baton.model import Backend, BackendId, BackendStatus, Decision, Reason, RouteRequest
+from baton.spread import Spreader, candidates, first
+from control.policy.base import RoutingView
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,14 @@
 """Affinity: always follow the longest pinned prefix; spread what has none."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from random import Random
 
-from control.model import Decision, Reason, RouteRequest
-from control.policy.base import RoutingView, Spreader, candidates, first
+from baton.model import Decision, Reason, RouteRequest
+from baton.spread import Spreader, candidates, first
+from control.policy.base import RoutingView
 
 
 class Affinity:

@@ -1,23 +1,17 @@
 """The whole policy contract. Policies are pure and synchronous: no I/O, no clock or global
 randomness (both come in as arguments), and they never raise for "no capacity"."""
 
+# baton: pure
+
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 from random import Random
 from typing import Protocol
 
+from baton.model import BackendId, Decision, RouteRequest, Snapshot
 from control.affinity import PinMatch
-from control.model import (
-    Backend,
-    BackendId,
-    BackendStatus,
-    Decision,
-    Reason,
-    RouteRequest,
-    Snapshot,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,66 +30,3 @@ class Policy(Protocol):
     def decide(
         self, request: RouteRequest, view: RoutingView, *, rng: Random, now: float
     ) -> Decision: ...
-
-
-def candidates(
-    request: RouteRequest, snapshot: Snapshot
-) -> tuple[tuple[BackendStatus, ...], Decision | None]:
-    """Routable backends for the request's model, minus its exclusions; or the refusal
-    every policy gives when there are none."""
-    serving = snapshot.serving(request.shape.model)
-    if not serving:
-        return (), Decision(
-            (),
-            Reason.UNKNOWN_MODEL,
-            snapshot.version,
-            f"no backend serves model {request.shape.model!r}",
-        )
-    routable = tuple(b for b in serving if b.routable and b.backend.id not in request.exclude)
-    if not routable:
-        states = ", ".join(f"{b.backend.id}={b.health.state}" for b in serving)
-        return (), Decision(
-            (),
-            Reason.NO_BACKEND,
-            snapshot.version,
-            f"no routable backend for {request.shape.model!r} ({states})",
-        )
-    return routable, None
-
-
-class Spreader:
-    """Per-model counters over the routable backends: the primary advances by one per call,
-    and so does where the fallbacks start, so requests that share a primary do not share
-    their first fallback (when a card dies, its streams resume across the survivors instead
-    of all landing on its neighbour). The counters are the policy's own bookkeeping, not
-    fleet state: losing them on restart only shifts where the rings start."""
-
-    def __init__(self) -> None:
-        self._next: dict[str, int] = {}
-        self._fallback: dict[str, int] = {}
-
-    def ring(self, model: str, routable: tuple[BackendStatus, ...]) -> tuple[Backend, ...]:
-        start = self._next.get(model, 0) % len(routable)
-        self._next[model] = start + 1
-        others = routable[start + 1 :] + routable[:start]
-        if len(others) > 1:
-            k = self._fallback.get(model, 0) % len(others)
-            self._fallback[model] = k + 1
-            others = others[k:] + others[:k]
-        return (routable[start].backend, *(b.backend for b in others))
-
-
-def first(primary: Backend, ring: tuple[Backend, ...]) -> tuple[Backend, ...]:
-    """`primary`, then the ring's other backends as fallbacks."""
-    return (primary, *(b for b in ring if b.id != primary.id))
-
-
-def prefer(decision: Decision, preferred: Sequence[str]) -> Decision:
-    """The decision with the first of `preferred` that it contains moved to the front: a
-    failover goes where the route's own fallback order said, when that one is still fit."""
-    ids = {b.id for b in decision.backends}
-    chosen = next((p for p in preferred if p in ids), None)
-    if chosen is None or decision.backends[0].id == chosen:
-        return decision
-    primary = next(b for b in decision.backends if b.id == chosen)
-    return replace(decision, backends=first(primary, decision.backends))

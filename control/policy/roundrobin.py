@@ -1,11 +1,14 @@
 """Round robin: spread every request by counter; pins are ignored."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from random import Random
 
-from control.model import Decision, Reason, RouteRequest
-from control.policy.base import RoutingView, Spreader, candidates
+from baton.model import Decision, Reason, RouteRequest
+from baton.spread import Spreader, candidates
+from control.policy.base import RoutingView
 
 
 class RoundRobin:

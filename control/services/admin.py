@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
+from baton import wire
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control import config
 from control.events import Event, EventKind, EventQuery
@@ -43,7 +44,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         snap = self._registry.snapshot
         load = self._registry.in_flight()
         return admin_pb2.ListBackendsResponse(
-            backends=[convert.status_to_pb(b, load) for b in snap.backends],
+            backends=[wire.status_to_pb(b, load) for b in snap.backends],
             snapshot_version=snap.version,
         )
 
@@ -58,7 +59,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             raise  # unreachable: abort raises
         self._changed()
         return admin_pb2.AddBackendResponse(
-            backend=convert.status_to_pb(status, self._registry.in_flight()),
+            backend=wire.status_to_pb(status, self._registry.in_flight()),
             snapshot_version=self._registry.snapshot.version,
         )
 
@@ -82,7 +83,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             raise
         self._changed()
         return admin_pb2.DrainBackendResponse(
-            backend=convert.status_to_pb(status, self._registry.in_flight()),
+            backend=wire.status_to_pb(status, self._registry.in_flight()),
             snapshot_version=self._registry.snapshot.version,
         )
 
@@ -96,7 +97,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             raise
         self._changed()
         return admin_pb2.UndrainBackendResponse(
-            backend=convert.status_to_pb(status, self._registry.in_flight()),
+            backend=wire.status_to_pb(status, self._registry.in_flight()),
             snapshot_version=self._registry.snapshot.version,
         )
 

@@ -10,17 +10,18 @@ from contextlib import AbstractContextManager, nullcontext
 
 from opentelemetry.trace import Span
 
+from baton import wire
+from baton.model import Decision, Snapshot
+from baton.tracing import OFF, SpanKind, Tracing
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.events import EventKind
 from control.facts import FactsError
 from control.metrics import ControlMetrics
-from control.model import Decision, Snapshot
 from control.registry import RegistryError
 from control.routing import Outcome, Router
 from control.services import convert
 from control.services.errors import Context, abort_with
 from control.services.facts import ReadFacts
-from control.tracing import OFF, SpanKind, Tracing
 
 OK = routing_pb2.OUTCOME_OK
 
@@ -50,7 +51,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
                 )
         self._metrics.route_seconds.observe(time.perf_counter() - started)
         self._metrics.routes.labels(self._policy, decision.reason.value).inc()
-        return convert.route_response(decision)
+        return wire.route_response(decision)
 
     def _traced(
         self, name: str, traceparent: str, request_id: str
@@ -81,7 +82,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             ]
             results += [
                 routing_pb2.RouteResult(
-                    request_id=f.request_id, response=convert.route_response(self._failover(f))
+                    request_id=f.request_id, response=wire.route_response(self._failover(f))
                 )
                 for f in msg.failovers
             ]
@@ -96,7 +97,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
                 o.outcome == OK,
                 o.reply_chain_hash,
                 o.message_count,
-                convert.spec_stats_from_pb(o),
+                wire.spec_from_pb(o),
             )
             for o in outcomes
         )
@@ -119,7 +120,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
     async def Failover(
         self, request: routing_pb2.FailoverRequest, context: Context
     ) -> routing_pb2.FailoverResponse:
-        return convert.failover_response(self._failover(request))
+        return wire.failover_response(self._failover(request))
 
     def _failover(self, request: routing_pb2.FailoverRequest) -> Decision:
         route_request = convert.route_request_from_pb(
@@ -198,7 +199,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
                 if snap.version > sent:
                     sent = snap.version
                     yield routing_pb2.WatchSnapshotsResponse(
-                        snapshot=convert.snapshot_to_pb(snap, registry.in_flight())
+                        snapshot=wire.snapshot_to_pb(snap, registry.in_flight())
                     )
         finally:
             unsubscribe()

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from baton.model import BackendKind, Role
 from control.config import ConfigError, load, parse
-from control.model import BackendKind, Role
 
 
 def test_loads_backends_and_settings(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from control.model import (
+from baton.model import (
     Backend,
     BackendId,
     BackendStatus,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from baton.model import Backend, BackendId, BackendKind, Role
 from control.config import ConfigError, PairSpec
 from control.fleetdb import SCHEMA_VERSION, Configured, FleetDB, configured, fleet, overlay
-from control.model import Backend, BackendId, BackendKind, Role
 
 
 def b(bid: str, port: int = 1, role: Role = Role.SERVE) -> Backend:

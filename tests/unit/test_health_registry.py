@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from baton import wire
+from baton.model import Backend, BackendId, HealthState, Snapshot
 from control.health import HealthPolicy
-from control.model import Backend, BackendId, HealthState, Snapshot
 from control.registry import BackendExists, BackendNotFound, Registry
-from control.services import convert
 
 
 class FakeClock:
@@ -113,7 +113,7 @@ def test_load_is_released_and_expires() -> None:
 def test_route_events_off_keeps_the_other_events() -> None:
     import random
 
-    from control.model import RequestShape, RouteRequest
+    from baton.model import RequestShape, RouteRequest
     from control.policy import make_policy
     from control.routing import Router
 
@@ -133,8 +133,8 @@ def test_drain_with_migrate_stays_draining_and_reaches_the_snapshot() -> None:
     status = reg.drain("a", migrate=True)
     assert status.health.state is HealthState.DRAINING and status.migrating
     assert seen[-1].get("a").migrating  # type: ignore[union-attr]
-    wire = convert.snapshot_to_pb(seen[-1], {})
-    assert [(s.backend.id, s.migrating) for s in wire.backends] == [("a", True), ("b", False)]
+    pb = wire.snapshot_to_pb(seen[-1], {})
+    assert [(s.backend.id, s.migrating) for s in pb.backends] == [("a", True), ("b", False)]
     assert reg.drained() == {"a": True}
     drains = [e for e in reg.events if e.data.get("action") == "drain"]
     assert drains[-1].data["migrate"] is True

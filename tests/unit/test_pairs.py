@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from baton.model import Backend, BackendId, PairState, RequestShape, Role, Verdict
 from control.events import EventKind, EventQuery
 from control.facts import Facts, FactsError, Sampling, facts_from_server_info, pair_violations
-from control.model import Backend, BackendId, RequestShape, Role
-from control.pairs import PROBATION_ROUNDS, PairState, Verdict, gate
+from control.pairs import PROBATION_ROUNDS, gate
 from control.registry import PairExists, PairRefused, Registry
 
 GREEDY = Facts("sha256:v", 16, Sampling())

@@ -6,8 +6,7 @@ from random import Random
 
 import pytest
 
-from control.affinity import Pin, PinMatch, PinTable
-from control.model import (
+from baton.model import (
     Backend,
     BackendId,
     BackendStatus,
@@ -19,6 +18,7 @@ from control.model import (
     RouteRequest,
     Snapshot,
 )
+from control.affinity import Pin, PinMatch, PinTable
 from control.policy import RoutingView, make_policy
 from control.policy.adaptive import SpillGuard
 
@@ -204,7 +204,7 @@ def test_pin_table_longest_lru_ttl() -> None:
 
 
 def test_prefer_moves_the_first_fit_preferred_backend_to_the_front() -> None:
-    from control.policy.base import prefer
+    from baton.spread import prefer
 
     d = decide("roundrobin", req(), RoutingView(FLEET, {}))  # a, b, c
     assert [b.id for b in prefer(d, ["zz", "c", "b"]).backends] == ["c", "a", "b"]

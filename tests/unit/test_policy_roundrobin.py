@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from random import Random
 
-from control.model import (
+from baton.model import (
     Backend,
     BackendId,
     BackendStatus,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
+from baton.model import BackendId, Reason, RequestShape, RouteRequest
 from control.config import make_backend
-from control.model import BackendId, Reason, RequestShape, RouteRequest
 from control.policy import make_policy
 from control.registry import Registry
 from control.routing import Router

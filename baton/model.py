@@ -1,4 +1,8 @@
-"""Frozen domain types of the control plane. No wire types here: services/convert.py maps them."""
+"""Frozen domain types both sides of the routing service share: backends, their health, request
+shapes, decisions, snapshots, pairings and their verdicts. No wire types here: baton/wire.py maps
+them to the contract."""
+
+# baton: pure
 
 from __future__ import annotations
 
@@ -161,3 +165,28 @@ class Snapshot:
             if b.backend.id == backend_id:
                 return b
         return None
+
+
+class PairState(StrEnum):
+    ACTIVE = "active"
+    PROBATION = "probation"
+    DETACHED = "detached"
+
+
+class Verdict(StrEnum):
+    ACCEPT = "accept"
+    PROBATION = "probation"
+    REJECT = "reject"
+
+
+@dataclass(frozen=True, slots=True)
+class SpecStats:
+    """What one speculatively served request tells control about its pairing."""
+
+    pair_id: str
+    target_id: str
+    rounds: int
+    drafted: int
+    accepted: int
+    repeated_ngram: bool = False
+    schema_violation: bool = False

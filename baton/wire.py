@@ -1,0 +1,263 @@
+"""The one border between the shared domain types (baton/model.py) and the generated *_pb2
+types, for every message both sides of the routing service exchange: control encodes what the
+shim decodes here, and the reverse. Control-only messages (admin answers, audit events, pins)
+are converted in control/services/convert.py."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from baton.model import (
+    Backend,
+    BackendId,
+    BackendKind,
+    BackendStatus,
+    Decision,
+    Health,
+    HealthState,
+    Pairing,
+    PairState,
+    Reason,
+    RequestShape,
+    Role,
+    Snapshot,
+    SpecStats,
+    Verdict,
+)
+from baton.v1 import fleet_pb2, routing_pb2
+
+KIND_TO_PB = {
+    BackendKind.VLLM: fleet_pb2.BACKEND_KIND_VLLM,
+    BackendKind.SGLANG: fleet_pb2.BACKEND_KIND_SGLANG,
+    BackendKind.OPENAI: fleet_pb2.BACKEND_KIND_OPENAI,
+}
+KIND_FROM_PB = {v: k for k, v in KIND_TO_PB.items()}
+ROLE_TO_PB = {
+    Role.SERVE: fleet_pb2.BACKEND_ROLE_SERVE,
+    Role.DRAFT: fleet_pb2.BACKEND_ROLE_DRAFT,
+    Role.TARGET: fleet_pb2.BACKEND_ROLE_TARGET,
+}
+ROLE_FROM_PB = {v: k for k, v in ROLE_TO_PB.items()}
+STATE_TO_PB = {
+    HealthState.HEALTHY: fleet_pb2.HEALTH_STATE_HEALTHY,
+    HealthState.DEMOTED: fleet_pb2.HEALTH_STATE_DEMOTED,
+    HealthState.DRAINING: fleet_pb2.HEALTH_STATE_DRAINING,
+    HealthState.DOWN: fleet_pb2.HEALTH_STATE_DOWN,
+}
+REASON_TO_PB = {
+    Reason.SPREAD: routing_pb2.ROUTE_REASON_SPREAD,
+    Reason.PIN_HIT: routing_pb2.ROUTE_REASON_PIN_HIT,
+    Reason.SPILL: routing_pb2.ROUTE_REASON_SPILL,
+    Reason.REPIN: routing_pb2.ROUTE_REASON_REPIN,
+    Reason.DEGRADED: routing_pb2.ROUTE_REASON_DEGRADED,
+    Reason.FAILOVER: routing_pb2.ROUTE_REASON_FAILOVER,
+    Reason.NO_BACKEND: routing_pb2.ROUTE_REASON_NO_BACKEND,
+    Reason.UNKNOWN_MODEL: routing_pb2.ROUTE_REASON_UNKNOWN_MODEL,
+}
+STATE_FROM_PB = {v: k for k, v in STATE_TO_PB.items()}
+REASON_FROM_PB = {v: k for k, v in REASON_TO_PB.items()}
+PAIR_STATE_TO_PB = {
+    PairState.ACTIVE: fleet_pb2.PAIR_STATE_ACTIVE,
+    PairState.PROBATION: fleet_pb2.PAIR_STATE_PROBATION,
+    PairState.DETACHED: fleet_pb2.PAIR_STATE_DETACHED,
+}
+VERDICT_TO_PB = {
+    Verdict.ACCEPT: routing_pb2.PAIR_VERDICT_ACCEPT,
+    Verdict.PROBATION: routing_pb2.PAIR_VERDICT_PROBATION,
+    Verdict.REJECT: routing_pb2.PAIR_VERDICT_REJECT,
+}
+PAIR_STATE_FROM_PB = {v: k for k, v in PAIR_STATE_TO_PB.items()}
+VERDICT_FROM_PB = {v: k for k, v in VERDICT_TO_PB.items()}
+# How a failover ended, as the shim reports it (values of the audit event's fields).
+PATH_FROM_PB = {
+    routing_pb2.RESUME_PATH_TOKEN: "token",
+    routing_pb2.RESUME_PATH_TEXT: "text",
+}
+SEAM_FROM_PB = {
+    routing_pb2.SEAM_VERDICT_VERIFIED: "verified",
+    routing_pb2.SEAM_VERDICT_DIVERGENT: "divergent",
+    routing_pb2.SEAM_VERDICT_UNCHECKED: "unchecked",
+    routing_pb2.SEAM_VERDICT_SAMPLED: "sampled",
+}
+FAILOVER_OUTCOME_FROM_PB = {
+    routing_pb2.FAILOVER_OUTCOME_RESUMED: "resumed",
+    routing_pb2.FAILOVER_OUTCOME_REFUSED: "refused",
+    routing_pb2.FAILOVER_OUTCOME_EXHAUSTED: "exhausted",
+    routing_pb2.FAILOVER_OUTCOME_FAILED: "failed",
+}
+PATH_TO_PB = {v: k for k, v in PATH_FROM_PB.items()}
+SEAM_TO_PB = {v: k for k, v in SEAM_FROM_PB.items()}
+FAILOVER_OUTCOME_TO_PB = {v: k for k, v in FAILOVER_OUTCOME_FROM_PB.items()}
+
+
+def timestamp(seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def backend_to_pb(b: Backend) -> fleet_pb2.Backend:
+    return fleet_pb2.Backend(
+        id=b.id,
+        url=b.url,
+        model=b.model,
+        kind=KIND_TO_PB[b.kind],
+        role=ROLE_TO_PB[b.role],
+        api_key_env=b.api_key_env,
+        reasoning_parser=b.reasoning_parser,
+        tool_parser=b.tool_parser,
+    )
+
+
+def backend_from_pb(b: fleet_pb2.Backend) -> Backend:
+    """For trusted messages from control (the shim's side); admin input goes through
+    backend_fields_from_pb and config.make_backend, which validate."""
+    return Backend(
+        BackendId(b.id),
+        b.url,
+        b.model,
+        KIND_FROM_PB.get(b.kind, BackendKind.VLLM),
+        ROLE_FROM_PB.get(b.role, Role.SERVE),
+        b.api_key_env,
+        b.reasoning_parser,
+        b.tool_parser,
+    )
+
+
+def status_to_pb(s: BackendStatus, in_flight: Mapping[BackendId, int]) -> fleet_pb2.BackendStatus:
+    return fleet_pb2.BackendStatus(
+        backend=backend_to_pb(s.backend),
+        state=STATE_TO_PB[s.health.state],
+        reason=s.health.reason,
+        since=timestamp(s.health.since),
+        in_flight=in_flight.get(s.backend.id, 0),
+        migrating=s.migrating,
+    )
+
+
+def snapshot_to_pb(s: Snapshot, in_flight: Mapping[BackendId, int]) -> fleet_pb2.Snapshot:
+    return fleet_pb2.Snapshot(
+        version=s.version, backends=[status_to_pb(b, in_flight) for b in s.backends]
+    )
+
+
+def shape_from_pb(s: routing_pb2.RequestShape) -> RequestShape:
+    return RequestShape(
+        model=s.model,
+        message_count=s.message_count,
+        prefix_chain=tuple(s.prefix_chain),
+        assistant_turns=tuple(s.assistant_turns),
+        prompt_chars=s.prompt_chars,
+        greedy=s.greedy,
+        stream=s.stream,
+        spec_eligible=s.spec_eligible,
+        sets_temperature=s.sets_temperature,
+    )
+
+
+def route_response(d: Decision) -> routing_pb2.RouteResponse:
+    return routing_pb2.RouteResponse(
+        backends=[backend_to_pb(b) for b in d.backends],
+        reason=REASON_TO_PB[d.reason],
+        snapshot_version=d.snapshot_version,
+        detail=d.detail,
+        pairing=pairing_to_pb(d.pairing) if d.pairing is not None else None,
+    )
+
+
+def failover_response(d: Decision) -> routing_pb2.FailoverResponse:
+    return routing_pb2.FailoverResponse(
+        backends=[backend_to_pb(b) for b in d.backends],
+        reason=REASON_TO_PB[d.reason],
+        snapshot_version=d.snapshot_version,
+        detail=d.detail,
+        pairing=pairing_to_pb(d.pairing) if d.pairing is not None else None,
+    )
+
+
+def pairing_to_pb(p: Pairing) -> routing_pb2.SpecPairing:
+    return routing_pb2.SpecPairing(
+        pair_id=p.pair_id,
+        draft=backend_to_pb(p.draft),
+        num_draft_tokens=p.num_draft_tokens,
+        params_hash=p.params_hash,
+        gate_required=p.gate_required,
+        eos_token_id=p.eos_token_id,
+    )
+
+
+def shape_to_pb(s: RequestShape) -> routing_pb2.RequestShape:
+    return routing_pb2.RequestShape(
+        model=s.model,
+        message_count=s.message_count,
+        prefix_chain=s.prefix_chain,
+        assistant_turns=s.assistant_turns,
+        prompt_chars=s.prompt_chars,
+        greedy=s.greedy,
+        stream=s.stream,
+        spec_eligible=s.spec_eligible,
+        sets_temperature=s.sets_temperature,
+    )
+
+
+def decision_from_pb(resp: routing_pb2.RouteResponse | routing_pb2.FailoverResponse) -> Decision:
+    return Decision(
+        tuple(backend_from_pb(b) for b in resp.backends),
+        REASON_FROM_PB.get(resp.reason, Reason.NO_BACKEND),
+        resp.snapshot_version,
+        resp.detail,
+        pairing_from_pb(resp.pairing) if resp.HasField("pairing") else None,
+    )
+
+
+def pairing_from_pb(p: routing_pb2.SpecPairing) -> Pairing:
+    return Pairing(
+        p.pair_id,
+        backend_from_pb(p.draft),
+        p.num_draft_tokens,
+        p.params_hash,
+        p.gate_required,
+        p.eos_token_id if p.HasField("eos_token_id") else None,
+    )
+
+
+def snapshot_from_pb(s: fleet_pb2.Snapshot) -> Snapshot:
+    """What degraded routing needs: every backend with its health. An unknown state is
+    taken as DOWN, so a newer control's new state never makes a backend routable here."""
+    return Snapshot(
+        s.version,
+        tuple(
+            BackendStatus(
+                backend_from_pb(b.backend),
+                Health(
+                    STATE_FROM_PB.get(b.state, HealthState.DOWN),
+                    b.reason,
+                    b.since.ToNanoseconds() / 1e9,
+                ),
+                b.migrating,
+            )
+            for b in s.backends
+        ),
+    )
+
+
+def spec_to_pb(s: SpecStats) -> routing_pb2.SpecOutcome:
+    return routing_pb2.SpecOutcome(
+        pair_id=s.pair_id,
+        target_backend_id=s.target_id,
+        rounds=s.rounds,
+        drafted=s.drafted,
+        accepted=s.accepted,
+        repeated_ngram=s.repeated_ngram,
+        schema_violation=s.schema_violation,
+    )
+
+
+def spec_from_pb(o: routing_pb2.RequestOutcome) -> SpecStats | None:
+    if not o.HasField("spec"):
+        return None
+    s = o.spec
+    return SpecStats(s.pair_id, s.target_backend_id, s.rounds, s.drafted, s.accepted,
+                     s.repeated_ngram, s.schema_violation)  # fmt: skip
