@@ -14,8 +14,8 @@ from aiohttp import web
 from baton import aio
 from dataplane import workers
 from dataplane.app import ShimSettings, make_app
+from dataplane.engine import Timeouts
 from dataplane.failover import RetryBudget
-from dataplane.forward import Timeouts
 from dataplane.lifecycle import INFLIGHT, Stopping
 from dataplane.limits import API_KEYS_ENV, Limits, load_keys
 from dataplane.oracle import ControlRefused

@@ -12,6 +12,8 @@ from enum import StrEnum
 
 import orjson
 
+from dataplane.sse import DONE_EVENT
+
 
 class ErrorKind(StrEnum):
     INVALID_JSON = "invalid_json"
@@ -84,4 +86,4 @@ class OpenAIError(Exception):
 
     def sse(self) -> bytes:
         """The same error as an SSE event, for streams whose headers are already sent."""
-        return b"data: " + self.json() + b"\n\ndata: [DONE]\n\n"
+        return b"data: " + self.json() + b"\n\n" + DONE_EVENT

@@ -15,18 +15,17 @@ from aiohttp import web
 
 from baton.model import Backend, Decision, RequestShape
 from baton.tracing import SpanKind, Tracing
+from dataplane.engine import AttemptFailed, Timeouts, classify_exception, open_attempt, settle
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget, classify_status
-from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
-from dataplane.markers import MarkerCache
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import Oracle, Outcome
+from dataplane.resume.markers import MarkerCache
+from dataplane.resume.relay import StreamRelay, with_token_ids
+from dataplane.resume.stitch import choice_text_whole
 from dataplane.settings import ResumeSettings
 from dataplane.shape import reply_hash
 from dataplane.speculative import SpecServer
-from dataplane.stitch import choice_text_whole
-from dataplane.streaming import StreamRelay, with_token_ids
-from dataplane.upstream_sse import settle
 from dataplane.validate import ClientRequest, Endpoint
 
 log = logging.getLogger("baton.shim")

@@ -11,7 +11,7 @@ import orjson
 from aiohttp import web
 
 from dataplane.errors import OpenAIError
-from dataplane.stitch import sse
+from dataplane.sse import DONE_EVENT, sse
 from dataplane.validate import ClientRequest, Endpoint
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -91,7 +91,7 @@ class AnswerWriter:
             last["choices"] = []
             last["usage"] = usage
             await stream.write(sse(last))
-        await stream.write(b"data: [DONE]\n\n")
+        await stream.write(DONE_EVENT)
         await stream.write_eof()
 
     async def fail(self, err: OpenAIError) -> None:
@@ -102,5 +102,5 @@ class AnswerWriter:
             return
         stream = await self._open()
         await stream.write(b"data: " + err.json() + b"\n\n")
-        await stream.write(b"data: [DONE]\n\n")
+        await stream.write(DONE_EVENT)
         await stream.write_eof()

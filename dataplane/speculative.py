@@ -21,11 +21,11 @@ import orjson
 from aiohttp import web
 
 from baton.model import Backend, Decision, Pairing, RequestShape, SpecStats
-from dataplane import detok
+from dataplane.engine import AttemptFailed, Timeouts, classify_exception, open_attempt
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget
-from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
 from dataplane.oracle import ControlUnavailable, FailoverReport, Oracle, Outcome
+from dataplane.resume import detok
 from dataplane.shape import reply_hash
 from dataplane.spec_answer import AnswerWriter
 from dataplane.specplan import Judged, judge, max_tokens, repeated_ngram

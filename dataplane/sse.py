@@ -1,13 +1,24 @@
-"""Pure SSE framing: split a byte stream into events, keeping each event's raw bytes so
-the relay can forward them untouched (no re-serialisation on the hot path)."""
+"""Pure SSE framing, both ways: split a byte stream into events, keeping each event's raw
+bytes so the relay can forward them untouched (no re-serialisation on the hot path), and
+frame an object or the end of a stream for the client. Reading an engine's stream off the
+network is engine.py's."""
 
 # baton: pure
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-DONE = b"[DONE]"
+import orjson
+
+DONE = b"[DONE]"  # the data of the last event
+DONE_EVENT = b"data: " + DONE + b"\n\n"  # the last event, framed
+
+
+def sse(obj: Any) -> bytes:
+    """One data event carrying `obj` as JSON."""
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 @dataclass(frozen=True, slots=True)

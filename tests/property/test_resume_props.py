@@ -11,15 +11,9 @@ from typing import Any
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from dataplane.resume import (
-    ChoiceProgress,
-    Refused,
-    ResumePath,
-    Seam,
-    SeamCheck,
-    overlap,
-    plan_resume,
-)
+from dataplane.resume.plan import Refused, ResumePath, Seam, plan_resume
+from dataplane.resume.progress import ChoiceProgress, overlap
+from dataplane.resume.seam import SeamCheck
 from dataplane.validate import ClientRequest, Endpoint
 
 # A stream's chunks: token ids and the text released with them ("" = held back by the engine).

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dataplane.engine import StreamFailed, read_events
 from dataplane.failover import Failure
+from dataplane.resume.stitch import Stitcher
 from dataplane.settings import ResumeSettings
 from dataplane.sse import Event, SSEParser
-from dataplane.stitch import Stitcher
-from dataplane.upstream_sse import StreamFailed, read_events
 from dataplane.validate import ClientRequest, Endpoint
 from tests.property.strategies import json_values
 

@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dataplane.errors import OpenAIError
-from dataplane.resume import ChoiceProgress, Refused, plan_resume, static_refusal
+from dataplane.resume.plan import Refused, plan_resume, static_refusal
+from dataplane.resume.progress import ChoiceProgress
+from dataplane.resume.stitch import Stitcher
 from dataplane.shape import shape_of
-from dataplane.stitch import Stitcher
 from dataplane.validate import ClientRequest, Endpoint, parse_request
 from tests.property.strategies import json_values, mutated_body, valid_body
 

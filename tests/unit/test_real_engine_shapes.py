@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import orjson
 
-from dataplane.resume import ChoiceProgress
-from dataplane.stitch import Stitcher
+from dataplane.resume.progress import ChoiceProgress
+from dataplane.resume.stitch import Stitcher
 from dataplane.validate import ClientRequest, Endpoint
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import orjson
 
-from dataplane.reasoning import Markers, open_after, split
-from dataplane.resume import plan_resume
-from dataplane.stitch import Stitcher
+from dataplane.resume.plan import plan_resume
+from dataplane.resume.reasoning import Markers, open_after, split
+from dataplane.resume.stitch import Stitcher
 from dataplane.validate import ClientRequest, Endpoint
 
 START, END = 300, 301

@@ -2,19 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.resume import (
-    MAX_OVERLAP,
-    ChoiceProgress,
-    Held,
-    HeldText,
-    Refused,
-    ResumePath,
-    Seam,
-    SeamCheck,
-    overlap,
-    plan_resume,
-    static_refusal,
-)
+from dataplane.resume.plan import Refused, ResumePath, Seam, plan_resume, static_refusal
+from dataplane.resume.progress import MAX_OVERLAP, ChoiceProgress, Held, overlap
+from dataplane.resume.seam import HeldText, SeamCheck
 from dataplane.validate import ClientRequest, Endpoint
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -220,7 +210,7 @@ def test_a_greedy_text_resume_starts_m_chunks_early_and_checks_them_by_text() ->
 
 
 def test_text_verdicts_of_a_side_check() -> None:
-    from dataplane.resumer import text_verdict
+    from dataplane.resume.attempt import text_verdict
 
     assert text_verdict("rld!", "rld!") is Seam.VERIFIED
     assert text_verdict("rl", "rld!") is Seam.UNCHECKED  # fewer chunks than tokens: no proof

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import orjson
 
-from dataplane.stitch import Stitcher, StopMatcher
+from dataplane.resume.stitch import Stitcher, StopMatcher
 from dataplane.validate import ClientRequest, Endpoint
 
 

@@ -17,14 +17,12 @@ from aiohttp import web
 
 from baton.model import Backend, RequestShape
 from baton.tracing import OFF, Tracing
+from dataplane.engine import AttemptFailed, StreamFailed, Timeouts, read_events
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget
-from dataplane.forward import AttemptFailed, Timeouts
-from dataplane.markers import MarkerCache
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import ControlUnavailable, FailoverReport, Oracle
-from dataplane.resume import ChoiceProgress, Refused, Seam, refusal
-from dataplane.resumer import (
+from dataplane.resume.attempt import (
     MIGRATION_RETRY_S,
     TOKEN_KINDS,
     ChoiceResume,
@@ -32,9 +30,11 @@ from dataplane.resumer import (
     Started,
     tokens_left,
 )
+from dataplane.resume.markers import MarkerCache
+from dataplane.resume.plan import Refused, Seam, refusal
+from dataplane.resume.progress import ChoiceProgress
+from dataplane.resume.stitch import Stitcher
 from dataplane.settings import ResumeSettings
-from dataplane.stitch import Stitcher
-from dataplane.upstream_sse import StreamFailed, read_events
 from dataplane.validate import ClientRequest
 
 log = logging.getLogger("baton.shim.stream")

@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 
 from baton.model import Backend
-from dataplane.reasoning import THINK_TAGS, Markers
+from dataplane.resume.reasoning import THINK_TAGS, Markers
 
 log = logging.getLogger("baton.shim.markers")
 LOOKUP_TIMEOUT_S = 5.0

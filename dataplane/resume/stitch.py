@@ -15,22 +15,16 @@ from typing import Any
 
 import orjson
 
-from dataplane import reasoning
 from dataplane.failover import Failure
-from dataplane.reasoning import REASONING_FIELDS, Markers
-from dataplane.resume import ChoiceProgress
+from dataplane.resume import reasoning
+from dataplane.resume.progress import ChoiceProgress
+from dataplane.resume.reasoning import REASONING_FIELDS, Markers
+from dataplane.sse import DONE_EVENT, sse
 from dataplane.validate import ClientRequest, Endpoint
 
 FAILED_FINISH = frozenset({"abort", "error"})
 # `,"token_ids":[1,2]` or `,"prompt_token_ids":[...]` as engines write them (never first key).
 TOKEN_FIELDS = re.compile(rb',\s*"(?:prompt_)?token_ids"\s*:\s*\[[\d,\s]*\]')
-
-
-def sse(obj: Any) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-DONE = b"data: [DONE]\n\n"
 
 
 @dataclass(slots=True)
@@ -343,7 +337,7 @@ class Stitcher:
     def ending(self) -> bytes:
         """Usage over the whole generation (when asked and a resume happened), then [DONE]."""
         if not (self.want_usage and self.resumed):
-            return DONE
+            return DONE_EVENT
         prompt = self._prompt_tokens()
         completion = sum(p.generated for p in self.choices.values())
         usage = {
@@ -361,7 +355,7 @@ class Stitcher:
         }
         if self.ident.system_fingerprint:
             obj["system_fingerprint"] = self.ident.system_fingerprint
-        return sse(obj) + DONE
+        return sse(obj) + DONE_EVENT
 
     def _prompt_tokens(self) -> int:
         ids = next((p.prompt_ids for p in self.choices.values() if p.prompt_ids), None)

@@ -17,22 +17,20 @@ import aiohttp
 import orjson
 
 from baton.model import Backend, BackendKind
-from dataplane import detok
-from dataplane.failover import Failure, classify_status
-from dataplane.forward import AttemptFailed, Timeouts, classify_exception, open_attempt
-from dataplane.resume import (
-    ChoiceProgress,
-    HeldText,
-    Refused,
-    ResumePath,
-    ResumePlan,
-    Seam,
-    SeamCheck,
-    plan_resume,
-    tokens_allowed,
+from dataplane.engine import (
+    AttemptFailed,
+    StreamFailed,
+    Timeouts,
+    classify_exception,
+    each_event,
+    open_attempt,
 )
-from dataplane.settings import ResumeSettings
-from dataplane.stitch import (
+from dataplane.failover import Failure, classify_status
+from dataplane.resume import detok
+from dataplane.resume.plan import Refused, ResumePath, ResumePlan, Seam, plan_resume, tokens_allowed
+from dataplane.resume.progress import ChoiceProgress
+from dataplane.resume.seam import HeldText, SeamCheck
+from dataplane.resume.stitch import (
     FAILED_FINISH,
     Stitcher,
     StopMatcher,
@@ -40,7 +38,7 @@ from dataplane.stitch import (
     choice_text_whole,
     malformed,
 )
-from dataplane.upstream_sse import StreamFailed, each_event
+from dataplane.settings import ResumeSettings
 from dataplane.validate import ClientRequest, Endpoint
 
 TOKEN_KINDS = frozenset({BackendKind.VLLM, BackendKind.SGLANG})
