@@ -190,3 +190,60 @@ class SpecStats:
     accepted: int
     repeated_ngram: bool = False
     schema_violation: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """How one request ended, as the shim reports it: control releases its load, pins the
+    reply where it was served and judges the pair that served it."""
+
+    request_id: str
+    backend_id: str
+    model: str
+    ok: bool
+    http_status: int
+    ttft_ms: float = 0.0
+    total_ms: float = 0.0
+    reply_chain_hash: bytes = b""  # chat: the next turn's prefix, to pin where it was served
+    message_count: int = 0
+    spec: SpecStats | None = None
+
+
+class ResumePath(StrEnum):
+    TOKEN = "token"  # prompt ids + generated ids: token-exact
+    TEXT = "text"  # the text so far, for engines without token ids
+
+
+class Seam(StrEnum):
+    """The seam check's verdict on a resume."""
+
+    VERIFIED = "verified"
+    DIVERGENT = "divergent"
+    UNCHECKED = "unchecked"
+    SAMPLED = "sampled"
+
+
+class FailoverOutcome(StrEnum):
+    RESUMED = "resumed"
+    FAILED = "failed"  # this resume failed too; another attempt follows
+    REFUSED = "refused"  # the request cannot be resumed faithfully
+    EXHAUSTED = "exhausted"  # attempts or time ran out, or no backend was left
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverReport:
+    """How one choice's failover ended; becomes one audit event in control."""
+
+    request_id: str
+    from_backend: str
+    to_backend: str
+    failure: str  # a dataplane Failure value
+    choice: int
+    tokens_sent: int
+    path: ResumePath | None  # None: no resume was attempted
+    seam: Seam | None
+    gap_ms: float
+    attempt: int
+    outcome: FailoverOutcome
+    detail: str = ""
+    trace_id: str = ""

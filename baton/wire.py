@@ -15,13 +15,18 @@ from baton.model import (
     BackendKind,
     BackendStatus,
     Decision,
+    FailoverOutcome,
+    FailoverReport,
     Health,
     HealthState,
     Pairing,
     PairState,
     Reason,
+    RequestOutcome,
     RequestShape,
+    ResumePath,
     Role,
+    Seam,
     Snapshot,
     SpecStats,
     Verdict,
@@ -72,20 +77,20 @@ PAIR_STATE_FROM_PB = {v: k for k, v in PAIR_STATE_TO_PB.items()}
 VERDICT_FROM_PB = {v: k for k, v in VERDICT_TO_PB.items()}
 # How a failover ended, as the shim reports it (values of the audit event's fields).
 PATH_FROM_PB = {
-    routing_pb2.RESUME_PATH_TOKEN: "token",
-    routing_pb2.RESUME_PATH_TEXT: "text",
+    routing_pb2.RESUME_PATH_TOKEN: ResumePath.TOKEN,
+    routing_pb2.RESUME_PATH_TEXT: ResumePath.TEXT,
 }
 SEAM_FROM_PB = {
-    routing_pb2.SEAM_VERDICT_VERIFIED: "verified",
-    routing_pb2.SEAM_VERDICT_DIVERGENT: "divergent",
-    routing_pb2.SEAM_VERDICT_UNCHECKED: "unchecked",
-    routing_pb2.SEAM_VERDICT_SAMPLED: "sampled",
+    routing_pb2.SEAM_VERDICT_VERIFIED: Seam.VERIFIED,
+    routing_pb2.SEAM_VERDICT_DIVERGENT: Seam.DIVERGENT,
+    routing_pb2.SEAM_VERDICT_UNCHECKED: Seam.UNCHECKED,
+    routing_pb2.SEAM_VERDICT_SAMPLED: Seam.SAMPLED,
 }
 FAILOVER_OUTCOME_FROM_PB = {
-    routing_pb2.FAILOVER_OUTCOME_RESUMED: "resumed",
-    routing_pb2.FAILOVER_OUTCOME_REFUSED: "refused",
-    routing_pb2.FAILOVER_OUTCOME_EXHAUSTED: "exhausted",
-    routing_pb2.FAILOVER_OUTCOME_FAILED: "failed",
+    routing_pb2.FAILOVER_OUTCOME_RESUMED: FailoverOutcome.RESUMED,
+    routing_pb2.FAILOVER_OUTCOME_REFUSED: FailoverOutcome.REFUSED,
+    routing_pb2.FAILOVER_OUTCOME_EXHAUSTED: FailoverOutcome.EXHAUSTED,
+    routing_pb2.FAILOVER_OUTCOME_FAILED: FailoverOutcome.FAILED,
 }
 PATH_TO_PB = {v: k for k, v in PATH_FROM_PB.items()}
 SEAM_TO_PB = {v: k for k, v in SEAM_FROM_PB.items()}
@@ -261,3 +266,36 @@ def spec_from_pb(o: routing_pb2.RequestOutcome) -> SpecStats | None:
     s = o.spec
     return SpecStats(s.pair_id, s.target_backend_id, s.rounds, s.drafted, s.accepted,
                      s.repeated_ngram, s.schema_violation)  # fmt: skip
+
+
+def failover_report_to_pb(r: FailoverReport) -> routing_pb2.ReportFailoverRequest:
+    return routing_pb2.ReportFailoverRequest(
+        request_id=r.request_id,
+        trace_id=r.trace_id,
+        from_backend_id=r.from_backend,
+        to_backend_id=r.to_backend,
+        failure=r.failure,
+        choice_index=r.choice,
+        tokens_sent=r.tokens_sent,
+        path=PATH_TO_PB[r.path] if r.path else routing_pb2.RESUME_PATH_UNSPECIFIED,
+        seam=SEAM_TO_PB[r.seam] if r.seam else routing_pb2.SEAM_VERDICT_UNSPECIFIED,
+        gap_ms=r.gap_ms,
+        attempt=r.attempt,
+        outcome=FAILOVER_OUTCOME_TO_PB[r.outcome],
+        detail=r.detail,
+    )
+
+
+def outcome_to_pb(o: RequestOutcome) -> routing_pb2.RequestOutcome:
+    return routing_pb2.RequestOutcome(
+        request_id=o.request_id,
+        backend_id=o.backend_id,
+        model=o.model,
+        outcome=routing_pb2.OUTCOME_OK if o.ok else routing_pb2.OUTCOME_BACKEND_ERROR,
+        http_status=o.http_status,
+        ttft_ms=o.ttft_ms,
+        total_ms=o.total_ms,
+        reply_chain_hash=o.reply_chain_hash,
+        message_count=o.message_count,
+        spec=spec_to_pb(o.spec) if o.spec is not None else None,
+    )

@@ -150,6 +150,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="WARNING")
 
 
+def _read_ca(path: str | None) -> bytes | None:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as pem:
+            return pem.read()
+    except OSError as exc:
+        raise SystemExit(f"--control-tls-ca: {exc}") from None
+
+
 def shim_token(args: argparse.Namespace) -> str | None:
     token = os.environ.get(SHIM_TOKEN_ENV) or None
     if token is None and args.shim_token_file:
@@ -179,6 +189,7 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
         control=args.control,
         route_timeout=args.route_timeout,
         control_token=shim_token(args),
+        control_tls_ca=_read_ca(args.control_tls_ca),
         max_body_bytes=args.max_body_bytes,
         limits=Limits(
             max_header_bytes=args.max_header_bytes,
@@ -260,10 +271,8 @@ async def _drain(
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.control_tls_ca:
-        if not os.access(args.control_tls_ca, os.R_OK):
-            raise SystemExit(f"--control-tls-ca: cannot read {args.control_tls_ca}")
-        os.environ[CONTROL_TLS_CA_ENV] = args.control_tls_ca  # read by GrpcOracle
+    if args.control_tls_ca and not os.access(args.control_tls_ca, os.R_OK):
+        raise SystemExit(f"--control-tls-ca: cannot read {args.control_tls_ca}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if args.workers < 1:
         raise SystemExit("--workers must be at least 1")

@@ -27,8 +27,8 @@ from dataplane.handlers import (
 )
 from dataplane.lifecycle import graceful, install
 from dataplane.limits import Limits, StreamSlots
+from dataplane.link import ControlLink
 from dataplane.metrics import ShimMetrics
-from dataplane.oracle import GrpcOracle
 from dataplane.proxy import Proxy, ProxySettings
 from dataplane.standby import Standby
 
@@ -39,6 +39,7 @@ class ShimSettings:
     # Bounds what a hung control costs a request; a dead one (refused) costs nothing.
     route_timeout: float = 0.5
     control_token: str | None = None  # the shim token control's routing service asks for
+    control_tls_ca: bytes | None = None  # PEM of control's CA: talk TLS to control
     max_body_bytes: int = 8 * 1024 * 1024
     max_connections: int = 4096
     # Below common server idle timeouts (uvicorn: 5 s) so we rarely pick a pooled
@@ -62,8 +63,11 @@ def make_app(settings: ShimSettings) -> web.Application:
     app[SLOTS] = StreamSlots(settings.limits)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
-        oracle = GrpcOracle(
-            settings.control, route_timeout=settings.route_timeout, token=settings.control_token
+        oracle = ControlLink(
+            settings.control,
+            route_timeout=settings.route_timeout,
+            token=settings.control_token,
+            tls_ca=settings.control_tls_ca,
         )
         # Resumes get a pool of their own, kept warm by Standby.
         async with _session(settings) as session, _session(settings) as resumes:
@@ -99,7 +103,7 @@ def _session(settings: ShimSettings) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, auto_decompress=False)
 
 
-def resume_targets(oracle: GrpcOracle) -> list[Backend]:
+def resume_targets(oracle: ControlLink) -> list[Backend]:
     """Where a stream may resume, by the last snapshot: routable backends that serve
     clients and are not being drained."""
     return [

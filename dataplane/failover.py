@@ -21,8 +21,20 @@ class Failure(StrEnum):
     # A resume answered 4xx: the backend refused this request, which says nothing about
     # its health, so it is skipped but never demoted.
     REJECTED = "status_4xx"
+    # The engine ended a choice with finish_reason "abort" or "error": the text up to there
+    # is real, the finish is the engine's failure.
+    FINISH_ABORT = "finish_abort"
+    FINISH_ERROR = "finish_error"
+    # A resume that cannot be faithful (guided output, a tool call in flight...): not the
+    # backend's fault either.
+    REFUSED = "refused"
     # Not a failure: the backend was drained with --migrate and its streams move elsewhere.
     MIGRATE = "migrate"
+
+    @classmethod
+    def finish(cls, reason: str) -> Failure:
+        """The failure a failed finish_reason ("abort", "error") stands for."""
+        return cls(f"finish_{reason}")
 
 
 def classify_status(status: int) -> Failure | None:

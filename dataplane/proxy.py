@@ -13,13 +13,13 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from baton.model import Backend, Decision, RequestShape
+from baton.model import Backend, Decision, RequestOutcome, RequestShape
 from baton.tracing import SpanKind, Tracing
 from dataplane.engine import AttemptFailed, Timeouts, classify_exception, open_attempt, settle
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget, classify_status
 from dataplane.metrics import ShimMetrics
-from dataplane.oracle import Oracle, Outcome
+from dataplane.oracle import Oracle
 from dataplane.resume.markers import MarkerCache
 from dataplane.resume.relay import StreamRelay, with_token_ids
 from dataplane.resume.stitch import choice_text_whole
@@ -123,7 +123,8 @@ class Proxy:
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away: closing the upstream (below) stops the generation,
             # and control must not count the request as in flight any longer.
-            self._oracle.finished(Outcome(ex.request_id, backend.id, ex.client.model, False, 499))
+            gone = RequestOutcome(ex.request_id, backend.id, ex.client.model, False, 499)
+            self._oracle.finished(gone)
             raise
         finally:
             if not settling:
@@ -235,7 +236,7 @@ class Proxy:
         self._metrics.ttft.observe(first - ex.started)
         pin = reply is not None and ex.client.endpoint is Endpoint.CHAT
         self._oracle.finished(
-            Outcome(
+            RequestOutcome(
                 ex.request_id,
                 backend.id,
                 ex.client.model,

@@ -20,11 +20,22 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from baton.model import Backend, Decision, Pairing, RequestShape, SpecStats
+from baton.model import (
+    Backend,
+    Decision,
+    FailoverOutcome,
+    FailoverReport,
+    Pairing,
+    RequestOutcome,
+    RequestShape,
+    ResumePath,
+    Seam,
+    SpecStats,
+)
 from dataplane.engine import AttemptFailed, Timeouts, classify_exception, open_attempt
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget
-from dataplane.oracle import ControlUnavailable, FailoverReport, Oracle, Outcome
+from dataplane.oracle import ControlUnavailable, Oracle
 from dataplane.resume import detok
 from dataplane.shape import reply_hash
 from dataplane.spec_answer import AnswerWriter
@@ -32,7 +43,6 @@ from dataplane.specplan import Judged, judge, max_tokens, repeated_ngram
 from dataplane.validate import ClientRequest, Endpoint
 
 log = logging.getLogger("baton.shim.spec")
-
 
 
 class DraftFailed(Exception):
@@ -114,7 +124,7 @@ class SpecServer:
                     finish = judged.finished
                     break
         except OpenAIError as err:
-            self._moved(run, "exhausted", str(err))
+            self._moved(run, FailoverOutcome.EXHAUSTED, str(err))
             await writer.fail(err)
             self._finished(run, ok=False)
             return writer.response
@@ -122,7 +132,7 @@ class SpecServer:
             # The client went away: no more rounds, and control must stop counting it.
             self._finished(run, ok=False)
             raise
-        self._moved(run, "resumed")  # a resume that ended without new text
+        self._moved(run, FailoverOutcome.RESUMED)  # a resume that ended without new text
         await writer.finish(finish, run.prompt_len, len(run.generated))
         self._finished(run, ok=True)
         return writer.response
@@ -151,7 +161,7 @@ class SpecServer:
 
     async def _failover(self, run: SpecRun, failed: AttemptFailed, remaining: int) -> None:
         # The last resume failed before it sent anything: that attempt is over.
-        self._moved(run, "failed", str(failed))
+        self._moved(run, FailoverOutcome.FAILED, str(failed))
         run.moving = Move(run.target.id, failed.failure, time.monotonic(),
                           len(run.generated), len(run.tried) + 1)  # fmt: skip
         run.tried.append(run.target.id)
@@ -288,9 +298,7 @@ class SpecServer:
         return text
 
     async def _post(self, backend: Backend, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        resp = await open_attempt(
-            self._session, backend, path, orjson.dumps(body), self._timeouts
-        )
+        resp = await open_attempt(self._session, backend, path, orjson.dumps(body), self._timeouts)
         try:
             if resp.status != 200:
                 raise AttemptFailed(
@@ -339,26 +347,26 @@ class SpecServer:
             if run.first_byte is None:
                 run.first_byte = time.monotonic()
             await writer.text(delta)
-            self._moved(run, "resumed")
+            self._moved(run, FailoverOutcome.RESUMED)
 
-    def _moved(self, run: SpecRun, outcome: str, detail: str = "") -> None:
+    def _moved(self, run: SpecRun, outcome: FailoverOutcome, detail: str = "") -> None:
         """The audit event of a pending failover: `resumed` once the new target's text reached
         the client, `failed` when it failed too, `exhausted` when the request ends in an error.
         The resume is by ids from the exact context, so there is no overlap to check."""
         move, run.moving = run.moving, None
         if move is None:
             return
-        resumed = outcome == "resumed"
+        resumed = outcome is FailoverOutcome.RESUMED
         self._oracle.report_failover(
             FailoverReport(
                 request_id=run.request_id,
                 from_backend=move.from_backend,
-                to_backend=run.target.id if outcome != "exhausted" else "",
+                to_backend=run.target.id if outcome is not FailoverOutcome.EXHAUSTED else "",
                 failure=move.failure,
                 choice=0,
                 tokens_sent=move.tokens_sent,
-                path="token",
-                seam="unchecked" if resumed else "",
+                path=ResumePath.TOKEN,
+                seam=Seam.UNCHECKED if resumed else None,
                 gap_ms=(time.monotonic() - move.detected) * 1000 if resumed else 0.0,
                 attempt=move.attempt,
                 outcome=outcome,
@@ -376,7 +384,7 @@ class SpecServer:
             stats = SpecStats(pair_id, run.target.id, run.rounds, run.drafted, run.accepted,
                               repeated_ngram(run.generated))  # fmt: skip
         self._oracle.finished(
-            Outcome(
+            RequestOutcome(
                 run.request_id,
                 run.target.id,
                 run.client.model,
@@ -384,7 +392,8 @@ class SpecServer:
                 200 if ok else 502,
                 ttft_ms=(first - run.started) * 1000,
                 total_ms=(now - run.started) * 1000,
-                reply_chain_hash=reply_hash(run.shape.prefix_chain, run.text) if ok and chat
+                reply_chain_hash=reply_hash(run.shape.prefix_chain, run.text)
+                if ok and chat
                 else b"",
                 message_count=run.shape.message_count,
                 spec=stats if stats is not None and stats.pair_id else None,

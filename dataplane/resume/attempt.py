@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from baton.model import Backend, BackendKind
+from baton.model import Backend, BackendKind, ResumePath, Seam
 from dataplane.engine import (
     AttemptFailed,
     StreamFailed,
@@ -27,7 +27,7 @@ from dataplane.engine import (
 )
 from dataplane.failover import Failure, classify_status
 from dataplane.resume import detok
-from dataplane.resume.plan import Refused, ResumePath, ResumePlan, Seam, plan_resume, tokens_allowed
+from dataplane.resume.plan import Refused, ResumePlan, plan_resume, tokens_allowed
 from dataplane.resume.progress import ChoiceProgress
 from dataplane.resume.seam import HeldText, SeamCheck
 from dataplane.resume.stitch import (
@@ -150,7 +150,7 @@ class Resumer:
                 try:
                     started = early or await self.start(backend, p, exact=exact)
                 except Refused as why:
-                    result.failure, result.detail = "refused", str(why)
+                    result.failure, result.detail = Failure.REFUSED, str(why)
                     return result
                 except AttemptFailed as failed:
                     result.failure, result.detail = failed.failure, failed.detail
@@ -360,7 +360,7 @@ class Resumer:
             ch = choices[0]
             finish = ch.get("finish_reason")
             if finish in FAILED_FINISH:
-                raise StreamFailed(f"finish_{finish}")
+                raise StreamFailed(Failure.finish(finish))
             ids = ch.get("token_ids") or []
             text = choice_text(ch, chat)
             verified = seam.feed(ids, text, finish is not None)

@@ -15,22 +15,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
+from baton.model import ResumePath, Seam
 from dataplane.resume.progress import ChoiceProgress, Held, overlap
 from dataplane.validate import ClientRequest, Endpoint
 
-
-class ResumePath(StrEnum):
-    TOKEN = "token"
-    TEXT = "text"
-
-class Seam(StrEnum):
-    VERIFIED = "verified"
-    DIVERGENT = "divergent"
-    UNCHECKED = "unchecked"
-    SAMPLED = "sampled"
 
 class Refused(Exception):
     """The request cannot be resumed faithfully; the message says why (sent to the client)."""

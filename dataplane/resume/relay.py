@@ -15,13 +15,13 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from baton.model import Backend, RequestShape
+from baton.model import Backend, FailoverOutcome, FailoverReport, RequestShape, Seam
 from baton.tracing import OFF, Tracing
 from dataplane.engine import AttemptFailed, StreamFailed, Timeouts, read_events
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget
 from dataplane.metrics import ShimMetrics
-from dataplane.oracle import ControlUnavailable, FailoverReport, Oracle
+from dataplane.oracle import ControlUnavailable, Oracle
 from dataplane.resume.attempt import (
     MIGRATION_RETRY_S,
     TOKEN_KINDS,
@@ -31,7 +31,7 @@ from dataplane.resume.attempt import (
     tokens_left,
 )
 from dataplane.resume.markers import MarkerCache
-from dataplane.resume.plan import Refused, Seam, refusal
+from dataplane.resume.plan import Refused, refusal
 from dataplane.resume.progress import ChoiceProgress
 from dataplane.resume.stitch import Stitcher
 from dataplane.settings import ResumeSettings
@@ -245,11 +245,17 @@ class StreamRelay:
             why = next(filter(None, (refusal(self._client, p) for p in pending)), None)
             if why is not None:
                 await self._oracle_failover(failed_backend, failure, exclude, ())
-                return await self._give_up(failed_backend, failure, attempt, "refused", why)
+                return await self._give_up(
+                    failed_backend, failure, attempt, FailoverOutcome.REFUSED, why
+                )
             note = f"; refused by {', '.join(refusals)}" if refusals else ""
             if not self._budget.allows(max(counted - 1, 0), time.perf_counter() - detected):
                 return await self._give_up(
-                    failed_backend, failure, attempt, "exhausted", "resume budget exhausted" + note
+                    failed_backend,
+                    failure,
+                    attempt,
+                    FailoverOutcome.EXHAUSTED,
+                    "resume budget exhausted" + note,
                 )
             early: dict[int, Started] = {}
             backend = decided
@@ -258,7 +264,9 @@ class StreamRelay:
             decided = None
             if backend is None:
                 reason = "no other backend available" + note
-                return await self._give_up(failed_backend, failure, attempt, "exhausted", reason)
+                return await self._give_up(
+                    failed_backend, failure, attempt, FailoverOutcome.EXHAUSTED, reason
+                )
             log.info(
                 "request %s: %s failed (%s); resuming on %s",
                 self._rid,
@@ -285,11 +293,11 @@ class StreamRelay:
                         failure,
                         p.index,
                         sent[p.index],
-                        r.path.value if r.path else "",
-                        r.seam.value if r.seam else "",
+                        r.path,
+                        r.seam,
                         r.gap_ms,
                         attempt,
-                        "resumed" if r.failure is None else "failed",
+                        FailoverOutcome.RESUMED if r.failure is None else FailoverOutcome.FAILED,
                         r.detail,
                     ),
                 )
@@ -418,7 +426,7 @@ class StreamRelay:
 
         async def when_checked(verdict: asyncio.Task[Seam]) -> None:
             seam = await verdict
-            self._send(replace(report, seam=seam.value))
+            self._send(replace(report, seam=seam))
 
         task = asyncio.create_task(when_checked(result.verdict))
         self._background.add(task)
@@ -473,7 +481,7 @@ class StreamRelay:
         return decision.backends[0] if decision.backends else None
 
     async def _give_up(
-        self, backend: Backend, failure: str, attempt: int, outcome: str, why: str
+        self, backend: Backend, failure: str, attempt: int, outcome: FailoverOutcome, why: str
     ) -> bool:
         for p in self.stitcher.unfinished():
             self._send(
@@ -484,8 +492,8 @@ class StreamRelay:
                     failure,
                     p.index,
                     p.generated,
-                    "",
-                    "",
+                    None,
+                    None,
                     0.0,
                     attempt,
                     outcome,
@@ -494,7 +502,9 @@ class StreamRelay:
             )
         kind = ErrorKind.BACKEND_FAILED
         message = f"backend {backend.id} failed mid-stream ({failure}) and the stream " + (
-            f"cannot be resumed: {why}" if outcome == "refused" else f"was not resumed: {why}"
+            f"cannot be resumed: {why}"
+            if outcome is FailoverOutcome.REFUSED
+            else f"was not resumed: {why}"
         )
         await self._resp.write(OpenAIError(kind, message).sse())
         return False

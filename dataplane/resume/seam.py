@@ -6,8 +6,8 @@ from ids (HeldText)."""
 
 from __future__ import annotations
 
+from baton.model import Seam
 from dataplane.resume.detok import whole
-from dataplane.resume.plan import Seam
 from dataplane.resume.progress import Held
 
 

@@ -224,7 +224,7 @@ class Stitcher:
             # The text up to here is real; the finish is the engine's failure, not the answer.
             ch["finish_reason"] = None
             ch.pop("stop_reason", None)
-            return f"finish_{finish}"
+            return Failure.finish(finish)
         if finish:
             p.finish_reason = finish
             p.stop_reason = ch.get("stop_reason")

@@ -11,7 +11,8 @@ from typing import Any
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from dataplane.resume.plan import Refused, ResumePath, Seam, plan_resume
+from baton.model import ResumePath, Seam
+from dataplane.resume.plan import Refused, plan_resume
 from dataplane.resume.progress import ChoiceProgress, overlap
 from dataplane.resume.seam import SeamCheck
 from dataplane.validate import ClientRequest, Endpoint
