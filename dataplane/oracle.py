@@ -1,6 +1,8 @@
 """What the shim needs from control, as a narrow Protocol, and the types it speaks in. The
 gRPC implementation is link.py (ControlLink)."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Sequence
