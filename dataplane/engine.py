@@ -11,11 +11,13 @@ import asyncio
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
+import orjson
 
 from baton.model import Backend
-from dataplane.failover import Failure
+from dataplane.failover import Failure, classify_status
 from dataplane.settings import ResumeSettings
 from dataplane.sse import Event, SSEParser
 
@@ -144,3 +146,110 @@ async def settle(upstream: aiohttp.ClientResponse) -> None:
         pass
     finally:
         upstream.close()  # after EOF only marks the response closed
+
+
+async def post_json(
+    session: aiohttp.ClientSession,
+    backend: Backend,
+    path: str,
+    body: dict[str, Any],
+    timeouts: Timeouts,
+) -> dict[str, Any]:
+    """One non-streaming call (`/v1/completions`, `/tokenize`...) and its JSON object
+    answer. Raises AttemptFailed: a 5xx is the backend's failure, anything else not a
+    JSON object garbage."""
+    resp = await open_attempt(session, backend, path, orjson.dumps(body), timeouts)
+    try:
+        if resp.status != 200:
+            raise AttemptFailed(
+                Failure.STATUS_5XX if resp.status >= 500 else Failure.GARBAGE,
+                f"{path} answered {resp.status}",
+            )
+        raw = await resp.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise classify_exception(exc) from exc
+    finally:
+        resp.release()
+    try:
+        answer = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise AttemptFailed(Failure.GARBAGE, f"{path}: not JSON") from None
+    if not isinstance(answer, dict):
+        raise AttemptFailed(Failure.GARBAGE, f"{path}: not a JSON object")
+    return answer
+
+
+async def detokenize(
+    session: aiohttp.ClientSession, backend: Backend, model: str, ids: list[int], connect: float
+) -> str:
+    """The engine's own text for `ids` (its tokenizer, not ours: Baton has none). Raises
+    AttemptFailed; a 4xx is the backend refusing (resume_failure), not ill health."""
+    if not ids:
+        return ""
+    try:
+        async with session.post(
+            backend.url + "/detokenize",
+            json={"model": model, "tokens": ids},
+            headers=backend.auth_headers(os.environ),
+            timeout=aiohttp.ClientTimeout(total=connect * 2),
+        ) as resp:
+            if resp.status != 200:
+                why = await error_kind(resp, connect)
+                raise AttemptFailed(
+                    resume_failure(resp.status), f"detokenize answered {resp.status}{why}"
+                )
+            answer = await resp.json()
+        # vLLM answers {"prompt": text}; SGLang's native API {"text": text}.
+        text = answer.get("prompt", answer.get("text")) if isinstance(answer, dict) else None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise classify_exception(exc) from exc
+    except ValueError:  # not JSON
+        raise AttemptFailed(Failure.GARBAGE, "detokenize answered no JSON") from None
+    if not isinstance(text, str):
+        raise AttemptFailed(Failure.GARBAGE, "detokenize answered no text")
+    return text
+
+
+async def complete_once(
+    session: aiohttp.ClientSession, backend: Backend, path: str, body: dict[str, Any], total: float
+) -> dict[str, Any] | None:
+    """A short non-streaming completion's first choice, or None when the engine did not
+    give one (any error: the caller treats the answer as unknown, never as a verdict)."""
+    try:
+        async with session.post(
+            backend.url + path,
+            data=orjson.dumps(body),
+            headers={**JSON_HEADERS, **backend.auth_headers(os.environ)},
+            timeout=aiohttp.ClientTimeout(total=total),
+        ) as resp:
+            if resp.status != 200:
+                return None
+            choice = (orjson.loads(await resp.read()).get("choices") or [{}])[0]
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, AttributeError, KeyError):
+        return None
+    return choice if isinstance(choice, dict) else None
+
+
+def resume_failure(status: int) -> Failure:
+    """A 4xx on a resume is the backend refusing this request (a context shorter than the
+    prompt plus what was generated, an option it lacks), not a sign of ill health: the
+    relay skips that backend without having control demote it. Everything else non-200
+    is a failure like any other."""
+    failure = classify_status(status)
+    if failure is not None:
+        return failure
+    return Failure.REJECTED if 400 <= status < 500 else Failure.STATUS_5XX
+
+
+async def error_kind(resp: aiohttp.ClientResponse, timeout: float) -> str:
+    """` (type)` from an OpenAI-shaped error body, for events and logs. Only the type: an
+    engine's message may quote the request, and events carry no prompt text. Bounded in
+    size and time: a refusal must not hold up the failover."""
+    try:
+        async with asyncio.timeout(timeout):
+            raw = await resp.content.read(4096)
+        err = orjson.loads(raw).get("error")
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, AttributeError):
+        return ""
+    kind = err.get("type") or err.get("code") if isinstance(err, dict) else None
+    return f" ({kind})" if isinstance(kind, str) and kind.isprintable() else ""

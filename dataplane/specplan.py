@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dataplane.validate import ClientRequest
+from dataplane.validate import ClientRequest, token_limit
 
 # Anything that changes the target's distribution or output shape beyond greedy text.
 _INELIGIBLE = (
@@ -28,17 +28,12 @@ _INELIGIBLE = (
 )  # fmt: skip
 
 
-def max_tokens(body: Mapping[str, Any]) -> int | None:
-    v = body.get("max_completion_tokens", body.get("max_tokens"))
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
-
-
 def spec_eligible(client: ClientRequest) -> bool:
     """One plain choice with an explicit length cap: the shim must know where to stop without
     the engine's defaults, and nothing but greedy argmax may decide the tokens. (Whether the
     decoding is greedy is control's call when temperature is left to the backend's default.)"""
     body = client.body
-    if max_tokens(body) is None:
+    if token_limit(body) is None:
         return False
     for key in _INELIGIBLE:
         v = body.get(key)

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import web
 
 from baton.model import (
@@ -32,15 +31,15 @@ from baton.model import (
     Seam,
     SpecStats,
 )
-from dataplane.engine import AttemptFailed, Timeouts, classify_exception, open_attempt
+from dataplane.engine import AttemptFailed, Timeouts, detokenize, post_json
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.failover import Failure, RetryBudget
 from dataplane.oracle import ControlUnavailable, Oracle
 from dataplane.resume import detok
 from dataplane.shape import reply_hash
 from dataplane.spec_answer import AnswerWriter
-from dataplane.specplan import Judged, judge, max_tokens, repeated_ngram
-from dataplane.validate import ClientRequest, Endpoint
+from dataplane.specplan import Judged, judge, repeated_ngram
+from dataplane.validate import ClientRequest, Endpoint, token_limit
 
 log = logging.getLogger("baton.shim.spec")
 
@@ -110,7 +109,7 @@ class SpecServer:
         run = SpecRun(request_id, client, shape, decision.backends[0], decision.pairing)
         run.ctx = await self._prompt_ids(run.target, client)
         run.prompt_len = len(run.ctx)
-        limit = max_tokens(client.body) or 0
+        limit = token_limit(client.body) or 0
         if decision.pairing.gate_required:
             await self._gate_first(run, limit)
         writer = AnswerWriter(request, client, request_id)
@@ -291,32 +290,10 @@ class SpecServer:
         return ids
 
     async def _detokenize(self, target: Backend, ids: list[int]) -> str:
-        answer = await self._post(target, "/detokenize", {"model": target.model, "tokens": ids})
-        text = answer.get("prompt")
-        if not isinstance(text, str):
-            raise AttemptFailed(Failure.GARBAGE, "detokenize sent no text")
-        return text
+        return await detokenize(self._session, target, target.model, ids, self._timeouts.connect)
 
     async def _post(self, backend: Backend, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        resp = await open_attempt(self._session, backend, path, orjson.dumps(body), self._timeouts)
-        try:
-            if resp.status != 200:
-                raise AttemptFailed(
-                    Failure.STATUS_5XX if resp.status >= 500 else Failure.GARBAGE,
-                    f"{path} answered {resp.status}",
-                )
-            raw = await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise classify_exception(exc) from exc
-        finally:
-            resp.release()
-        try:
-            answer = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            raise AttemptFailed(Failure.GARBAGE, f"{path}: not JSON") from None
-        if not isinstance(answer, dict):
-            raise AttemptFailed(Failure.GARBAGE, f"{path}: not a JSON object")
-        return answer
+        return await post_json(self._session, backend, path, body, self._timeouts)
 
     # -- client side -----------------------------------------------------------------------
 

@@ -110,6 +110,13 @@ NUMBER_FIELDS = ("temperature", "top_p", "frequency_penalty", "presence_penalty"
 INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_k", "best_of", "min_tokens")
 
 
+def token_limit(body: Mapping[str, Any]) -> int | None:
+    """The client's cap on generated tokens, as vLLM reads it: max_completion_tokens, else
+    max_tokens (None: the engine's default). Valid bodies (_check_params) hold ints >= 1."""
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
 def _check_params(body: Mapping[str, Any]) -> None:
     for name in NUMBER_FIELDS:
         if name in body and body[name] is not None and not _is_number(body[name]):

@@ -1,13 +1,12 @@
-"""One choice's resume on one backend: plan it, open it (possibly speculatively, while
-control is still deciding), relay its chunks through the seam check and the stop strings,
-and verify the seam in a side request when asked to. StreamRelay (streaming.py) decides
-when and where; this module does one attempt."""
+"""One choice's resume on one backend: plan it, open it (possibly before control has
+answered), relay its chunks through the seam check and the stop strings, and have the seam
+verified beside it when asked to (sidecheck.py). StreamRelay (relay.py) decides when and
+where; this module does one attempt."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,37 +20,37 @@ from dataplane.engine import (
     AttemptFailed,
     StreamFailed,
     Timeouts,
-    classify_exception,
+    detokenize,
     each_event,
+    error_kind,
     open_attempt,
+    resume_failure,
 )
-from dataplane.failover import Failure, classify_status
+from dataplane.failover import Failure
 from dataplane.resume import detok
 from dataplane.resume.plan import Refused, ResumePlan, plan_resume, tokens_allowed
 from dataplane.resume.progress import ChoiceProgress
 from dataplane.resume.seam import HeldText, SeamCheck
+from dataplane.resume.sidecheck import SideCheck
 from dataplane.resume.stitch import (
     FAILED_FINISH,
     Stitcher,
     StopMatcher,
     choice_text,
-    choice_text_whole,
-    malformed,
+    parse_chunk,
 )
 from dataplane.settings import ResumeSettings
 from dataplane.validate import ClientRequest, Endpoint
 
 TOKEN_KINDS = frozenset({BackendKind.VLLM, BackendKind.SGLANG})
-# A stream on a migrating backend with nowhere to go keeps streaming there; control is asked
-# again at most this often (it may have a backend by then).
-MIGRATION_RETRY_S = 1.0
 
 
 class Handover(Protocol):
     """Where a stream on a backend drained with --migrate should go (StreamRelay answers)."""
 
     def due(self, backend_id: str) -> bool:
-        """Is `backend_id` being drained with migration? Cheap: asked at every chunk."""
+        """Is `backend_id` drained with migration, and is it time to ask where to go?
+        Cheap: asked at every chunk."""
         ...
 
     async def target(self, backend: Backend) -> Backend | None:
@@ -115,6 +114,7 @@ class Resumer:
         self._client = client
         self._stitcher = stitcher
         self._write = write
+        self._side = SideCheck(session, self._decode, settings.max_resume_seconds)
 
     async def start(self, backend: Backend, p: ChoiceProgress, *, exact: bool) -> Started:
         """Plan and open one resume request. Raises Refused or AttemptFailed. The plans are
@@ -169,7 +169,7 @@ class Resumer:
                     if result.seam is not None:
                         base = result.seam  # a divergent try keeps its verdict
                     verify = asyncio.create_task(
-                        self._verify(backend, started.check, result, at_boundary, base)
+                        self._side.verdict(backend, started.check, result, at_boundary, base)
                     )
                 elif result.seam is None and verify is None:  # a divergent try keeps its verdict
                     result.seam = plan.seam if plan.seam is not Seam.VERIFIED else None
@@ -224,71 +224,6 @@ class Resumer:
             if early is not None:  # never relayed
                 early.upstream.close()
 
-    async def _verify(
-        self,
-        backend: Backend,
-        check: ResumePlan | None,
-        result: ChoiceResume,
-        first: bool,
-        base: Seam,
-    ) -> Seam:
-        """The seam's verdict, beside the stream, once the resume is flowing (so its
-        prefill is cached and the checks do not compete with it): `check`, would `backend`
-        regenerate the overlap the client already has; `first`, is the text the engine sent
-        first the text of its ids. `base`: the verdict when there is no overlap to check."""
-        await result.flowing.wait()
-        verdict = await self._overlap_verdict(backend, check) if check is not None else base
-        if first and not await self._first_text_agrees(backend, result):
-            return Seam.DIVERGENT
-        return verdict
-
-    async def _first_text_agrees(self, backend: Backend, result: ChoiceResume) -> bool:
-        """The engine's first text after a resume at a character boundary, against
-        /detokenize of the same ids. Unknown (the call failed) counts as agreeing: the
-        verdict stays what the overlap says, never a guess of divergence."""
-        await result.first_seen.wait()
-        ids, text = result.first_text
-        if not text:
-            return True
-        try:
-            decoded = await self._decode(backend, ids)
-        except AttemptFailed:
-            return True
-        # A chunk of several tokens may end with half a character held back.
-        return decoded == text or (not detok.whole(decoded) and decoded.startswith(text))
-
-    async def _overlap_verdict(self, backend: Backend, check: ResumePlan) -> Seam:
-        """Would `backend` regenerate the overlap the client already has? One short,
-        non-streaming request over the shared prefix."""
-        body = {**check.body, "stream": False, "max_tokens": check.overlap_tokens}
-        for name in ("min_tokens", "stream_options"):
-            body.pop(name, None)
-        try:
-            async with self._session.post(
-                backend.url + check.endpoint.value,
-                data=orjson.dumps(body),
-                headers={"Content-Type": "application/json", **backend.auth_headers(os.environ)},
-                timeout=aiohttp.ClientTimeout(total=self._settings.max_resume_seconds),
-            ) as resp:
-                if resp.status != 200:
-                    return Seam.UNCHECKED
-                choice = (orjson.loads(await resp.read()).get("choices") or [{}])[0]
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
-            return Seam.UNCHECKED
-        text = choice_text_whole(choice)
-        if check.overlap_ids:
-            # The overlap starts at a character boundary: the engine's text for it must be
-            # the client's, byte for byte, as well as its ids.
-            ids = tuple(choice.get("token_ids") or ())
-            same = ids == check.overlap_ids and text == check.overlap_text
-            return Seam.VERIFIED if same else Seam.DIVERGENT
-        prefill = _assistant_prefill(check.body)
-        if prefill and text.startswith(prefill):
-            # Some engines (llama-server) answer a continued assistant turn, when not
-            # streaming, with the prefill and the new text together.
-            text = text[len(prefill) :]
-        return text_verdict(text, check.overlap_text)
-
     async def _finish_exhausted(
         self, backend: Backend, p: ChoiceProgress, result: ChoiceResume
     ) -> ChoiceResume:
@@ -329,7 +264,6 @@ class Resumer:
         inline seam check failed). Raises StreamFailed."""
         chat = endpoint is Endpoint.CHAT
         stitcher = self._stitcher
-        ask_after = 0.0  # when control may next be asked where to migrate
         events = 0
         async for event in each_event(upstream.content, self._settings):
             events += 1
@@ -338,16 +272,9 @@ class Resumer:
             data = event.data
             if event.is_done:
                 break
-            try:
-                obj = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                raise StreamFailed(Failure.GARBAGE) from None
-            if not isinstance(obj, dict):
-                raise StreamFailed(Failure.GARBAGE)
-            if "error" in obj and not obj.get("choices"):
-                raise StreamFailed(Failure.ERROR_EVENT)
-            if malformed(obj, 1):  # a resume asks for one choice
-                raise StreamFailed(Failure.GARBAGE)
+            obj, failure = parse_chunk(data, 1)  # a resume asks for one choice
+            if obj is None:
+                raise StreamFailed(failure or Failure.GARBAGE)
             choices = obj.get("choices") or []
             if not choices:
                 usage = obj.get("usage")
@@ -403,8 +330,7 @@ class Resumer:
             if finish:
                 return "finished" if engine_finish else "stopped"
             # A chunk boundary, everything so far sent: a migration can start here.
-            if self._handover.due(backend.id) and time.monotonic() >= ask_after:
-                ask_after = time.monotonic() + MIGRATION_RETRY_S
+            if self._handover.due(backend.id):
                 result.handover = await self._handover.target(backend)
                 if result.handover is not None:
                     raise StreamFailed(Failure.MIGRATE, f"{backend.id} drained with migration")
@@ -419,9 +345,9 @@ class Resumer:
         status = upstream.status
         if status == 200:
             return upstream
-        why = await _error_kind(upstream, self._timeouts.connect)
+        why = await error_kind(upstream, self._timeouts.connect)
         upstream.close()
-        raise AttemptFailed(_resume_failure(status), f"resume answered {status}{why}")
+        raise AttemptFailed(resume_failure(status), f"resume answered {status}{why}")
 
     async def _resolve(
         self, backend: Backend, held: HeldText, finish: str | None, stop_reason: object
@@ -440,31 +366,10 @@ class Resumer:
         return await detok.settled(functools.partial(self._decode, backend), ids)
 
     async def _decode(self, backend: Backend, ids: list[int]) -> str:
-        """The new engine's own text for `ids` (its tokenizer, not ours: Baton has none)."""
-        if not ids:
-            return ""
-        try:
-            async with self._session.post(
-                backend.url + "/detokenize",
-                json={"model": self._client.model, "tokens": ids},
-                headers=backend.auth_headers(os.environ),
-                timeout=aiohttp.ClientTimeout(total=self._timeouts.connect * 2),
-            ) as resp:
-                if resp.status != 200:
-                    why = await _error_kind(resp, self._timeouts.connect)
-                    raise AttemptFailed(
-                        _resume_failure(resp.status), f"detokenize answered {resp.status}{why}"
-                    )
-                answer = await resp.json()
-            # vLLM answers {"prompt": text}; SGLang's native API {"text": text}.
-            text = answer.get("prompt", answer.get("text")) if isinstance(answer, dict) else None
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise classify_exception(exc) from exc
-        except ValueError:  # not JSON
-            raise AttemptFailed(Failure.GARBAGE, "detokenize answered no JSON") from None
-        if not isinstance(text, str):
-            raise AttemptFailed(Failure.GARBAGE, "detokenize answered no text")
-        return text
+        """The new engine's own text for `ids`."""
+        return await detokenize(
+            self._session, backend, self._client.model, ids, self._timeouts.connect
+        )
 
 
 def tokens_left(client: ClientRequest, p: ChoiceProgress) -> int | None:
@@ -479,49 +384,8 @@ def text_released(ch: dict[str, Any], chat: bool) -> bool:
     return bool(choice_text(ch, chat))
 
 
-def _resume_failure(status: int) -> Failure:
-    """A 4xx on a resume is the backend refusing this request (a context shorter than the
-    prompt plus what was generated, an option it lacks), not a sign of ill health: the
-    relay skips that backend without having control demote it. Everything else non-200
-    is a failure like any other."""
-    failure = classify_status(status)
-    if failure is not None:
-        return failure
-    return Failure.REJECTED if 400 <= status < 500 else Failure.STATUS_5XX
-
-
-async def _error_kind(resp: aiohttp.ClientResponse, timeout: float) -> str:
-    """` (type)` from an OpenAI-shaped error body, for events and logs. Only the type: an
-    engine's message may quote the request, and events carry no prompt text. Bounded in
-    size and time: a refusal must not hold up the failover."""
-    try:
-        async with asyncio.timeout(timeout):
-            raw = await resp.content.read(4096)
-        err = orjson.loads(raw).get("error")
-    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, AttributeError):
-        return ""
-    kind = err.get("type") or err.get("code") if isinstance(err, dict) else None
-    return f" ({kind})" if isinstance(kind, str) and kind.isprintable() else ""
-
-
 def _stops(client: ClientRequest) -> list[str]:
     stop = client.body.get("stop")
     if isinstance(stop, str):
         return [stop]
     return list(stop or [])
-
-
-def _assistant_prefill(body: dict[str, Any]) -> str:
-    messages = body.get("messages")
-    if not (body.get("continue_final_message") and isinstance(messages, list) and messages):
-        return ""
-    content = messages[-1].get("content") if isinstance(messages[-1], dict) else None
-    return content if isinstance(content, str) else ""
-
-
-def text_verdict(got: str, want: str) -> Seam:
-    """A text-path overlap check. A shorter answer that is a prefix of what the client has
-    proves nothing either way (an engine may put several tokens in one chunk)."""
-    if got == want:
-        return Seam.VERIFIED
-    return Seam.UNCHECKED if want.startswith(got) else Seam.DIVERGENT

@@ -19,7 +19,7 @@ from typing import Any
 
 from baton.model import ResumePath, Seam
 from dataplane.resume.progress import ChoiceProgress, Held, overlap
-from dataplane.validate import ClientRequest, Endpoint
+from dataplane.validate import ClientRequest, Endpoint, token_limit
 
 
 class Refused(Exception):
@@ -82,8 +82,8 @@ class ResumePlan:
 def tokens_allowed(body: Mapping[str, Any], generated: int) -> int | None:
     """Tokens the client still allows a choice that has `generated` (None: no limit). Never
     negative, even when a misbehaving backend sent more than it was asked for."""
-    limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    return None if limit is None else max(0, int(limit) - generated)
+    limit = token_limit(body)
+    return None if limit is None else max(0, limit - generated)
 
 def _remaining(body: Mapping[str, Any], generated: int) -> dict[str, Any]:
     out: dict[str, Any] = {}

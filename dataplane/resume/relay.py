@@ -23,7 +23,6 @@ from dataplane.failover import Failure, RetryBudget
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import ControlUnavailable, Oracle
 from dataplane.resume.attempt import (
-    MIGRATION_RETRY_S,
     TOKEN_KINDS,
     ChoiceResume,
     Resumer,
@@ -40,6 +39,9 @@ from dataplane.validate import ClientRequest
 log = logging.getLogger("baton.shim.stream")
 # Longest a Failover call waits for the resumed stream to flow (see StreamRelay._tell_later).
 CONTROL_AFTER_S = 0.1
+# A stream on a migrating backend with nowhere to go keeps streaming there; control is asked
+# again at most this often (it may have a backend by then).
+MIGRATION_RETRY_S = 1.0
 
 __all__ = ["ResumeSettings", "StreamRelay", "with_token_ids"]
 
@@ -140,14 +142,20 @@ class StreamRelay:
     # -- migration (Handover, for the resumer too) -----------------------------------------
 
     def due(self, backend_id: str) -> bool:
-        return backend_id in self._oracle.fleet.migrating
+        """Is `backend_id` drained with migration, and may control be asked where to go
+        (at most every MIGRATION_RETRY_S)? A set lookup at every chunk; the clock only
+        while the backend migrates."""
+        return backend_id in self._oracle.fleet.migrating and time.monotonic() >= self._ask_after
 
     async def target(self, backend: Backend) -> Backend | None:
         """Control's choice for a stream leaving `backend`. Asked before the stream stops,
         so a migration with nowhere to go leaves the stream where it is: a drain with
         --migrate never turns a healthy stream into an error. (Control releases the
         request's load on `backend` either way; it is counted again when it ends.)"""
+        self._ask_after = time.monotonic() + MIGRATION_RETRY_S
         unfinished = self.stitcher.unfinished()
+        if not unfinished:
+            return None  # a stream whose choices all finished is left to send its last events
         why = next(filter(None, (refusal(self._client, p) for p in unfinished)), None)
         if why is not None:
             # It would end in an error event; finishing here is what a plain drain does.
@@ -205,14 +213,10 @@ class StreamRelay:
             # What one read delivered goes out in one write.
             if out:
                 await self._write(b"".join(out))
-            # A set lookup per read; the rest only while the backend is migrating. A stream
-            # whose choices all finished is left to send its last events.
-            if self.due(backend.id) and time.monotonic() >= self._ask_after:
-                if self.stitcher.unfinished():
-                    self._ask_after = time.monotonic() + MIGRATION_RETRY_S
-                    target = await self.target(backend)
-                    if target is not None:
-                        return target
+            if self.due(backend.id):  # a chunk boundary: a migration can start here
+                target = await self.target(backend)
+                if target is not None:
+                    return target
         return None
 
     # -- failover ------------------------------------------------------------------------

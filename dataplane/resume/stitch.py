@@ -60,6 +60,22 @@ def _ids_or_none(v: Any) -> bool:
     )
 
 
+def parse_chunk(data: bytes, choices: int) -> tuple[dict[str, Any] | None, Failure | None]:
+    """An engine's chunk (of a stream of `choices` choices) as an object, or (None, why it
+    is not one the shim can relay): the same test for the first stream and a resumed one."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None, Failure.GARBAGE
+    if not isinstance(obj, dict):
+        return None, Failure.GARBAGE
+    if "error" in obj and not obj.get("choices"):
+        return None, Failure.ERROR_EVENT
+    if malformed(obj, choices):
+        return None, Failure.GARBAGE
+    return obj, None
+
+
 def malformed(obj: dict[str, Any], choices: int) -> bool:
     """A chunk whose fields the shim reads have the wrong types, or a choice index the
     request cannot have: garbage like bad JSON. Tracking it would raise mid-stream and cut
@@ -171,16 +187,9 @@ class Stitcher:
 
     def original(self, data: bytes, raw: bytes) -> tuple[bytes | None, str | None]:
         """One event of the first stream: (bytes for the client or None, failure or None)."""
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return None, Failure.GARBAGE
-        if not isinstance(obj, dict):
-            return None, Failure.GARBAGE
-        if "error" in obj and not obj.get("choices"):
-            return None, Failure.ERROR_EVENT
-        if malformed(obj, len(self.choices)):
-            return None, Failure.GARBAGE
+        obj, failure = parse_chunk(data, len(self.choices))
+        if obj is None:
+            return None, failure
         if not self.ident.id:
             self.ident = Identity(obj.get("id", ""), obj.get("created", 0), obj.get("model", ""))
         if obj.get("system_fingerprint"):
@@ -196,16 +205,16 @@ class Stitcher:
         if not choices and "usage" in obj:
             self.usage = obj["usage"]
             return (self._clean(obj, raw) if self.want_usage else None), None
-        failure = None
+        tracked: str | None = None
         for ch in choices:
-            failure = self._track(ch) or failure
-        if failure is not None:
+            tracked = self._track(ch) or tracked
+        if tracked is not None:
             raw = b""  # _track edited the chunk: serialise the edited one
         elif self.strip_ids and self.chat and all(_bare(ch) for ch in choices):
             # A parser's skipped delta (a think or tool tag's token alone), sent only because
             # Baton asked for ids: without them the engine sends no such chunk.
             return None, None
-        return self._clean(obj, raw), failure
+        return self._clean(obj, raw), tracked
 
     def _track(self, ch: dict[str, Any]) -> str | None:
         p = self.choice(ch.get("index", 0))

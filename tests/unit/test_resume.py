@@ -211,7 +211,7 @@ def test_a_greedy_text_resume_starts_m_chunks_early_and_checks_them_by_text() ->
 
 
 def test_text_verdicts_of_a_side_check() -> None:
-    from dataplane.resume.attempt import text_verdict
+    from dataplane.resume.sidecheck import text_verdict
 
     assert text_verdict("rld!", "rld!") is Seam.VERIFIED
     assert text_verdict("rl", "rld!") is Seam.UNCHECKED  # fewer chunks than tokens: no proof
