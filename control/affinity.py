@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from baton.model import BackendId
 
@@ -27,6 +28,15 @@ class Pin:
 class PinMatch:
     pin: Pin
     index: int  # position in the request's chain: the match covers messages 0..index
+
+
+class PinView(Protocol):
+    """What readers outside the registry (admin, metrics) see of the pins: how many, and
+    each one. Only the registry changes them, so reads are typed without the mutators."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Pin]: ...
 
 
 class PinTable:

@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from baton.model import HealthState
+from control.pairflow import PairFlow
 from control.registry import Registry
 
 # Route decisions take tens of microseconds; failover gaps a few milliseconds.
@@ -19,8 +20,9 @@ ROUTE_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3
 
 
 class FleetCollector(Collector):
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, pairs: PairFlow) -> None:
         self._registry = registry
+        self._pairs = pairs
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         snap = self._registry.snapshot
@@ -37,12 +39,12 @@ class FleetCollector(Collector):
         yield GaugeMetricFamily(
             "baton_requests_in_flight",
             "Requests routed and not yet finished, over all shims.",
-            self._registry.load.total(),
+            self._registry.in_flight_total(),
         )
         yield GaugeMetricFamily(
             "baton_snapshot_version", "Current fleet snapshot version.", snap.version
         )
-        pairs = self._registry.pairs
+        pairs = self._pairs
         labels = ["pair", "draft", "target", "params_hash", "state"]
         baseline = GaugeMetricFamily(
             "baton_pair_acceptance_baseline",
@@ -65,7 +67,7 @@ class FleetCollector(Collector):
 
 
 class ControlMetrics:
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, pairs: PairFlow) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.routes = Counter(
@@ -98,4 +100,4 @@ class ControlMetrics:
             ["verdict"],
             registry=r,
         )
-        r.register(FleetCollector(registry))
+        r.register(FleetCollector(registry, pairs))

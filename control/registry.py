@@ -1,32 +1,24 @@
-"""The single owner of fleet state. Every mutation goes through here and publishes a new,
-immutable, versioned Snapshot to subscribers; readers never see half-applied state."""
+"""The single owner of fleet state: backends, their health and drains, the facts read from
+them, in-flight load and prefix pins. Every mutation goes through here and publishes a new,
+immutable, versioned Snapshot to subscribers; readers never see half-applied state.
+
+Speculative pairs are control/pairflow.py's: it asks the registry through the few narrow
+methods below (`find`, `routable`, `facts`, `set_facts`, `on_remove`) and owns its PairTable."""
 
 # baton: pure
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 
-from baton.model import (
-    Backend,
-    BackendId,
-    BackendStatus,
-    Pairing,
-    PairState,
-    RequestShape,
-    Role,
-    Snapshot,
-    Verdict,
-)
+from baton.model import Backend, BackendId, BackendStatus, Snapshot
 from control import health
-from control.affinity import PinTable
+from control.affinity import PinMatch, PinTable, PinView
 from control.events import EventKind, EventLog
-from control.facts import Facts, pair_violations
+from control.facts import Facts
 from control.health import HealthPolicy, HealthRecord
 from control.load import Load
-from control.pairs import DEFAULT_DRAFT_TOKENS, Pair, PairTable, gate
 
 
 class RegistryError(Exception):
@@ -41,6 +33,8 @@ class BackendNotFound(RegistryError):
     pass
 
 
+# The pair flow's refusals live here, beside the others, because services/errors.py maps the
+# whole family to gRPC statuses from this one module.
 class PairRefused(RegistryError):
     """A pairing breaks an invariant; the message starts with the invariant's name."""
 
@@ -53,19 +47,9 @@ class PairExists(RegistryError):
     pass
 
 
-@dataclass(frozen=True, slots=True)
-class GateResult:
-    verdict: Verdict
-    reason: str
-    pair: Pair
-    baseline: float | None
-    observed: float
-    # On reject: the target the draft was re-bound to; None when none matches (detached).
-    target: Backend | None = None
-
-
 Clock = Callable[[], float]
 Listener = Callable[[Snapshot], None]
+RemoveHook = Callable[[BackendId], None]
 
 
 class Registry:
@@ -82,16 +66,17 @@ class Registry:
         """`drained`: backends drained before a restart (id -> migrate), restored as they
         were, with no new audit event: nobody drained them just now."""
         self._clock = clock
-        self.events = events if events is not None else EventLog(clock)
+        self._events = events if events is not None else EventLog(clock)
         self._policy = health_policy or HealthPolicy()
         self._backends: dict[BackendId, Backend] = {}
         self._health: dict[BackendId, HealthRecord] = {}
         self._listeners: list[Listener] = []
-        self.load = Load()
-        self.pins = pins if pins is not None else PinTable()
-        self.pairs = PairTable()
+        self._removed: list[RemoveHook] = []
+        self._load = Load()
+        self._pins = pins if pins is not None else PinTable()
         # Facts read from each backend (GET /server_info); absent until read.
-        self.facts: dict[BackendId, Facts] = {}
+        self._facts: dict[BackendId, Facts] = {}
+        self._facts_view: Mapping[BackendId, Facts] = MappingProxyType(self._facts)
         now = clock()
         for b in backends:
             if b.id in self._backends:
@@ -113,15 +98,30 @@ class Registry:
     def snapshot(self) -> Snapshot:
         return self._snapshot
 
+    @property
+    def events(self) -> EventLog:
+        """The audit log: its own owner, shared by everything that records."""
+        return self._events
+
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
-    def in_flight(self) -> Mapping[BackendId, int]:
-        return self.load.counts()
+    def on_remove(self, hook: RemoveHook) -> None:
+        """Called with a backend's id as it is removed, before the new snapshot is published
+        and the admin event recorded, so what hangs off it (a pair) goes first."""
+        self._removed.append(hook)
 
     def backend(self, backend_id: str) -> Backend:
         return self._backends[self._known(backend_id)]
+
+    def find(self, backend_id: str) -> Backend | None:
+        """The backend, or None when it is gone (removed while a request was in flight)."""
+        return self._backends.get(BackendId(backend_id))
+
+    def routable(self, backend_id: str) -> bool:
+        s = self._snapshot.get(backend_id)
+        return s is not None and s.routable
 
     @property
     def backends(self) -> tuple[Backend, ...]:
@@ -141,7 +141,7 @@ class Registry:
         self._backends[backend.id] = backend
         self._health[backend.id] = HealthRecord.new(self._clock())
         self._publish()
-        self.events.record(
+        self._events.record(
             EventKind.ADMIN,
             backend_id=backend.id,
             action="add",
@@ -157,27 +157,25 @@ class Registry:
         del self._backends[bid]
         del self._health[bid]
         self._migrating.discard(bid)
-        self.facts.pop(bid, None)
-        for pair in self.pairs.with_backend(bid):
-            if pair.draft_id == bid:
-                self.pairs.remove(pair.id)
-                self._pair_event(pair, "unbind", reason=f"draft {bid} removed")
+        self._facts.pop(bid, None)
+        for hook in list(self._removed):
+            hook(bid)
         # Its pins stay until used (then re-pinned, visibly, as `repin`) or expired.
         self._publish()
-        self.events.record(EventKind.ADMIN, backend_id=bid, action="remove")
+        self._events.record(EventKind.ADMIN, backend_id=bid, action="remove")
 
     def drain(self, backend_id: str, migrate: bool = False) -> BackendStatus:
         """No new requests to the backend; with `migrate`, shims also move its in-flight
         streams elsewhere (the resume protocol). Draining again changes only `migrate`."""
         bid = self._known(backend_id)
         status = self._drain_step(bid, migrate, lambda rec, now: health.drain(rec, now))
-        self.events.record(EventKind.ADMIN, backend_id=bid, action="drain", migrate=migrate)
+        self._events.record(EventKind.ADMIN, backend_id=bid, action="drain", migrate=migrate)
         return status
 
     def undrain(self, backend_id: str) -> BackendStatus:
         bid = self._known(backend_id)
         status = self._drain_step(bid, False, lambda rec, now: health.undrain(rec, now))
-        self.events.record(EventKind.ADMIN, backend_id=bid, action="undrain")
+        self._events.record(EventKind.ADMIN, backend_id=bid, action="undrain")
         return status
 
     def _drain_step(
@@ -215,195 +213,61 @@ class Registry:
             backend_id, lambda rec, now: health.probe_failed(rec, reason, now, self._policy)
         )
 
-    # -- speculative pairs ---------------------------------------------------------------
-    def set_facts(self, backend_id: str, facts: Facts) -> None:
-        if backend_id in self._backends:
-            self.facts[BackendId(backend_id)] = facts
+    # -- facts ---------------------------------------------------------------------------
 
-    def bind_pair(
-        self, draft_id: str, target_id: str, num_draft_tokens: int, draft: Facts, target: Facts
-    ) -> Pair:
-        """`draft` and `target` are facts the caller just read from the two backends."""
-        d, t = self._backends[self._known(draft_id)], self._backends[self._known(target_id)]
-        if d.role is not Role.DRAFT:
-            raise PairRefused(f"role: backend {d.id!r} is not a draft (role {d.role.value})")
-        if not t.serves_clients:
-            raise PairRefused(f"role: backend {t.id!r} is a draft, not a target")
-        if draft_id == target_id:
-            raise PairRefused("role: a backend cannot be its own draft")
-        if self.pairs.get(d.id) is not None:
-            raise PairExists(f"draft {d.id!r} is already bound; unbind it first")
-        violations = pair_violations(draft, target)
-        if violations:
-            raise PairRefused("; ".join(f"{v.invariant}: {v.detail}" for v in violations))
-        self.facts[d.id], self.facts[t.id] = draft, target
-        pair = self.pairs.put(
-            Pair(d.id, t.model, d.id, t.id, t.id, num_draft_tokens or DEFAULT_DRAFT_TOKENS,
-                 draft.params_hash)
-        )  # fmt: skip
-        self._pair_event(pair, "bind", reason="facts verified")
-        return pair
+    @property
+    def facts(self) -> Mapping[BackendId, Facts]:
+        """Facts last read from each backend (read-only; `set_facts` changes them)."""
+        return self._facts_view
 
-    def unbind_pair(self, pair_id: str) -> None:
-        pair = self.pairs.remove(pair_id)
-        if pair is None:
-            raise PairNotFound(f"no pair with id {pair_id!r}")
-        self._pair_event(pair, "unbind")
+    def set_facts(self, backend_id: str, facts: Facts, *, known_only: bool = True) -> None:
+        """`known_only=False` keeps facts even for an id not (or no longer) registered: the
+        gate stores what it just read from a target, which may have been removed meanwhile."""
+        if not known_only or backend_id in self._backends:
+            self._facts[BackendId(backend_id)] = facts
 
-    def pairing_for(self, primary: Backend, shape: RequestShape) -> Pairing | None:
-        """The pair this request may use on `primary`, if any. When a pair's target is gone,
-        the primary takes its place (if its facts match the draft's), pending the gate."""
-        if not shape.spec_eligible:
-            return None
-        pair = self.pairs.for_target(primary.id)
-        if pair is None:
-            pair = self._adopt(primary)
-            if pair is None:
-                return None
-        draft = self._backends.get(pair.draft_id)
-        facts = self.facts.get(pair.draft_id)
-        if draft is None or facts is None or not self._routable(pair.draft_id):
-            return None
-        target = self.facts.get(pair.target_id)
-        if target is not None and (broken := pair_violations(facts, target)):
-            # The target was re-read since (it came back with another config): never serve
-            # through it; move the draft to a target that still matches.
-            why = "; ".join(f"{v.invariant}: {v.detail}" for v in broken)
-            self._pair_event(pair, "reject", reason=why)
-            self._rebind(pair, exclude=pair.target_id, why=why)
-            return None
-        greedy = shape.greedy if shape.sets_temperature else facts.sampling.temperature == 0
-        if not greedy:
-            return None
-        return Pairing(pair.id, draft, pair.num_draft_tokens, pair.params_hash,
-                       pair.gate_pending, facts.eos_token_id)  # fmt: skip
+    # -- load: which backend each in-flight request holds ---------------------------------
 
-    def repair(self, pair_id: str, new_target_id: str, failed_id: str) -> Pairing | None:
-        """A failover moved a spec request off its pair's target: the draft is paired with the
-        new backend, pending the gate (the shim probes it before emitting anything)."""
-        pair = self.pairs.get(pair_id)
-        target = self._backends.get(BackendId(new_target_id))
-        draft = self._backends.get(pair.draft_id) if pair else None
-        if pair is None or target is None or draft is None or target.role is Role.DRAFT:
-            return None
-        if pair.target_id != target.id:
-            pair = self.pairs.retarget(pair, target.id, f"failover from {failed_id}")
-            self._pair_event(pair, "repair", previous=failed_id)
-        eos = f.eos_token_id if (f := self.facts.get(pair.draft_id)) else None
-        return Pairing(pair.id, draft, pair.num_draft_tokens, pair.params_hash, True, eos)
+    def in_flight(self) -> Mapping[BackendId, int]:
+        return self._load.counts()
 
-    def gate_pairing(
-        self, pair_id: str, target_id: str, drafted: int, accepted: int, target: Facts | None
-    ) -> GateResult:
-        """Judge a probe round of `pair_id` on `target_id`; `target` are the facts just read
-        from it (None: it didn't answer, which fails closed like a params mismatch)."""
-        pair = self.pairs.get(pair_id)
-        if pair is None:
-            raise PairNotFound(f"no pair with id {pair_id!r}")
-        observed = accepted / drafted if drafted else 0.0
-        baseline = self.pairs.baseline(pair)
-        if pair.target_id != target_id or not pair.gate_pending:
-            # Another request's probe was judged first: answer with where the pair stands.
-            return self._standing(pair, target_id, baseline, observed)
-        if target is not None:
-            self.facts[BackendId(target_id)] = target
-        same = target is not None and target.params_hash == pair.params_hash
-        verdict, reason = gate(baseline, observed, same)
-        if target is None:
-            reason = "facts unavailable from the new target (fail closed)"
-        if verdict is not Verdict.REJECT:
-            pair = self.pairs.judged(pair, verdict, reason, observed)
-            self._pair_event(pair, verdict.value, reason=reason, observed=observed,
-                             baseline=baseline)  # fmt: skip
-            return GateResult(verdict, reason, pair, baseline, observed)
-        self._pair_event(pair, "reject", reason=reason, observed=observed, baseline=baseline)
-        pair, rebound = self._rebind(pair, exclude=BackendId(target_id), why=reason)
-        return GateResult(verdict, reason, pair, baseline, observed, rebound)
+    def in_flight_total(self) -> int:
+        return self._load.total()
 
-    def spec_outcome(
-        self, pair_id: str, target_id: str, rounds: int, drafted: int, accepted: int,
-        quality_ok: bool = True, quality: str = "",
-    ) -> None:  # fmt: skip
-        pair = self.pairs.get(pair_id)
-        if pair is None or pair.target_id != target_id:
-            return  # the pair moved on since; this acceptance belongs to an old pairing
-        pair = self.pairs.observe(pair, rounds, drafted, accepted)
-        if not quality_ok and pair.state is not PairState.DETACHED:
-            reason = f"quality signal: {quality}"
-            self._pair_event(pair, "reject", reason=reason)
-            self._rebind(pair, exclude=pair.target_id, why=reason)
-        elif pair.state is PairState.ACTIVE and pair.reason == "probation passed":
-            pair = self.pairs.judged(pair, Verdict.ACCEPT, "active", pair.recent or 0.0)
-            self._pair_event(pair, "active", reason="probation passed")
+    def acquire(self, request_id: str, backend_id: BackendId, now: float) -> None:
+        self._load.acquire(request_id, backend_id, now)
 
-    def _standing(
-        self, pair: Pair, target_id: str, baseline: float | None, observed: float
-    ) -> GateResult:
-        if pair.target_id == target_id and pair.state is not PairState.DETACHED:
-            verdict = Verdict.ACCEPT if pair.state is PairState.ACTIVE else Verdict.PROBATION
-            return GateResult(verdict, pair.reason, pair, baseline, observed)
-        rebound = None if pair.state is PairState.DETACHED else self._backends.get(pair.target_id)
-        return GateResult(Verdict.REJECT, pair.reason, pair, baseline, observed, rebound)
+    def release(self, request_id: str) -> BackendId | None:
+        return self._load.release(request_id)
 
-    def _rebind(self, pair: Pair, exclude: BackendId, why: str) -> tuple[Pair, Backend | None]:
-        """Re-bind the draft to a routable target of the model whose facts match its own
-        (the least loaded), or detach it when there is none."""
-        draft = self.facts.get(pair.draft_id)
-        load = self.load.counts()
-        candidates = [
-            s.backend
-            for s in self._snapshot.serving(pair.model)
-            if s.routable
-            and s.backend.id != exclude
-            and draft is not None
-            and (f := self.facts.get(s.backend.id)) is not None
-            and not pair_violations(draft, f)
-        ]
-        if not candidates:
-            pair = self.pairs.detach(pair, f"no healthy target matches the draft ({why})")
-            self._pair_event(pair, "detach", reason=pair.reason)
-            return pair, None
-        target = min(candidates, key=lambda b: (load.get(b.id, 0), b.id))
-        # Its facts were checked just now: it serves at once, on probation, not re-probed.
-        pair = self.pairs.judged(
-            self.pairs.retarget(pair, target.id, why), Verdict.PROBATION, f"re-bound ({why})",
-            0.0,
-        )
-        self._pair_event(pair, "rebind", reason=why)
-        return pair, target
+    def expire_load(self, now: float) -> int:
+        return self._load.expire(now)
 
-    def _adopt(self, primary: Backend) -> Pair | None:
-        """A pair of this model whose target can't serve takes the primary as its target,
-        if the primary's known facts match the draft's."""
-        f = self.facts.get(primary.id)
-        for pair in self.pairs.for_model(primary.model):
-            if self._routable(pair.target_id) and pair.state is not PairState.DETACHED:
-                continue
-            draft = self.facts.get(pair.draft_id)
-            if f is None or draft is None or pair_violations(draft, f):
-                continue
-            previous = pair.target_id
-            pair = self.pairs.retarget(pair, primary.id, f"target {previous} unavailable")
-            self._pair_event(pair, "repair", previous=previous)
-            return pair
-        return None
+    # -- pins: where each prefix's KV cache is --------------------------------------------
 
-    def _routable(self, backend_id: str) -> bool:
-        s = self._snapshot.get(backend_id)
-        return s is not None and s.routable
+    @property
+    def pins(self) -> PinView:
+        return self._pins
 
-    def _pair_event(self, pair: Pair, action: str, **data: Any) -> None:
-        self.events.record(
-            EventKind.PAIR,
-            backend_id=pair.target_id,
-            pair=pair.id,
-            action=action,
-            draft=pair.draft_id,
-            target=pair.target_id,
-            state=pair.state.value,
-            params_hash=pair.params_hash,
-            **{k: v for k, v in data.items() if v is not None},
-        )
+    def longest_pin(self, chain: Sequence[bytes], now: float) -> PinMatch | None:
+        return self._pins.longest(chain, now)
+
+    def follow_pin(self, match: PinMatch, now: float) -> None:
+        """A request went where its pin pointed: the pin stays warm."""
+        self._pins.touch(match, now)
+
+    def pin_chain(self, chain: Sequence[bytes], backend_id: BackendId, now: float) -> None:
+        self._pins.pin_chain(chain, backend_id, now)
+
+    def pin_reply(self, prefix: bytes, backend_id: BackendId, depth: int, now: float) -> None:
+        self._pins.pin(prefix, backend_id, depth, now)
+
+    def clear_pins(self, backend_id: str = "") -> int:
+        """Drop one backend's pins, or (no id) all of them; how many went."""
+        return self._pins.drop_backend(backend_id) if backend_id else self._pins.clear()
+
+    def expire_pins(self, now: float) -> int:
+        return self._pins.expire(now)
 
     # -- internals -----------------------------------------------------------------------
 
@@ -427,7 +291,7 @@ class Registry:
         if after.health != before.health:
             self._publish()
             if after.health.state is not before.health.state:
-                self.events.record(
+                self._events.record(
                     EventKind.HEALTH,
                     backend_id=bid,
                     state=after.health.state.value,

@@ -1,6 +1,7 @@
 """Control's per-request logic: look up the request's pin, ask the policy, account load and
 pins, take failure and outcome reports. Thin on purpose: the decision is the policy's, the
-state is the registry's."""
+fleet's state (load and pins included) is the registry's, the pairs' the pair flow's; the
+router only asks them, through their methods."""
 
 # baton: pure
 
@@ -14,6 +15,7 @@ from baton.model import BackendId, Decision, HealthState, Reason, RouteRequest, 
 from baton.spread import prefer
 from control.affinity import PinMatch
 from control.events import EventKind
+from control.pairflow import PairFlow
 from control.policy import Policy, RoutingView
 from control.registry import Registry
 
@@ -43,9 +45,14 @@ class Router:
         rng: Random,
         clock: Callable[[], float],
         route_events: bool = True,
+        pairs: PairFlow | None = None,
     ) -> None:
+        """`pairs`: the control plane's one pair flow over `registry`; a router of its own
+        (tests, benchmarks) gets a fresh one."""
         self._route_events = route_events
         self.registry = registry
+        self.pairs = pairs if pairs is not None else PairFlow(registry)
+        self._events = registry.events
         self.policy = policy
         self._rng = rng
         self._clock = clock
@@ -60,7 +67,7 @@ class Router:
         now = self._clock()
         reg = self.registry
         chain = request.shape.prefix_chain
-        match = reg.pins.longest(chain, now) if chain else None
+        match = reg.longest_pin(chain, now) if chain else None
         view = RoutingView(reg.snapshot, reg.in_flight(), match)
         decision = prefer(self.policy.decide(request, view, rng=self._rng, now=now), preferred)
         if not decision.backends and decision.reason is Reason.NO_BACKEND:
@@ -68,16 +75,16 @@ class Router:
         if reason is not None and decision.backends:
             decision = replace(decision, reason=reason)
         if decision.backends:
-            if reg.pairs and request.shape.spec_eligible:
-                pairing = reg.pairing_for(decision.backends[0], request.shape)
+            if self.pairs and request.shape.spec_eligible:
+                pairing = self.pairs.pairing_for(decision.backends[0], request.shape)
                 if pairing is not None:
                     decision = replace(decision, pairing=pairing)
             primary = decision.backends[0].id
-            reg.load.acquire(request.request_id, primary, now)
+            reg.acquire(request.request_id, primary, now)
             if match is not None and decision.reason in FOLLOWED_PIN:
-                reg.pins.touch(match, now)
+                reg.follow_pin(match, now)
             # Wherever it goes, that backend's cache now holds this prefix.
-            reg.pins.pin_chain(chain, primary, now)
+            reg.pin_chain(chain, primary, now)
         if self._route_events:
             self._audit(request, decision, match)
         return decision
@@ -104,7 +111,7 @@ class Router:
         )
 
     def _audit(self, request: RouteRequest, decision: Decision, match: PinMatch | None) -> None:
-        self.registry.events.record_route(
+        self._events.record_route(
             request.request_id,
             decision.backends[0].id if decision.backends else "",
             decision.reason.value,
@@ -117,7 +124,7 @@ class Router:
     def attempt_failed(self, request_id: str, backend_id: str, failure: str, detail: str) -> None:
         """Before the first byte: the shim retries on its next fallback."""
         self._demote(request_id, backend_id, failure, detail)
-        self.registry.events.record(
+        self._events.record(
             EventKind.RETRY,
             request_id=request_id,
             backend_id=backend_id,
@@ -128,7 +135,7 @@ class Router:
     def _demote(self, request_id: str, backend_id: str, failure: str, detail: str) -> None:
         reason = f"{failure}: {detail}" if detail else failure
         self.registry.report_failure(backend_id, reason)
-        self.registry.load.release(request_id)
+        self.registry.release(request_id)
 
     def failover(
         self,
@@ -144,7 +151,7 @@ class Router:
         speculative request's draft is re-paired with the new backend, pending the gate."""
         if failure == MIGRATE:
             # A planned hand-over off a draining backend, not a fault: don't demote it.
-            self.registry.load.release(request.request_id)
+            self.registry.release(request.request_id)
         else:
             self._demote(request.request_id, failed_backend_id, failure, detail)
         excluded = request.exclude | {BackendId(failed_backend_id)}
@@ -154,22 +161,22 @@ class Router:
             request = replace(request, shape=replace(request.shape, spec_eligible=False))
         decision = self.route(request, reason=Reason.FAILOVER, preferred=preferred)
         if pair_id and decision.backends:
-            pairing = self.registry.repair(pair_id, decision.backends[0].id, failed_backend_id)
+            pairing = self.pairs.repair(pair_id, decision.backends[0].id, failed_backend_id)
             decision = replace(decision, pairing=pairing)
         return decision
 
     def finished(self, outcomes: Iterable[Outcome]) -> None:
         now = self._clock()
         for outcome in outcomes:
-            self.registry.load.release(outcome.request_id)
+            self.registry.release(outcome.request_id)
             if (s := outcome.spec) is not None:
                 flags = [n for n, bad in (("repeated n-gram loop", s.repeated_ngram),
                                           ("schema violation", s.schema_violation)) if bad]
-                self.registry.spec_outcome(s.pair_id, s.target_id, s.rounds, s.drafted,
-                                           s.accepted, not flags, ", ".join(flags))  # fmt: skip
+                self.pairs.spec_outcome(s.pair_id, s.target_id, s.rounds, s.drafted,
+                                        s.accepted, not flags, ", ".join(flags))  # fmt: skip
             if outcome.ok and outcome.reply_chain_hash and outcome.backend_id:
                 # The next turn's prefix ends with this reply: pin it where it was generated.
-                self.registry.pins.pin(
+                self.registry.pin_reply(
                     outcome.reply_chain_hash,
                     BackendId(outcome.backend_id),
                     outcome.message_count + 1,

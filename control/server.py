@@ -27,6 +27,7 @@ from control.facts import Facts
 from control.facts_fetch import fetch_facts
 from control.fleetdb import Configured, FleetDB, configured, fleet, shadowed
 from control.metrics import ControlMetrics
+from control.pairflow import PairFlow
 from control.policy import SpillGuard, make_policy
 from control.prober import run_prober
 from control.registry import Registry, RegistryError
@@ -37,6 +38,19 @@ from control.services.routing import RoutingServicer
 from control.store import EventFile
 
 log = logging.getLogger("baton.control")
+
+
+def _warn_shadowed(config: Config, saved: Configured, data_dir: Path | None) -> None:
+    """A backend added at run time under a config file backend's id replaces it: say so, and
+    how to get the file's back."""
+    for b in shadowed(config.backends, saved):
+        log.warning(
+            "backend %r: the one added at run time (saved in %s) replaces the config "
+            "file's (url %s): run-time changes are the operator's latest word. To use the "
+            "file's again, re-add it with the file's fields: `baton backends remove %s`, "
+            "then `baton backends add %s --url %s ...`.",
+            b.id, data_dir / "fleet.db" if data_dir else "", b.url, b.id, b.id, b.url,
+        )  # fmt: skip
 
 
 class ControlPlane:
@@ -68,14 +82,7 @@ class ControlPlane:
         # What operators changed at run time (backends, drains, pairs) survives a restart.
         self._db = FleetDB(data_dir / "fleet.db") if data_dir and keep_fleet else None
         saved = self._db.load() if self._db else Configured()
-        for b in shadowed(config.backends, saved):
-            log.warning(
-                "backend %r: the one added at run time (saved in %s) replaces the config "
-                "file's (url %s): run-time changes are the operator's latest word. To use the "
-                "file's again, re-add it with the file's fields: `baton backends remove %s`, "
-                "then `baton backends add %s --url %s ...`.",
-                b.id, data_dir / "fleet.db" if data_dir else "", b.url, b.id, b.id, b.url,
-            )  # fmt: skip
+        _warn_shadowed(config, saved, data_dir)
         self.registry = Registry(
             fleet(config.backends, saved),
             drained=saved.drained,
@@ -84,6 +91,8 @@ class ControlPlane:
             events=events,
             pins=PinTable(config.affinity.pin_capacity, config.affinity.pin_ttl),
         )
+        # The one pair flow over the registry: router, services, metrics and _save share it.
+        self.pairs = PairFlow(self.registry)
         guard = SpillGuard(config.affinity.spill_factor, config.affinity.spill_slack)
         self.router = Router(
             self.registry,
@@ -91,6 +100,7 @@ class ControlPlane:
             rng=rng,
             clock=clock,
             route_events=config.audit.route_events,
+            pairs=self.pairs,
         )
         self._config = config
         # Configured and previously bound pairs, bound as soon as both sides' facts are read.
@@ -101,7 +111,7 @@ class ControlPlane:
         self.server = grpc.aio.server(interceptors=auth.interceptors(admin_token, shim_token))
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
-        self.metrics = ControlMetrics(self.registry)
+        self.metrics = ControlMetrics(self.registry, self.pairs)
         self.tracing = tracing_from_env("baton-control")
         self._metrics_listen = metrics_listen
         self._metrics_runner: web.AppRunner | None = None
@@ -187,7 +197,9 @@ class ControlPlane:
                     waiting.append(spec)
                     continue
                 try:
-                    reg.bind_pair(spec.draft, spec.target, spec.num_draft_tokens, draft, target)
+                    self.pairs.bind_pair(
+                        spec.draft, spec.target, spec.num_draft_tokens, draft, target
+                    )
                 except RegistryError as exc:
                     log.warning("pair %s -> %s not bound: %s", spec.draft, spec.target, exc)
                     reg.events.record(EventKind.PAIR, backend_id=spec.target, pair=spec.draft,
@@ -201,7 +213,7 @@ class ControlPlane:
         if self._db is None:
             return
         reg = self.registry
-        bound = [PairSpec(p.draft_id, p.bound_target_id, p.num_draft_tokens) for p in reg.pairs]
+        bound = [PairSpec(p.draft_id, p.bound_target_id, p.num_draft_tokens) for p in self.pairs]
         known = {b.id for b in reg.backends}
         # Pairs still waiting for facts are configuration too, unless their draft is gone.
         waiting = [p for p in self._pending_pairs if p.draft in known and p.draft not in
@@ -218,8 +230,8 @@ class ControlPlane:
     async def _expire_load(self) -> None:
         while True:
             await asyncio.sleep(30)
-            self.registry.load.expire(time.time())
-            self.registry.pins.expire(time.time())
+            self.registry.expire_load(time.time())
+            self.registry.expire_pins(time.time())
 
     async def stop(self, grace: float = 2.0) -> None:
         for task in self._tasks:

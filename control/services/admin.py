@@ -36,6 +36,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self._read_facts = read_facts
         self._router = router
         self._registry = router.registry
+        self._pairs = router.pairs
         self._started = started if started is not None else time.monotonic()
 
     async def ListBackends(
@@ -119,7 +120,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 for m in sorted(total)
             ],
             uptime_seconds=time.monotonic() - self._started,
-            in_flight=self._registry.load.total(),
+            in_flight=self._registry.in_flight_total(),
         )
 
     async def ListEvents(
@@ -144,8 +145,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def ClearPins(
         self, request: admin_pb2.ClearPinsRequest, context: Context
     ) -> admin_pb2.ClearPinsResponse:
-        pins = self._registry.pins
-        cleared = pins.drop_backend(request.backend_id) if request.backend_id else pins.clear()
+        cleared = self._registry.clear_pins(request.backend_id)
         self._registry.events.record(
             EventKind.ADMIN, backend_id=request.backend_id, action="clear-pins", cleared=cleared
         )
@@ -165,20 +165,20 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 )
             except FactsError as exc:
                 raise PairRefused(str(exc)) from exc
-            pair = reg.bind_pair(
+            pair = self._pairs.bind_pair(
                 draft.id, target.id, request.num_draft_tokens, draft_facts, target_facts
             )
         except RegistryError as exc:
             await abort_with(context, exc)
             raise
         self._changed()
-        return admin_pb2.BindPairResponse(pair=convert.pair_to_pb(pair, reg.pairs.baseline(pair)))
+        return admin_pb2.BindPairResponse(pair=convert.pair_to_pb(pair, self._pairs.baseline(pair)))
 
     async def UnbindPair(
         self, request: admin_pb2.UnbindPairRequest, context: Context
     ) -> admin_pb2.UnbindPairResponse:
         try:
-            self._registry.unbind_pair(request.id)
+            self._pairs.unbind_pair(request.id)
         except RegistryError as exc:
             await abort_with(context, exc)
         self._changed()
@@ -187,7 +187,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def ListPairs(
         self, request: admin_pb2.ListPairsRequest, context: Context
     ) -> admin_pb2.ListPairsResponse:
-        pairs = self._registry.pairs
+        pairs = self._pairs
         return admin_pb2.ListPairsResponse(
             pairs=[convert.pair_to_pb(p, pairs.baseline(p)) for p in pairs]
         )

@@ -21,8 +21,8 @@ from baton.wire import (
 )
 from control.affinity import Pin
 from control.events import Event, EventQuery
+from control.pairflow import GateResult
 from control.pairs import Pair
-from control.registry import GateResult
 
 
 def backend_fields_from_pb(b: fleet_pb2.Backend) -> dict[str, str]:
@@ -92,11 +92,11 @@ def failover_fields(r: routing_pb2.ReportFailoverRequest) -> dict[str, object]:
         "failure": r.failure,
         "choice": r.choice_index,
         "tokens_sent": r.tokens_sent,
-        "path": PATH_FROM_PB.get(r.path, "none"),
-        "seam": SEAM_FROM_PB.get(r.seam, "none"),
+        "path": str(PATH_FROM_PB.get(r.path, "none")),
+        "seam": str(SEAM_FROM_PB.get(r.seam, "none")),
         "gap_ms": round(r.gap_ms, 3),
         "attempt": r.attempt,
-        "outcome": FAILOVER_OUTCOME_FROM_PB.get(r.outcome, "unknown"),
+        "outcome": str(FAILOVER_OUTCOME_FROM_PB.get(r.outcome, "unknown")),
         "detail": r.detail,
     }
 

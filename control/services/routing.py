@@ -164,7 +164,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
                 facts = await self._read_facts(target.backend)
         with self._traced("baton.control.gate", request.traceparent, request.request_id):
             try:
-                result = registry.gate_pairing(
+                result = self._router.pairs.gate_pairing(
                     request.pair_id,
                     request.target_backend_id,
                     request.drafted,

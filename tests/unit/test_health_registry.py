@@ -101,12 +101,12 @@ def test_refusals() -> None:
 
 def test_load_is_released_and_expires() -> None:
     reg, _ = make("a")
-    reg.load.acquire("r1", BackendId("a"), now=0.0)
-    reg.load.acquire("r2", BackendId("a"), now=0.0)
+    reg.acquire("r1", BackendId("a"), now=0.0)
+    reg.acquire("r2", BackendId("a"), now=0.0)
     assert reg.in_flight()["a"] == 2
-    reg.load.release("r1")
+    reg.release("r1")
     assert reg.in_flight()["a"] == 1
-    assert reg.load.expire(now=10_000.0) == 1
+    assert reg.expire_load(now=10_000.0) == 1
     assert dict(reg.in_flight()) == {}
 
 

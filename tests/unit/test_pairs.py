@@ -1,4 +1,4 @@
-"""Pairs, facts and the post-failover gate: the pure rules, and the registry's flows."""
+"""Pairs, facts and the post-failover gate: the pure rules, and the pair flow over a registry."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 from baton.model import Backend, BackendId, PairState, RequestShape, Role, Verdict
 from control.events import EventKind, EventQuery
 from control.facts import Facts, FactsError, Sampling, facts_from_server_info, pair_violations
+from control.pairflow import PairFlow
 from control.pairs import PROBATION_ROUNDS, gate
 from control.registry import PairExists, PairRefused, Registry
 
@@ -19,14 +20,15 @@ def backend(bid: str, role: Role = Role.SERVE) -> Backend:
     return Backend(BackendId(bid), f"http://127.0.0.1:1/{bid}", "m", role=role)
 
 
-def registry() -> Registry:
+def registry() -> tuple[Registry, PairFlow]:
     reg = Registry(
         [backend("t0"), backend("t1"), backend("t2"), backend("d", Role.DRAFT)], clock=lambda: 1.0
     )
     reg.set_facts("t1", SAMPLING)
     reg.set_facts("t2", GREEDY)
-    reg.bind_pair("d", "t0", 4, GREEDY, GREEDY)
-    return reg
+    flow = PairFlow(reg)
+    flow.bind_pair("d", "t0", 4, GREEDY, GREEDY)
+    return reg, flow
 
 
 def target_dies(reg: Registry) -> None:
@@ -62,66 +64,66 @@ def test_facts_parse_and_every_violation_is_named() -> None:
 
 
 def test_bind_refuses_mismatches_roles_and_a_second_binding() -> None:
-    reg = Registry([backend("t0"), backend("d", Role.DRAFT)], clock=lambda: 1.0)
+    flow = PairFlow(Registry([backend("t0"), backend("d", Role.DRAFT)], clock=lambda: 1.0))
     with pytest.raises(PairRefused, match="params_hash"):
-        reg.bind_pair("d", "t0", 4, GREEDY, SAMPLING)
+        flow.bind_pair("d", "t0", 4, GREEDY, SAMPLING)
     with pytest.raises(PairRefused, match="role"):
-        reg.bind_pair("t0", "d", 4, GREEDY, GREEDY)
-    reg.bind_pair("d", "t0", 4, GREEDY, GREEDY)
+        flow.bind_pair("t0", "d", 4, GREEDY, GREEDY)
+    flow.bind_pair("d", "t0", 4, GREEDY, GREEDY)
     with pytest.raises(PairExists):
-        reg.bind_pair("d", "t0", 4, GREEDY, GREEDY)
+        flow.bind_pair("d", "t0", 4, GREEDY, GREEDY)
 
 
 def test_only_spec_eligible_greedy_requests_get_the_pairing() -> None:
-    reg = registry()
+    _, flow = registry()
     t0 = backend("t0")
-    assert reg.pairing_for(t0, SHAPE) is not None  # temperature left to a greedy default
-    assert reg.pairing_for(t0, RequestShape("m", spec_eligible=False)) is None
+    assert flow.pairing_for(t0, SHAPE) is not None  # temperature left to a greedy default
+    assert flow.pairing_for(t0, RequestShape("m", spec_eligible=False)) is None
     sampled = RequestShape("m", greedy=False, spec_eligible=True, sets_temperature=True)
-    assert reg.pairing_for(t0, sampled) is None
-    assert reg.pairing_for(backend("t2"), SHAPE) is None  # not this pair's target
+    assert flow.pairing_for(t0, sampled) is None
+    assert flow.pairing_for(backend("t2"), SHAPE) is None  # not this pair's target
 
 
 def test_failover_to_other_params_is_rejected_and_rebound_to_a_matching_target() -> None:
-    reg = registry()
-    reg.spec_outcome("d", "t0", 10, 40, 16)  # paired baseline 0.4
+    reg, flow = registry()
+    flow.spec_outcome("d", "t0", 10, 40, 16)  # paired baseline 0.4
     target_dies(reg)
-    pairing = reg.repair("d", "t1", failed_id="t0")
+    pairing = flow.repair("d", "t1", failed_id="t0")
     assert pairing is not None and pairing.gate_required
-    result = reg.gate_pairing("d", "t1", 4, 4, SAMPLING)  # the spike: 1.0
+    result = flow.gate_pairing("d", "t1", 4, 4, SAMPLING)  # the spike: 1.0
     assert result.verdict is Verdict.REJECT and "params_hash" in result.reason
     assert result.target is not None and result.target.id == "t2"
-    pair = reg.pairs.get("d")
+    pair = flow.get("d")
     assert pair is not None and pair.target_id == "t2" and pair.state is PairState.PROBATION
     assert ("reject", "t1") in pair_actions(reg) and ("rebind", "t2") in pair_actions(reg)
     # A late probe from another request on t1 is answered with where the pair went.
-    late = reg.gate_pairing("d", "t1", 4, 4, SAMPLING)
+    late = flow.gate_pairing("d", "t1", 4, 4, SAMPLING)
     assert late.verdict is Verdict.REJECT and late.target is not None and late.target.id == "t2"
 
 
 def test_a_same_params_spike_is_probation_and_never_moves_the_baseline() -> None:
-    reg = registry()
-    reg.spec_outcome("d", "t0", 10, 40, 16)
+    reg, flow = registry()
+    flow.spec_outcome("d", "t0", 10, 40, 16)
     target_dies(reg)
-    reg.repair("d", "t2", failed_id="t0")
-    result = reg.gate_pairing("d", "t2", 4, 4, GREEDY)
+    flow.repair("d", "t2", failed_id="t0")
+    result = flow.gate_pairing("d", "t2", 4, 4, GREEDY)
     assert result.verdict is Verdict.PROBATION
-    pair = reg.pairs.get("d")
+    pair = flow.get("d")
     assert pair is not None
-    reg.spec_outcome("d", "t2", 10, 40, 40)  # still spiking
-    assert reg.pairs.baseline(pair) == pytest.approx(0.4)
-    still = reg.pairs.get("d")
+    flow.spec_outcome("d", "t2", 10, 40, 40)  # still spiking
+    assert flow.baseline(pair) == pytest.approx(0.4)
+    still = flow.get("d")
     assert still is not None and still.state is PairState.PROBATION
     for _ in range(PROBATION_ROUNDS // 10 + 8):  # back in line: graduates
-        reg.spec_outcome("d", "t2", 10, 40, 17)
-    active = reg.pairs.get("d")
+        flow.spec_outcome("d", "t2", 10, 40, 17)
+    active = flow.get("d")
     assert active is not None and active.state is PairState.ACTIVE
 
 
 def test_a_quality_signal_rejects_the_pairing() -> None:
-    reg = registry()
-    reg.spec_outcome("d", "t0", 10, 40, 16, quality_ok=False, quality="repeated n-gram loop")
-    pair = reg.pairs.get("d")
+    reg, flow = registry()
+    flow.spec_outcome("d", "t0", 10, 40, 16, quality_ok=False, quality="repeated n-gram loop")
+    pair = flow.get("d")
     assert pair is not None and pair.target_id == "t2"
     assert any(
         e.data.get("reason", "").startswith("quality")
@@ -130,17 +132,17 @@ def test_a_quality_signal_rejects_the_pairing() -> None:
 
 
 def test_no_matching_target_detaches_and_a_matching_one_is_adopted_later() -> None:
-    reg = registry()
+    reg, flow = registry()
     reg.drain("t2")
     target_dies(reg)
-    reg.repair("d", "t1", failed_id="t0")
-    result = reg.gate_pairing("d", "t1", 4, 4, SAMPLING)
+    flow.repair("d", "t1", failed_id="t0")
+    result = flow.gate_pairing("d", "t1", 4, 4, SAMPLING)
     assert result.verdict is Verdict.REJECT and result.target is None
-    pair = reg.pairs.get("d")
+    pair = flow.get("d")
     assert pair is not None and pair.state is PairState.DETACHED
-    assert reg.pairing_for(backend("t1"), SHAPE) is None  # never adopts other params
+    assert flow.pairing_for(backend("t1"), SHAPE) is None  # never adopts other params
     reg.undrain("t2")
-    pairing = reg.pairing_for(backend("t2"), SHAPE)
+    pairing = flow.pairing_for(backend("t2"), SHAPE)
     assert pairing is not None and pairing.gate_required
     (repair,) = [e for e in reg.events.query(EventQuery("pair")) if e.data["target"] == "t2"]
     assert repair.data["action"] == "repair" and repair.data["previous"] == "t1"
