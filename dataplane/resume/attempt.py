@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
 
 import aiohttp
 import orjson
@@ -21,7 +19,6 @@ from dataplane.engine import (
     StreamFailed,
     Timeouts,
     detokenize,
-    each_event,
     error_kind,
     open_attempt,
     resume_failure,
@@ -30,55 +27,17 @@ from dataplane.failover import Failure
 from dataplane.resume import detok
 from dataplane.resume.plan import Refused, ResumePlan, plan_resume, tokens_allowed
 from dataplane.resume.progress import ChoiceProgress
+from dataplane.resume.resumed import ChoiceResume, Handover, ResumedStream
 from dataplane.resume.seam import HeldText, SeamCheck
 from dataplane.resume.sidecheck import SideCheck
 from dataplane.resume.stitch import (
-    FAILED_FINISH,
     Stitcher,
     StopMatcher,
-    choice_text,
-    parse_chunk,
 )
 from dataplane.settings import ResumeSettings
 from dataplane.validate import ClientRequest, Endpoint
 
 TOKEN_KINDS = frozenset({BackendKind.VLLM, BackendKind.SGLANG})
-
-
-class Handover(Protocol):
-    """Where a stream on a backend drained with --migrate should go (StreamRelay answers)."""
-
-    def due(self, backend_id: str) -> bool:
-        """Is `backend_id` drained with migration, and is it time to ask where to go?
-        Cheap: asked at every chunk."""
-        ...
-
-    async def target(self, backend: Backend) -> Backend | None:
-        """Control's choice of a backend to move to; None: stay."""
-        ...
-
-
-@dataclass(slots=True)
-class ChoiceResume:
-    """How one choice's resume on one backend went."""
-
-    path: ResumePath | None = None
-    seam: Seam | None = None
-    gap_ms: float = 0.0
-    failure: str | None = None
-    detail: str = ""
-    verdict: asyncio.Task[Seam] | None = None  # a parallel seam check still running
-    handover: Backend | None = None  # failure "migrate": where control said to move it
-    # Set at the resumed stream's second event (or its end). The seam check waits for it: on
-    # a card that prefills one request at a time it would otherwise delay the resume itself,
-    # and the resumes the same failure sent there (their first tokens come before this
-    # stream's second).
-    flowing: asyncio.Event = field(default_factory=asyncio.Event)
-    # An exact resume at a character boundary: the ids and the engine's text of its first
-    # chunks up to the first that carried text, for the side check (set once they are in,
-    # or at the stream's end).
-    first_text: tuple[list[int], str] = field(default_factory=lambda: ([], ""))
-    first_seen: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(slots=True)
@@ -115,6 +74,10 @@ class Resumer:
         self._stitcher = stitcher
         self._write = write
         self._side = SideCheck(session, self._decode, settings.max_resume_seconds)
+        self._stream = ResumedStream(
+            settings=settings, stitcher=stitcher, write=write, handover=handover,
+            decode=self._decode, settled_decode=self._settled_decode,
+        )  # fmt: skip
 
     async def start(self, backend: Backend, p: ChoiceProgress, *, exact: bool) -> Started:
         """Plan and open one resume request. Raises Refused or AttemptFailed. The plans are
@@ -156,54 +119,11 @@ class Resumer:
                     result.failure, result.detail = failed.failure, failed.detail
                     return result
                 early = None
-                plan = started.plan
-                result.path = plan.path
-                # An exact token resume at a character boundary passes the engine's text on:
-                # checked beside the stream against the ids' own text.
-                at_boundary = (
-                    plan.path is ResumePath.TOKEN and plan.held is None and not plan.checks
-                    and bool(p.token_ids)
-                )  # fmt: skip
-                if (started.check is not None or at_boundary) and verify is None:
-                    base: Seam = plan.seam if plan.seam is not Seam.VERIFIED else Seam.UNCHECKED
-                    if result.seam is not None:
-                        base = result.seam  # a divergent try keeps its verdict
-                    verify = asyncio.create_task(
-                        self._side.verdict(backend, started.check, result, at_boundary, base)
-                    )
-                elif result.seam is None and verify is None:  # a divergent try keeps its verdict
-                    result.seam = plan.seam if plan.seam is not Seam.VERIFIED else None
-                if not at_boundary:
-                    result.first_seen.set()  # nothing to watch
-                seam = SeamCheck(plan.overlap_ids, plan.overlap_text)
-                outcome = ""
-                stops = (
-                    StopMatcher(
-                        _stops(self._client),
-                        bool(self._client.body.get("include_stop_str_in_output")),
-                    )
-                    if plan.held is not None and _stops(self._client)
-                    else None
-                )
-                held = HeldText(plan.held) if plan.held is not None else None
-                try:
-                    outcome = await self._relay_resumed(
-                        backend, started.upstream, p, plan.endpoint, seam, held, stops, detected,
-                        result,
-                    )
-                except StreamFailed as failed:
-                    result.failure, result.detail = failed.failure, str(failed)
+                result.path = started.plan.path
+                verify = self._check_beside(backend, p, started, result, verify)
+                outcome, seam, held = await self._relay_one(backend, started, p, detected, result)
+                if outcome == "failed":
                     return result
-                except AttemptFailed as failed:  # decoding the held tokens' text failed
-                    result.failure, result.detail = failed.failure, failed.detail
-                    return result
-                finally:
-                    result.flowing.set()  # a stream that ended early: the check may go now
-                    result.first_seen.set()
-                    if outcome == "finished":  # its generation is over: keep the connection
-                        self._trailers.append(started.upstream)
-                    else:
-                        started.upstream.close()  # also stops a generation still running
                 if outcome == "divergent":
                     result.seam, exact = Seam.DIVERGENT, True
                     continue
@@ -223,6 +143,73 @@ class Resumer:
                 verify.cancel()
             if early is not None:  # never relayed
                 early.upstream.close()
+
+    def _check_beside(
+        self,
+        backend: Backend,
+        p: ChoiceProgress,
+        started: Started,
+        result: ChoiceResume,
+        verify: asyncio.Task[Seam] | None,
+    ) -> asyncio.Task[Seam] | None:
+        """Start the side check when this resume needs one (and none runs yet), or settle
+        the verdict it has without one. Returns the side check running."""
+        plan = started.plan
+        # An exact token resume at a character boundary passes the engine's text on:
+        # checked beside the stream against the ids' own text.
+        at_boundary = (
+            plan.path is ResumePath.TOKEN and plan.held is None and not plan.checks
+            and bool(p.token_ids)
+        )  # fmt: skip
+        if (started.check is not None or at_boundary) and verify is None:
+            base: Seam = plan.seam if plan.seam is not Seam.VERIFIED else Seam.UNCHECKED
+            if result.seam is not None:
+                base = result.seam  # a divergent try keeps its verdict
+            verify = asyncio.create_task(
+                self._side.verdict(backend, started.check, result, at_boundary, base)
+            )
+        elif result.seam is None and verify is None:  # a divergent try keeps its verdict
+            result.seam = plan.seam if plan.seam is not Seam.VERIFIED else None
+        if not at_boundary:
+            result.first_seen.set()  # nothing to watch
+        return verify
+
+    async def _relay_one(
+        self,
+        backend: Backend,
+        started: Started,
+        p: ChoiceProgress,
+        detected: float,
+        result: ChoiceResume,
+    ) -> tuple[str, SeamCheck, HeldText | None]:
+        """One resumed stream relayed with its inline seam check, Baton's stop strings and
+        the held text: ("failed" with the result's failure set, "divergent", "finished" or
+        "stopped"), the seam check and the held text."""
+        plan = started.plan
+        seam = SeamCheck(plan.overlap_ids, plan.overlap_text)
+        stop_strings = _stops(self._client) if plan.held is not None else []
+        include = bool(self._client.body.get("include_stop_str_in_output"))
+        stops = StopMatcher(stop_strings, include) if stop_strings else None
+        held = HeldText(plan.held) if plan.held is not None else None
+        outcome = ""
+        try:
+            outcome = await self._stream.relay(
+                backend, started.upstream, p, plan.endpoint, seam, held, stops, detected, result
+            )
+        except StreamFailed as failed:
+            result.failure, result.detail = failed.failure, str(failed)
+            outcome = "failed"
+        except AttemptFailed as failed:  # decoding the held tokens' text failed
+            result.failure, result.detail = failed.failure, failed.detail
+            outcome = "failed"
+        finally:
+            result.flowing.set()  # a stream that ended early: the check may go now
+            result.first_seen.set()
+            if outcome == "finished":  # its generation is over: keep the connection
+                self._trailers.append(started.upstream)
+            else:
+                started.upstream.close()  # also stops a generation still running
+        return outcome, seam, held
 
     async def _finish_exhausted(
         self, backend: Backend, p: ChoiceProgress, result: ChoiceResume
@@ -247,95 +234,6 @@ class Resumer:
         result.detail = "max_tokens reached before the failure; finished without a resume"
         return result
 
-    async def _relay_resumed(
-        self,
-        backend: Backend,
-        upstream: aiohttp.ClientResponse,
-        p: ChoiceProgress,
-        endpoint: Endpoint,
-        seam: SeamCheck,
-        held: HeldText | None,
-        stops: StopMatcher | None,
-        detected: float,
-        result: ChoiceResume,
-    ) -> str:
-        """Relays one resumed stream to its end: "finished" (the engine ended it), "stopped"
-        (Baton matched a stop string; the engine is still generating) or "divergent" (the
-        inline seam check failed). Raises StreamFailed."""
-        chat = endpoint is Endpoint.CHAT
-        stitcher = self._stitcher
-        events = 0
-        async for event in each_event(upstream.content, self._settings):
-            events += 1
-            if events == 2:
-                result.flowing.set()
-            data = event.data
-            if event.is_done:
-                break
-            obj, failure = parse_chunk(data, 1)  # a resume asks for one choice
-            if obj is None:
-                raise StreamFailed(failure or Failure.GARBAGE)
-            choices = obj.get("choices") or []
-            if not choices:
-                usage = obj.get("usage")
-                if usage and stitcher.extra_prompt_tokens is None:
-                    # Text path: the resume's prompt includes the text already sent.
-                    stitcher.extra_prompt_tokens = max(
-                        0, usage.get("prompt_tokens", 0) - p.generated
-                    )
-                continue
-            ch = choices[0]
-            finish = ch.get("finish_reason")
-            if finish in FAILED_FINISH:
-                raise StreamFailed(Failure.finish(finish))
-            ids = ch.get("token_ids") or []
-            text = choice_text(ch, chat)
-            verified = seam.feed(ids, text, finish is not None)
-            if seam.verdict is Seam.DIVERGENT:
-                return "divergent"
-            if verified is None:
-                continue
-            ids, text = verified
-            stop_reason = ch.get("stop_reason")
-            if not result.first_seen.is_set():
-                seen_ids, seen_text = result.first_text
-                seen_ids.extend(ids)
-                if text:
-                    result.first_text = (seen_ids, text)
-                    result.first_seen.set()
-            settled = False
-            if held is not None:
-                # Never the engine's text here: only its word that it released some.
-                held.add(ids)
-                text, resolved = "", None
-                if text_released(ch, chat) or finish:
-                    resolved = await self._resolve(backend, held, finish, stop_reason)
-                if resolved is not None:
-                    text, settled, held = resolved, True, None
-            engine_finish = finish
-            if stops is not None:
-                text, matched = stops.feed(text)
-                if matched is not None:
-                    finish, stop_reason = "stop", matched
-                elif finish:
-                    text += stops.flush()
-            p.add(text, ids, settled=settled)
-            if finish:
-                p.finish_reason, p.stop_reason = finish, stop_reason
-            out = stitcher.chunk(p.index, text, ids, finish, stop_reason)
-            if out:
-                if result.gap_ms == 0.0:
-                    result.gap_ms = (time.perf_counter() - detected) * 1000
-                await self._write(out)
-            if finish:
-                return "finished" if engine_finish else "stopped"
-            # A chunk boundary, everything so far sent: a migration can start here.
-            if self._handover.due(backend.id):
-                result.handover = await self._handover.target(backend)
-                if result.handover is not None:
-                    raise StreamFailed(Failure.MIGRATE, f"{backend.id} drained with migration")
-        raise StreamFailed(Failure.TRUNCATED, "resumed stream ended before finishing")
-
     async def _open(
         self, backend: Backend, endpoint: Endpoint, body: dict[str, object]
     ) -> aiohttp.ClientResponse:
@@ -348,19 +246,6 @@ class Resumer:
         why = await error_kind(upstream, self._timeouts.connect)
         upstream.close()
         raise AttemptFailed(resume_failure(status), f"resume answered {status}{why}")
-
-    async def _resolve(
-        self, backend: Backend, held: HeldText, finish: str | None, stop_reason: object
-    ) -> str | None:
-        """The held tokens' text once it is whole characters (HeldText.resolve)."""
-        ids = held.ids
-        if finish == "stop" and not isinstance(stop_reason, str) and ids:
-            ids = ids[:-1]  # EOS or a stop token id: engines release no text for it
-        if finish:
-            decoded = await self._settled_decode(backend, ids)
-        else:
-            decoded = await self._decode(backend, ids)
-        return held.resolve(decoded, finish is not None)
 
     async def _settled_decode(self, backend: Backend, ids: list[int]) -> str:
         return await detok.settled(functools.partial(self._decode, backend), ids)
@@ -376,12 +261,6 @@ def tokens_left(client: ClientRequest, p: ChoiceProgress) -> int | None:
     """Tokens the client still allows this choice (None: no limit). A text-path count
     undercounts (a chunk can carry several tokens), so 0 here is never premature."""
     return tokens_allowed(client.body, p.generated)
-
-
-def text_released(ch: dict[str, Any], chat: bool) -> bool:
-    """Whether a resumed chunk carries text: a byte-level engine releases text only at a
-    character boundary, so this says when decoding the held tokens is worth a call."""
-    return bool(choice_text(ch, chat))
 
 
 def _stops(client: ClientRequest) -> list[str]:

@@ -25,7 +25,6 @@ from dataplane.metrics import ShimMetrics
 from dataplane.oracle import Oracle
 from dataplane.resume.attempt import (
     TOKEN_KINDS,
-    ChoiceResume,
     Resumer,
     Started,
     tokens_left,
@@ -35,6 +34,7 @@ from dataplane.resume.markers import MarkerCache
 from dataplane.resume.plan import refusal
 from dataplane.resume.progress import ChoiceProgress
 from dataplane.resume.reports import Reporter
+from dataplane.resume.resumed import ChoiceResume
 from dataplane.resume.stitch import Stitcher
 from dataplane.settings import ResumeSettings
 from dataplane.validate import ClientRequest

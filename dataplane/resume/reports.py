@@ -10,7 +10,7 @@ from baton.model import FailoverReport, Seam
 from baton.tracing import Tracing
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import Oracle
-from dataplane.resume.attempt import ChoiceResume
+from dataplane.resume.resumed import ChoiceResume
 
 
 class Reporter:

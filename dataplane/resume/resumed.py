@@ -1,0 +1,204 @@
+"""One resumed stream relayed to the client: each chunk through the inline seam check, the
+text Baton derives from ids where the prompt ended mid-character, and Baton's stop strings,
+into the stitcher; a migration can start at any chunk boundary. Resumer (attempt.py) opens
+the stream and decides what to do with how it ended."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+
+from baton.model import Backend, ResumePath, Seam
+from dataplane.engine import StreamFailed, each_event
+from dataplane.failover import Failure
+from dataplane.resume.progress import ChoiceProgress
+from dataplane.resume.seam import HeldText, SeamCheck
+from dataplane.resume.stitch import FAILED_FINISH, Stitcher, StopMatcher, choice_text, parse_chunk
+from dataplane.settings import ResumeSettings
+from dataplane.validate import Endpoint
+
+Decode = Callable[[Backend, list[int]], Awaitable[str]]
+
+
+class Handover(Protocol):
+    """Where a stream on a backend drained with --migrate should go (StreamRelay answers)."""
+
+    def due(self, backend_id: str) -> bool:
+        """Is `backend_id` drained with migration, and is it time to ask where to go?
+        Cheap: asked at every chunk."""
+        ...
+
+    async def target(self, backend: Backend) -> Backend | None:
+        """Control's choice of a backend to move to; None: stay."""
+        ...
+
+
+@dataclass(slots=True)
+class ChoiceResume:
+    """How one choice's resume on one backend went."""
+
+    path: ResumePath | None = None
+    seam: Seam | None = None
+    gap_ms: float = 0.0
+    failure: str | None = None
+    detail: str = ""
+    verdict: asyncio.Task[Seam] | None = None  # a parallel seam check still running
+    handover: Backend | None = None  # failure "migrate": where control said to move it
+    # Set at the resumed stream's second event (or its end). The seam check waits for it: on
+    # a card that prefills one request at a time it would otherwise delay the resume itself,
+    # and the resumes the same failure sent there (their first tokens come before this
+    # stream's second).
+    flowing: asyncio.Event = field(default_factory=asyncio.Event)
+    # An exact resume at a character boundary: the ids and the engine's text of its first
+    # chunks up to the first that carried text, for the side check (set once they are in,
+    # or at the stream's end).
+    first_text: tuple[list[int], str] = field(default_factory=lambda: ([], ""))
+    first_seen: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class ResumedStream:
+    def __init__(
+        self,
+        *,
+        settings: ResumeSettings,
+        stitcher: Stitcher,
+        write: Callable[[bytes], Awaitable[None]],
+        handover: Handover,
+        decode: Decode,
+        settled_decode: Decode,
+    ) -> None:
+        self._settings = settings
+        self._stitcher = stitcher
+        self._write = write
+        self._handover = handover
+        self._decode = decode
+        self._settled_decode = settled_decode
+
+    async def relay(
+        self,
+        backend: Backend,
+        upstream: aiohttp.ClientResponse,
+        p: ChoiceProgress,
+        endpoint: Endpoint,
+        seam: SeamCheck,
+        held: HeldText | None,
+        stops: StopMatcher | None,
+        detected: float,
+        result: ChoiceResume,
+    ) -> str:
+        """Relays one resumed stream to its end: "finished" (the engine ended it), "stopped"
+        (Baton matched a stop string; the engine is still generating) or "divergent" (the
+        inline seam check failed). Raises StreamFailed."""
+        chat = endpoint is Endpoint.CHAT
+        stitcher = self._stitcher
+        events = 0
+        async for event in each_event(upstream.content, self._settings):
+            events += 1
+            if events == 2:
+                result.flowing.set()
+            data = event.data
+            if event.is_done:
+                break
+            obj, failure = parse_chunk(data, 1)  # a resume asks for one choice
+            if obj is None:
+                raise StreamFailed(failure or Failure.GARBAGE)
+            choices = obj.get("choices") or []
+            if not choices:
+                self._note_usage(obj, p)
+                continue
+            ch = choices[0]
+            finish = ch.get("finish_reason")
+            if finish in FAILED_FINISH:
+                raise StreamFailed(Failure.finish(finish))
+            ids = ch.get("token_ids") or []
+            text = choice_text(ch, chat)
+            verified = seam.feed(ids, text, finish is not None)
+            if seam.verdict is Seam.DIVERGENT:
+                return "divergent"
+            if verified is None:
+                continue
+            ids, text = verified
+            stop_reason = ch.get("stop_reason")
+            if not result.first_seen.is_set():
+                _watch_first(result, ids, text)
+            settled = False
+            if held is not None:
+                # Never the engine's text here: only its word that it released some.
+                held.add(ids)
+                text, resolved = "", None
+                if text_released(ch, chat) or finish:
+                    resolved = await self._resolve(backend, held, finish, stop_reason)
+                if resolved is not None:
+                    text, settled, held = resolved, True, None
+            engine_finish = finish
+            if stops is not None:
+                text, finish, stop_reason = _apply_stops(stops, text, finish, stop_reason)
+            p.add(text, ids, settled=settled)
+            if finish:
+                p.finish_reason, p.stop_reason = finish, stop_reason
+            out = stitcher.chunk(p.index, text, ids, finish, stop_reason)
+            if out:
+                if result.gap_ms == 0.0:
+                    result.gap_ms = (time.perf_counter() - detected) * 1000
+                await self._write(out)
+            if finish:
+                return "finished" if engine_finish else "stopped"
+            # A chunk boundary, everything so far sent: a migration can start here.
+            if self._handover.due(backend.id):
+                result.handover = await self._handover.target(backend)
+                if result.handover is not None:
+                    raise StreamFailed(Failure.MIGRATE, f"{backend.id} drained with migration")
+        raise StreamFailed(Failure.TRUNCATED, "resumed stream ended before finishing")
+
+    def _note_usage(self, obj: dict[str, Any], p: ChoiceProgress) -> None:
+        usage = obj.get("usage")
+        if usage and self._stitcher.extra_prompt_tokens is None:
+            # Text path: the resume's prompt includes the text already sent.
+            self._stitcher.extra_prompt_tokens = max(0, usage.get("prompt_tokens", 0) - p.generated)
+
+    async def _resolve(
+        self, backend: Backend, held: HeldText, finish: str | None, stop_reason: object
+    ) -> str | None:
+        """The held tokens' text once it is whole characters (HeldText.resolve)."""
+        ids = held.ids
+        if finish == "stop" and not isinstance(stop_reason, str) and ids:
+            ids = ids[:-1]  # EOS or a stop token id: engines release no text for it
+        if finish:
+            decoded = await self._settled_decode(backend, ids)
+        else:
+            decoded = await self._decode(backend, ids)
+        return held.resolve(decoded, finish is not None)
+
+
+def _watch_first(result: ChoiceResume, ids: list[int], text: str) -> None:
+    """The ids and text of the resumed stream's first chunks up to the first with text,
+    for the side check of a resume at a character boundary."""
+    seen_ids, _ = result.first_text
+    seen_ids.extend(ids)
+    if text:
+        result.first_text = (seen_ids, text)
+        result.first_seen.set()
+
+
+def _apply_stops(
+    stops: StopMatcher, text: str, finish: str | None, stop_reason: object
+) -> tuple[str, str | None, object]:
+    """Baton's stop strings over a resume it derives the text of: the text to send, and the
+    finish (a matched stop string ends the choice with "stop", the string as its reason)."""
+    text, matched = stops.feed(text)
+    if matched is not None:
+        return text, "stop", matched
+    if finish:
+        text += stops.flush()
+    return text, finish, stop_reason
+
+
+def text_released(ch: dict[str, Any], chat: bool) -> bool:
+    """Whether a resumed chunk carries text: a byte-level engine releases text only at a
+    character boundary, so this says when decoding the held tokens is worth a call."""
+    return bool(choice_text(ch, chat))
