@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -27,7 +26,7 @@ from dataplane.failover import Failure
 from dataplane.resume import detok
 from dataplane.resume.plan import Refused, ResumePlan, plan_resume, tokens_allowed
 from dataplane.resume.progress import ChoiceProgress
-from dataplane.resume.resumed import ChoiceResume, Handover, ResumedStream
+from dataplane.resume.resumed import ChoiceResume, Downstream, ResumedStream
 from dataplane.resume.seam import HeldText, SeamCheck
 from dataplane.resume.sidecheck import SideCheck
 from dataplane.resume.stitch import (
@@ -59,23 +58,18 @@ class Resumer:
         settings: ResumeSettings,
         client: ClientRequest,
         stitcher: Stitcher,
-        write: Callable[[bytes], Awaitable[None]],
-        handover: Handover,
-        trailers: list[aiohttp.ClientResponse],
+        downstream: Downstream,
     ) -> None:
-        """`trailers`: where a finished resume's response goes, for the owner to settle
-        (upstream_sse.settle) once the client's answer is complete."""
-        self._handover = handover
-        self._trailers = trailers
+        """`downstream`: the relay that owns the client's stream."""
+        self._down = downstream
         self._session = session
         self._timeouts = timeouts
         self._settings = settings
         self._client = client
         self._stitcher = stitcher
-        self._write = write
         self._side = SideCheck(session, self._decode, settings.max_resume_seconds)
         self._stream = ResumedStream(
-            settings=settings, stitcher=stitcher, write=write, handover=handover,
+            settings=settings, stitcher=stitcher, downstream=downstream,
             decode=self._decode, settled_decode=self._settled_decode,
         )  # fmt: skip
 
@@ -206,7 +200,7 @@ class Resumer:
             result.flowing.set()  # a stream that ended early: the check may go now
             result.first_seen.set()
             if outcome == "finished":  # its generation is over: keep the connection
-                self._trailers.append(started.upstream)
+                self._down.keep(started.upstream)
             else:
                 started.upstream.close()  # also stops a generation still running
         return outcome, seam, held
@@ -227,10 +221,7 @@ class Resumer:
                 result.failure, result.detail = failed.failure, failed.detail
                 return result
             held = HeldText(pending).resolve(decoded, True) or ""
-        if held:
-            p.pieces.append(held)  # its tokens are in p.token_ids already: not add()
-        p.finish_reason = "length"
-        await self._write(self._stitcher.chunk(p.index, held, [], "length"))
+        await self._down.write(self._stitcher.ended_at_limit(p, held))
         result.detail = "max_tokens reached before the failure; finished without a resume"
         return result
 

@@ -1,6 +1,7 @@
 """What one choice of a stream has generated so far, as the client has it: token ids, text,
 where that text is known to end at a character boundary, and the recent chunks a seam
-overlap is chosen from. One writer: the stitcher, as it relays the chunks (stitch.py)."""
+overlap is chosen from. One writer: the stitcher (stitch.py), as it shapes each chunk the
+client gets, from the first stream and from resumed ones; everyone else only reads."""
 
 # baton: pure
 
@@ -87,6 +88,13 @@ class ChoiceProgress:
             self.token_ids.extend(ids)
             if self.settles and (settled or (text and len(ids) == 1)):
                 self.settled.append((len(self.token_ids), self.text_len))
+
+    def end(self, finish: str, stop_reason: str | int | None = None, held_text: str = "") -> None:
+        """The choice's finish. `held_text`: text the client gets with it for tokens counted
+        already (what an engine held back for a stop string, released at the end)."""
+        if held_text:
+            self.pieces.append(held_text)
+        self.finish_reason, self.stop_reason = finish, stop_reason
 
     @property
     def generated(self) -> int:

@@ -108,9 +108,7 @@ class StreamRelay:
             settings=settings,
             client=client,
             stitcher=self.stitcher,
-            write=self._write,
-            handover=self,
-            trailers=self._trailers,
+            downstream=self,
         )
         self._chooser = Chooser(
             oracle=oracle, resumer=self._resumer, settings=settings, client=client,
@@ -160,7 +158,10 @@ class StreamRelay:
             t.close()
         self._trailers.clear()
 
-    # -- migration (Handover, for the resumer too) -----------------------------------------
+    def keep(self, upstream: aiohttp.ClientResponse) -> None:
+        self._trailers.append(upstream)
+
+    # -- migration (Downstream, for the resumer too) ---------------------------------------
 
     def due(self, backend_id: str) -> bool:
         """Is `backend_id` drained with migration, and may control be asked where to go
@@ -194,7 +195,7 @@ class StreamRelay:
             )
         return target
 
-    async def _write(self, data: bytes) -> None:
+    async def write(self, data: bytes) -> None:
         if self.first_byte is None:
             self.first_byte = time.monotonic()
         await self._resp.write(data)
@@ -211,7 +212,7 @@ class StreamRelay:
             for event in events:
                 if event.is_done:
                     if out:
-                        await self._write(b"".join(out))
+                        await self.write(b"".join(out))
                     if self.stitcher.unfinished():
                         raise StreamFailed(Failure.TRUNCATED, "[DONE] before every choice finished")
                     return None
@@ -220,11 +221,11 @@ class StreamRelay:
                     out.append(piece)
                 if failure:
                     if out:
-                        await self._write(b"".join(out))
+                        await self.write(b"".join(out))
                     raise StreamFailed(failure)
             # What one read delivered goes out in one write.
             if out:
-                await self._write(b"".join(out))
+                await self.write(b"".join(out))
             if self.due(backend.id):  # a chunk boundary: a migration can start here
                 target = await self.target(backend)
                 if target is not None:
@@ -341,9 +342,8 @@ class StreamRelay:
             if tokens_left(self._client, p) != 0 or (stops and p.token_ids):
                 left.append(p)
                 continue
-            p.finish_reason = "length"
             log.info("request %s: choice %d had all its tokens; finished", self._rid, p.index)
-            await self._write(self.stitcher.chunk(p.index, "", [], "length"))
+            await self.write(self.stitcher.ended_at_limit(p))
         return left
 
     async def _give_up(self, st: _Failing, outcome: FailoverOutcome, why: str) -> bool:

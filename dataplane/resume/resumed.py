@@ -25,8 +25,19 @@ from dataplane.validate import Endpoint
 Decode = Callable[[Backend, list[int]], Awaitable[str]]
 
 
-class Handover(Protocol):
-    """Where a stream on a backend drained with --migrate should go (StreamRelay answers)."""
+class Downstream(Protocol):
+    """What a resume needs of the relay that owns the client's stream (relay.StreamRelay):
+    the client's stream to write to, a place for a finished resume's response, and where a
+    stream on a backend drained with --migrate should go."""
+
+    async def write(self, data: bytes) -> None:
+        """Bytes for the client, in order."""
+        ...
+
+    def keep(self, upstream: aiohttp.ClientResponse) -> None:
+        """A resume whose generation is over: its connection is settled (engine.settle) once
+        the client's answer is complete."""
+        ...
 
     def due(self, backend_id: str) -> bool:
         """Is `backend_id` drained with migration, and is it time to ask where to go?
@@ -67,15 +78,13 @@ class ResumedStream:
         *,
         settings: ResumeSettings,
         stitcher: Stitcher,
-        write: Callable[[bytes], Awaitable[None]],
-        handover: Handover,
+        downstream: Downstream,
         decode: Decode,
         settled_decode: Decode,
     ) -> None:
         self._settings = settings
         self._stitcher = stitcher
-        self._write = write
-        self._handover = handover
+        self._down = downstream
         self._decode = decode
         self._settled_decode = settled_decode
 
@@ -138,19 +147,16 @@ class ResumedStream:
             engine_finish = finish
             if stops is not None:
                 text, finish, stop_reason = _apply_stops(stops, text, finish, stop_reason)
-            p.add(text, ids, settled=settled)
-            if finish:
-                p.finish_reason, p.stop_reason = finish, stop_reason
-            out = stitcher.chunk(p.index, text, ids, finish, stop_reason)
+            out = stitcher.resumed_chunk(p, text, ids, finish, stop_reason, settled=settled)
             if out:
                 if result.gap_ms == 0.0:
                     result.gap_ms = (time.perf_counter() - detected) * 1000
-                await self._write(out)
+                await self._down.write(out)
             if finish:
                 return "finished" if engine_finish else "stopped"
             # A chunk boundary, everything so far sent: a migration can start here.
-            if self._handover.due(backend.id):
-                result.handover = await self._handover.target(backend)
+            if self._down.due(backend.id):
+                result.handover = await self._down.target(backend)
                 if result.handover is not None:
                     raise StreamFailed(Failure.MIGRATE, f"{backend.id} drained with migration")
         raise StreamFailed(Failure.TRUNCATED, "resumed stream ended before finishing")

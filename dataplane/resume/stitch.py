@@ -305,6 +305,30 @@ class Stitcher:
 
     # -- resumed streams -----------------------------------------------------------------
 
+    def resumed_chunk(
+        self,
+        p: ChoiceProgress,
+        text: str,
+        ids: list[int],
+        finish: str | None = None,
+        stop_reason: str | int | None = None,
+        *,
+        settled: bool = False,
+    ) -> bytes:
+        """A resumed chunk: recorded in the choice's progress, then shaped for the client
+        (chunk()). `settled`: Baton decoded the text itself, so it covers every id."""
+        p.add(text, ids, settled=settled)
+        if finish:
+            p.end(finish, stop_reason)
+        return self.chunk(p.index, text, ids, finish, stop_reason)
+
+    def ended_at_limit(self, p: ChoiceProgress, held_text: str = "") -> bytes:
+        """A choice that had all its max_tokens before the failure, only its finish lost:
+        "length", as the engine would have ended it, with the text it held back for a stop
+        string (its tokens are counted already)."""
+        p.end("length", None, held_text)
+        return self.chunk(p.index, held_text, [], "length")
+
     def chunk(
         self,
         index: int,
