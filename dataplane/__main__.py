@@ -15,10 +15,10 @@ from baton import aio
 from dataplane import workers
 from dataplane.app import ShimSettings, make_app
 from dataplane.engine import Timeouts
+from dataplane.exceptions import ControlRefused
 from dataplane.failover import RetryBudget
 from dataplane.lifecycle import INFLIGHT, Stopping
 from dataplane.limits import API_KEYS_ENV, Limits, load_keys
-from dataplane.oracle import ControlRefused
 from dataplane.proxy import ProxySettings
 from dataplane.settings import ResumeSettings
 

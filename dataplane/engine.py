@@ -17,16 +17,10 @@ import aiohttp
 import orjson
 
 from baton.model import Backend
+from dataplane.exceptions import AttemptFailed, StreamFailed
 from dataplane.failover import Failure, classify_status
 from dataplane.settings import ResumeSettings
 from dataplane.sse import Event, SSEParser
-
-
-class AttemptFailed(Exception):
-    def __init__(self, failure: Failure, detail: str) -> None:
-        super().__init__(f"{failure}: {detail}")
-        self.failure = failure
-        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +75,6 @@ async def open_attempt(
 TRAILER_SECONDS = 0.25
 TRAILER_BYTES = 64 * 1024
 
-
-class StreamFailed(Exception):
-    def __init__(self, failure: str, detail: str = "") -> None:
-        super().__init__(f"{failure}: {detail}" if detail else failure)
-        self.failure = failure
 
 
 async def read_events(

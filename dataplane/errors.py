@@ -12,6 +12,7 @@ from enum import StrEnum
 
 import orjson
 
+from dataplane.exceptions import ShimError
 from dataplane.sse import DONE_EVENT
 
 
@@ -51,7 +52,7 @@ STATUS: dict[ErrorKind, tuple[int, str]] = {
 }
 
 
-class OpenAIError(Exception):
+class OpenAIError(ShimError):
     def __init__(
         self,
         kind: ErrorKind,

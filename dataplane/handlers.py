@@ -12,9 +12,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from baton.model import Reason
 from baton.tracing import SpanKind, Tracing
 from dataplane.errors import ErrorKind, OpenAIError
+from dataplane.exceptions import ControlUnavailable
 from dataplane.limits import Limits, StreamSlots, check_head, check_request
 from dataplane.metrics import ShimMetrics
-from dataplane.oracle import ControlUnavailable, Oracle
+from dataplane.oracle import Oracle
 from dataplane.proxy import Exchange, Proxy
 from dataplane.shape import shape_of
 from dataplane.validate import ClientRequest, Endpoint, parse_request

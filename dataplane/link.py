@@ -23,16 +23,11 @@ from baton import wire
 from baton.model import Decision, FailoverReport, RequestOutcome, RequestShape
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from dataplane.degraded import DegradedRouter
+from dataplane.exceptions import ControlRefused, ControlUnavailable, StreamBroken
 from dataplane.metrics import LinkStats
-from dataplane.oracle import (
-    ControlRefused,
-    ControlUnavailable,
-    FleetView,
-    GateAnswer,
-    fleet_view,
-)
+from dataplane.oracle import FleetView, GateAnswer, fleet_view
 from dataplane.outbox import TRANSIENT, Outbox, Report
-from dataplane.routestream import RouteStream, StreamBroken
+from dataplane.routestream import RouteStream
 
 log = logging.getLogger("baton.shim.oracle")
 

@@ -19,10 +19,6 @@ from baton.model import (
 )
 
 
-class ControlUnavailable(Exception):
-    """Control did not answer in time (and the shim cannot decide alone); says why."""
-
-
 @dataclass(frozen=True, slots=True)
 class GateAnswer:
     verdict: str  # accept | probation | reject
@@ -88,7 +84,3 @@ def models_of(backends: Sequence[Backend]) -> tuple[str, ...]:
 def fleet_view(snapshot: Snapshot) -> FleetView:
     backends = tuple(b.backend for b in snapshot.backends)
     return FleetView(snapshot.version, models_of(backends), backends, snapshot)
-
-
-class ControlRefused(Exception):
-    """Control answered UNAUTHENTICATED: this shim's token is missing or not control's."""

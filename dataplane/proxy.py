@@ -15,8 +15,9 @@ from aiohttp import web
 
 from baton.model import Backend, Decision, RequestOutcome, RequestShape
 from baton.tracing import SpanKind, Tracing
-from dataplane.engine import AttemptFailed, Timeouts, classify_exception, open_attempt, settle
+from dataplane.engine import Timeouts, classify_exception, open_attempt, settle
 from dataplane.errors import ErrorKind, OpenAIError
+from dataplane.exceptions import AttemptFailed
 from dataplane.failover import Failure, RetryBudget, classify_status
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import Oracle
@@ -97,7 +98,7 @@ class Proxy:
                     last = failed
                     self._report_failure(ex, backend, failed)
                     if span is not None:
-                        span.set_attribute("baton.failure", failed.failure.value)
+                        span.set_attribute("baton.failure", str(failed.failure))
         detail = f" (last: {last})" if last else ""
         raise OpenAIError(ErrorKind.BACKEND_FAILED, f"no backend could serve the request{detail}")
 

@@ -15,10 +15,7 @@ from typing import Any
 import grpc
 
 from baton.v1 import routing_pb2, routing_pb2_grpc
-
-
-class StreamBroken(Exception):
-    pass
+from dataplane.exceptions import StreamBroken
 
 
 class RouteStream:

@@ -31,10 +31,11 @@ from baton.model import (
     Seam,
     SpecStats,
 )
-from dataplane.engine import AttemptFailed, Timeouts, detokenize, post_json
+from dataplane.engine import Timeouts, detokenize, post_json
 from dataplane.errors import ErrorKind, OpenAIError
+from dataplane.exceptions import AttemptFailed, ControlUnavailable, DraftFailed
 from dataplane.failover import Failure, RetryBudget
-from dataplane.oracle import ControlUnavailable, Oracle
+from dataplane.oracle import Oracle
 from dataplane.resume import detok
 from dataplane.shape import reply_hash
 from dataplane.spec_answer import AnswerWriter
@@ -43,9 +44,6 @@ from dataplane.validate import ClientRequest, Endpoint, token_limit
 
 log = logging.getLogger("baton.shim.spec")
 
-
-class DraftFailed(Exception):
-    """The draft could not propose: the request goes on target-only."""
 
 
 @dataclass(slots=True)
@@ -222,10 +220,10 @@ class SpecServer:
         try:
             proposal = await self._complete(pairing.draft, run.ctx, k)
         except AttemptFailed as exc:
-            raise DraftFailed(str(exc)) from exc
+            raise DraftFailed(exc.failure, exc.detail) from exc
         draft_ids = _ints(proposal.get("token_ids"))
         if draft_ids is None:
-            raise DraftFailed("draft sent no token_ids")
+            raise DraftFailed(Failure.GARBAGE, "draft sent no token_ids")
         scored = await self._complete(target, run.ctx + draft_ids, 1, prompt_logprobs=1)
         try:
             judged = judge(

@@ -13,18 +13,11 @@ import aiohttp
 import orjson
 
 from baton.model import Backend, BackendKind, ResumePath, Seam
-from dataplane.engine import (
-    AttemptFailed,
-    StreamFailed,
-    Timeouts,
-    detokenize,
-    error_kind,
-    open_attempt,
-    resume_failure,
-)
+from dataplane.engine import Timeouts, detokenize, error_kind, open_attempt, resume_failure
+from dataplane.exceptions import AttemptFailed, Refused, StreamFailed
 from dataplane.failover import Failure
 from dataplane.resume import detok
-from dataplane.resume.plan import Refused, ResumePlan, plan_resume, tokens_allowed
+from dataplane.resume.plan import ResumePlan, plan_resume, tokens_allowed
 from dataplane.resume.progress import ChoiceProgress
 from dataplane.resume.resumed import ChoiceResume, Downstream, ResumedStream
 from dataplane.resume.seam import HeldText, SeamCheck

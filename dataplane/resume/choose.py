@@ -10,10 +10,9 @@ from collections.abc import Callable, Sequence
 
 from baton.model import Backend, RequestShape
 from baton.tracing import Tracing
-from dataplane.engine import AttemptFailed
-from dataplane.oracle import ControlUnavailable, Oracle
+from dataplane.exceptions import AttemptFailed, ControlUnavailable, Refused
+from dataplane.oracle import Oracle
 from dataplane.resume.attempt import Resumer, Started, tokens_left
-from dataplane.resume.plan import Refused
 from dataplane.resume.progress import ChoiceProgress
 from dataplane.settings import ResumeSettings
 from dataplane.validate import ClientRequest

@@ -18,13 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from baton.model import ResumePath, Seam
+from dataplane.exceptions import Refused
 from dataplane.resume.progress import ChoiceProgress, Held, overlap
 from dataplane.validate import ClientRequest, Endpoint, token_limit
-
-
-class Refused(Exception):
-    """The request cannot be resumed faithfully; the message says why (sent to the client)."""
-
 
 # Constrained decoding: the grammar state at the seam is the engine's, not ours to rebuild.
 GUIDED_FIELDS = (

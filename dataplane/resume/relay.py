@@ -18,8 +18,9 @@ from aiohttp import web
 
 from baton.model import Backend, FailoverOutcome, FailoverReport, RequestShape
 from baton.tracing import OFF, Tracing
-from dataplane.engine import StreamFailed, Timeouts, read_events
+from dataplane.engine import Timeouts, read_events
 from dataplane.errors import ErrorKind, OpenAIError
+from dataplane.exceptions import StreamFailed
 from dataplane.failover import Failure, RetryBudget
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import Oracle

@@ -14,7 +14,8 @@ from typing import Any, Protocol
 import aiohttp
 
 from baton.model import Backend, ResumePath, Seam
-from dataplane.engine import StreamFailed, each_event
+from dataplane.engine import each_event
+from dataplane.exceptions import StreamFailed
 from dataplane.failover import Failure
 from dataplane.resume.progress import ChoiceProgress
 from dataplane.resume.seam import HeldText, SeamCheck

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 import aiohttp
 
 from baton.model import Backend, Seam
-from dataplane.engine import AttemptFailed, complete_once
+from dataplane.engine import complete_once
+from dataplane.exceptions import AttemptFailed
 from dataplane.resume import detok
 from dataplane.resume.plan import ResumePlan
 from dataplane.resume.stitch import choice_text_whole

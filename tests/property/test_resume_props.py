@@ -12,7 +12,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from baton.model import ResumePath, Seam
-from dataplane.resume.plan import Refused, plan_resume
+from dataplane.exceptions import Refused
+from dataplane.resume.plan import plan_resume
 from dataplane.resume.progress import ChoiceProgress, overlap
 from dataplane.resume.seam import SeamCheck
 from dataplane.validate import ClientRequest, Endpoint

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataplane.engine import StreamFailed, read_events
+from dataplane.engine import read_events
+from dataplane.exceptions import StreamFailed
 from dataplane.failover import Failure
 from dataplane.resume.stitch import Stitcher
 from dataplane.settings import ResumeSettings

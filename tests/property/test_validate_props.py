@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dataplane.errors import OpenAIError
-from dataplane.resume.plan import Refused, plan_resume, static_refusal
+from dataplane.exceptions import Refused
+from dataplane.resume.plan import plan_resume, static_refusal
 from dataplane.resume.progress import ChoiceProgress
 from dataplane.resume.stitch import Stitcher
 from dataplane.shape import shape_of

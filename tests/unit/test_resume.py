@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from baton.model import ResumePath, Seam
-from dataplane.resume.plan import Refused, plan_resume, static_refusal
+from dataplane.exceptions import Refused
+from dataplane.resume.plan import plan_resume, static_refusal
 from dataplane.resume.progress import MAX_OVERLAP, ChoiceProgress, Held, overlap
 from dataplane.resume.seam import HeldText, SeamCheck
 from dataplane.validate import ClientRequest, Endpoint
