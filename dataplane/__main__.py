@@ -13,14 +13,12 @@ from aiohttp import web
 
 from baton import aio
 from dataplane import workers
-from dataplane.app import ShimSettings, make_app
-from dataplane.engine import Timeouts
+from dataplane.app import make_app
 from dataplane.exceptions import ControlRefused
 from dataplane.failover import RetryBudget
 from dataplane.lifecycle import INFLIGHT, Stopping
 from dataplane.limits import API_KEYS_ENV, Limits, load_keys
-from dataplane.proxy import ProxySettings
-from dataplane.settings import ResumeSettings
+from dataplane.settings import ProxySettings, ResumeSettings, ShimSettings, Timeouts
 
 log = logging.getLogger("baton.shim")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -26,27 +25,12 @@ from dataplane.handlers import (
     request_limits,
 )
 from dataplane.lifecycle import graceful, install
-from dataplane.limits import Limits, StreamSlots
+from dataplane.limits import StreamSlots
 from dataplane.link import ControlLink
 from dataplane.metrics import ShimMetrics
-from dataplane.proxy import Proxy, ProxySettings
+from dataplane.proxy import Proxy
+from dataplane.settings import ShimSettings
 from dataplane.standby import Standby
-
-
-@dataclass(frozen=True, slots=True)
-class ShimSettings:
-    control: str
-    # Bounds what a hung control costs a request; a dead one (refused) costs nothing.
-    route_timeout: float = 0.5
-    control_token: str | None = None  # the shim token control's routing service asks for
-    control_tls_ca: bytes | None = None  # PEM of control's CA: talk TLS to control
-    max_body_bytes: int = 8 * 1024 * 1024
-    max_connections: int = 4096
-    # Below common server idle timeouts (uvicorn: 5 s) so we rarely pick a pooled
-    # connection the backend is about to close.
-    keepalive_timeout: float = 3.0
-    proxy: ProxySettings = field(default_factory=ProxySettings)
-    limits: Limits = field(default_factory=Limits)
 
 
 def make_app(settings: ShimSettings) -> web.Application:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -19,17 +18,8 @@ import orjson
 from baton.model import Backend
 from dataplane.exceptions import AttemptFailed, StreamFailed
 from dataplane.failover import Failure, classify_status
-from dataplane.settings import ResumeSettings
+from dataplane.settings import ResumeSettings, Timeouts
 from dataplane.sse import Event, SSEParser
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    connect: float = 3.0
-    # Between reads of the upstream response: bounds a silent backend. Stall detection
-    # with separate first-token / inter-token timeouts belongs to the resume path.
-    read: float = 600.0
-
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 

@@ -15,16 +15,16 @@ from aiohttp import web
 
 from baton.model import Backend, Decision, RequestOutcome, RequestShape
 from baton.tracing import SpanKind, Tracing
-from dataplane.engine import Timeouts, classify_exception, open_attempt, settle
+from dataplane.engine import classify_exception, open_attempt, settle
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.exceptions import AttemptFailed
-from dataplane.failover import Failure, RetryBudget, classify_status
+from dataplane.failover import Failure, classify_status
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import Oracle
 from dataplane.resume.markers import MarkerCache
 from dataplane.resume.relay import StreamRelay, with_token_ids
 from dataplane.resume.stitch import choice_text_whole
-from dataplane.settings import ResumeSettings
+from dataplane.settings import ProxySettings
 from dataplane.shape import reply_hash
 from dataplane.speculative import SpecServer
 from dataplane.validate import ClientRequest, Endpoint
@@ -34,11 +34,6 @@ log = logging.getLogger("baton.shim")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
-@dataclass(frozen=True, slots=True)
-class ProxySettings:
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    budget: RetryBudget = field(default_factory=RetryBudget)
-    resume: ResumeSettings = field(default_factory=ResumeSettings)
 
 
 @dataclass(slots=True)

@@ -1,10 +1,14 @@
-"""The shim's mid-stream failover settings (set from `baton shim` flags)."""
+"""The shim's settings, one object per process (ShimSettings), built once from the
+`baton shim` flags by dataplane/__main__.py and handed down: each part takes its own piece."""
 
 # baton: pure
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from dataplane.failover import RetryBudget
+from dataplane.limits import Limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,3 +23,34 @@ class ResumeSettings:
     seam_mode: str = "parallel"
     # Connections kept open to every routable backend for resumes (standby.py); 0 = none.
     standby_connections: int = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect: float = 3.0
+    # Between reads of the upstream response: bounds a silent backend. Stall detection
+    # with separate first-token / inter-token timeouts belongs to the resume path.
+    read: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySettings:
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    budget: RetryBudget = field(default_factory=RetryBudget)
+    resume: ResumeSettings = field(default_factory=ResumeSettings)
+
+
+@dataclass(frozen=True, slots=True)
+class ShimSettings:
+    control: str
+    # Bounds what a hung control costs a request; a dead one (refused) costs nothing.
+    route_timeout: float = 0.5
+    control_token: str | None = None  # the shim token control's routing service asks for
+    control_tls_ca: bytes | None = None  # PEM of control's CA: talk TLS to control
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_connections: int = 4096
+    # Below common server idle timeouts (uvicorn: 5 s) so we rarely pick a pooled
+    # connection the backend is about to close.
+    keepalive_timeout: float = 3.0
+    proxy: ProxySettings = field(default_factory=ProxySettings)
+    limits: Limits = field(default_factory=Limits)

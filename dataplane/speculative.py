@@ -31,12 +31,13 @@ from baton.model import (
     Seam,
     SpecStats,
 )
-from dataplane.engine import Timeouts, detokenize, post_json
+from dataplane.engine import detokenize, post_json
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.exceptions import AttemptFailed, ControlUnavailable, DraftFailed
 from dataplane.failover import Failure, RetryBudget
 from dataplane.oracle import Oracle
 from dataplane.resume import detok
+from dataplane.settings import Timeouts
 from dataplane.shape import reply_hash
 from dataplane.spec_answer import AnswerWriter
 from dataplane.specplan import Judged, judge, repeated_ngram

@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 
 from baton.model import Backend, BackendKind, ResumePath, Seam
-from dataplane.engine import Timeouts, detokenize, error_kind, open_attempt, resume_failure
+from dataplane.engine import detokenize, error_kind, open_attempt, resume_failure
 from dataplane.exceptions import AttemptFailed, Refused, StreamFailed
 from dataplane.failover import Failure
 from dataplane.resume import detok
@@ -26,7 +26,7 @@ from dataplane.resume.stitch import (
     Stitcher,
     StopMatcher,
 )
-from dataplane.settings import ResumeSettings
+from dataplane.settings import ResumeSettings, Timeouts
 from dataplane.validate import ClientRequest, Endpoint
 
 TOKEN_KINDS = frozenset({BackendKind.VLLM, BackendKind.SGLANG})

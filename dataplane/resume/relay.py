@@ -18,7 +18,7 @@ from aiohttp import web
 
 from baton.model import Backend, FailoverOutcome, FailoverReport, RequestShape
 from baton.tracing import OFF, Tracing
-from dataplane.engine import Timeouts, read_events
+from dataplane.engine import read_events
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.exceptions import StreamFailed
 from dataplane.failover import Failure, RetryBudget
@@ -37,7 +37,7 @@ from dataplane.resume.progress import ChoiceProgress
 from dataplane.resume.reports import Reporter
 from dataplane.resume.resumed import ChoiceResume
 from dataplane.resume.stitch import Stitcher
-from dataplane.settings import ResumeSettings
+from dataplane.settings import ResumeSettings, Timeouts
 from dataplane.validate import ClientRequest
 
 log = logging.getLogger("baton.shim.stream")
