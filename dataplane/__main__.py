@@ -72,6 +72,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long to wait for control's routing answer before routing from the last "
         "snapshot (degraded mode); an unreachable control is detected at once",
     )
+    _add_limits(parser)
+    parser.add_argument("--connect-timeout", type=float, default=3.0)
+    parser.add_argument("--read-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--max-attempts",
+        type=int,
+        default=3,
+        help="backends tried per request before the first byte",
+    )
+    _add_resume(parser)
+    parser.add_argument("--log-level", default="WARNING")
+
+
+def _add_limits(parser: argparse.ArgumentParser) -> None:
     limits = parser.add_argument_group("limits (each refusal is an OpenAI-shaped error)")
     limits.add_argument(
         "--max-body-bytes", type=int, default=8 * 1024 * 1024, help="larger bodies get a 413"
@@ -101,14 +115,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="require `Authorization: Bearer <key>` with one of these keys (one a line; "
         f"default: ${API_KEYS_ENV}, comma-separated; neither = no keys required)",
     )
-    parser.add_argument("--connect-timeout", type=float, default=3.0)
-    parser.add_argument("--read-timeout", type=float, default=600.0)
-    parser.add_argument(
-        "--max-attempts",
-        type=int,
-        default=3,
-        help="backends tried per request before the first byte",
-    )
+
+
+def _add_resume(parser: argparse.ArgumentParser) -> None:
     resume = parser.add_argument_group("mid-stream failover")
     resume.add_argument(
         "--seam-tokens",
@@ -145,7 +154,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds between chunks before a stream counts as stalled",
     )
-    parser.add_argument("--log-level", default="WARNING")
 
 
 def _read_ca(path: str | None) -> bytes | None:

@@ -21,9 +21,9 @@ from dataplane.exceptions import AttemptFailed
 from dataplane.failover import Failure, classify_status
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import Oracle
+from dataplane.resume.chunks import choice_text_whole
 from dataplane.resume.markers import MarkerCache
 from dataplane.resume.relay import StreamRelay, with_token_ids
-from dataplane.resume.stitch import choice_text_whole
 from dataplane.settings import ProxySettings
 from dataplane.shape import reply_hash
 from dataplane.speculative import SpecServer

@@ -22,10 +22,8 @@ from dataplane.resume.progress import ChoiceProgress
 from dataplane.resume.resumed import ChoiceResume, Downstream, ResumedStream
 from dataplane.resume.seam import HeldText, SeamCheck
 from dataplane.resume.sidecheck import SideCheck
-from dataplane.resume.stitch import (
-    Stitcher,
-    StopMatcher,
-)
+from dataplane.resume.stitch import Stitcher
+from dataplane.resume.stops import StopMatcher
 from dataplane.settings import ResumeSettings, Timeouts
 from dataplane.validate import ClientRequest, Endpoint
 

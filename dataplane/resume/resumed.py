@@ -17,9 +17,11 @@ from baton.model import Backend, ResumePath, Seam
 from dataplane.engine import each_event
 from dataplane.exceptions import StreamFailed
 from dataplane.failover import Failure
+from dataplane.resume.chunks import FAILED_FINISH, choice_text, parse_chunk
 from dataplane.resume.progress import ChoiceProgress
 from dataplane.resume.seam import HeldText, SeamCheck
-from dataplane.resume.stitch import FAILED_FINISH, Stitcher, StopMatcher, choice_text, parse_chunk
+from dataplane.resume.stitch import Stitcher
+from dataplane.resume.stops import StopMatcher
 from dataplane.settings import ResumeSettings
 from dataplane.validate import Endpoint
 

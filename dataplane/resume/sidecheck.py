@@ -15,8 +15,8 @@ from baton.model import Backend, Seam
 from dataplane.engine import complete_once
 from dataplane.exceptions import AttemptFailed
 from dataplane.resume import detok
+from dataplane.resume.chunks import choice_text_whole
 from dataplane.resume.plan import ResumePlan
-from dataplane.resume.stitch import choice_text_whole
 
 
 class Watched(Protocol):

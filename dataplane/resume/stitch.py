@@ -13,16 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from dataplane.failover import Failure
 from dataplane.resume import reasoning
+from dataplane.resume.chunks import FAILED_FINISH, parse_chunk
 from dataplane.resume.progress import ChoiceProgress
 from dataplane.resume.reasoning import REASONING_FIELDS, Markers
 from dataplane.sse import DONE_EVENT, sse
 from dataplane.validate import ClientRequest, Endpoint
 
-FAILED_FINISH = frozenset({"abort", "error"})
 # `,"token_ids":[1,2]` or `,"prompt_token_ids":[...]` as engines write them (never first key).
 TOKEN_FIELDS = re.compile(rb',\s*"(?:prompt_)?token_ids"\s*:\s*\[[\d,\s]*\]')
 
@@ -35,76 +33,9 @@ class Identity:
     system_fingerprint: str | None = None
 
 
-def choice_text(choice: dict[str, Any], chat: bool) -> str:
-    if chat:
-        delta = choice.get("delta") or {}
-        return delta.get("content") or ""
-    return choice.get("text") or ""
-
-
-def choice_text_whole(choice: dict[str, Any]) -> str:
-    """The text of a non-streamed choice, chat or completion."""
-    message = choice.get("message")
-    text = message.get("content") if isinstance(message, dict) else choice.get("text")
-    return text if isinstance(text, str) else ""
-
-
 def _bare(ch: dict[str, Any]) -> bool:
     """A chat choice with an empty delta ({}, not {"content": ""}) and no finish."""
     return ch.get("delta") == {} and ch.get("finish_reason") is None and not ch.get("logprobs")
-
-
-def _ids_or_none(v: Any) -> bool:
-    return v is None or (
-        isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
-    )
-
-
-def parse_chunk(data: bytes, choices: int) -> tuple[dict[str, Any] | None, Failure | None]:
-    """An engine's chunk (of a stream of `choices` choices) as an object, or (None, why it
-    is not one the shim can relay): the same test for the first stream and a resumed one."""
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None, Failure.GARBAGE
-    if not isinstance(obj, dict):
-        return None, Failure.GARBAGE
-    if "error" in obj and not obj.get("choices"):
-        return None, Failure.ERROR_EVENT
-    if malformed(obj, choices):
-        return None, Failure.GARBAGE
-    return obj, None
-
-
-def malformed(obj: dict[str, Any], choices: int) -> bool:
-    """A chunk whose fields the shim reads have the wrong types, or a choice index the
-    request cannot have: garbage like bad JSON. Tracking it would raise mid-stream and cut
-    the client's stream silently; classified, it fails over or ends in an error event."""
-    usage = obj.get("usage")
-    if usage is not None and not (
-        isinstance(usage, dict) and type(usage.get("prompt_tokens", 0)) is int
-    ):
-        return True
-    chs = obj.get("choices")
-    if not _ids_or_none(obj.get("prompt_token_ids")) or not isinstance(chs, list | None):
-        return True
-    for ch in chs or ():
-        if not isinstance(ch, dict):
-            return True
-        index, delta = ch.get("index", 0), ch.get("delta")
-        if type(index) is not int or not 0 <= index < choices:
-            return True
-        if delta is not None and not (
-            isinstance(delta, dict) and isinstance(delta.get("content"), str | None)
-        ):
-            return True
-        if not isinstance(ch.get("text"), str | None):
-            return True
-        if not isinstance(ch.get("finish_reason"), str | None):
-            return True
-        if not (_ids_or_none(ch.get("token_ids")) and _ids_or_none(ch.get("prompt_token_ids"))):
-            return True
-    return False
 
 
 def expected_choices(client: ClientRequest) -> int:
@@ -114,34 +45,6 @@ def expected_choices(client: ClientRequest) -> int:
         if isinstance(prompt[0], str | list):
             return n * len(prompt)  # a batch of prompts: n choices each
     return int(n)
-
-
-class StopMatcher:
-    """After a seam the engine cannot see a stop string that starts before it, so the shim
-    matches stop strings itself over held-back + new text, holding back a possible prefix."""
-
-    def __init__(self, stops: list[str], include: bool, pending: str = "") -> None:
-        self._stops = [s for s in stops if s]
-        self._include = include
-        self._hold = max((len(s) for s in self._stops), default=1) - 1
-        self._buf = pending
-
-    def feed(self, text: str) -> tuple[str, str | None]:
-        """(text safe to send now, the stop string that ended the output or None)."""
-        self._buf += text
-        hits = [(self._buf.find(s), s) for s in self._stops if s in self._buf]
-        if hits:
-            at, stop = min(hits)
-            out = self._buf[: at + len(stop)] if self._include else self._buf[:at]
-            self._buf = ""
-            return out, stop
-        cut = max(0, len(self._buf) - self._hold)
-        out, self._buf = self._buf[:cut], self._buf[cut:]
-        return out, None
-
-    def flush(self) -> str:
-        out, self._buf = self._buf, ""
-        return out
 
 
 class Stitcher:

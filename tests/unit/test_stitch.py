@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import orjson
 
-from dataplane.resume.stitch import Stitcher, StopMatcher
+from dataplane.resume.stitch import Stitcher
+from dataplane.resume.stops import StopMatcher
 from dataplane.validate import ClientRequest, Endpoint
 
 
