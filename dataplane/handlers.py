@@ -15,12 +15,12 @@ from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.exceptions import ControlUnavailable
 from dataplane.limits import Limits, StreamSlots, check_head, check_request
 from dataplane.metrics import ShimMetrics
-from dataplane.oracle import Oracle
+from dataplane.oracle import Routing
 from dataplane.proxy import Exchange, Proxy
 from dataplane.shape import shape_of
 from dataplane.validate import ClientRequest, Endpoint, parse_request
 
-ORACLE = web.AppKey("oracle", Oracle)
+ORACLE = web.AppKey("oracle", Routing)
 PROXY = web.AppKey("proxy", Proxy)
 MAX_BODY = web.AppKey("max_body", int)
 METRICS = web.AppKey("metrics", ShimMetrics)

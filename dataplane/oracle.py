@@ -1,5 +1,7 @@
-"""What the shim needs from control, as a narrow Protocol, and the types it speaks in. The
-gRPC implementation is link.py (ControlLink)."""
+"""What the shim needs from control, in small Protocols that each consumer composes into the
+few calls it makes (handlers: Routing; the relay: FailoverAdvice + FailoverAudit; the proxy
+and the speculative server add Outcomes and Gate), and the types they speak in. The gRPC
+implementation of all of them is link.py (ControlLink)."""
 
 # baton: pure
 
@@ -44,17 +46,18 @@ class FleetView:
         object.__setattr__(self, "migrating", ids)
 
 
-class Oracle(Protocol):
+class Fleet(Protocol):
+    @property
+    def fleet(self) -> FleetView: ...
+
+
+class Routing(Fleet, Protocol):
     async def route(
         self, request_id: str, shape: RequestShape, traceparent: str = ""
     ) -> Decision: ...
 
-    async def attempt_failed(
-        self, request_id: str, backend_id: str, failure: str, detail: str
-    ) -> None: ...
 
-    def finished(self, outcome: RequestOutcome) -> None: ...
-
+class FailoverAdvice(Fleet, Protocol):
     async def failover(
         self,
         request_id: str,
@@ -67,14 +70,23 @@ class Oracle(Protocol):
         pair_id: str = "",
     ) -> Decision: ...
 
+
+class FailoverAudit(Protocol):
+    def report_failover(self, report: FailoverReport) -> None: ...
+
+
+class Outcomes(Protocol):
+    async def attempt_failed(
+        self, request_id: str, backend_id: str, failure: str, detail: str
+    ) -> None: ...
+
+    def finished(self, outcome: RequestOutcome) -> None: ...
+
+
+class Gate(Protocol):
     async def gate_pairing(
         self, request_id: str, pair_id: str, target_id: str, drafted: int, accepted: int
     ) -> GateAnswer: ...
-
-    def report_failover(self, report: FailoverReport) -> None: ...
-
-    @property
-    def fleet(self) -> FleetView: ...
 
 
 def models_of(backends: Sequence[Backend]) -> tuple[str, ...]:

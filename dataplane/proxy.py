@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import aiohttp
 import orjson
@@ -20,13 +20,13 @@ from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.exceptions import AttemptFailed
 from dataplane.failover import Failure, classify_status
 from dataplane.metrics import ShimMetrics
-from dataplane.oracle import Oracle
+from dataplane.oracle import Outcomes
 from dataplane.resume.chunks import choice_text_whole
 from dataplane.resume.markers import MarkerCache
-from dataplane.resume.relay import StreamRelay, with_token_ids
+from dataplane.resume.relay import RelayControl, StreamRelay, with_token_ids
 from dataplane.settings import ProxySettings
 from dataplane.shape import reply_hash
-from dataplane.speculative import SpecServer
+from dataplane.speculative import SpecControl, SpecServer
 from dataplane.validate import ClientRequest, Endpoint
 
 log = logging.getLogger("baton.shim")
@@ -34,6 +34,10 @@ log = logging.getLogger("baton.shim")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
+
+
+class ProxyControl(RelayControl, SpecControl, Outcomes, Protocol):
+    """What the proxy asks of control (and hands to the relay and the speculative server)."""
 
 
 @dataclass(slots=True)
@@ -52,7 +56,7 @@ class Proxy:
     def __init__(
         self,
         session: aiohttp.ClientSession,
-        oracle: Oracle,
+        oracle: ProxyControl,
         settings: ProxySettings,
         metrics: ShimMetrics,
         tracing: Tracing,

@@ -14,7 +14,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -35,7 +35,7 @@ from dataplane.engine import detokenize, post_json
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.exceptions import AttemptFailed, ControlUnavailable, DraftFailed
 from dataplane.failover import Failure, RetryBudget
-from dataplane.oracle import Oracle
+from dataplane.oracle import FailoverAdvice, FailoverAudit, Gate, Outcomes
 from dataplane.resume import detok
 from dataplane.settings import Timeouts
 from dataplane.shape import reply_hash
@@ -45,6 +45,11 @@ from dataplane.validate import ClientRequest, Endpoint, token_limit
 
 log = logging.getLogger("baton.shim.spec")
 
+
+
+class SpecControl(FailoverAdvice, FailoverAudit, Gate, Outcomes, Protocol):
+    """What speculative serving asks of control: re-pairing after a target's failure (the
+    gate), failovers, and the request's outcome."""
 
 
 @dataclass(slots=True)
@@ -84,7 +89,7 @@ class SpecServer:
     def __init__(
         self,
         session: aiohttp.ClientSession,
-        oracle: Oracle,
+        oracle: SpecControl,
         timeouts: Timeouts,
         budget: RetryBudget,
     ) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from baton.model import Backend, RequestShape
 from baton.tracing import Tracing
 from dataplane.exceptions import AttemptFailed, ControlUnavailable, Refused
-from dataplane.oracle import Oracle
+from dataplane.oracle import FailoverAdvice
 from dataplane.resume.attempt import Resumer, Started, tokens_left
 from dataplane.resume.progress import ChoiceProgress
 from dataplane.settings import ResumeSettings
@@ -25,7 +25,7 @@ class Chooser:
     def __init__(
         self,
         *,
-        oracle: Oracle,
+        oracle: FailoverAdvice,
         resumer: Resumer,
         settings: ResumeSettings,
         client: ClientRequest,

@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 import orjson
@@ -23,7 +24,7 @@ from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.exceptions import StreamFailed
 from dataplane.failover import Failure, RetryBudget
 from dataplane.metrics import ShimMetrics
-from dataplane.oracle import Oracle
+from dataplane.oracle import FailoverAdvice, FailoverAudit
 from dataplane.resume.attempt import (
     TOKEN_KINDS,
     Resumer,
@@ -46,6 +47,10 @@ log = logging.getLogger("baton.shim.stream")
 MIGRATION_RETRY_S = 1.0
 
 __all__ = ["ResumeSettings", "StreamRelay", "with_token_ids"]
+
+
+class RelayControl(FailoverAdvice, FailoverAudit, Protocol):
+    """What a stream's relay asks of control: where to go, and the failover's report."""
 
 
 @dataclass(slots=True)
@@ -72,7 +77,7 @@ class StreamRelay:
         self,
         *,
         session: aiohttp.ClientSession,
-        oracle: Oracle,
+        oracle: RelayControl,
         timeouts: Timeouts,
         settings: ResumeSettings,
         resp: web.StreamResponse,

@@ -9,14 +9,14 @@ from dataclasses import replace
 from baton.model import FailoverReport, Seam
 from baton.tracing import Tracing
 from dataplane.metrics import ShimMetrics
-from dataplane.oracle import Oracle
+from dataplane.oracle import FailoverAudit
 from dataplane.resume.resumed import ChoiceResume
 
 
 class Reporter:
     def __init__(
         self,
-        oracle: Oracle,
+        oracle: FailoverAudit,
         metrics: ShimMetrics,
         tracing: Tracing,
         background: set[asyncio.Task[None]],
