@@ -48,53 +48,30 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         print(f"baton up: config {args.config}: {exc}", file=sys.stderr)
         return 2
+    tokens = _tokens(args)
+    if tokens is None:
+        print("baton up: BATON_ADMIN_TOKEN and BATON_SHIM_TOKEN must differ", file=sys.stderr)
+        return 2
     children: list[Part] = []
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        control_argv = [
-            "control",
-            "--listen",
-            args.control_listen,
-            "--metrics-listen",
-            args.metrics_listen,
-        ]
-        token = os.environ.get("BATON_ADMIN_TOKEN")
-        # Shims must present a token of their own to the routing service; without a data
-        # dir it lives only in this process's children.
-        shim_token = os.environ.get("BATON_SHIM_TOKEN")
-        if args.data_dir:
-            control_argv += ["--data-dir", args.data_dir]
-            token = token or ensure_token_file(Path(args.data_dir))
-            shim_token = shim_token or ensure_token_file(Path(args.data_dir), SHIM_TOKEN_FILE)
-        shim_token = shim_token or secrets.token_urlsafe(24)
-        if token == shim_token:
-            print("baton up: BATON_ADMIN_TOKEN and BATON_SHIM_TOKEN must differ", file=sys.stderr)
-            return 2
-        # The children get the tokens by environment, never on a command line (ps shows those).
-        tokens = {"BATON_SHIM_TOKEN": shim_token, **({"BATON_ADMIN_TOKEN": token} if token else {})}
-        if args.config:
-            control_argv += ["--config", str(args.config)]
-        if not has_backends:
-            # The embedded sims are registered anew at every start (new ports): not
-            # operator configuration, so not saved, and no saved copy collides with them.
-            control_argv.append("--no-fleet-db")
         control = Part(
             "control",
-            control_argv,
+            _control_argv(args, has_backends),
             timeout=args.ready_timeout,
             env=tokens,
             die_with_parent=True,
         )
         children.append(control)
         if not has_backends:
-            _start_fleet(args, control.ready, children, token)
+            _start_fleet(args, control.ready, children, tokens.get("BATON_ADMIN_TOKEN"))
         shim = Part(
             "shim",
             ["dataplane", "--control", control.ready, "--listen", args.listen],
             timeout=args.ready_timeout,
-            env={"BATON_SHIM_TOKEN": shim_token},
+            env={"BATON_SHIM_TOKEN": tokens["BATON_SHIM_TOKEN"]},
             die_with_parent=True,
         )
         children.append(shim)
@@ -103,15 +80,7 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         print("Stop with Ctrl-C.", flush=True)
-        while not stop.wait(0.5):
-            dead = [c for c in (control, shim) if c.proc.poll() is not None]
-            if dead:
-                print(
-                    f"baton up: {dead[0].name} exited ({dead[0].proc.returncode}); stopping",
-                    file=sys.stderr,
-                )
-                return 1
-        return 0
+        return _watch(stop, (control, shim))
     except (StartFailed, AdminError) as exc:
         print(f"baton up: {exc}", file=sys.stderr)
         return 1
@@ -119,6 +88,47 @@ def run(args: argparse.Namespace) -> int:
         # Front to back: no new requests reach the shim while engines go away.
         for child in reversed(children):
             child.stop()
+
+
+def _tokens(args: argparse.Namespace) -> dict[str, str] | None:
+    """The environment that gives control (and the shim) their tokens, never a command line
+    (ps shows those). Shims present a token of their own to the routing service; without a
+    data dir it lives only in this process's children. None: the two are the same."""
+    token = os.environ.get("BATON_ADMIN_TOKEN")
+    shim_token = os.environ.get("BATON_SHIM_TOKEN")
+    if args.data_dir:
+        token = token or ensure_token_file(Path(args.data_dir))
+        shim_token = shim_token or ensure_token_file(Path(args.data_dir), SHIM_TOKEN_FILE)
+    shim_token = shim_token or secrets.token_urlsafe(24)
+    if token == shim_token:
+        return None
+    return {"BATON_SHIM_TOKEN": shim_token, **({"BATON_ADMIN_TOKEN": token} if token else {})}
+
+
+def _control_argv(args: argparse.Namespace, has_backends: bool) -> list[str]:
+    argv = ["control", "--listen", args.control_listen, "--metrics-listen", args.metrics_listen]
+    if args.data_dir:
+        argv += ["--data-dir", args.data_dir]
+    if args.config:
+        argv += ["--config", str(args.config)]
+    if not has_backends:
+        # The embedded sims are registered anew at every start (new ports): not
+        # operator configuration, so not saved, and no saved copy collides with them.
+        argv.append("--no-fleet-db")
+    return argv
+
+
+def _watch(stop: threading.Event, parts: tuple[Part, ...]) -> int:
+    """Until a stop signal (0), or until a part exits on its own (1)."""
+    while not stop.wait(0.5):
+        dead = [c for c in parts if c.proc.poll() is not None]
+        if dead:
+            print(
+                f"baton up: {dead[0].name} exited ({dead[0].proc.returncode}); stopping",
+                file=sys.stderr,
+            )
+            return 1
+    return 0
 
 
 def _config_lists_backends(path: Path | None) -> bool:
