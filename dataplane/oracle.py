@@ -37,7 +37,7 @@ class FleetView:
     models: tuple[str, ...] = ()
     backends: tuple[Backend, ...] = field(default_factory=tuple)
     snapshot: Snapshot = field(default_factory=lambda: Snapshot(0, ()))
-    # Ids drained with --migrate, whose streams move elsewhere (streaming.py checks it at
+    # Ids drained with --migrate, whose streams move elsewhere (resume/relay.py checks it at
     # every chunk, hence a set). Derived here so it can never disagree with `snapshot`.
     migrating: frozenset[str] = field(init=False, default=frozenset())
 

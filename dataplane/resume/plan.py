@@ -139,7 +139,7 @@ def _token_plan(
     # client's: the engine's text after it is then proven in step. An exact resume past the
     # last known boundary derives its text from ids (Held): the engine's would be wrong (the
     # prompt-window quirk). One at a boundary takes the engine's text, which a side check
-    # then compares with the ids' (Resumer._verify): any difference makes it divergent.
+    # then compares with the ids' (sidecheck.SideCheck): any difference makes it divergent.
     held = progress.held(from_start=has_stops) if n_overlap == 0 else None
     assert progress.prompt_ids is not None  # noqa: S101 - checked by the caller
     request: dict[str, Any] = {k: body[k] for k in SAMPLING_FIELDS if k in body}

@@ -153,7 +153,7 @@ class StreamRelay:
 
     def finished_upstreams(self) -> list[aiohttp.ClientResponse]:
         """Hands over the upstream responses whose generation is over, for the caller to
-        settle (upstream_sse.settle) once the client's answer is complete."""
+        settle (engine.settle) once the client's answer is complete."""
         out = list(self._trailers)
         self._trailers.clear()
         return out
