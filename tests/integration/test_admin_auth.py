@@ -14,16 +14,8 @@ import grpc
 import pytest
 
 from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2
-from clients.procs import Part
-from tests.integration.harness import (
-    MODEL,
-    http,
-    start_control,
-    start_shim,
-    start_sim,
-    wait_until,
-    write_config,
-)
+from tests.integration.harness import MODEL, wait_until
+from tests.integration.tokenfleet import token_fleet
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,70 +46,11 @@ class AuthFleet:
 
 @pytest.fixture(scope="module")
 def auth_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthFleet]:
+    # t1 drained, so every pin is on t0; the shim has a token of its own.
     path: Path = tmp_path_factory.mktemp("auth")
-    parts: list[Part] = []
-    try:
-        sims = {}
-        for bid in ("t0", "t1", "d"):
-            sims[bid] = start_sim()
-            parts.append(sims[bid])
-        config = write_config(
-            path / "control.toml", [(b, sims[b].ready) for b in ("t0", "t1")], probe_interval=0.2
-        )
-        shim_token = {"BATON_SHIM_TOKEN": "the-shim-token"}
-        control = start_control(config, env={"BATON_ADMIN_TOKEN": TOKEN, **shim_token})
-        parts.append(control)
-        shim = start_shim(control.ready, env=shim_token)
-        parts.append(shim)
-        with grpc.insecure_channel(control.ready) as channel:
-            stub = admin_pb2_grpc.AdminServiceStub(channel)
-            kw: dict[str, Any] = {"metadata": RIGHT, "timeout": RPC_TIMEOUT}
-            draft = fleet_pb2.Backend(
-                id="d", url=sims["d"].ready, model=MODEL, kind=fleet_pb2.BACKEND_KIND_VLLM,
-                role=fleet_pb2.BACKEND_ROLE_DRAFT,
-            )  # fmt: skip
-            stub.AddBackend(admin_pb2.AddBackendRequest(backend=draft), **kw)
-
-            def all_healthy() -> bool:
-                rows = stub.ListBackends(admin_pb2.ListBackendsRequest(), **kw).backends
-                healthy = {r.backend.id for r in rows if r.state == fleet_pb2.HEALTH_STATE_HEALTHY}
-                return healthy == {"t0", "t1", "d"}
-
-            assert wait_until(all_healthy)
-            # t1 drained first, so the chat turn (and so every pin) lands on t0.
-            stub.DrainBackend(admin_pb2.DrainBackendRequest(id="t1"), **kw)
-            body = {
-                "model": MODEL,
-                "messages": [
-                    {"role": "system", "content": "You are a careful agent. " * 20},
-                    {"role": "user", "content": "hello"},
-                ],
-                "max_tokens": 4,
-                "temperature": 0,
-            }
-            status, raw = http(
-                "POST",
-                shim.ready + "/v1/chat/completions",
-                json.dumps(body).encode(),
-                {"Content-Type": "application/json"},
-            )
-            assert status == 200, raw
-
-            def reply_pinned() -> bool:
-                # The prefix pins come with the route; the reply's (depth 3) only when the
-                # shim reports the outcome. After it, nothing changes the pins on its own.
-                pins = stub.ListPins(admin_pb2.ListPinsRequest(), **kw).pins
-                return any(p.depth == 3 and p.backend_id == "t0" for p in pins)
-
-            assert wait_until(reply_pinned), "the chat turn left no reply pin to protect"
-            # Paired after the traffic, so no spec outcome can move the pair later.
-            pair = stub.BindPair(
-                admin_pb2.BindPairRequest(draft_backend_id="d", target_backend_id="t0"), **kw
-            ).pair
-            yield AuthFleet(stub, sims["d"].ready, pair.id)
-    finally:
-        for p in reversed(parts):
-            p.stop(grace=3)
+    with token_fleet(path, TOKEN, "the-shim-token", drain_t1=True) as f:
+        stub = admin_pb2_grpc.AdminServiceStub(f.channel)
+        yield AuthFleet(stub, f.draft_url, f.pair_id)
 
 
 def state(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Any]:

@@ -6,7 +6,6 @@ message; control refuses to start with an admin token and no shim token, or one 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,22 +19,14 @@ import pytest
 
 from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2, routing_pb2, routing_pb2_grpc
 from clients.procs import Part
-from tests.integration.harness import (
-    MODEL,
-    http,
-    start_control,
-    start_shim,
-    start_sim,
-    wait_until,
-    write_config,
-)
+from tests.integration.harness import MODEL, start_shim, wait_until, write_config
+from tests.integration.tokenfleet import RPC_TIMEOUT, chat, token_fleet
 
 pytestmark = pytest.mark.timeout(120)
 
 ADMIN = "admin-token-0123456789"
 SHIM = "shim-token-9876543210"
 TOKENS = {"BATON_ADMIN_TOKEN": ADMIN, "BATON_SHIM_TOKEN": SHIM}
-RPC_TIMEOUT = 5.0
 Metadata = tuple[tuple[str, str], ...]
 AS_SHIM: Metadata = (("authorization", f"Bearer {SHIM}"),)
 AS_ADMIN: Metadata = (("authorization", f"Bearer {ADMIN}"),)
@@ -47,25 +38,6 @@ BAD: dict[str, Metadata] = {
     "no-scheme": (("authorization", SHIM),),
     "prefix": (("authorization", f"Bearer {SHIM[:-1]}"),),
 }
-
-
-def chat(base: str, content: str = "hello", stream: bool = True) -> tuple[int, bytes]:
-    body = {
-        "model": MODEL,
-        "messages": [
-            {"role": "system", "content": "You are a careful agent. " * 20},
-            {"role": "user", "content": content},
-        ],
-        "max_tokens": 4,
-        "temperature": 0,
-        "stream": stream,
-    }
-    return http(
-        "POST",
-        base + "/v1/chat/completions",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
-    )
 
 
 @dataclass
@@ -83,51 +55,10 @@ class Guarded:
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
     path: Path = tmp_path_factory.mktemp("shim-auth")
-    parts: list[Part] = []
-    try:
-        sims = {}
-        for bid in ("t0", "t1", "d"):
-            sims[bid] = start_sim()
-            parts.append(sims[bid])
-        config = write_config(
-            path / "control.toml", [(b, sims[b].ready) for b in ("t0", "t1")], probe_interval=0.2
-        )
-        control = start_control(config, env=TOKENS)
-        parts.append(control)
-        shim = start_shim(control.ready, env={"BATON_SHIM_TOKEN": SHIM})
-        parts.append(shim)
-        with grpc.insecure_channel(control.ready) as channel:
-            admin = admin_pb2_grpc.AdminServiceStub(channel)
-            routing = routing_pb2_grpc.RoutingServiceStub(channel)
-            kw: dict[str, Any] = {"metadata": AS_ADMIN, "timeout": RPC_TIMEOUT}
-            draft = fleet_pb2.Backend(
-                id="d", url=sims["d"].ready, model=MODEL, kind=fleet_pb2.BACKEND_KIND_VLLM,
-                role=fleet_pb2.BACKEND_ROLE_DRAFT,
-            )  # fmt: skip
-            admin.AddBackend(admin_pb2.AddBackendRequest(backend=draft), **kw)
-
-            def all_healthy() -> bool:
-                rows = admin.ListBackends(admin_pb2.ListBackendsRequest(), **kw).backends
-                healthy = {r.backend.id for r in rows if r.state == fleet_pb2.HEALTH_STATE_HEALTHY}
-                return healthy == {"t0", "t1", "d"}
-
-            assert wait_until(all_healthy)
-            status, raw = chat(shim.ready)
-            assert status == 200 and b"[DONE]" in raw, raw
-
-            def reply_pinned() -> bool:
-                pins = admin.ListPins(admin_pb2.ListPinsRequest(), **kw).pins
-                return any(p.depth == 3 for p in pins)
-
-            # The shim's outcome report (over the guarded RouteStream) pinned the reply.
-            assert wait_until(reply_pinned), "the shim's outcome never reached control"
-            pair = admin.BindPair(
-                admin_pb2.BindPairRequest(draft_backend_id="d", target_backend_id="t0"), **kw
-            ).pair
-            yield Guarded(control, shim, admin, routing, pair.id)
-    finally:
-        for p in reversed(parts):
-            p.stop(grace=3)
+    with token_fleet(path, ADMIN, SHIM) as f:
+        admin = admin_pb2_grpc.AdminServiceStub(f.channel)
+        routing = routing_pb2_grpc.RoutingServiceStub(f.channel)
+        yield Guarded(f.control, f.shim, admin, routing, f.pair_id)
 
 
 def state(g: Guarded) -> dict[str, Any]:
