@@ -6,6 +6,7 @@ are converted in control/services/convert.py."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -162,24 +163,23 @@ def shape_from_pb(s: routing_pb2.RequestShape) -> RequestShape:
     )
 
 
+def _decision_fields(d: Decision) -> dict[str, Any]:
+    return {
+        "backends": [backend_to_pb(b) for b in d.backends],
+        "reason": REASON_TO_PB[d.reason],
+        "snapshot_version": d.snapshot_version,
+        "detail": d.detail,
+        "pairing": pairing_to_pb(d.pairing) if d.pairing is not None else None,
+    }
+
+
 def route_response(d: Decision) -> routing_pb2.RouteResponse:
-    return routing_pb2.RouteResponse(
-        backends=[backend_to_pb(b) for b in d.backends],
-        reason=REASON_TO_PB[d.reason],
-        snapshot_version=d.snapshot_version,
-        detail=d.detail,
-        pairing=pairing_to_pb(d.pairing) if d.pairing is not None else None,
-    )
+    return routing_pb2.RouteResponse(**_decision_fields(d))
 
 
 def failover_response(d: Decision) -> routing_pb2.FailoverResponse:
-    return routing_pb2.FailoverResponse(
-        backends=[backend_to_pb(b) for b in d.backends],
-        reason=REASON_TO_PB[d.reason],
-        snapshot_version=d.snapshot_version,
-        detail=d.detail,
-        pairing=pairing_to_pb(d.pairing) if d.pairing is not None else None,
-    )
+    """The same fields as a route's answer (the two messages are the same shape)."""
+    return routing_pb2.FailoverResponse(**_decision_fields(d))
 
 
 def pairing_to_pb(p: Pairing) -> routing_pb2.SpecPairing:

@@ -34,7 +34,6 @@ def find_token() -> str | None:
         return None
 
 
-STATE_FROM_PB = {v: k for k, v in wire.STATE_TO_PB.items()}
 
 
 class AdminError(Exception):
@@ -61,7 +60,11 @@ def _iso(ts: Timestamp) -> str:
     return datetime.fromtimestamp(ts.ToNanoseconds() / 1e9, UTC).isoformat(timespec="seconds")
 
 
-PAIR_STATES = {v: k.value for k, v in wire.PAIR_STATE_TO_PB.items()}
+
+
+def _pair_state(pb: int) -> str:
+    state = wire.PAIR_STATE_FROM_PB.get(pb)  # type: ignore[call-overload]
+    return state.value if state is not None else "unknown"
 
 
 def _pair(p: fleet_pb2.Pair) -> dict[str, Any]:
@@ -72,7 +75,7 @@ def _pair(p: fleet_pb2.Pair) -> dict[str, Any]:
         "target": p.target_backend_id,
         "bound_target": p.bound_target_backend_id,
         "k": p.num_draft_tokens,
-        "state": PAIR_STATES.get(p.state, "unknown"),
+        "state": _pair_state(p.state),
         "baseline": round(p.baseline_acceptance, 3),
         "acceptance": round(p.recent_acceptance, 3),
         "rounds": p.rounds,
@@ -89,7 +92,7 @@ def _row(s: fleet_pb2.BackendStatus) -> BackendRow:
         model=b.model,
         kind=wire.KIND_FROM_PB.get(b.kind, BackendKind.VLLM).value,
         role=wire.ROLE_FROM_PB.get(b.role, Role.SERVE).value,
-        state=STATE_FROM_PB.get(s.state, HealthState.DOWN).value,
+        state=wire.STATE_FROM_PB.get(s.state, HealthState.DOWN).value,
         reason=s.reason,
         since=_iso(s.since),
         in_flight=s.in_flight,
