@@ -16,6 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from baton import wire
 from baton.model import BackendKind, HealthState, Role
+from baton.tokens import ADMIN_ENV
 from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2
 
 DEFAULT_CONTROL = "127.0.0.1:50051"
@@ -25,8 +26,8 @@ SHIM_TOKEN_FILE = "shim-token"  # `baton up` writes it; a shim takes it with --s
 
 def find_token() -> str | None:
     """BATON_ADMIN_TOKEN, else the token file `baton up` wrote ($BATON_DATA_DIR or ./.baton)."""
-    if os.environ.get("BATON_ADMIN_TOKEN"):
-        return os.environ["BATON_ADMIN_TOKEN"]
+    if os.environ.get(ADMIN_ENV):
+        return os.environ[ADMIN_ENV]
     path = Path(os.environ.get("BATON_DATA_DIR") or ".baton") / TOKEN_FILE
     try:
         return path.read_text().strip() or None

@@ -13,6 +13,7 @@ import threading
 import tomllib
 from pathlib import Path
 
+from baton.tokens import ADMIN_ENV, SHIM_ENV
 from clients.client import SHIM_TOKEN_FILE, TOKEN_FILE, AdminClient, AdminError
 from clients.procs import Part, StartFailed
 
@@ -66,12 +67,12 @@ def run(args: argparse.Namespace) -> int:
         )
         children.append(control)
         if not has_backends:
-            _start_fleet(args, control.ready, children, tokens.get("BATON_ADMIN_TOKEN"))
+            _start_fleet(args, control.ready, children, tokens.get(ADMIN_ENV))
         shim = Part(
             "shim",
             ["dataplane", "--control", control.ready, "--listen", args.listen],
             timeout=args.ready_timeout,
-            env={"BATON_SHIM_TOKEN": tokens["BATON_SHIM_TOKEN"]},
+            env={SHIM_ENV: tokens[SHIM_ENV]},
             die_with_parent=True,
         )
         children.append(shim)
@@ -94,15 +95,15 @@ def _tokens(args: argparse.Namespace) -> dict[str, str] | None:
     """The environment that gives control (and the shim) their tokens, never a command line
     (ps shows those). Shims present a token of their own to the routing service; without a
     data dir it lives only in this process's children. None: the two are the same."""
-    token = os.environ.get("BATON_ADMIN_TOKEN")
-    shim_token = os.environ.get("BATON_SHIM_TOKEN")
+    token = os.environ.get(ADMIN_ENV)
+    shim_token = os.environ.get(SHIM_ENV)
     if args.data_dir:
         token = token or ensure_token_file(Path(args.data_dir))
         shim_token = shim_token or ensure_token_file(Path(args.data_dir), SHIM_TOKEN_FILE)
     shim_token = shim_token or secrets.token_urlsafe(24)
     if token == shim_token:
         return None
-    return {"BATON_SHIM_TOKEN": shim_token, **({"BATON_ADMIN_TOKEN": token} if token else {})}
+    return {SHIM_ENV: shim_token, **({ADMIN_ENV: token} if token else {})}
 
 
 def _control_argv(args: argparse.Namespace, has_backends: bool) -> list[str]:

@@ -11,12 +11,11 @@ import sys
 from pathlib import Path
 
 from baton import aio
+from baton.tokens import ADMIN_ENV, SHIM_ENV, SHIM_FILE_ENV, TokenError, shim_token
 from control import config as config_mod
 from control.server import ControlPlane
-from control.services.auth import ADMIN_ENV, SHIM_ENV
 
 log = logging.getLogger("baton.control")
-SHIM_TOKEN_FILE_ENV = "BATON_SHIM_TOKEN_FILE"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,10 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shim-token-file",
         type=Path,
-        default=os.environ.get(SHIM_TOKEN_FILE_ENV) or None,
+        default=os.environ.get(SHIM_FILE_ENV) or None,
         metavar="FILE",
         help=f"the token shims must present to the routing service (or env {SHIM_ENV}; "
-        f"env {SHIM_TOKEN_FILE_ENV}); required when {ADMIN_ENV} is set",
+        f"env {SHIM_FILE_ENV}); required when {ADMIN_ENV} is set",
     )
     parser.add_argument(
         "--metrics-listen",
@@ -64,14 +63,10 @@ def _tokens(args: argparse.Namespace) -> tuple[str | None, str | None]:
     both are open (a machine of one's own): an admin token alone would leave the routing
     service, which can demote the whole fleet, open to anyone who reaches the port."""
     admin = os.environ.get(ADMIN_ENV) or None
-    shim = os.environ.get(SHIM_ENV) or None
-    if shim is None and args.shim_token_file is not None:
-        try:
-            shim = args.shim_token_file.read_text().strip()
-        except OSError as exc:
-            raise config_mod.ConfigError(f"--shim-token-file: {exc}") from None
-        if not shim:
-            raise config_mod.ConfigError(f"--shim-token-file: {args.shim_token_file} is empty")
+    try:
+        shim = shim_token(args.shim_token_file)
+    except TokenError as exc:
+        raise config_mod.ConfigError(str(exc)) from None
     if admin and not shim:
         raise config_mod.ConfigError(
             f"{ADMIN_ENV} is set but no shim token is: the routing service (whose reports "

@@ -12,6 +12,7 @@ import sys
 from aiohttp import web
 
 from baton import aio
+from baton.tokens import SHIM_ENV, SHIM_FILE_ENV, TokenError, shim_token
 from dataplane import workers
 from dataplane.app import make_app
 from dataplane.exceptions import ControlRefused
@@ -24,8 +25,6 @@ log = logging.getLogger("baton.shim")
 
 DEFAULTS = Limits()
 CONTROL_TLS_CA_ENV = "BATON_CONTROL_TLS_CA"
-SHIM_TOKEN_ENV = "BATON_SHIM_TOKEN"
-SHIM_TOKEN_FILE_ENV = "BATON_SHIM_TOKEN_FILE"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,10 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--shim-token-file",
-        default=os.environ.get(SHIM_TOKEN_FILE_ENV) or None,
+        default=os.environ.get(SHIM_FILE_ENV) or None,
         metavar="FILE",
-        help=f"control's shim token, presented on every routing call (or env {SHIM_TOKEN_ENV}; "
-        f"env {SHIM_TOKEN_FILE_ENV}); needed when control has one",
+        help=f"control's shim token, presented on every routing call (or env {SHIM_ENV}; "
+        f"env {SHIM_FILE_ENV}); needed when control has one",
     )
     parser.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT for the OpenAI API")
     parser.add_argument(
@@ -166,17 +165,11 @@ def _read_ca(path: str | None) -> bytes | None:
         raise SystemExit(f"--control-tls-ca: {exc}") from None
 
 
-def shim_token(args: argparse.Namespace) -> str | None:
-    token = os.environ.get(SHIM_TOKEN_ENV) or None
-    if token is None and args.shim_token_file:
-        try:
-            with open(args.shim_token_file) as f:
-                token = f.read().strip()
-        except OSError as exc:
-            raise SystemExit(f"--shim-token-file: {exc}") from None
-        if not token:
-            raise SystemExit(f"--shim-token-file: {args.shim_token_file} is empty")
-    return token
+def _shim_token(args: argparse.Namespace) -> str | None:
+    try:
+        return shim_token(args.shim_token_file)
+    except TokenError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def settings_from(args: argparse.Namespace) -> ShimSettings:
@@ -194,7 +187,7 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
     return ShimSettings(
         control=args.control,
         route_timeout=args.route_timeout,
-        control_token=shim_token(args),
+        control_token=_shim_token(args),
         control_tls_ca=_read_ca(args.control_tls_ca),
         max_body_bytes=args.max_body_bytes,
         limits=Limits(

@@ -10,14 +10,13 @@ from typing import Any, TypeAlias
 
 import grpc
 
+from baton.tokens import ADMIN_ENV, SHIM_ENV
 from control.services.errors import Context
 
 ADMIN_PREFIX = "/baton.v1.AdminService/"
 ROUTING_PREFIX = "/baton.v1.RoutingService/"
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
-ADMIN_ENV = "BATON_ADMIN_TOKEN"
-SHIM_ENV = "BATON_SHIM_TOKEN"
 
 
 def _denial(message: str, like: Handler) -> Handler:
