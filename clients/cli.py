@@ -144,7 +144,17 @@ def cmd_pairs_unbind(args: argparse.Namespace, c: AdminClient) -> None:
 
 
 def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parent = _admin_parent()
+    parent = _admin_parent()  # every admin command's connection and credential flags
+    _add_backend_commands(sub, parent)
+    sub.add_parser("status", parents=[parent], help="fleet summary").set_defaults(admin=cmd_status)
+    _add_pin_and_pair_commands(sub, parent)
+    _add_event_command(sub, parent)
+
+
+def _add_backend_commands(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    parent: argparse.ArgumentParser,
+) -> None:
     backends = sub.add_parser("backends", help="list and change the fleet's backends")
     bsub = backends.add_subparsers(dest="action", required=True)
     bsub.add_parser(
@@ -180,7 +190,12 @@ def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
                 help="also hand its in-flight streams to other backends (resume protocol), "
                 "e.g. to restart the engine for a deploy",
             )
-    sub.add_parser("status", parents=[parent], help="fleet summary").set_defaults(admin=cmd_status)
+
+
+def _add_pin_and_pair_commands(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    parent: argparse.ArgumentParser,
+) -> None:
     pins = sub.add_parser("pins", help="prefix-affinity pins")
     psub = pins.add_subparsers(dest="action", required=True)
     plist = psub.add_parser("list", parents=[parent], help="most recently used first")
@@ -205,6 +220,12 @@ def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     unbind = prsub.add_parser("unbind", parents=[parent], help="remove a pair")
     unbind.add_argument("id")
     unbind.set_defaults(admin=cmd_pairs_unbind)
+
+
+def _add_event_command(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    parent: argparse.ArgumentParser,
+) -> None:
     ev = sub.add_parser("events", parents=[parent], help="the audit log (failovers, retries...)")
     ev.add_argument("--kind", default="", help="failover, retry, health, admin, pair, route")
     ev.add_argument("--request-id", default="")

@@ -13,6 +13,7 @@ from pathlib import Path
 from baton import aio
 from baton.tokens import ADMIN_ENV, SHIM_ENV, SHIM_FILE_ENV, TokenError, shim_token
 from control import config as config_mod
+from control.exceptions import ConfigError
 from control.server import ControlPlane
 
 log = logging.getLogger("baton.control")
@@ -66,16 +67,16 @@ def _tokens(args: argparse.Namespace) -> tuple[str | None, str | None]:
     try:
         shim = shim_token(args.shim_token_file)
     except TokenError as exc:
-        raise config_mod.ConfigError(str(exc)) from None
+        raise ConfigError(str(exc)) from None
     if admin and not shim:
-        raise config_mod.ConfigError(
+        raise ConfigError(
             f"{ADMIN_ENV} is set but no shim token is: the routing service (whose reports "
             f"demote backends and fill the audit log) would be open to anyone who reaches "
             f"control. Set {SHIM_ENV} or --shim-token-file for control and every shim "
             f"(baton up generates one)"
         )
     if admin and admin == shim:
-        raise config_mod.ConfigError(
+        raise ConfigError(
             f"{ADMIN_ENV} and the shim token are the same: give shims a token of their own, "
             f"so that a shim's credential cannot change the fleet"
         )
@@ -92,13 +93,13 @@ def _tokens(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 def _tls(args: argparse.Namespace) -> tuple[bytes, bytes] | None:
     if (args.tls_cert is None) != (args.tls_key is None):
-        raise config_mod.ConfigError("--tls-cert and --tls-key go together")
+        raise ConfigError("--tls-cert and --tls-key go together")
     if args.tls_cert is None:
         return None
     try:
         return args.tls_cert.read_bytes(), args.tls_key.read_bytes()
     except OSError as exc:
-        raise config_mod.ConfigError(f"TLS: {exc}") from None
+        raise ConfigError(f"TLS: {exc}") from None
 
 
 async def _serve(
@@ -139,12 +140,12 @@ def run(args: argparse.Namespace) -> int:
             cfg = config_mod.with_routing(cfg, args.routing)
         tls = _tls(args)
         tokens = _tokens(args)
-    except config_mod.ConfigError as exc:
+    except ConfigError as exc:
         print(f"baton control: {exc}", file=sys.stderr)
         return 2
     try:
         return aio.run(_serve(args, cfg, tls, tokens))
-    except config_mod.ConfigError as exc:  # e.g. an unreadable fleet database in --data-dir
+    except ConfigError as exc:  # e.g. an unreadable fleet database in --data-dir
         print(f"baton control: {exc}", file=sys.stderr)
         return 2
 

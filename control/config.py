@@ -10,12 +10,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from baton.model import Backend, BackendId, BackendKind, Role
+from control.exceptions import ConfigError
 from control.health import HealthPolicy
 from control.policy import DEFAULT_POLICY, POLICIES
-
-
-class ConfigError(ValueError):
-    pass
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,11 +16,9 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from control.exceptions import FactsError
+
 FACTS_PATH = "/server_info"
-
-
-class FactsError(ValueError):
-    """The backend's answer does not carry the facts (or no backend answered)."""
 
 
 @dataclass(frozen=True, slots=True)

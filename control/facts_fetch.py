@@ -7,7 +7,8 @@ import os
 import aiohttp
 
 from baton.model import Backend
-from control.facts import FACTS_PATH, Facts, FactsError, facts_from_server_info
+from control.exceptions import FactsError
+from control.facts import FACTS_PATH, Facts, facts_from_server_info
 
 
 async def fetch_facts(

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from baton.model import Backend, BackendId
-from control.config import ConfigError, PairSpec, make_backend
+from control.config import PairSpec, make_backend
+from control.exceptions import ConfigError
 
 SCHEMA_VERSION = 3
 _SCHEMA = """

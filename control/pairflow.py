@@ -15,9 +15,10 @@ from typing import Any
 
 from baton.model import Backend, BackendId, Pairing, PairState, RequestShape, Role, Verdict
 from control.events import EventKind
+from control.exceptions import PairExists, PairNotFound, PairRefused
 from control.facts import Facts, pair_violations
 from control.pairs import DEFAULT_DRAFT_TOKENS, Pair, PairTable, gate
-from control.registry import PairExists, PairNotFound, PairRefused, Registry
+from control.registry import Registry
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,36 +16,10 @@ from baton.model import Backend, BackendId, BackendStatus, Snapshot
 from control import health
 from control.affinity import PinMatch, PinTable, PinView
 from control.events import EventKind, EventLog
+from control.exceptions import BackendExists, BackendNotFound
 from control.facts import Facts
 from control.health import HealthPolicy, HealthRecord
 from control.load import Load
-
-
-class RegistryError(Exception):
-    """Base of the registry's refusals; services/errors.py maps each to a gRPC status."""
-
-
-class BackendExists(RegistryError):
-    pass
-
-
-class BackendNotFound(RegistryError):
-    pass
-
-
-# The pair flow's refusals live here, beside the others, because services/errors.py maps the
-# whole family to gRPC statuses from this one module.
-class PairRefused(RegistryError):
-    """A pairing breaks an invariant; the message starts with the invariant's name."""
-
-
-class PairNotFound(RegistryError):
-    pass
-
-
-class PairExists(RegistryError):
-    pass
-
 
 Clock = Callable[[], float]
 Listener = Callable[[Snapshot], None]

@@ -23,6 +23,7 @@ from baton.v1 import admin_pb2, admin_pb2_grpc, routing_pb2, routing_pb2_grpc
 from control.affinity import PinTable
 from control.config import Config, PairSpec
 from control.events import EventKind, EventLog
+from control.exceptions import RegistryError
 from control.facts import Facts
 from control.facts_fetch import fetch_facts
 from control.fleetdb import Configured, FleetDB, configured, fleet, shadowed
@@ -30,7 +31,7 @@ from control.metrics import ControlMetrics
 from control.pairflow import PairFlow
 from control.policy import SpillGuard, make_policy
 from control.prober import run_prober
-from control.registry import Registry, RegistryError
+from control.registry import Registry
 from control.routing import Router
 from control.services import auth
 from control.services.admin import AdminServicer
@@ -38,6 +39,13 @@ from control.services.routing import RoutingServicer
 from control.store import EventFile
 
 log = logging.getLogger("baton.control")
+
+
+def _event_log(file: EventFile | None, clock: Callable[[], float]) -> EventLog:
+    """The audit log, written through to `file` and restored from it when there is one."""
+    if file is None:
+        return EventLog(clock)
+    return EventLog(clock, sink=file.append, restored=file.load(100_000), durable=file.flush)
 
 
 def _warn_shadowed(config: Config, saved: Configured, data_dir: Path | None) -> None:
@@ -73,12 +81,7 @@ class ControlPlane:
         rng = random.Random(seed)
         # The audit log survives restarts when there is a data dir to keep it in.
         self._event_file = EventFile(data_dir / "events.jsonl") if data_dir else None
-        events = EventLog(
-            clock,
-            sink=self._event_file.append if self._event_file else None,
-            restored=self._event_file.load(100_000) if self._event_file else (),
-            durable=self._event_file.flush if self._event_file else None,
-        )
+        events = _event_log(self._event_file, clock)
         # What operators changed at run time (backends, drains, pairs) survives a restart.
         self._db = FleetDB(data_dir / "fleet.db") if data_dir and keep_fleet else None
         saved = self._db.load() if self._db else Configured()

@@ -26,7 +26,7 @@ from dataplane.resume.markers import MarkerCache
 from dataplane.resume.relay import RelayControl, StreamRelay, with_token_ids
 from dataplane.settings import ProxySettings
 from dataplane.shape import reply_hash
-from dataplane.speculative import SpecControl, SpecServer
+from dataplane.spec.server import SpecControl, SpecServer
 from dataplane.validate import ClientRequest, Endpoint
 
 log = logging.getLogger("baton.shim")

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from baton.model import RequestShape
-from dataplane.specplan import sets_temperature, spec_eligible
+from dataplane.spec.plan import sets_temperature, spec_eligible
 from dataplane.validate import ClientRequest, Endpoint
 
 DEFAULT_KEY = b"baton-prefix-v1"

@@ -11,8 +11,7 @@ from baton import wire
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control import config
 from control.events import Event, EventKind, EventQuery
-from control.facts import FactsError
-from control.registry import PairRefused, RegistryError
+from control.exceptions import ConfigError, FactsError, PairRefused, RegistryError
 from control.routing import Router
 from control.services import convert
 from control.services.errors import Context, abort_with
@@ -55,7 +54,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         try:
             backend = config.make_backend(**convert.backend_fields_from_pb(request.backend))
             status = self._registry.add(backend)
-        except (RegistryError, config.ConfigError) as exc:
+        except (RegistryError, ConfigError) as exc:
             await abort_with(context, exc)
             raise  # unreachable: abort raises
         self._changed()

@@ -6,8 +6,14 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from control.config import ConfigError
-from control.registry import BackendExists, BackendNotFound, PairExists, PairNotFound, PairRefused
+from control.exceptions import (
+    BackendExists,
+    BackendNotFound,
+    ConfigError,
+    PairExists,
+    PairNotFound,
+    PairRefused,
+)
 
 # grpc's stubs make the context generic; servicers here handle many message types.
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"

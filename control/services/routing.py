@@ -15,9 +15,8 @@ from baton.model import Decision, Snapshot
 from baton.tracing import OFF, SpanKind, Tracing
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.events import EventKind
-from control.facts import FactsError
+from control.exceptions import FactsError, RegistryError
 from control.metrics import ControlMetrics
-from control.registry import RegistryError
 from control.routing import Outcome, Router
 from control.services import convert
 from control.services.errors import Context, abort_with

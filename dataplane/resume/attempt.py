@@ -90,7 +90,13 @@ class Resumer:
         if tokens_left(self._client, p) == 0:
             if early is not None:
                 early.upstream.close()
-            return await self._finish_exhausted(backend, p, result)
+            try:
+                await self.end_at_limit(p, backend)
+            except AttemptFailed as failed:
+                result.failure, result.detail = failed.failure, failed.detail
+                return result
+            result.detail = "max_tokens reached before the failure; finished without a resume"
+            return result
         exact = self._settings.seam_mode == "parallel"
         verify: asyncio.Task[Seam] | None = None
         try:
@@ -196,25 +202,19 @@ class Resumer:
                 started.upstream.close()  # also stops a generation still running
         return outcome, seam, held
 
-    async def _finish_exhausted(
-        self, backend: Backend, p: ChoiceProgress, result: ChoiceResume
-    ) -> ChoiceResume:
+    async def end_at_limit(self, p: ChoiceProgress, backend: Backend | None = None) -> None:
         """Every token the client asked for was sent, only the finish was lost: end the
-        choice with "length" as the engine would have, releasing the text it held back for
-        a possible stop string. Resuming would ask for max_tokens 0, which engines refuse."""
+        choice with "length" as the engine would have (resuming would ask for max_tokens 0,
+        which engines refuse). The text a token-path engine held back for a possible stop
+        string is recovered through `backend`'s detokenizer; without a backend there must
+        be none (ends_here). Raises AttemptFailed."""
         held = ""
-        stops = backend.kind in TOKEN_KINDS and bool(_stops(self._client))
+        stops = backend is not None and backend.kind in TOKEN_KINDS and bool(_stops(self._client))
         pending = p.held(from_start=True) if stops else None
-        if pending is not None:
-            try:
-                decoded = await self._settled_decode(backend, list(pending.ids))
-            except AttemptFailed as failed:
-                result.failure, result.detail = failed.failure, failed.detail
-                return result
+        if backend is not None and pending is not None:
+            decoded = await self._settled_decode(backend, list(pending.ids))
             held = HeldText(pending).resolve(decoded, True) or ""
         await self._down.write(self._stitcher.ended_at_limit(p, held))
-        result.detail = "max_tokens reached before the failure; finished without a resume"
-        return result
 
     async def _open(
         self, backend: Backend, endpoint: Endpoint, body: dict[str, object]
@@ -243,6 +243,12 @@ def tokens_left(client: ClientRequest, p: ChoiceProgress) -> int | None:
     """Tokens the client still allows this choice (None: no limit). A text-path count
     undercounts (a chunk can carry several tokens), so 0 here is never premature."""
     return tokens_allowed(client.body, p.generated)
+
+
+def ends_here(client: ClientRequest, p: ChoiceProgress) -> bool:
+    """A choice that can be ended without a backend: all its tokens were sent, and no text
+    can be held back for a stop string (recovering that needs an engine's detokenizer)."""
+    return tokens_left(client, p) == 0 and not (_stops(client) and p.token_ids)
 
 
 def _stops(client: ClientRequest) -> list[str]:

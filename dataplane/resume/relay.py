@@ -25,14 +25,10 @@ from dataplane.exceptions import StreamFailed
 from dataplane.failover import Failure, RetryBudget
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import FailoverAdvice, FailoverAudit
-from dataplane.resume.attempt import (
-    TOKEN_KINDS,
-    Resumer,
-    Started,
-    tokens_left,
-)
+from dataplane.resume.attempt import TOKEN_KINDS, Resumer, Started, ends_here
 from dataplane.resume.choose import Chooser
 from dataplane.resume.markers import MarkerCache
+from dataplane.resume.migration import Migration
 from dataplane.resume.plan import refusal
 from dataplane.resume.progress import ChoiceProgress
 from dataplane.resume.reports import Reporter
@@ -42,9 +38,6 @@ from dataplane.settings import ResumeSettings, Timeouts
 from dataplane.validate import ClientRequest
 
 log = logging.getLogger("baton.shim.stream")
-# A stream on a migrating backend with nowhere to go keeps streaming there; control is asked
-# again at most this often (it may have a backend by then).
-MIGRATION_RETRY_S = 1.0
 
 __all__ = ["ResumeSettings", "StreamRelay", "with_token_ids"]
 
@@ -121,10 +114,13 @@ class StreamRelay:
             request_id=request_id, shape=shape, fallbacks=fallbacks, tracing=tracing,
             background=background,
         )  # fmt: skip
+        self._migration = Migration(
+            oracle=oracle, chooser=self._chooser, client=client, stitcher=self.stitcher,
+            request_id=request_id, fallbacks=fallbacks,
+        )  # fmt: skip
         self._reporter = Reporter(oracle, metrics, tracing, background)
         self.first_byte: float | None = None
         self.served_by: Backend | None = None
-        self._ask_after = 0.0  # when control may next be asked where to migrate
 
     async def run(self, backend: Backend, upstream: aiohttp.ClientResponse, first: bytes) -> bool:
         """True when the client got a complete answer, False when it got an error event."""
@@ -167,39 +163,13 @@ class StreamRelay:
     def keep(self, upstream: aiohttp.ClientResponse) -> None:
         self._trailers.append(upstream)
 
-    # -- migration (Downstream, for the resumer too) ---------------------------------------
+    # -- Downstream, for the resumer too ---------------------------------------------------
 
     def due(self, backend_id: str) -> bool:
-        """Is `backend_id` drained with migration, and may control be asked where to go
-        (at most every MIGRATION_RETRY_S)? A set lookup at every chunk; the clock only
-        while the backend migrates."""
-        return backend_id in self._oracle.fleet.migrating and time.monotonic() >= self._ask_after
+        return self._migration.due(backend_id)
 
     async def target(self, backend: Backend) -> Backend | None:
-        """Control's choice for a stream leaving `backend`. Asked before the stream stops,
-        so a migration with nowhere to go leaves the stream where it is: a drain with
-        --migrate never turns a healthy stream into an error. (Control releases the
-        request's load on `backend` either way; it is counted again when it ends.)"""
-        self._ask_after = time.monotonic() + MIGRATION_RETRY_S
-        unfinished = self.stitcher.unfinished()
-        if not unfinished:
-            return None  # a stream whose choices all finished is left to send its last events
-        why = next(filter(None, (refusal(self._client, p) for p in unfinished)), None)
-        if why is not None:
-            # It would end in an error event; finishing here is what a plain drain does.
-            log.info("request %s: not migrating off %s: %s", self._rid, backend.id, why)
-            self._ask_after = float("inf")
-            return None
-        gone = {backend.id, *self._oracle.fleet.migrating}
-        preferred = [b.id for b in self._fallbacks if b.id not in gone]
-        target = await self._chooser.ask(backend, Failure.MIGRATE, [], preferred)
-        if target is None:
-            log.warning(
-                "request %s: %s is migrating but no backend can take its stream; staying",
-                self._rid,
-                backend.id,
-            )
-        return target
+        return await self._migration.target(backend)
 
     async def write(self, data: bytes) -> None:
         if self.first_byte is None:
@@ -252,7 +222,7 @@ class StreamRelay:
         st = _Failing(failed_backend, failed.failure, failed.failure, now, decided)
         self._reporter.detected_ns = time.time_ns()
         while True:
-            pending = await self._finish_exhausted(self.stitcher.unfinished())
+            pending = await self._end_exhausted(self.stitcher.unfinished())
             if not pending:
                 await self._resp.write(self.stitcher.ending())
                 return True
@@ -337,19 +307,15 @@ class StreamRelay:
         if st.failure == Failure.MIGRATE:
             st.decided = worst.handover
 
-    async def _finish_exhausted(self, pending: list[ChoiceProgress]) -> list[ChoiceProgress]:
-        """Ends with "length" every choice that was sent all its max_tokens before the
-        failure (only its finish was lost): resuming would ask for max_tokens 0, which
-        engines refuse. One whose engine held text back for a stop string still needs a
-        backend to recover that text (Resumer does it). Returns the choices left."""
+    async def _end_exhausted(self, pending: list[ChoiceProgress]) -> list[ChoiceProgress]:
+        """Ends every choice that needs no backend to end (ends_here); returns the rest."""
         left = []
-        stops = bool(self._client.body.get("stop"))
         for p in pending:
-            if tokens_left(self._client, p) != 0 or (stops and p.token_ids):
+            if ends_here(self._client, p):
+                log.info("request %s: choice %d had all its tokens; finished", self._rid, p.index)
+                await self._resumer.end_at_limit(p)
+            else:
                 left.append(p)
-                continue
-            log.info("request %s: choice %d had all its tokens; finished", self._rid, p.index)
-            await self.write(self.stitcher.ended_at_limit(p))
         return left
 
     async def _give_up(self, st: _Failing, outcome: FailoverOutcome, why: str) -> bool:

@@ -116,17 +116,10 @@ class ResumedStream:
             data = event.data
             if event.is_done:
                 break
-            obj, failure = parse_chunk(data, 1)  # a resume asks for one choice
-            if obj is None:
-                raise StreamFailed(failure or Failure.GARBAGE)
-            choices = obj.get("choices") or []
-            if not choices:
-                self._note_usage(obj, p)
+            ch = self._choice(data, p)
+            if ch is None:
                 continue
-            ch = choices[0]
             finish = ch.get("finish_reason")
-            if finish in FAILED_FINISH:
-                raise StreamFailed(Failure.finish(finish))
             ids = ch.get("token_ids") or []
             text = choice_text(ch, chat)
             verified = seam.feed(ids, text, finish is not None)
@@ -159,10 +152,31 @@ class ResumedStream:
                 return "finished" if engine_finish else "stopped"
             # A chunk boundary, everything so far sent: a migration can start here.
             if self._down.due(backend.id):
-                result.handover = await self._down.target(backend)
-                if result.handover is not None:
-                    raise StreamFailed(Failure.MIGRATE, f"{backend.id} drained with migration")
+                await self._move(backend, result)
         raise StreamFailed(Failure.TRUNCATED, "resumed stream ended before finishing")
+
+    def _choice(self, data: bytes, p: ChoiceProgress) -> dict[str, Any] | None:
+        """The resumed chunk's one choice (a resume asks for one); None for a chunk without
+        one (usage). Raises StreamFailed for garbage or an engine's error finish."""
+        obj, failure = parse_chunk(data, 1)
+        if obj is None:
+            raise StreamFailed(failure or Failure.GARBAGE)
+        choices = obj.get("choices") or []
+        if not choices:
+            self._note_usage(obj, p)
+            return None
+        ch: dict[str, Any] = choices[0]
+        finish = ch.get("finish_reason")
+        if finish in FAILED_FINISH:
+            raise StreamFailed(Failure.finish(finish))
+        return ch
+
+    async def _move(self, backend: Backend, result: ChoiceResume) -> None:
+        """`backend` is drained with migration: raises StreamFailed(MIGRATE) when control
+        names a backend to move to (result.handover); else the stream stays."""
+        result.handover = await self._down.target(backend)
+        if result.handover is not None:
+            raise StreamFailed(Failure.MIGRATE, f"{backend.id} drained with migration")
 
     def _note_usage(self, obj: dict[str, Any], p: ChoiceProgress) -> None:
         usage = obj.get("usage")

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from baton.model import BackendKind, Role
-from control.config import ConfigError, load, parse
+from control.config import load, parse
+from control.exceptions import ConfigError
 
 
 def test_loads_backends_and_settings(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from baton.model import Backend, BackendId, BackendKind, Role
-from control.config import ConfigError, PairSpec
+from control.config import PairSpec
+from control.exceptions import ConfigError
 from control.fleetdb import SCHEMA_VERSION, Configured, FleetDB, configured, fleet, overlay
 
 

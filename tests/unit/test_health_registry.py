@@ -4,8 +4,9 @@ import pytest
 
 from baton import wire
 from baton.model import Backend, BackendId, HealthState, Snapshot
+from control.exceptions import BackendExists, BackendNotFound
 from control.health import HealthPolicy
-from control.registry import BackendExists, BackendNotFound, Registry
+from control.registry import Registry
 
 
 class FakeClock:

@@ -6,10 +6,11 @@ import pytest
 
 from baton.model import Backend, BackendId, PairState, RequestShape, Role, Verdict
 from control.events import EventKind, EventQuery
-from control.facts import Facts, FactsError, Sampling, facts_from_server_info, pair_violations
+from control.exceptions import FactsError, PairExists, PairRefused
+from control.facts import Facts, Sampling, facts_from_server_info, pair_violations
 from control.pairflow import PairFlow
 from control.pairs import PROBATION_ROUNDS, gate
-from control.registry import PairExists, PairRefused, Registry
+from control.registry import Registry
 
 GREEDY = Facts("sha256:v", 16, Sampling())
 SAMPLING = Facts("sha256:v", 16, Sampling(temperature=0.7))

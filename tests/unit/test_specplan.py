@@ -1,10 +1,10 @@
-"""Judging a speculative round and the loop detector (dataplane/specplan.py)."""
+"""Judging a speculative round and the loop detector (dataplane/spec/plan.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from dataplane.specplan import judge, repeated_ngram, spec_eligible
+from dataplane.spec.plan import judge, repeated_ngram, spec_eligible
 from dataplane.validate import ClientRequest, Endpoint
 
 EOS = 9

@@ -1,0 +1,57 @@
+"""Every exception the control plane raises on purpose, in one tree (the model is httpx's
+_exceptions.py). services/errors.py maps each to the gRPC status an admin or a shim sees:
+
+    ControlPlaneError
+    ├── ConfigError           a config file, a saved fleet or an admin's backend spec is
+    │                         invalid (INVALID_ARGUMENT; at start, control exits saying why)
+    ├── FactsError            a backend's /server_info does not carry the facts a pair needs
+    └── RegistryError         the registry refuses a change
+        ├── BackendExists     add: the id is taken (ALREADY_EXISTS)
+        ├── BackendNotFound   no backend has the id (NOT_FOUND)
+        ├── PairRefused       a pairing breaks an invariant; the message starts with its name
+        │                     (FAILED_PRECONDITION)
+        ├── PairNotFound      no pair has the id (NOT_FOUND)
+        └── PairExists        the draft is paired already (ALREADY_EXISTS)
+
+ConfigError and FactsError are also ValueErrors: both say that a value read from outside
+is wrong. The shared core's TokenError (baton/tokens.py) is a credential file's."""
+
+# baton: pure
+
+from __future__ import annotations
+
+
+class ControlPlaneError(Exception):
+    pass
+
+
+class ConfigError(ControlPlaneError, ValueError):
+    pass
+
+
+class FactsError(ControlPlaneError, ValueError):
+    """The backend's answer does not carry the facts (or no backend answered)."""
+
+
+class RegistryError(ControlPlaneError):
+    pass
+
+
+class BackendExists(RegistryError):
+    pass
+
+
+class BackendNotFound(RegistryError):
+    pass
+
+
+class PairRefused(RegistryError):
+    """A pairing breaks an invariant; the message starts with the invariant's name."""
+
+
+class PairNotFound(RegistryError):
+    pass
+
+
+class PairExists(RegistryError):
+    pass

@@ -1,0 +1,112 @@
+"""A speculative round's calls to the engines, each a short non-streaming request: the
+draft's k tokens, the target's scores for context + draft with its own next token, the
+target alone when there is no usable draft, and the target's /tokenize and /detokenize."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from baton.model import Backend, Pairing
+from dataplane.engine import detokenize, post_json
+from dataplane.exceptions import AttemptFailed, DraftFailed
+from dataplane.failover import Failure
+from dataplane.settings import Timeouts
+from dataplane.spec.plan import Judged, judge
+from dataplane.validate import ClientRequest, Endpoint
+
+
+class Rounds:
+    def __init__(self, session: aiohttp.ClientSession, timeouts: Timeouts) -> None:
+        self._session = session
+        self._timeouts = timeouts
+
+    async def round(
+        self, ctx: list[int], pairing: Pairing, target: Backend, remaining: int
+    ) -> tuple[Judged, int]:
+        """One round on the pair after `ctx`: the judged tokens and how many were drafted.
+        Raises DraftFailed (the draft failed: go on target-only) or AttemptFailed (the
+        target failed)."""
+        k = max(1, min(pairing.num_draft_tokens, remaining))
+        try:
+            proposal = await self._complete(pairing.draft, ctx, k)
+        except AttemptFailed as exc:
+            raise DraftFailed(exc.failure, exc.detail) from exc
+        draft_ids = _ints(proposal.get("token_ids"))
+        if draft_ids is None:
+            raise DraftFailed(Failure.GARBAGE, "draft sent no token_ids")
+        scored = await self._complete(target, ctx + draft_ids, 1, prompt_logprobs=1)
+        try:
+            judged = judge(
+                draft_ids,
+                scored["prompt_logprobs"],
+                _ints(scored.get("token_ids")) or [],
+                scored.get("finish_reason"),
+                remaining,
+                pairing.eos_token_id,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AttemptFailed(Failure.GARBAGE, f"scoring answer: {exc}") from None
+        return judged, len(draft_ids)
+
+    async def target_only(self, ctx: list[int], target: Backend, remaining: int) -> Judged:
+        """No usable draft: the target generates the rest greedily in one call."""
+        choice = await self._complete(target, ctx, remaining)
+        ids = _ints(choice.get("token_ids"))
+        if ids is None:
+            raise AttemptFailed(Failure.GARBAGE, "target sent no token_ids")
+        finish = choice.get("finish_reason")
+        return Judged(0, tuple(ids[:remaining]), "stop" if finish == "stop" else "length")
+
+    async def _complete(
+        self, backend: Backend, prompt: list[int], n: int, prompt_logprobs: int | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": backend.model,
+            "prompt": prompt,
+            "max_tokens": n,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
+        if prompt_logprobs is not None:
+            body["prompt_logprobs"] = prompt_logprobs
+        answer = await self._post(backend, "/v1/completions", body)
+        try:
+            choice = answer["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise AttemptFailed(Failure.GARBAGE, "completion without choices") from None
+        if not isinstance(choice, dict):
+            raise AttemptFailed(Failure.GARBAGE, "completion choice is not an object")
+        return choice
+
+    async def prompt_ids(self, target: Backend, client: ClientRequest) -> list[int]:
+        """The prompt as the target's token ids (its own /tokenize, chat template included)."""
+        body = client.body
+        prompt = body.get("prompt")
+        if client.endpoint is Endpoint.COMPLETIONS and (given := _ints(prompt)) is not None:
+            return list(given)
+        ask: dict[str, Any] = {"model": target.model}
+        if client.endpoint is Endpoint.CHAT:
+            ask.update(messages=body["messages"], add_generation_prompt=True)
+        elif isinstance(prompt, str):
+            ask["prompt"] = prompt
+        else:
+            raise AttemptFailed(Failure.GARBAGE, "prompt is neither text nor token ids")
+        ids = _ints((await self._post(target, "/tokenize", ask)).get("tokens"))
+        if ids is None:
+            raise AttemptFailed(Failure.GARBAGE, "tokenize sent no tokens")
+        return ids
+
+    async def detokenize(self, target: Backend, ids: list[int]) -> str:
+        return await detokenize(self._session, target, target.model, ids, self._timeouts.connect)
+
+    async def _post(self, backend: Backend, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await post_json(self._session, backend, path, body, self._timeouts)
+
+
+def _ints(v: Any) -> list[int] | None:
+    """A list of token ids, or None when it is anything else."""
+    if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return v
+    return None
