@@ -176,10 +176,14 @@ def test_replica_stopped_mid_burst_every_request_is_200(tmp_path: Path) -> None:
                 done.set()
             return status
 
+        s0 = f.sims["s0"].ready
         with ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(one, i) for i in range(48)]
             assert done.wait(30)
-            f.sims["s0"].kill()  # mid-burst: requests in flight on it, more to come
+            # Mid-burst, with requests provably in flight on it (a busy machine can leave it
+            # idle at any given instant) and more to come.
+            assert wait_until(lambda: metric(s0, "vllm:num_requests_running") > 0, 30, 0.002)
+            f.sims["s0"].kill()
             statuses = [fu.result() for fu in futures]
         assert statuses == [200] * 48
         retries = json.loads(f.baton("events", "--kind", "retry", "--json").stdout)
