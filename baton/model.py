@@ -44,6 +44,12 @@ class Reason(StrEnum):
     FAILOVER = "failover"
     NO_BACKEND = "no-backend"
     UNKNOWN_MODEL = "unknown-model"
+    # A follow-up of a stored response (shape.owner_key): sent to the backend holding it...
+    OWNER = "owner"
+    # ...or refused: its owner is dead, drained or removed (the detail says which)...
+    OWNER_GONE = "owner-gone"
+    # ...or no backend is known to hold it (never stored through Baton, deleted, or aged out).
+    OWNER_UNKNOWN = "owner-unknown"
 
 
 # The cheap GET each kind of backend answers: control's health probes, the shim's standby
@@ -113,6 +119,9 @@ class RequestShape:
     stream: bool = False
     spec_eligible: bool = False
     sets_temperature: bool = True
+    # The stored object (a response id) the request must reach the owner of: a
+    # previous_response_id, or a retrieve/delete/cancel. Empty: any backend may serve it.
+    owner_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)

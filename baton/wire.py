@@ -61,6 +61,9 @@ REASON_TO_PB = {
     Reason.FAILOVER: routing_pb2.ROUTE_REASON_FAILOVER,
     Reason.NO_BACKEND: routing_pb2.ROUTE_REASON_NO_BACKEND,
     Reason.UNKNOWN_MODEL: routing_pb2.ROUTE_REASON_UNKNOWN_MODEL,
+    Reason.OWNER: routing_pb2.ROUTE_REASON_OWNER,
+    Reason.OWNER_GONE: routing_pb2.ROUTE_REASON_OWNER_GONE,
+    Reason.OWNER_UNKNOWN: routing_pb2.ROUTE_REASON_OWNER_UNKNOWN,
 }
 STATE_FROM_PB = {v: k for k, v in STATE_TO_PB.items()}
 REASON_FROM_PB = {v: k for k, v in REASON_TO_PB.items()}
@@ -160,6 +163,7 @@ def shape_from_pb(s: routing_pb2.RequestShape) -> RequestShape:
         stream=s.stream,
         spec_eligible=s.spec_eligible,
         sets_temperature=s.sets_temperature,
+        owner_key=s.owner_key,
     )
 
 
@@ -204,6 +208,7 @@ def shape_to_pb(s: RequestShape) -> routing_pb2.RequestShape:
         stream=s.stream,
         spec_eligible=s.spec_eligible,
         sets_temperature=s.sets_temperature,
+        owner_key=s.owner_key,
     )
 
 

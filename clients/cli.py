@@ -116,7 +116,7 @@ def _follow(args: argparse.Namespace, c: AdminClient, rows: list[dict[str, objec
 
 
 def cmd_pins_list(args: argparse.Namespace, c: AdminClient) -> None:
-    rows, total = c.pins(backend_id=args.backend, limit=args.limit)
+    rows, total = c.pins(backend_id=args.backend, limit=args.limit, kind=args.kind)
     if args.json:
         print(json.dumps({"total": total, "pins": rows}, indent=2))
     else:
@@ -196,10 +196,13 @@ def _add_pin_and_pair_commands(
     sub: argparse._SubParsersAction,  # type: ignore[type-arg]
     parent: argparse.ArgumentParser,
 ) -> None:
-    pins = sub.add_parser("pins", help="prefix-affinity pins")
+    pins = sub.add_parser("pins", help="prefix-affinity and stored-response pins")
     psub = pins.add_subparsers(dest="action", required=True)
     plist = psub.add_parser("list", parents=[parent], help="most recently used first")
     plist.add_argument("--backend", default="")
+    plist.add_argument("--kind", default="", choices=("", "prefix", "response"),
+                       help="prefix (KV-cache affinity) or response (who holds a stored "
+                       "response); default both")  # fmt: skip
     plist.add_argument("--limit", type=int, default=100)
     plist.set_defaults(admin=cmd_pins_list)
     pclear = psub.add_parser("clear", parents=[parent], help="forget pins (all, or one backend's)")

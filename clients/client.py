@@ -247,12 +247,17 @@ class AdminClient:
         resp = self._call("ListEvents", request)
         return [json.loads(e.json) for e in resp.events]  # type: ignore[attr-defined]
 
-    def pins(self, *, backend_id: str = "", limit: int = 100) -> tuple[list[dict[str, Any]], int]:
+    def pins(
+        self, *, backend_id: str = "", limit: int = 100, kind: str = ""
+    ) -> tuple[list[dict[str, Any]], int]:
         resp: admin_pb2.ListPinsResponse = self._call(  # type: ignore[assignment]
-            "ListPins", admin_pb2.ListPinsRequest(backend_id=backend_id, limit=limit)
+            "ListPins", admin_pb2.ListPinsRequest(backend_id=backend_id, limit=limit, kind=kind)
         )
         rows = [
             {
+                "kind": p.kind or "prefix",
+                # A prefix pin's chain hash (shortened), or the stored response's id.
+                "key": p.key if p.kind == "response" else p.prefix.hex()[:16],
                 "prefix": p.prefix.hex()[:16],
                 "backend_id": p.backend_id,
                 "depth": p.depth,

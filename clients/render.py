@@ -92,7 +92,7 @@ def parse_since(text: str, now: float) -> float:
     return when.timestamp()
 
 
-PIN_COLUMNS = ("prefix", "backend_id", "depth", "hits", "last_used", "created")
+PIN_COLUMNS = ("kind", "key", "backend_id", "depth", "hits", "last_used", "created")
 
 
 def pins(rows: Sequence[Mapping[str, Any]], total: int) -> str:

@@ -28,6 +28,9 @@ class AffinitySettings:
     pin_ttl: float = 1800.0  # seconds a pin lives without use
     spill_factor: float = 2.0  # adaptive: spill when pinned in-flight > factor x mean + slack
     spill_slack: int = 2
+    # Ownership pins (owners.py): which backend holds each stored Responses API response.
+    owner_capacity: int = 100_000
+    owner_ttl: float = 86_400.0  # seconds without use; keep it >= the engines' own store TTL
 
 
 @dataclass(frozen=True, slots=True)

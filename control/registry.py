@@ -20,6 +20,7 @@ from control.exceptions import BackendExists, BackendNotFound
 from control.facts import Facts
 from control.health import HealthPolicy, HealthRecord
 from control.load import Load
+from control.owners import Owned, OwnerTable
 
 Clock = Callable[[], float]
 Listener = Callable[[Snapshot], None]
@@ -35,6 +36,7 @@ class Registry:
         health_policy: HealthPolicy | None = None,
         events: EventLog | None = None,
         pins: PinTable | None = None,
+        owners: OwnerTable | None = None,
         drained: Mapping[str, bool] | None = None,
     ) -> None:
         """`drained`: backends drained before a restart (id -> migrate), restored as they
@@ -48,6 +50,7 @@ class Registry:
         self._removed: list[RemoveHook] = []
         self._load = Load()
         self._pins = pins if pins is not None else PinTable()
+        self._owners = owners if owners is not None else OwnerTable()
         # Facts read from each backend (GET /server_info); absent until read.
         self._facts: dict[BackendId, Facts] = {}
         self._facts_view: Mapping[BackendId, Facts] = MappingProxyType(self._facts)
@@ -242,6 +245,24 @@ class Registry:
 
     def expire_pins(self, now: float) -> int:
         return self._pins.expire(now)
+
+    # -- ownership: which backend holds a stored response (owners.py) ----------------------
+
+    @property
+    def owners(self) -> Iterable[Owned]:
+        return iter(self._owners)
+
+    def record_owner(self, key: str, backend_id: BackendId, model: str, now: float) -> None:
+        self._owners.record(key, backend_id, model, now)
+
+    def release_owner(self, key: str) -> bool:
+        return self._owners.release(key)
+
+    def owner_of(self, key: str, now: float) -> Owned | None:
+        return self._owners.owner(key, now)
+
+    def clear_owners(self, backend_id: str = "") -> int:
+        return self._owners.clear(backend_id)
 
     # -- internals -----------------------------------------------------------------------
 

@@ -66,6 +66,8 @@ class Router:
     ) -> Decision:
         now = self._clock()
         reg = self.registry
+        if request.shape.owner_key:
+            return self._to_owner(request, now)
         chain = request.shape.prefix_chain
         match = reg.longest_pin(chain, now) if chain else None
         view = RoutingView(reg.snapshot, reg.in_flight(), match)
@@ -88,6 +90,38 @@ class Router:
         if self._route_events:
             self._audit(request, decision, match)
         return decision
+
+    def _to_owner(self, request: RouteRequest, now: float) -> Decision:
+        """A follow-up of a stored object goes to the backend that holds it, or nowhere:
+        another engine would answer a misleading 404. No fallbacks: none holds it."""
+        key = request.shape.owner_key
+        reg = self.registry
+        version = reg.snapshot.version
+        owned = reg.owner_of(key, now)
+        if owned is None:
+            why = (f"no backend is known to hold {key} (it was not stored through this "
+                   "fleet's router, or was deleted, or its ownership pin aged out)")  # fmt: skip
+            decision = Decision((), Reason.OWNER_UNKNOWN, version, why)
+        else:
+            status = reg.snapshot.get(owned.backend_id)
+            if status is not None and status.routable and owned.backend_id not in request.exclude:
+                reg.acquire(request.request_id, BackendId(owned.backend_id), now)
+                decision = Decision((status.backend,), Reason.OWNER, version)
+            else:
+                state = "removed" if status is None else status.health.state.value
+                why = f"{key} is stored on backend {owned.backend_id}, which is {state}"
+                decision = Decision((), Reason.OWNER_GONE, version, why)
+        if self._route_events:
+            self._audit(request, decision, None)
+        return decision
+
+    def record_owner(self, key: str, backend_id: str, model: str) -> None:
+        """A shim saw `backend_id` store `key` (before the client could learn the id)."""
+        self.registry.record_owner(key, BackendId(backend_id), model, self._clock())
+
+    def release_owner(self, key: str) -> None:
+        """A shim saw `key` deleted on its owner."""
+        self.registry.release_owner(key)
 
     def _panic(self, request: RouteRequest, refused: Decision) -> Decision:
         """No healthy backend serves the model: rather than refuse, try the ones health

@@ -28,6 +28,7 @@ from control.facts import Facts
 from control.facts_fetch import fetch_facts
 from control.fleetdb import Configured, FleetDB, configured, fleet, shadowed
 from control.metrics import ControlMetrics
+from control.owners import OwnerTable
 from control.pairflow import PairFlow
 from control.policy import SpillGuard, make_policy
 from control.prober import run_prober
@@ -93,6 +94,7 @@ class ControlPlane:
             health_policy=config.health,
             events=events,
             pins=PinTable(config.affinity.pin_capacity, config.affinity.pin_ttl),
+            owners=OwnerTable(config.affinity.owner_capacity, config.affinity.owner_ttl),
         )
         # The one pair flow over the registry: router, services, metrics and _save share it.
         self.pairs = PairFlow(self.registry)

@@ -19,6 +19,7 @@ from dataplane.handlers import (
     ORACLE,
     PROXY,
     SLOTS,
+    STORED,
     TRACING,
     add_routes,
     openai_errors,
@@ -29,6 +30,7 @@ from dataplane.limits import StreamSlots
 from dataplane.link import ControlLink
 from dataplane.metrics import ShimMetrics
 from dataplane.proxy import Proxy
+from dataplane.responses.stored import StoredResponses
 from dataplane.settings import ShimSettings
 from dataplane.standby import Standby
 
@@ -62,6 +64,7 @@ def make_app(settings: ShimSettings) -> web.Application:
             tracing = tracing_from_env("baton-shim")
             app[TRACING] = tracing
             app[PROXY] = Proxy(session, oracle, settings.proxy, metrics, tracing, resumes)
+            app[STORED] = StoredResponses(session, oracle, settings.proxy.timeouts)
             spare = settings.proxy.resume.standby_connections
             standby = Standby(
                 resumes, lambda: resume_targets(oracle), spare, settings.keepalive_timeout / 3

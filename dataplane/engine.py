@@ -60,6 +60,30 @@ async def open_attempt(
         raise classify_exception(exc) from exc
 
 
+async def call(
+    session: aiohttp.ClientSession,
+    backend: Backend,
+    method: str,
+    path: str,
+    timeouts: Timeouts,
+) -> tuple[int, bytes, str]:
+    """One whole bodiless request (a stored response's retrieve, delete or cancel): status,
+    body and content type. Raises AttemptFailed when the backend does not answer."""
+    try:
+        async with session.request(
+            method,
+            backend.url + path,
+            headers=backend.auth_headers(os.environ) or None,
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=timeouts.connect, sock_read=timeouts.read
+            ),
+        ) as resp:
+            body = await resp.read()
+            return resp.status, body, resp.headers.get("Content-Type", "application/json")
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise classify_exception(exc) from exc
+
+
 # A finished stream's last bytes (the chunked terminator, a resume's usage and [DONE]) are read
 # for at most this long and this much before its connection is given back to the pool.
 TRAILER_SECONDS = 0.25

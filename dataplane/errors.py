@@ -31,6 +31,9 @@ class ErrorKind(StrEnum):
     HEADERS_TOO_LARGE = "request_header_fields_too_large"
     TOO_MANY_STREAMS = "too_many_concurrent_streams"
     SHUTTING_DOWN = "shim_shutting_down"
+    # A stored response's follow-up: its backend is gone, or no backend is known to hold it.
+    RESPONSE_OWNER_GONE = "response_owner_gone"
+    RESPONSE_NOT_FOUND = "response_not_found"
 
 
 # kind -> (HTTP status, OpenAI error `type`)
@@ -49,6 +52,8 @@ STATUS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.HEADERS_TOO_LARGE: (431, "invalid_request_error"),
     ErrorKind.TOO_MANY_STREAMS: (429, "rate_limit_error"),
     ErrorKind.SHUTTING_DOWN: (503, "service_unavailable"),
+    ErrorKind.RESPONSE_OWNER_GONE: (404, "invalid_request_error"),
+    ErrorKind.RESPONSE_NOT_FOUND: (404, "invalid_request_error"),
 }
 
 

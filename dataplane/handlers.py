@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -17,6 +18,9 @@ from dataplane.limits import Limits, StreamSlots, check_head, check_request
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import Routing
 from dataplane.proxy import Exchange, Proxy
+from dataplane.responses.owners import OWNER_REASONS, refused
+from dataplane.responses.serve import as_chat_exchange
+from dataplane.responses.stored import StoredResponses
 from dataplane.shape import shape_of
 from dataplane.validate import ClientRequest, Endpoint, parse_request
 
@@ -27,6 +31,7 @@ METRICS = web.AppKey("metrics", ShimMetrics)
 TRACING = web.AppKey("tracing", Tracing)
 LIMITS = web.AppKey("limits", Limits)
 SLOTS = web.AppKey("stream_slots", StreamSlots)
+STORED = web.AppKey("stored", StoredResponses)
 
 
 def error_response(err: OpenAIError) -> web.Response:
@@ -79,7 +84,7 @@ async def _route_and_serve(
 ) -> web.StreamResponse:
     app = request.app
     try:
-        ex = Exchange(uuid.uuid4().hex, client, raw, shape_of(client))
+        ex = _exchange(client, raw)
         started = time.perf_counter()
         tracing = app[TRACING]
         try:
@@ -94,6 +99,8 @@ async def _route_and_serve(
             raise OpenAIError(ErrorKind.CONTROL_UNAVAILABLE, str(exc)) from None
         app[METRICS].route.observe(time.perf_counter() - started)
         if not decision.backends:
+            if decision.reason in OWNER_REASONS:
+                raise refused(decision)
             if decision.reason is Reason.UNKNOWN_MODEL:
                 raise OpenAIError(
                     ErrorKind.MODEL_NOT_FOUND,
@@ -104,6 +111,15 @@ async def _route_and_serve(
         return await app[PROXY].serve(request, ex, decision)
     except OpenAIError as err:
         return error_response(err)
+
+
+def _exchange(client: ClientRequest, raw: bytes) -> Exchange:
+    rid = uuid.uuid4().hex
+    served = as_chat_exchange(client)
+    if served is None:
+        return Exchange(rid, client, raw, shape_of(client))
+    chat, chat_raw, events = served
+    return Exchange(rid, chat, chat_raw, shape_of(chat), responses=events)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -121,6 +137,14 @@ async def models(request: web.Request) -> web.Response:
         {"id": m, "object": "model", "created": created, "owned_by": "baton"} for m in fleet.models
     ]
     return web.json_response({"object": "list", "data": data})
+
+
+async def stored_response(request: web.Request) -> web.Response:
+    """Retrieve, delete or cancel a stored response, on the backend that holds it."""
+    metrics = request.app[METRICS]
+    resp = await request.app[STORED].serve(request)
+    metrics.count(metrics.requests, Endpoint.RESPONSES.value + "/{id}", str(resp.status))
+    return resp
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -165,9 +189,24 @@ async def request_limits(request: web.Request, handler):  # type: ignore[no-unty
     return await handler(request)
 
 
+def _post(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await _completion(request, endpoint)
+
+    return handler
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_post(Endpoint.CHAT.value, chat_completions)
     app.router.add_post(Endpoint.COMPLETIONS.value, completions)
+    app.router.add_post(Endpoint.RESPONSES.value, _post(Endpoint.RESPONSES))
+    item = Endpoint.RESPONSES.value + "/{response_id}"
+    app.router.add_get(item, stored_response)
+    app.router.add_delete(item, stored_response)
+    app.router.add_post(item + "/cancel", stored_response)
+    for endpoint in Endpoint:
+        if not endpoint.generates:
+            app.router.add_post(endpoint.value, _post(endpoint))
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

@@ -160,6 +160,12 @@ class ControlLink:
                 return await self._decision(self._stream.route(request))
             except ControlUnavailable as exc:
                 self._unreachable(str(exc))
+        if shape.owner_key:
+            # Only control knows which backend holds it; any other would answer a misleading
+            # 404 (or, worse, hold another response of that id).
+            raise ControlUnavailable(
+                f"control plane unreachable: the backend holding {shape.owner_key} is unknown"
+            )
         return self._decide_locally(shape.model)
 
     async def failover(
@@ -235,6 +241,26 @@ class ControlLink:
             raise ControlUnavailable(f"control plane: {exc.code().name}") from None
         target = wire.backend_from_pb(resp.target) if resp.HasField("target") else None
         return GateAnswer(wire.VERDICT_FROM_PB.get(resp.verdict, "reject"), resp.reason, target)
+
+    async def record_owner(
+        self, request_id: str, key: str, backend_id: str, model: str, *, released: bool = False
+    ) -> None:
+        """Waits for control's answer: the client must not learn `key` before control knows
+        where it lives, or a follow-up through another shim could arrive first. Raises
+        ControlUnavailable (the answer goes out anyway; the follow-up will be refused)."""
+        if not self._up.is_set():
+            raise ControlUnavailable("control plane unreachable")
+        request = routing_pb2.RecordOwnershipRequest(
+            key=key, backend_id=backend_id, model=model, released=released, request_id=request_id
+        )
+        try:
+            await self._stub.RecordOwnership(
+                request, timeout=self._timeout, metadata=self._metadata
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in TRANSIENT:
+                self._unreachable(f"ownership: {exc.code().name}")
+            raise ControlUnavailable(f"control plane: {exc.code().name}") from None
 
     # -- reports: buffered while control is away -----------------------------------------
 

@@ -89,6 +89,12 @@ class Gate(Protocol):
     ) -> GateAnswer: ...
 
 
+class Ownership(Protocol):
+    async def record_owner(
+        self, request_id: str, key: str, backend_id: str, model: str, *, released: bool = False
+    ) -> None: ...
+
+
 def models_of(backends: Sequence[Backend]) -> tuple[str, ...]:
     return tuple(sorted({b.model for b in backends if b.serves_clients}))
 

@@ -17,13 +17,19 @@ from baton.model import Backend, Decision, RequestOutcome, RequestShape
 from baton.tracing import SpanKind, Tracing
 from dataplane.engine import classify_exception, open_attempt, settle
 from dataplane.errors import ErrorKind, OpenAIError
-from dataplane.exceptions import AttemptFailed
+from dataplane.exceptions import AttemptFailed, ControlUnavailable
 from dataplane.failover import Failure, classify_status
 from dataplane.metrics import ShimMetrics
-from dataplane.oracle import Outcomes
+from dataplane.oneshot import garbled
+from dataplane.oracle import Outcomes, Ownership
+from dataplane.responses.events import ResponseEvents
+from dataplane.responses.passthrough import ResponsesRelay
+from dataplane.responses.request import stored
+from dataplane.responses.translate import ChatAsResponses
 from dataplane.resume.chunks import choice_text_whole
 from dataplane.resume.markers import MarkerCache
 from dataplane.resume.relay import RelayControl, StreamRelay, with_token_ids
+from dataplane.resume.reports import Reporter
 from dataplane.settings import ProxySettings
 from dataplane.shape import reply_hash
 from dataplane.spec.server import SpecControl, SpecServer
@@ -34,9 +40,7 @@ log = logging.getLogger("baton.shim")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
-
-
-class ProxyControl(RelayControl, SpecControl, Outcomes, Protocol):
+class ProxyControl(RelayControl, SpecControl, Outcomes, Ownership, Protocol):
     """What the proxy asks of control (and hands to the relay and the speculative server)."""
 
 
@@ -50,6 +54,8 @@ class Exchange:
     shape: RequestShape
     started: float = field(default_factory=time.monotonic)
     first_byte: float | None = None
+    # A Responses request served as chat (responses/serve.py): the client's events.
+    responses: ResponseEvents | None = None
 
 
 class Proxy:
@@ -114,6 +120,8 @@ class Proxy:
         settling = False  # handed to _settle: its connection goes back to the pool
         try:
             if ex.client.stream and upstream.status == 200:
+                if ex.client.endpoint is Endpoint.RESPONSES:
+                    return await self._relay_responses(request, ex, backend, upstream)
                 fallbacks = decision.backends[attempt + 1 :]
                 resp, settling = await self._relay_stream(
                     request, ex, backend, upstream, fallbacks
@@ -157,7 +165,9 @@ class Proxy:
         if upstream.status == 200:
             # Nothing has reached the client yet: a garbled answer is retried on the next
             # backend like any other failure, never relayed as a 200.
-            reply = _chat_reply(_answer(body), ex.client)
+            reply = _reply(ex.client, body)
+            if ex.client.endpoint is Endpoint.RESPONSES and stored(ex.client.body):
+                await self._own(ex, backend, body)
         self._finished(ex, backend, upstream.status, reply)
         return web.Response(
             body=body,
@@ -177,14 +187,7 @@ class Proxy:
         fallbacks: tuple[Backend, ...],
     ) -> tuple[web.StreamResponse, bool]:
         """The response, and whether `upstream` was handed to _settle."""
-        # Read the first piece before sending headers: a backend that dies before its first
-        # byte is still retried invisibly, and the client gets a 200 from whoever answers.
-        try:
-            first = await upstream.content.readany()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise classify_exception(exc) from exc
-        if not first:
-            raise AttemptFailed(Failure.DISCONNECT, "stream closed before its first byte")
+        first = await _first_piece(upstream)
         resp = web.StreamResponse(
             status=200, headers={**SSE_HEADERS, "X-Request-Id": ex.request_id}
         )
@@ -194,7 +197,7 @@ class Proxy:
             oracle=self._oracle,
             timeouts=self._settings.timeouts,
             settings=self._settings.resume,
-            resp=resp,
+            resp=ChatAsResponses(resp, ex.responses) if ex.responses is not None else resp,
             request_id=ex.request_id,
             client=ex.client,
             shape=ex.shape,
@@ -217,6 +220,44 @@ class Proxy:
         finally:
             relay.close()
         return resp, any(u is upstream for u in finished)
+
+    async def _relay_responses(
+        self,
+        request: web.Request,
+        ex: Exchange,
+        backend: Backend,
+        upstream: aiohttp.ClientResponse,
+    ) -> web.StreamResponse:
+        """An engine's own Responses stream (one that cannot be replayed elsewhere)."""
+        first = await _first_piece(upstream)
+        resp = web.StreamResponse(
+            status=200, headers={**SSE_HEADERS, "X-Request-Id": ex.request_id}
+        )
+        await resp.prepare(request)
+        relay = ResponsesRelay(
+            oracle=self._oracle,
+            settings=self._settings.resume,
+            out=resp,
+            request_id=ex.request_id,
+            client=ex.client,
+            reporter=Reporter(self._oracle, self._metrics, self._tracing, self._background),
+        )
+        try:
+            complete = await relay.run(backend, upstream, first)
+        finally:
+            ex.first_byte = relay.first_byte
+        self._finished(ex, backend, 200 if complete else 502)
+        await resp.write_eof()
+        return resp
+
+    async def _own(self, ex: Exchange, backend: Backend, body: bytes) -> None:
+        """A stored response's id reaches control before it reaches the client."""
+        key = orjson.loads(body).get("id")
+        try:
+            await self._oracle.record_owner(ex.request_id, key, backend.id, ex.client.model)
+        except ControlUnavailable as exc:
+            log.warning("request %s: %s stored on %s, but control does not know (%s)",
+                        ex.request_id, key, backend.id, exc)  # fmt: skip
 
     def _settle(self, upstreams: list[aiohttp.ClientResponse]) -> None:
         """Give finished upstream connections back to the pool, after the handler: a client
@@ -260,25 +301,42 @@ class Proxy:
         task.add_done_callback(self._background.discard)
 
 
+async def _first_piece(upstream: aiohttp.ClientResponse) -> bytes:
+    """Read before sending headers: a backend that dies before its first byte is still
+    retried invisibly, and the client gets a 200 from whoever answers."""
+    try:
+        first = await upstream.content.readany()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise classify_exception(exc) from exc
+    if not first:
+        raise AttemptFailed(Failure.DISCONNECT, "stream closed before its first byte")
+    return first
+
+
 async def _settle_all(upstreams: list[aiohttp.ClientResponse]) -> None:
     await asyncio.gather(*(settle(u) for u in upstreams))
 
 
-def _answer(body: bytes) -> dict[str, Any]:
-    """A 200 answer's JSON: an object with a non-empty list of choice objects, or
-    AttemptFailed(GARBAGE)."""
+def _reply(client: ClientRequest, body: bytes) -> str | None:
+    """Checks a 200 answer (AttemptFailed(GARBAGE) when it cannot be relayed as a success);
+    returns the assistant's text of a chat answer (choice 0), for the next turn's pin."""
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
         raise AttemptFailed(Failure.GARBAGE, "a 200 answer that is not JSON") from None
+    if client.endpoint is Endpoint.RESPONSES:
+        if not (isinstance(obj, dict) and isinstance(obj.get("id"), str)
+                and isinstance(obj.get("output"), list)):
+            raise AttemptFailed(Failure.GARBAGE, "a 200 answer without id and output")  # fmt: skip
+        return None
+    if not client.endpoint.generates:
+        why = garbled(client.endpoint, obj)
+        if why is not None:
+            raise AttemptFailed(Failure.GARBAGE, why)
+        return None
     choices = obj.get("choices") if isinstance(obj, dict) else None
     if not (isinstance(choices, list) and choices and all(isinstance(c, dict) for c in choices)):
         raise AttemptFailed(Failure.GARBAGE, "a 200 answer without choices")
-    return cast(dict[str, Any], obj)
-
-
-def _chat_reply(answer: dict[str, Any], client: ClientRequest) -> str | None:
-    """The assistant's text of a whole chat answer (choice 0), for the next turn's pin."""
     if client.endpoint is not Endpoint.CHAT:
         return None
-    return choice_text_whole(answer["choices"][0]) or None
+    return choice_text_whole(cast(dict[str, Any], choices[0])) or None

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from baton.model import RequestShape
+from dataplane.responses.request import messages_of
 from dataplane.spec.plan import sets_temperature, spec_eligible
 from dataplane.validate import ClientRequest, Endpoint
 
@@ -67,6 +68,26 @@ def _chars(content: Any) -> int:
 
 def shape_of(req: ClientRequest, key: bytes = DEFAULT_KEY) -> RequestShape:
     body = req.body
+    if not req.endpoint.generates:
+        # A one-shot call: nothing to pin, so no prefix to hash (control spreads it).
+        return RequestShape(model=req.model, greedy=False, sets_temperature=False)
+    if req.endpoint is Endpoint.RESPONSES:
+        # Its messages hash as a chat request's do: the same prefix warms the same cache.
+        # Input that is not plain messages (tool outputs, images) hashes item by item.
+        messages = messages_of(body) or list(body["input"])
+        turns = tuple(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+        chars = sum(_chars(m.get("content")) for m in messages if isinstance(m, dict))
+        return RequestShape(
+            model=req.model,
+            message_count=len(messages),
+            prefix_chain=prefix_chain(messages, key),
+            assistant_turns=turns,
+            prompt_chars=chars,
+            greedy=req.greedy,
+            stream=req.stream,
+            sets_temperature=sets_temperature(req),
+            owner_key=body.get("previous_response_id") or "",
+        )
     if req.endpoint is Endpoint.CHAT:
         messages = body["messages"]
         turns = tuple(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)

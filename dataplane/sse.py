@@ -8,12 +8,19 @@ network is engine.py's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 DONE = b"[DONE]"  # the data of the last event
 DONE_EVENT = b"data: " + DONE + b"\n\n"  # the last event, framed
+
+
+class ClientStream(Protocol):
+    """Where a relay writes the client's stream: the response itself, or a writer that
+    turns it into another format on the way (responses/translate.py)."""
+
+    async def write(self, data: bytes) -> None: ...
 
 
 def sse(obj: Any) -> bytes:

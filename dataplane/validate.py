@@ -8,17 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import orjson
 
+from dataplane.endpoints import Endpoint as Endpoint
 from dataplane.errors import ErrorKind, OpenAIError
-
-
-class Endpoint(StrEnum):
-    CHAT = "/v1/chat/completions"
-    COMPLETIONS = "/v1/completions"
+from dataplane.oneshot import check_one_shot
+from dataplane.responses.request import check_responses
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,10 +149,15 @@ def validate(body: dict[str, Any], endpoint: Endpoint) -> ClientRequest:
         raise _bad("'model' is required", "model")
     if not isinstance(model, str) or not model:
         raise _bad("'model' must be a non-empty string", "model")
+    if not endpoint.generates:
+        check_one_shot(body, endpoint)
+        return ClientRequest(endpoint, body, model, False, False)
     if endpoint is Endpoint.CHAT:
         _check_messages(body.get("messages"))
-    else:
+    elif endpoint is Endpoint.COMPLETIONS:
         _check_prompt(body.get("prompt"))
+    else:
+        check_responses(body)
     _check_params(body)
     temperature = body.get("temperature")
     # vLLM's default temperature is 1.0 unless the model's generation config says otherwise,

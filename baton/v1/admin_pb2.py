@@ -26,7 +26,7 @@ from baton.v1 import fleet_pb2 as baton_dot_v1_dot_fleet__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x62\x61ton/v1/admin.proto\x12\x08\x62\x61ton.v1\x1a\x14\x62\x61ton/v1/fleet.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x15\n\x13ListBackendsRequest\"[\n\x14ListBackendsResponse\x12)\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"7\n\x11\x41\x64\x64\x42\x61\x63kendRequest\x12\"\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x11.baton.v1.Backend\"X\n\x12\x41\x64\x64\x42\x61\x63kendResponse\x12(\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"\"\n\x14RemoveBackendRequest\x12\n\n\x02id\x18\x01 \x01(\t\"1\n\x15RemoveBackendResponse\x12\x18\n\x10snapshot_version\x18\x01 \x01(\x04\"2\n\x13\x44rainBackendRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07migrate\x18\x02 \x01(\x08\"Z\n\x14\x44rainBackendResponse\x12(\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"#\n\x15UndrainBackendRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\\\n\x16UndrainBackendResponse\x12(\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"\x12\n\x10GetStatusRequest\"?\n\x0bModelStatus\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61\x63kends\x18\x02 \x01(\r\x12\x0f\n\x07healthy\x18\x03 \x01(\r\"\xa8\x01\n\x11GetStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\x12\x16\n\x0erouting_policy\x18\x03 \x01(\t\x12%\n\x06models\x18\x04 \x03(\x0b\x32\x15.baton.v1.ModelStatus\x12\x16\n\x0euptime_seconds\x18\x05 \x01(\x01\x12\x11\n\tin_flight\x18\x06 \x01(\r\"\x83\x01\n\x11ListEventsRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x12\n\nbackend_id\x18\x03 \x01(\t\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05limit\x18\x05 \x01(\r\"5\n\x12ListEventsResponse\x12\x1f\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x0f.baton.v1.Event\"4\n\x0fListPinsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\x12\x12\n\nbackend_id\x18\x02 \x01(\t\"\xa6\x01\n\x07PinInfo\x12\x0e\n\x06prefix\x18\x01 \x01(\x0c\x12\x12\n\nbackend_id\x18\x02 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x03 \x01(\r\x12+\n\x07\x63reated\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tlast_used\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04hits\x18\x06 \x01(\x04\"B\n\x10ListPinsResponse\x12\x1f\n\x04pins\x18\x01 \x03(\x0b\x32\x11.baton.v1.PinInfo\x12\r\n\x05total\x18\x02 \x01(\x04\"&\n\x10\x43learPinsRequest\x12\x12\n\nbackend_id\x18\x01 \x01(\t\"$\n\x11\x43learPinsResponse\x12\x0f\n\x07\x63leared\x18\x01 \x01(\x04\"J\n\x12WatchEventsRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x12\n\nbackend_id\x18\x03 \x01(\t\"5\n\x13WatchEventsResponse\x12\x1e\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x0f.baton.v1.Event\"`\n\x0f\x42indPairRequest\x12\x18\n\x10\x64raft_backend_id\x18\x01 \x01(\t\x12\x19\n\x11target_backend_id\x18\x02 \x01(\t\x12\x18\n\x10num_draft_tokens\x18\x03 \x01(\r\"0\n\x10\x42indPairResponse\x12\x1c\n\x04pair\x18\x01 \x01(\x0b\x32\x0e.baton.v1.Pair\"\x1f\n\x11UnbindPairRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x14\n\x12UnbindPairResponse\"\x12\n\x10ListPairsRequest\"2\n\x11ListPairsResponse\x12\x1d\n\x05pairs\x18\x01 \x03(\x0b\x32\x0e.baton.v1.Pair2\xd4\x07\n\x0c\x41\x64minService\x12M\n\x0cListBackends\x12\x1d.baton.v1.ListBackendsRequest\x1a\x1e.baton.v1.ListBackendsResponse\x12G\n\nAddBackend\x12\x1b.baton.v1.AddBackendRequest\x1a\x1c.baton.v1.AddBackendResponse\x12P\n\rRemoveBackend\x12\x1e.baton.v1.RemoveBackendRequest\x1a\x1f.baton.v1.RemoveBackendResponse\x12M\n\x0c\x44rainBackend\x12\x1d.baton.v1.DrainBackendRequest\x1a\x1e.baton.v1.DrainBackendResponse\x12S\n\x0eUndrainBackend\x12\x1f.baton.v1.UndrainBackendRequest\x1a .baton.v1.UndrainBackendResponse\x12\x44\n\tGetStatus\x12\x1a.baton.v1.GetStatusRequest\x1a\x1b.baton.v1.GetStatusResponse\x12G\n\nListEvents\x12\x1b.baton.v1.ListEventsRequest\x1a\x1c.baton.v1.ListEventsResponse\x12L\n\x0bWatchEvents\x12\x1c.baton.v1.WatchEventsRequest\x1a\x1d.baton.v1.WatchEventsResponse0\x01\x12\x41\n\x08ListPins\x12\x19.baton.v1.ListPinsRequest\x1a\x1a.baton.v1.ListPinsResponse\x12\x44\n\tClearPins\x12\x1a.baton.v1.ClearPinsRequest\x1a\x1b.baton.v1.ClearPinsResponse\x12\x41\n\x08\x42indPair\x12\x19.baton.v1.BindPairRequest\x1a\x1a.baton.v1.BindPairResponse\x12G\n\nUnbindPair\x12\x1b.baton.v1.UnbindPairRequest\x1a\x1c.baton.v1.UnbindPairResponse\x12\x44\n\tListPairs\x12\x1a.baton.v1.ListPairsRequest\x1a\x1b.baton.v1.ListPairsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x62\x61ton/v1/admin.proto\x12\x08\x62\x61ton.v1\x1a\x14\x62\x61ton/v1/fleet.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x15\n\x13ListBackendsRequest\"[\n\x14ListBackendsResponse\x12)\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"7\n\x11\x41\x64\x64\x42\x61\x63kendRequest\x12\"\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x11.baton.v1.Backend\"X\n\x12\x41\x64\x64\x42\x61\x63kendResponse\x12(\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"\"\n\x14RemoveBackendRequest\x12\n\n\x02id\x18\x01 \x01(\t\"1\n\x15RemoveBackendResponse\x12\x18\n\x10snapshot_version\x18\x01 \x01(\x04\"2\n\x13\x44rainBackendRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07migrate\x18\x02 \x01(\x08\"Z\n\x14\x44rainBackendResponse\x12(\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"#\n\x15UndrainBackendRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\\\n\x16UndrainBackendResponse\x12(\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x17.baton.v1.BackendStatus\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\"\x12\n\x10GetStatusRequest\"?\n\x0bModelStatus\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61\x63kends\x18\x02 \x01(\r\x12\x0f\n\x07healthy\x18\x03 \x01(\r\"\xa8\x01\n\x11GetStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\x12\x16\n\x0erouting_policy\x18\x03 \x01(\t\x12%\n\x06models\x18\x04 \x03(\x0b\x32\x15.baton.v1.ModelStatus\x12\x16\n\x0euptime_seconds\x18\x05 \x01(\x01\x12\x11\n\tin_flight\x18\x06 \x01(\r\"\x83\x01\n\x11ListEventsRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x12\n\nbackend_id\x18\x03 \x01(\t\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05limit\x18\x05 \x01(\r\"5\n\x12ListEventsResponse\x12\x1f\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x0f.baton.v1.Event\"B\n\x0fListPinsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\x12\x12\n\nbackend_id\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\"\xc1\x01\n\x07PinInfo\x12\x0e\n\x06prefix\x18\x01 \x01(\x0c\x12\x12\n\nbackend_id\x18\x02 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x03 \x01(\r\x12+\n\x07\x63reated\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tlast_used\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04hits\x18\x06 \x01(\x04\x12\x0c\n\x04kind\x18\x07 \x01(\t\x12\x0b\n\x03key\x18\x08 \x01(\t\"B\n\x10ListPinsResponse\x12\x1f\n\x04pins\x18\x01 \x03(\x0b\x32\x11.baton.v1.PinInfo\x12\r\n\x05total\x18\x02 \x01(\x04\"&\n\x10\x43learPinsRequest\x12\x12\n\nbackend_id\x18\x01 \x01(\t\"$\n\x11\x43learPinsResponse\x12\x0f\n\x07\x63leared\x18\x01 \x01(\x04\"J\n\x12WatchEventsRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x12\n\nbackend_id\x18\x03 \x01(\t\"5\n\x13WatchEventsResponse\x12\x1e\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x0f.baton.v1.Event\"`\n\x0f\x42indPairRequest\x12\x18\n\x10\x64raft_backend_id\x18\x01 \x01(\t\x12\x19\n\x11target_backend_id\x18\x02 \x01(\t\x12\x18\n\x10num_draft_tokens\x18\x03 \x01(\r\"0\n\x10\x42indPairResponse\x12\x1c\n\x04pair\x18\x01 \x01(\x0b\x32\x0e.baton.v1.Pair\"\x1f\n\x11UnbindPairRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x14\n\x12UnbindPairResponse\"\x12\n\x10ListPairsRequest\"2\n\x11ListPairsResponse\x12\x1d\n\x05pairs\x18\x01 \x03(\x0b\x32\x0e.baton.v1.Pair2\xd4\x07\n\x0c\x41\x64minService\x12M\n\x0cListBackends\x12\x1d.baton.v1.ListBackendsRequest\x1a\x1e.baton.v1.ListBackendsResponse\x12G\n\nAddBackend\x12\x1b.baton.v1.AddBackendRequest\x1a\x1c.baton.v1.AddBackendResponse\x12P\n\rRemoveBackend\x12\x1e.baton.v1.RemoveBackendRequest\x1a\x1f.baton.v1.RemoveBackendResponse\x12M\n\x0c\x44rainBackend\x12\x1d.baton.v1.DrainBackendRequest\x1a\x1e.baton.v1.DrainBackendResponse\x12S\n\x0eUndrainBackend\x12\x1f.baton.v1.UndrainBackendRequest\x1a .baton.v1.UndrainBackendResponse\x12\x44\n\tGetStatus\x12\x1a.baton.v1.GetStatusRequest\x1a\x1b.baton.v1.GetStatusResponse\x12G\n\nListEvents\x12\x1b.baton.v1.ListEventsRequest\x1a\x1c.baton.v1.ListEventsResponse\x12L\n\x0bWatchEvents\x12\x1c.baton.v1.WatchEventsRequest\x1a\x1d.baton.v1.WatchEventsResponse0\x01\x12\x41\n\x08ListPins\x12\x19.baton.v1.ListPinsRequest\x1a\x1a.baton.v1.ListPinsResponse\x12\x44\n\tClearPins\x12\x1a.baton.v1.ClearPinsRequest\x1a\x1b.baton.v1.ClearPinsResponse\x12\x41\n\x08\x42indPair\x12\x19.baton.v1.BindPairRequest\x1a\x1a.baton.v1.BindPairResponse\x12G\n\nUnbindPair\x12\x1b.baton.v1.UnbindPairRequest\x1a\x1c.baton.v1.UnbindPairResponse\x12\x44\n\tListPairs\x12\x1a.baton.v1.ListPairsRequest\x1a\x1b.baton.v1.ListPairsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -64,31 +64,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTEVENTSRESPONSE']._serialized_start=1104
   _globals['_LISTEVENTSRESPONSE']._serialized_end=1157
   _globals['_LISTPINSREQUEST']._serialized_start=1159
-  _globals['_LISTPINSREQUEST']._serialized_end=1211
-  _globals['_PININFO']._serialized_start=1214
-  _globals['_PININFO']._serialized_end=1380
-  _globals['_LISTPINSRESPONSE']._serialized_start=1382
-  _globals['_LISTPINSRESPONSE']._serialized_end=1448
-  _globals['_CLEARPINSREQUEST']._serialized_start=1450
-  _globals['_CLEARPINSREQUEST']._serialized_end=1488
-  _globals['_CLEARPINSRESPONSE']._serialized_start=1490
-  _globals['_CLEARPINSRESPONSE']._serialized_end=1526
-  _globals['_WATCHEVENTSREQUEST']._serialized_start=1528
-  _globals['_WATCHEVENTSREQUEST']._serialized_end=1602
-  _globals['_WATCHEVENTSRESPONSE']._serialized_start=1604
-  _globals['_WATCHEVENTSRESPONSE']._serialized_end=1657
-  _globals['_BINDPAIRREQUEST']._serialized_start=1659
-  _globals['_BINDPAIRREQUEST']._serialized_end=1755
-  _globals['_BINDPAIRRESPONSE']._serialized_start=1757
-  _globals['_BINDPAIRRESPONSE']._serialized_end=1805
-  _globals['_UNBINDPAIRREQUEST']._serialized_start=1807
-  _globals['_UNBINDPAIRREQUEST']._serialized_end=1838
-  _globals['_UNBINDPAIRRESPONSE']._serialized_start=1840
-  _globals['_UNBINDPAIRRESPONSE']._serialized_end=1860
-  _globals['_LISTPAIRSREQUEST']._serialized_start=1862
-  _globals['_LISTPAIRSREQUEST']._serialized_end=1880
-  _globals['_LISTPAIRSRESPONSE']._serialized_start=1882
-  _globals['_LISTPAIRSRESPONSE']._serialized_end=1932
-  _globals['_ADMINSERVICE']._serialized_start=1935
-  _globals['_ADMINSERVICE']._serialized_end=2915
+  _globals['_LISTPINSREQUEST']._serialized_end=1225
+  _globals['_PININFO']._serialized_start=1228
+  _globals['_PININFO']._serialized_end=1421
+  _globals['_LISTPINSRESPONSE']._serialized_start=1423
+  _globals['_LISTPINSRESPONSE']._serialized_end=1489
+  _globals['_CLEARPINSREQUEST']._serialized_start=1491
+  _globals['_CLEARPINSREQUEST']._serialized_end=1529
+  _globals['_CLEARPINSRESPONSE']._serialized_start=1531
+  _globals['_CLEARPINSRESPONSE']._serialized_end=1567
+  _globals['_WATCHEVENTSREQUEST']._serialized_start=1569
+  _globals['_WATCHEVENTSREQUEST']._serialized_end=1643
+  _globals['_WATCHEVENTSRESPONSE']._serialized_start=1645
+  _globals['_WATCHEVENTSRESPONSE']._serialized_end=1698
+  _globals['_BINDPAIRREQUEST']._serialized_start=1700
+  _globals['_BINDPAIRREQUEST']._serialized_end=1796
+  _globals['_BINDPAIRRESPONSE']._serialized_start=1798
+  _globals['_BINDPAIRRESPONSE']._serialized_end=1846
+  _globals['_UNBINDPAIRREQUEST']._serialized_start=1848
+  _globals['_UNBINDPAIRREQUEST']._serialized_end=1879
+  _globals['_UNBINDPAIRRESPONSE']._serialized_start=1881
+  _globals['_UNBINDPAIRRESPONSE']._serialized_end=1901
+  _globals['_LISTPAIRSREQUEST']._serialized_start=1903
+  _globals['_LISTPAIRSREQUEST']._serialized_end=1921
+  _globals['_LISTPAIRSRESPONSE']._serialized_start=1923
+  _globals['_LISTPAIRSRESPONSE']._serialized_end=1973
+  _globals['_ADMINSERVICE']._serialized_start=1976
+  _globals['_ADMINSERVICE']._serialized_end=2956
 # @@protoc_insertion_point(module_scope)

@@ -364,19 +364,23 @@ class ListPinsRequest(_message.Message):
 
     LIMIT_FIELD_NUMBER: _builtins.int
     BACKEND_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
     limit: _builtins.int
     """0 means the server's default (100)."""
     backend_id: _builtins.str
     """Empty: pins to any backend."""
+    kind: _builtins.str
+    """"prefix" or "response"; empty: both kinds."""
     def __init__(
         self,
         *,
         limit: _builtins.int = ...,
         backend_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "limit", b"limit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "kind", b"kind", "limit", b"limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -392,12 +396,19 @@ class PinInfo(_message.Message):
     CREATED_FIELD_NUMBER: _builtins.int
     LAST_USED_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
     prefix: _builtins.bytes
     """The chain hash of the pinned message prefix (never the text)."""
     backend_id: _builtins.str
     depth: _builtins.int
     """Messages covered by the prefix."""
     hits: _builtins.int
+    kind: _builtins.str
+    """"prefix" (a KV-cache affinity pin, keyed by `prefix`) or "response" (an ownership pin:
+    the backend that holds the stored response `key`).
+    """
+    key: _builtins.str
     @_builtins.property
     def created(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -411,10 +422,12 @@ class PinInfo(_message.Message):
         created: _timestamp_pb2.Timestamp | None = ...,
         last_used: _timestamp_pb2.Timestamp | None = ...,
         hits: _builtins.int = ...,
+        kind: _builtins.str = ...,
+        key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "last_used", b"last_used"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "created", b"created", "depth", b"depth", "hits", b"hits", "last_used", b"last_used", "prefix", b"prefix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "created", b"created", "depth", b"depth", "hits", b"hits", "key", b"key", "kind", b"kind", "last_used", b"last_used", "prefix", b"prefix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -37,6 +37,12 @@ class _RouteReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RouteReas
     """No routable backend serves the model right now."""
     ROUTE_REASON_UNKNOWN_MODEL: _RouteReason.ValueType  # 8
     """No backend in the registry serves the model at all."""
+    ROUTE_REASON_OWNER: _RouteReason.ValueType  # 9
+    """A follow-up of a stored response, sent to the backend that holds it."""
+    ROUTE_REASON_OWNER_GONE: _RouteReason.ValueType  # 10
+    """Refused: the stored response's backend is dead, drained or removed (detail says which)."""
+    ROUTE_REASON_OWNER_UNKNOWN: _RouteReason.ValueType  # 11
+    """Refused: no backend is known to hold the stored response."""
 
 class RouteReason(_RouteReason, metaclass=_RouteReasonEnumTypeWrapper):
     """Why a routing decision was made; also a span attribute and a metric label."""
@@ -52,6 +58,12 @@ ROUTE_REASON_NO_BACKEND: RouteReason.ValueType  # 7
 """No routable backend serves the model right now."""
 ROUTE_REASON_UNKNOWN_MODEL: RouteReason.ValueType  # 8
 """No backend in the registry serves the model at all."""
+ROUTE_REASON_OWNER: RouteReason.ValueType  # 9
+"""A follow-up of a stored response, sent to the backend that holds it."""
+ROUTE_REASON_OWNER_GONE: RouteReason.ValueType  # 10
+"""Refused: the stored response's backend is dead, drained or removed (detail says which)."""
+ROUTE_REASON_OWNER_UNKNOWN: RouteReason.ValueType  # 11
+"""Refused: no backend is known to hold the stored response."""
 Global___RouteReason: _TypeAlias = RouteReason  # noqa: Y015
 
 class _Outcome:
@@ -194,6 +206,7 @@ class RequestShape(_message.Message):
     STREAM_FIELD_NUMBER: _builtins.int
     SPEC_ELIGIBLE_FIELD_NUMBER: _builtins.int
     SETS_TEMPERATURE_FIELD_NUMBER: _builtins.int
+    OWNER_KEY_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     message_count: _builtins.int
     prompt_chars: _builtins.int
@@ -205,6 +218,10 @@ class RequestShape(_message.Message):
     """
     sets_temperature: _builtins.bool
     """The request sets temperature itself; otherwise the backend's default applies."""
+    owner_key: _builtins.str
+    """A stored object (a Responses API response id) the request must reach the holder of:
+    a previous_response_id, or a retrieve/delete/cancel. Empty: any backend may serve it.
+    """
     @_builtins.property
     def prefix_chain(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """Keyed hash per message: h_i = H(h_{i-1} || canonical(message_i))."""
@@ -225,10 +242,11 @@ class RequestShape(_message.Message):
         stream: _builtins.bool = ...,
         spec_eligible: _builtins.bool = ...,
         sets_temperature: _builtins.bool = ...,
+        owner_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_turns", b"assistant_turns", "greedy", b"greedy", "message_count", b"message_count", "model", b"model", "prefix_chain", b"prefix_chain", "prompt_chars", b"prompt_chars", "sets_temperature", b"sets_temperature", "spec_eligible", b"spec_eligible", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_turns", b"assistant_turns", "greedy", b"greedy", "message_count", b"message_count", "model", b"model", "owner_key", b"owner_key", "prefix_chain", b"prefix_chain", "prompt_chars", b"prompt_chars", "sets_temperature", b"sets_temperature", "spec_eligible", b"spec_eligible", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -867,3 +885,51 @@ class ReportFailoverResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportFailoverResponse: _TypeAlias = ReportFailoverResponse  # noqa: Y015
+
+@_typing.final
+class RecordOwnershipRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    BACKEND_ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    RELEASED_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """The stored object's id (e.g. "resp_…")."""
+    backend_id: _builtins.str
+    model: _builtins.str
+    released: _builtins.bool
+    """The object was deleted on its owner: forget the pin."""
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        backend_id: _builtins.str = ...,
+        model: _builtins.str = ...,
+        released: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "key", b"key", "model", b"model", "released", b"released", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordOwnershipRequest: _TypeAlias = RecordOwnershipRequest  # noqa: Y015
+
+@_typing.final
+class RecordOwnershipResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordOwnershipResponse: _TypeAlias = RecordOwnershipResponse  # noqa: Y015

@@ -75,6 +75,11 @@ class RoutingServiceStub:
                 request_serializer=baton_dot_v1_dot_routing__pb2.GatePairingRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_routing__pb2.GatePairingResponse.FromString,
                 _registered_method=True)
+        self.RecordOwnership = channel.unary_unary(
+                '/baton.v1.RoutingService/RecordOwnership',
+                request_serializer=baton_dot_v1_dot_routing__pb2.RecordOwnershipRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_routing__pb2.RecordOwnershipResponse.FromString,
+                _registered_method=True)
 
 
 class RoutingServiceServicer:
@@ -140,6 +145,15 @@ class RoutingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordOwnership(self, request, context):
+        """A backend stored (or deleted) an object a later request must reach it for: sent, and
+        answered, before the client can learn the object's id, so a follow-up through any shim
+        finds its owner.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RoutingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +196,11 @@ def add_RoutingServiceServicer_to_server(servicer, server):
                     servicer.GatePairing,
                     request_deserializer=baton_dot_v1_dot_routing__pb2.GatePairingRequest.FromString,
                     response_serializer=baton_dot_v1_dot_routing__pb2.GatePairingResponse.SerializeToString,
+            ),
+            'RecordOwnership': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordOwnership,
+                    request_deserializer=baton_dot_v1_dot_routing__pb2.RecordOwnershipRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_routing__pb2.RecordOwnershipResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -401,6 +420,33 @@ class RoutingService:
             '/baton.v1.RoutingService/GatePairing',
             baton_dot_v1_dot_routing__pb2.GatePairingRequest.SerializeToString,
             baton_dot_v1_dot_routing__pb2.GatePairingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordOwnership(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.RoutingService/RecordOwnership',
+            baton_dot_v1_dot_routing__pb2.RecordOwnershipRequest.SerializeToString,
+            baton_dot_v1_dot_routing__pb2.RecordOwnershipResponse.FromString,
             options,
             channel_credentials,
             insecure,

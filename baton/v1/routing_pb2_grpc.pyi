@@ -54,6 +54,11 @@ class RoutingServiceStub:
     asks whether that pairing may serve. Nothing verified by the new target reaches the
     client before the answer.
     """
+    RecordOwnership: _grpc.UnaryUnaryMultiCallable[_routing_pb2.RecordOwnershipRequest, _routing_pb2.RecordOwnershipResponse]
+    """A backend stored (or deleted) an object a later request must reach it for: sent, and
+    answered, before the client can learn the object's id, so a follow-up through any shim
+    finds its owner.
+    """
 
 @_typing.type_check_only
 class RoutingServiceAsyncStub(RoutingServiceStub):
@@ -80,6 +85,11 @@ class RoutingServiceAsyncStub(RoutingServiceStub):
     """A failover re-paired a draft with a new target: the shim ran one probe round on it and
     asks whether that pairing may serve. Nothing verified by the new target reaches the
     client before the answer.
+    """
+    RecordOwnership: _aio.UnaryUnaryMultiCallable[_routing_pb2.RecordOwnershipRequest, _routing_pb2.RecordOwnershipResponse]  # type: ignore[assignment]
+    """A backend stored (or deleted) an object a later request must reach it for: sent, and
+    answered, before the client can learn the object's id, so a follow-up through any shim
+    finds its owner.
     """
 
 class RoutingServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -152,6 +162,17 @@ class RoutingServiceServicer(metaclass=_abc_1.ABCMeta):
         """A failover re-paired a draft with a new target: the shim ran one probe round on it and
         asks whether that pairing may serve. Nothing verified by the new target reaches the
         client before the answer.
+        """
+
+    @_abc_1.abstractmethod
+    def RecordOwnership(
+        self,
+        request: _routing_pb2.RecordOwnershipRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_routing_pb2.RecordOwnershipResponse, _abc.Awaitable[_routing_pb2.RecordOwnershipResponse]]:
+        """A backend stored (or deleted) an object a later request must reach it for: sent, and
+        answered, before the client can learn the object's id, so a follow-up through any shim
+        finds its owner.
         """
 
 def add_RoutingServiceServicer_to_server(servicer: RoutingServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -131,20 +131,19 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def ListPins(
         self, request: admin_pb2.ListPinsRequest, context: Context
     ) -> admin_pb2.ListPinsResponse:
-        pins = self._registry.pins
-        chosen = [
-            p
-            for p in reversed(list(pins))
-            if not request.backend_id or p.backend_id == request.backend_id
-        ][: request.limit or 100]
-        return admin_pb2.ListPinsResponse(
-            pins=[convert.pin_to_pb(p) for p in chosen], total=len(pins)
-        )
+        infos: list[admin_pb2.PinInfo] = []
+        if request.kind in ("", "response"):  # ownership pins, most recently used first
+            infos += [convert.owned_to_pb(o) for o in reversed(list(self._registry.owners))]
+        if request.kind in ("", "prefix"):
+            infos += [convert.pin_to_pb(p) for p in reversed(list(self._registry.pins))]
+        chosen = [p for p in infos if not request.backend_id or p.backend_id == request.backend_id]
+        return admin_pb2.ListPinsResponse(pins=chosen[: request.limit or 100], total=len(chosen))
 
     async def ClearPins(
         self, request: admin_pb2.ClearPinsRequest, context: Context
     ) -> admin_pb2.ClearPinsResponse:
         cleared = self._registry.clear_pins(request.backend_id)
+        cleared += self._registry.clear_owners(request.backend_id)
         self._registry.events.record(
             EventKind.ADMIN, backend_id=request.backend_id, action="clear-pins", cleared=cleared
         )

@@ -21,6 +21,7 @@ from baton.wire import (
 )
 from control.affinity import Pin
 from control.events import Event, EventQuery
+from control.owners import Owned
 from control.pairflow import GateResult
 from control.pairs import Pair
 
@@ -109,4 +110,17 @@ def pin_to_pb(p: Pin) -> admin_pb2.PinInfo:
         created=timestamp(p.created),
         last_used=timestamp(p.last_used),
         hits=p.hits,
+        kind="prefix",
+        key=p.prefix.hex(),
+    )
+
+
+def owned_to_pb(o: Owned) -> admin_pb2.PinInfo:
+    return admin_pb2.PinInfo(
+        backend_id=o.backend_id,
+        created=timestamp(o.created),
+        last_used=timestamp(o.last_used),
+        hits=o.hits,
+        kind="response",
+        key=o.key,
     )

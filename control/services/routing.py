@@ -176,6 +176,15 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         self._metrics.pair_verdicts.labels(result.verdict.value).inc()
         return convert.gate_response(result)
 
+    async def RecordOwnership(
+        self, request: routing_pb2.RecordOwnershipRequest, context: Context
+    ) -> routing_pb2.RecordOwnershipResponse:
+        if request.released:
+            self._router.release_owner(request.key)
+        elif request.key and request.backend_id:
+            self._router.record_owner(request.key, request.backend_id, request.model)
+        return routing_pb2.RecordOwnershipResponse()
+
     async def WatchSnapshots(
         self, request: routing_pb2.WatchSnapshotsRequest, context: Context
     ) -> AsyncIterator[routing_pb2.WatchSnapshotsResponse]:

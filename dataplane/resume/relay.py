@@ -15,7 +15,6 @@ from typing import Protocol
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from baton.model import Backend, FailoverOutcome, FailoverReport, RequestShape
 from baton.tracing import OFF, Tracing
@@ -35,6 +34,7 @@ from dataplane.resume.reports import Reporter
 from dataplane.resume.resumed import ChoiceResume
 from dataplane.resume.stitch import Stitcher
 from dataplane.settings import ResumeSettings, Timeouts
+from dataplane.sse import ClientStream
 from dataplane.validate import ClientRequest
 
 log = logging.getLogger("baton.shim.stream")
@@ -73,7 +73,7 @@ class StreamRelay:
         oracle: RelayControl,
         timeouts: Timeouts,
         settings: ResumeSettings,
-        resp: web.StreamResponse,
+        resp: ClientStream,
         request_id: str,
         client: ClientRequest,
         shape: RequestShape,

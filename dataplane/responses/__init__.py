@@ -1,0 +1,18 @@
+"""The Responses API (POST /v1/responses and a stored response's retrieve/delete/cancel).
+
+In the order a request flows:
+
+1. `request` reads it as vLLM does (input, instructions, store, previous_response_id) and
+   says whether it can be replayed faithfully on another engine (replay_refusal).
+2. `serve`: a streamed, replayable request (store: false, no follow-up, plain messages, no
+   tools or reasoning) is served as the chat request that generates the same tokens
+   (request.as_chat), so it gets chat's token-exact mid-stream failover (dataplane/resume/);
+   `translate` turns the relay's chat stream into Responses events (`events`: vLLM's
+   shapes, one response id, rising sequence numbers, one response.completed with usage over
+   the whole generation).
+3. Every other request goes to the engine's own /v1/responses: whole, or streamed by
+   `passthrough`, which tells control who stores the response before the client learns its
+   id, and ends a stream whose engine died with response.failed (it cannot be resumed).
+4. `stored` routes retrieve/delete/cancel to the backend that holds the response; control
+   refuses a follow-up whose owner is gone, and `owners` says so in an OpenAI-shaped 404.
+"""

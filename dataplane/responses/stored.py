@@ -1,0 +1,77 @@
+"""Retrieve, delete and cancel a stored response: `GET /v1/responses/{id}`, `DELETE
+/v1/responses/{id}`, `POST /v1/responses/{id}/cancel`. Each must reach the one engine that
+holds the response, so control routes it by ownership (its pin, owners.py) or refuses it
+saying where the response was; another engine would answer a misleading 404."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Protocol
+
+import aiohttp
+from aiohttp import web
+
+from baton.model import Backend, RequestOutcome, RequestShape
+from dataplane.engine import call
+from dataplane.errors import ErrorKind, OpenAIError
+from dataplane.exceptions import AttemptFailed, ControlUnavailable
+from dataplane.oracle import Outcomes, Ownership, Routing
+from dataplane.responses.owners import refused
+from dataplane.settings import Timeouts
+
+log = logging.getLogger("baton.shim.responses")
+
+
+class StoredControl(Routing, Outcomes, Ownership, Protocol):
+    """What a stored response's follow-up asks of control."""
+
+
+class StoredResponses:
+    def __init__(
+        self, session: aiohttp.ClientSession, oracle: StoredControl, timeouts: Timeouts
+    ) -> None:
+        self._session = session
+        self._oracle = oracle
+        self._timeouts = timeouts
+
+    async def serve(self, request: web.Request) -> web.Response:
+        key = request.match_info["response_id"]
+        path = request.path + (f"?{request.query_string}" if request.query_string else "")
+        rid = uuid.uuid4().hex
+        try:
+            backend = await self._owner(rid, key)
+        except OpenAIError as refusal:
+            return _error(refusal)
+        try:
+            status, body, ctype = await call(
+                self._session, backend, request.method, path, self._timeouts
+            )
+        except AttemptFailed as failed:
+            await self._oracle.attempt_failed(rid, backend.id, failed.failure, failed.detail)
+            self._oracle.finished(RequestOutcome(rid, backend.id, "", False, 502))
+            why = f"backend {backend.id}, which holds {key}, did not answer ({failed})"
+            return _error(OpenAIError(ErrorKind.BACKEND_FAILED, why))
+        self._oracle.finished(RequestOutcome(rid, backend.id, "", status < 500, status))
+        if request.method == "DELETE" and status == 200:
+            try:
+                await self._oracle.record_owner(rid, key, backend.id, "", released=True)
+            except ControlUnavailable as exc:
+                log.warning("request %s: %s deleted; control not told (%s)", rid, key, exc)
+        headers = {"X-Request-Id": rid}
+        return web.Response(body=body, status=status, headers={**headers, "Content-Type": ctype})
+
+    async def _owner(self, rid: str, key: str) -> Backend:
+        """The backend holding `key`, or OpenAIError saying why there is none."""
+        shape = RequestShape(model="", owner_key=key, greedy=False, sets_temperature=False)
+        try:
+            decision = await self._oracle.route(rid, shape)
+        except ControlUnavailable as exc:
+            raise OpenAIError(ErrorKind.CONTROL_UNAVAILABLE, str(exc)) from None
+        if not decision.backends:
+            raise refused(decision)
+        return decision.backends[0]
+
+
+def _error(err: OpenAIError) -> web.Response:
+    return web.Response(body=err.json(), status=err.status, content_type="application/json")
