@@ -8,7 +8,8 @@
 #   model/tiny.gguf   the same weights for llama-server, by llama.cpp's own converter
 #   model/tiny-bytes/ (+ .gguf) the same recipe emitting any byte: split and invalid UTF-8
 #   model/tiny-think/ with non-special <think>/</think> tokens, for --reasoning-parser deepseek_r1
-# Usage: scripts/engines/setup.sh [vllm|llama_server|model]...  (env BATON_ENGINE_CACHE, default ~/.cache/baton-engines)
+# and, system-wide, Debian's `prometheus` (tests/real/test_dashboard.py runs its own process).
+# Usage: scripts/engines/setup.sh [vllm|llama_server|model|prometheus]...  (env BATON_ENGINE_CACHE, default ~/.cache/baton-engines)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${BATON_ENGINE_CACHE:-$HOME/.cache/baton-engines}"
@@ -84,6 +85,19 @@ model() {
   one_model tiny-think "$THINK_VERSION"  # served by vLLM only (--reasoning-parser deepseek_r1)
 }
 
+# Debian's package (apt-get, as root) when no `prometheus` is on PATH (type -P: this function
+# is not one). Its own service may start or not: the dashboard test runs its own process.
+prometheus() {
+  type -P prometheus >/dev/null && { say "prometheus: $(type -P prometheus)"; return; }
+  say "prometheus: installing Debian's package"
+  local log="$CACHE/logs/prometheus.log"
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; } \
+    </dev/null >"$log" 2>&1 || fail_with_log "$log"
+  type -P prometheus >/dev/null || fail_with_log "$log"
+  say "prometheus: done"
+}
+
 start=$(date +%s)
 llama_source  # both the build and the GGUF converter need it; fetched once, before either
 if [[ $# -gt 0 ]]; then  # named steps only: vllm, llama_server, model
@@ -93,6 +107,7 @@ else
   llama_server & building=$!
   vllm
   model
+  prometheus
   wait "$building"
 fi
 say "ready in $(( $(date +%s) - start )) s: $CACHE"
