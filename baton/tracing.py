@@ -6,7 +6,8 @@ Tracing is on when OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set a
 OTEL_TRACES_EXPORTER is not "none". When off, `Tracing.enabled` is False and callers skip
 span work entirely, so it costs nothing on the hot path.
 
-Span attributes all start with `baton.` (see README, "Traces")."""
+Baton's own span attributes start with `baton.`; an upstream attempt's span also carries the
+OpenTelemetry GenAI conventions' `gen_ai.*` ones (docs/observability.md)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
 
 PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -67,6 +69,20 @@ class Tracing:
             kind=kind,
             attributes={f"baton.{k}": v for k, v in attributes.items()},
         )
+
+    def client_span(
+        self, name: str, attributes: Mapping[str, AttributeValue]
+    ) -> AbstractContextManager[Span | None]:
+        """A current CLIENT span with `attributes` as given (their names are the caller's,
+        e.g. the GenAI conventions'); nothing when off."""
+        if not self.enabled:
+            return nullcontext(None)
+        return self.tracer.start_as_current_span(name, kind=SpanKind.CLIENT, attributes=attributes)
+
+    def annotate(self, attributes: Mapping[str, AttributeValue]) -> None:
+        """Adds `attributes` to the current span (when on and there are any)."""
+        if self.enabled and attributes:
+            trace.get_current_span().set_attributes(attributes)
 
     def shutdown(self) -> None:
         provider = trace.get_tracer_provider()

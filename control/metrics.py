@@ -33,9 +33,14 @@ class FleetCollector(Collector):
         for state in HealthState:
             backends.add_metric([state.value], states.get(state, 0))
         yield backends
-        yield GaugeMetricFamily(
-            "baton_pins", "Prefix-affinity pins held.", len(self._registry.pins)
+        pins = GaugeMetricFamily(
+            "baton_pins",
+            "Pins held: prefix (KV-cache affinity) and response (who stores a response).",
+            labels=["kind"],
         )
+        pins.add_metric(["prefix"], len(self._registry.pins))
+        pins.add_metric(["response"], self._registry.owner_count)
+        yield pins
         yield GaugeMetricFamily(
             "baton_requests_in_flight",
             "Requests routed and not yet finished, over all shims.",

@@ -252,6 +252,10 @@ class Registry:
     def owners(self) -> Iterable[Owned]:
         return iter(self._owners)
 
+    @property
+    def owner_count(self) -> int:
+        return len(self._owners)
+
     def record_owner(self, key: str, backend_id: BackendId, model: str, now: float) -> None:
         self._owners.record(key, backend_id, model, now)
 

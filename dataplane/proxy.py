@@ -14,7 +14,8 @@ import orjson
 from aiohttp import web
 
 from baton.model import Backend, Decision, RequestOutcome, RequestShape
-from baton.tracing import SpanKind, Tracing
+from baton.tracing import Tracing
+from dataplane import genai
 from dataplane.engine import classify_exception, open_attempt, settle
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.exceptions import AttemptFailed, ControlUnavailable
@@ -94,9 +95,12 @@ class Proxy:
         for attempt, backend in enumerate(decision.backends):
             if not self._settings.budget.allows(attempt, time.monotonic() - ex.started):
                 break
-            with self._tracing.span(
-                "baton.attempt", SpanKind.CLIENT, backend=backend.id, attempt=attempt + 1
-            ) as span:
+            client = ex.client
+            with self._tracing.client_span(
+                genai.span_name(client.endpoint, client.model),
+                {**genai.request_attributes(client.endpoint, client.body, client.model, backend),
+                 "baton.backend": backend.id, "baton.attempt": attempt + 1},
+            ) as span:  # fmt: skip
                 try:
                     return await self._attempt(request, ex, decision, attempt, backend)
                 except AttemptFailed as failed:
@@ -104,6 +108,7 @@ class Proxy:
                     self._report_failure(ex, backend, failed)
                     if span is not None:
                         span.set_attribute("baton.failure", str(failed.failure))
+                        span.set_attribute("error.type", str(failed.failure))
         detail = f" (last: {last})" if last else ""
         raise OpenAIError(ErrorKind.BACKEND_FAILED, f"no backend could serve the request{detail}")
 
@@ -165,9 +170,13 @@ class Proxy:
         if upstream.status == 200:
             # Nothing has reached the client yet: a garbled answer is retried on the next
             # backend like any other failure, never relayed as a 200.
-            reply = _reply(ex.client, body)
+            answer, reply = _reply(ex.client, body)
+            if self._tracing.enabled:
+                self._tracing.annotate(genai.answer_attributes(answer))
             if ex.client.endpoint is Endpoint.RESPONSES and stored(ex.client.body):
-                await self._own(ex, backend, body)
+                await self._own(ex, backend, answer)
+        elif self._tracing.enabled:
+            self._tracing.annotate({"error.type": str(upstream.status)})
         self._finished(ex, backend, upstream.status, reply)
         return web.Response(
             body=body,
@@ -212,7 +221,13 @@ class Proxy:
                 complete = await relay.run(backend, upstream, first)
             finally:
                 ex.first_byte = relay.first_byte
-            reply = relay.stitcher.choices[0].reply if complete and relay.stitcher.choices else None
+            st = relay.stitcher
+            reply = st.choices[0].reply if complete and st.choices else None
+            if self._tracing.enabled:
+                finishes = [c.finish_reason for c in st.choices.values()]
+                attrs = genai.result_attributes(st.ident.id, st.ident.model, finishes,
+                                                *st.token_counts())  # fmt: skip
+                self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
             self._finished(ex, relay.served_by or backend, 200 if complete else 502, reply)
             await resp.write_eof()
             finished = relay.finished_upstreams()
@@ -246,13 +261,16 @@ class Proxy:
             complete = await relay.run(backend, upstream, first)
         finally:
             ex.first_byte = relay.first_byte
+        if self._tracing.enabled:
+            attrs = genai.answer_attributes(relay.response)
+            self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
         self._finished(ex, backend, 200 if complete else 502)
         await resp.write_eof()
         return resp
 
-    async def _own(self, ex: Exchange, backend: Backend, body: bytes) -> None:
+    async def _own(self, ex: Exchange, backend: Backend, answer: dict[str, Any]) -> None:
         """A stored response's id reaches control before it reaches the client."""
-        key = orjson.loads(body).get("id")
+        key = answer["id"]
         try:
             await self._oracle.record_owner(ex.request_id, key, backend.id, ex.client.model)
         except ControlUnavailable as exc:
@@ -317,9 +335,10 @@ async def _settle_all(upstreams: list[aiohttp.ClientResponse]) -> None:
     await asyncio.gather(*(settle(u) for u in upstreams))
 
 
-def _reply(client: ClientRequest, body: bytes) -> str | None:
+def _reply(client: ClientRequest, body: bytes) -> tuple[dict[str, Any], str | None]:
     """Checks a 200 answer (AttemptFailed(GARBAGE) when it cannot be relayed as a success);
-    returns the assistant's text of a chat answer (choice 0), for the next turn's pin."""
+    returns it, and the assistant's text of a chat answer (choice 0) for the next turn's
+    pin."""
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -328,15 +347,15 @@ def _reply(client: ClientRequest, body: bytes) -> str | None:
         if not (isinstance(obj, dict) and isinstance(obj.get("id"), str)
                 and isinstance(obj.get("output"), list)):
             raise AttemptFailed(Failure.GARBAGE, "a 200 answer without id and output")  # fmt: skip
-        return None
+        return obj, None
     if not client.endpoint.generates:
         why = garbled(client.endpoint, obj)
         if why is not None:
             raise AttemptFailed(Failure.GARBAGE, why)
-        return None
+        return obj, None
     choices = obj.get("choices") if isinstance(obj, dict) else None
     if not (isinstance(choices, list) and choices and all(isinstance(c, dict) for c in choices)):
         raise AttemptFailed(Failure.GARBAGE, "a 200 answer without choices")
     if client.endpoint is not Endpoint.CHAT:
-        return None
-    return choice_text_whole(cast(dict[str, Any], choices[0])) or None
+        return obj, None
+    return obj, choice_text_whole(cast(dict[str, Any], choices[0])) or None

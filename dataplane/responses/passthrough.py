@@ -56,7 +56,7 @@ class ResponsesRelay:
         self._seq = -1  # the last sequence_number relayed
         self._deltas = 0
         self.first_byte: float | None = None
-        self.usage: dict[str, Any] | None = None
+        self.response: dict[str, Any] | None = None  # the last response object it carried
 
     async def run(self, backend: Backend, upstream: aiohttp.ClientResponse, first: bytes) -> bool:
         """True when the engine's last event reached the client (completed, or the engine's
@@ -98,8 +98,8 @@ class ResponsesRelay:
                 await self._write(b"".join(out))
                 out.clear()
                 await self._own(backend, response["id"])
-        elif kind in TERMINAL and isinstance(response, dict):
-            self.usage = response.get("usage")
+        if isinstance(response, dict):
+            self.response = response
         return kind
 
     async def _own(self, backend: Backend, key: str) -> None:

@@ -293,6 +293,10 @@ class Stitcher:
             obj["system_fingerprint"] = self.ident.system_fingerprint
         return sse(obj) + DONE_EVENT
 
+    def token_counts(self) -> tuple[int, int]:
+        """Prompt and generated tokens of the whole generation, every backend's included."""
+        return self._prompt_tokens(), sum(p.generated for p in self.choices.values())
+
     def _prompt_tokens(self) -> int:
         ids = next((p.prompt_ids for p in self.choices.values() if p.prompt_ids), None)
         if ids is not None:

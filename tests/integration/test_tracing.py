@@ -62,7 +62,10 @@ def attrs(span: trace_pb2.Span) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for a in span.attributes:
         v = a.value
-        out[a.key] = v.string_value or v.int_value or v.double_value or v.bool_value
+        if v.HasField("array_value"):
+            out[a.key] = [x.string_value for x in v.array_value.values]
+        else:
+            out[a.key] = v.string_value or v.int_value or v.double_value or v.bool_value
     return out
 
 
@@ -98,7 +101,7 @@ def test_a_failover_is_one_trace_across_shim_and_control(
         ((svc, decided),) = rx.named("baton.control.route")
         assert svc == "baton-control" and decided.kind == SERVER
         assert decided.trace_id == trace_id and decided.parent_span_id == route.span_id
-        attempts = [s for _, s in rx.named("baton.attempt")]
+        attempts = [s for _, s in rx.named(f"text_completion {MODEL}")]
         assert [attrs(s)["baton.backend"] for s in attempts] == ["s0"]
         assert attempts[0].parent_span_id == root.span_id and attempts[0].kind == CLIENT
         ((_, fo),) = rx.named("baton.failover")
@@ -111,3 +114,52 @@ def test_a_failover_is_one_trace_across_shim_and_control(
         assert control_fo.trace_id == trace_id
         events = json.loads(f.baton("events", "--kind", "failover", "--json").stdout)
         assert [e["trace_id"] for e in events] == [trace_id.hex()]
+
+
+def test_upstream_attempts_follow_the_genai_conventions(
+    tmp_path: Path, receiver: tuple[Receiver, str]
+) -> None:
+    rx, endpoint = receiver
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    secret = "a prompt nobody may record"
+    with fleet(tmp_path, n=1, control_env=env, shim_env=env) as f:
+        c = openai.OpenAI(base_url=f.base_url, api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": secret}]
+        chat = c.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=8, temperature=0, seed=7, top_p=0.5
+        )  # type: ignore[arg-type]
+        list(c.completions.create(model=MODEL, prompt=secret, max_tokens=6, stream=True,
+                                  stream_options={"include_usage": True}))  # fmt: skip
+        streamed = list(c.responses.create(model=MODEL, input=secret, max_output_tokens=5,
+                                           temperature=0, store=False, stream=True))  # fmt: skip
+        wanted = {f"chat {MODEL}": 2, f"text_completion {MODEL}": 1}
+        assert wait_until(
+            lambda: all(len(rx.named(n)) >= k for n, k in wanted.items()), 10
+        )
+        by_op: dict[str, list[dict[str, Any]]] = {}
+        for name in wanted:
+            for svc, span in rx.named(name):
+                assert svc == "baton-shim" and span.kind == CLIENT
+                by_op.setdefault(name, []).append(attrs(span))
+        port = int(f.sims["s0"].ready.rsplit(":", 1)[1])
+        for a in [*by_op[f"chat {MODEL}"], *by_op[f"text_completion {MODEL}"]]:
+            assert a["gen_ai.provider.name"] == "vllm" and a["gen_ai.request.model"] == MODEL
+            assert (a["server.address"], a["server.port"]) == ("127.0.0.1", port)
+            assert a["baton.backend"] == "s0"
+        whole = next(a for a in by_op[f"chat {MODEL}"] if "gen_ai.request.seed" in a)
+        assert whole["gen_ai.operation.name"] == "chat"
+        assert whole["gen_ai.request.max_tokens"] == 8 and whole["gen_ai.request.seed"] == 7
+        assert whole["gen_ai.request.top_p"] == 0.5
+        assert whole["gen_ai.response.id"] == chat.id
+        assert whole["gen_ai.response.finish_reasons"] == ["length"]
+        assert chat.usage is not None
+        assert whole["gen_ai.usage.input_tokens"] == chat.usage.prompt_tokens
+        assert whole["gen_ai.usage.output_tokens"] == 8
+        (comp,) = by_op[f"text_completion {MODEL}"]
+        assert comp["gen_ai.operation.name"] == "text_completion"
+        assert comp["gen_ai.usage.output_tokens"] == 6
+        resp = next(a for a in by_op[f"chat {MODEL}"] if a is not whole)
+        assert resp["gen_ai.request.max_tokens"] == 5 and resp["gen_ai.usage.output_tokens"] == 5
+        assert streamed[-1].type == "response.completed"
+        for _, span in rx.spans:  # prompt and completion text are never recorded
+            assert secret not in str(attrs(span))
