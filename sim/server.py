@@ -67,6 +67,7 @@ class SimConfig:
     responses_store: int = DEFAULT_CAPACITY
     # DELETE /v1/responses/{id} as OpenAI answers it (vLLM 0.32 has no such route: 405).
     responses_delete: bool = False
+    embedding_dim: int = 128  # /v1/embeddings vector size (vLLM's tiny Llama gives 128)
 
 
 class SimState:
@@ -116,9 +117,10 @@ def create_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/version", version)
     app.router.add_get("/server_info", server_info)
     app.router.add_get("/metrics", metrics)
-    from sim import responses_http  # it uses this module's state and helpers
+    from sim import pooling_http, responses_http  # they use this module's state and helpers
 
     responses_http.add_routes(app)
+    pooling_http.add_routes(app)
     return app
 
 
