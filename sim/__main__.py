@@ -17,6 +17,7 @@ from sim.costmodel import CostParams
 from sim.faults import FaultSpecError, parse_fault_spec
 from sim.model import MAX_THINK_TOKENS, ModelConfig
 from sim.protocol import Limits
+from sim.responses_store import DEFAULT_CAPACITY
 from sim.server import SimConfig, start_server
 from sim.specdecode import SpecConfig
 from sim.tools import MAX_TOOL_CALL_AFTER
@@ -75,6 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--enable-auto-tool-choice --tool-call-parser hermes")
     m.add_argument("--tool-call-after", type=int, default=8, metavar="N",
                    help="with --tool-calls: the call starts at or after N generated tokens")
+    o = parser.add_argument_group("responses and pooling")
+    o.add_argument("--responses-store", type=int, default=DEFAULT_CAPACITY, metavar="N",
+                   help="keep the last N stored /v1/responses for GET and previous_response_id "
+                        "(vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1); 0 = vLLM's default: "
+                        "store is ignored")
+    o.add_argument("--responses-delete", action="store_true",
+                   help="serve DELETE /v1/responses/{id} as OpenAI does (vLLM 0.32: 405)")
+    o.add_argument("--embedding-dim", type=int, default=128, metavar="D",
+                   help="size of /v1/embeddings vectors")
     c = parser.add_argument_group("cost model (all 0 = as fast as possible)")
     c.add_argument("--prefill-us-per-token", type=float, default=20.0,
                    help="prefill time per prompt token not in the prefix cache")
@@ -142,6 +152,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         byte_level=args.byte_level,
         reasoning=args.reasoning,
         tool_calls=args.tool_calls,
+        responses_store=args.responses_store,
+        responses_delete=args.responses_delete,
+        embedding_dim=args.embedding_dim,
     )
 
 
@@ -155,6 +168,8 @@ def _check_ranges(args: argparse.Namespace) -> None:
         raise SystemExit("--default-top-p must be in (0, 1]")
     if args.default_top_k < -1:
         raise SystemExit("--default-top-k must be -1, 0 (off) or at least 1")
+    if args.responses_store < 0 or args.embedding_dim < 1:
+        raise SystemExit("--responses-store must be >= 0 and --embedding-dim >= 1")
     if args.loop_after_len < 0 or args.loop_period < 0:
         raise SystemExit("--loop-after-len and --loop-period must be >= 0")
     if not 0 <= args.think_tokens <= MAX_THINK_TOKENS:

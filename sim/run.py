@@ -48,6 +48,7 @@ class Run:
         self.ttft_recorded = False
         self.emitted = 0
         self.outcome = "abort"  # until proven otherwise: cancellation lands here
+        self.cached_tokens = 0  # prompt tokens the prefix cache held (set by begin)
         h = self.prompt_hash = state.model.start(req.prompt_ids)
         model, tool = state.model, req.tool
         self.seqs = [
@@ -89,6 +90,7 @@ class Run:
         m.cache_queries.inc(lookup.query_tokens)
         if lookup.hit_tokens:
             m.cache_hits.inc(lookup.hit_tokens)
+        self.cached_tokens = lookup.hit_tokens
         self._prefill_s = st.cfg.cost.prefill_seconds(lookup.uncached_tokens)
         if self.req.prompt_logprobs is not None:
             # A scoring pass is one more forward step over the new tokens

@@ -33,6 +33,7 @@ from sim.protocol import (
     parse_completion,
     prompt_to_ids,
 )
+from sim.responses_store import DEFAULT_CAPACITY, ResponseStore
 from sim.run import Dropped, Run
 from sim.specdecode import SpecConfig
 from sim.tokenizer import EOS, Tokenizer, build_tokenizer
@@ -61,6 +62,12 @@ class SimConfig:
     # auto) makes a tool call, parsed like vLLM's --enable-auto-tool-choice
     # --tool-call-parser hermes (see sim.tools). Other requests are unchanged.
     tool_calls: bool = False
+    # Responses kept for GET / previous_response_id (vLLM with
+    # VLLM_ENABLE_RESPONSES_API_STORE=1); 0 = vLLM's default: store ignored.
+    responses_store: int = DEFAULT_CAPACITY
+    # DELETE /v1/responses/{id} as OpenAI answers it (vLLM 0.32 has no such route: 405).
+    responses_delete: bool = False
+    embedding_dim: int = 128  # /v1/embeddings vector size (vLLM's tiny Llama gives 128)
 
 
 class SimState:
@@ -89,6 +96,7 @@ class SimState:
         self.waiting = 0
         self.slots = asyncio.Semaphore(max(1, cfg.max_num_seqs))
         # Unbuffered appends: a SIGKILLed sim keeps every line it wrote (benchmarks kill them).
+        self.responses = ResponseStore(cfg.responses_store)
         self.timing = open(cfg.timing_log, "ab", buffering=0) if cfg.timing_log else None  # noqa: SIM115
 
 
@@ -109,6 +117,10 @@ def create_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/version", version)
     app.router.add_get("/server_info", server_info)
     app.router.add_get("/metrics", metrics)
+    from sim import pooling_http, responses_http  # they use this module's state and helpers
+
+    responses_http.add_routes(app)
+    pooling_http.add_routes(app)
     return app
 
 
@@ -138,7 +150,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return error_response(ApiError(e.status, e.reason, _error_type(e.status)))
+        return error_response(ApiError(e.status, e.reason, error_type(e.status)))
 
 
 @web.middleware
@@ -157,7 +169,7 @@ def error_response(e: ApiError) -> web.Response:
     )
 
 
-def _error_type(status: int) -> str:
+def error_type(status: int) -> str:
     try:
         name = HTTPStatus(status).phrase.replace(" ", "").replace("-", "")
     except ValueError:
@@ -165,7 +177,7 @@ def _error_type(status: int) -> str:
     return name if name.endswith("Error") else name + "Error"
 
 
-async def _json_body(request: web.Request) -> dict[str, Any]:
+async def json_body(request: web.Request) -> dict[str, Any]:
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as e:
@@ -186,12 +198,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
     state = request.app[STATE]
-    faults = _request_faults(request, state)
+    faults = request_faults(request, state)
     if faults.status is not None:
-        raise ApiError(faults.status, "injected fault", _error_type(faults.status))
+        raise ApiError(faults.status, "injected fault", error_type(faults.status))
     if faults.garbage:
-        return await _garbage(request)
-    req = parse(await _json_body(request), state.tokenizer, state.cfg.limits)
+        return await garbage(request)
+    req = parse(await json_body(request), state.tokenizer, state.cfg.limits)
     chat = parse is parse_chat
     meta = r.Meta(
         id=("chatcmpl-" if chat else "cmpl-") + os.urandom(16).hex(),
@@ -206,11 +218,16 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
         include_reasoning=req.include_reasoning,
         tools=chat and req.tool is not None,
     )
-    run = Run(state, req, faults, meta)
-    await _admit(state)
+    return await serve_run(request, Run(state, req, faults, meta), req.stream)
+
+
+async def serve_run(request: web.Request, run: Run, stream: bool) -> web.StreamResponse:
+    """Admit, generate (streamed or not), account: one generation's life on this server."""
+    state = run.state
+    await admit(state)
     run.begin()
     try:
-        if req.stream:
+        if stream:
             return await run.stream(request)
         return await run.complete(request)
     except Dropped:
@@ -224,7 +241,7 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
         state.slots.release()
 
 
-async def _admit(state: SimState) -> None:
+async def admit(state: SimState) -> None:
     """Wait for a slot (max_num_seqs); waiting requests show in num_requests_waiting."""
     if not state.slots.locked():
         await state.slots.acquire()  # does not suspend when a slot is free
@@ -238,7 +255,7 @@ async def _admit(state: SimState) -> None:
         state.metrics.waiting.set(state.waiting)
 
 
-def _request_faults(request: web.Request, state: SimState) -> FaultSpec:
+def request_faults(request: web.Request, state: SimState) -> FaultSpec:
     header = request.headers.get(FAULT_HEADER)
     if header is None:
         return state.cfg.faults
@@ -248,7 +265,7 @@ def _request_faults(request: web.Request, state: SimState) -> FaultSpec:
         raise bad_request(f"{FAULT_HEADER}: {e}") from None
 
 
-async def _garbage(request: web.Request) -> web.StreamResponse:
+async def garbage(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     resp.force_close()
     await resp.prepare(request)
@@ -259,7 +276,7 @@ async def _garbage(request: web.Request) -> web.StreamResponse:
 # -- tokenizer endpoints ---------------------------------------------------------
 async def tokenize(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    body = await _json_body(request)
+    body = await json_body(request)
     check_model(body, state.cfg.limits)
     add_special = body.get("add_special_tokens")
     if "messages" in body:
@@ -277,19 +294,19 @@ async def tokenize(request: web.Request) -> web.Response:
         ids = prompt_to_ids(body["prompt"], state.tokenizer, add_special is not False)
     else:
         raise bad_request("'prompt' (a string) or 'messages' is required")
-    return _ok({"count": len(ids), "max_model_len": state.cfg.limits.max_model_len, "tokens": ids})
+    return ok({"count": len(ids), "max_model_len": state.cfg.limits.max_model_len, "tokens": ids})
 
 
 async def detokenize(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    body = await _json_body(request)
+    body = await json_body(request)
     check_model(body, state.cfg.limits)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not state.tokenizer.valid_ids(tokens):
         raise bad_request(
             f"'tokens' must be a list of token ids in [0, {state.tokenizer.vocab_size})", "tokens"
         )
-    return _ok({"prompt": state.tokenizer.decode(tokens)})
+    return ok({"prompt": state.tokenizer.decode(tokens)})
 
 
 # -- info endpoints ----------------------------------------------------------------
@@ -310,11 +327,11 @@ async def models(request: web.Request) -> web.Response:
         "max_model_len": state.cfg.limits.max_model_len,
         "permission": [],
     }
-    return _ok({"object": "list", "data": [card]})
+    return ok({"object": "list", "data": [card]})
 
 
 async def version(request: web.Request) -> web.Response:
-    return _ok({"version": "sim"})
+    return ok({"version": "sim"})
 
 
 async def server_info(request: web.Request) -> web.Response:
@@ -322,7 +339,7 @@ async def server_info(request: web.Request) -> web.Response:
     state = request.app[STATE]
     cfg = state.cfg
     lim = cfg.limits
-    return _ok(
+    return ok(
         {
             "model": lim.model,
             "max_model_len": lim.max_model_len,
@@ -346,5 +363,5 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-def _ok(body: object) -> web.Response:
+def ok(body: object) -> web.Response:
     return web.Response(body=orjson.dumps(body), content_type="application/json")

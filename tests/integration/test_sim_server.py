@@ -344,7 +344,7 @@ def test_tokenize_and_detokenize(sim: SimProcess) -> None:
         ("/v1/chat/completions", {"model": "toy"}, 400, "BadRequestError"),
         ("/v1/completions", {"model": "toy"}, 400, "BadRequestError"),
         ("/v1/completions", {"model": "nope", "prompt": "x"}, 404, "NotFoundError"),
-        ("/v1/embeddings", {"model": "toy"}, 404, "NotFoundError"),
+        ("/v1/audio/speech", {"model": "toy"}, 404, "NotFoundError"),
     ],
 )
 def test_error_shapes(sim: SimProcess, path: str, body: Any, status: int, etype: str) -> None:
