@@ -100,6 +100,7 @@ class BackendStatus:
     health: Health
     # Drained with --migrate: shims hand this backend's in-flight streams to others.
     migrating: bool = False
+    max_model_len: int = 0  # the engine's context length (/v1/models); 0: not read yet
 
     @property
     def routable(self) -> bool:

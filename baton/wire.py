@@ -143,6 +143,7 @@ def status_to_pb(s: BackendStatus, in_flight: Mapping[BackendId, int]) -> fleet_
         since=timestamp(s.health.since),
         in_flight=in_flight.get(s.backend.id, 0),
         migrating=s.migrating,
+        max_model_len=s.max_model_len,
     )
 
 
@@ -247,6 +248,7 @@ def snapshot_from_pb(s: fleet_pb2.Snapshot) -> Snapshot:
                     b.since.ToNanoseconds() / 1e9,
                 ),
                 b.migrating,
+                b.max_model_len,
             )
             for b in s.backends
         ),

@@ -11,6 +11,28 @@ from control.exceptions import FactsError
 from control.facts import FACTS_PATH, Facts, facts_from_server_info
 
 
+async def fetch_max_model_len(
+    session: aiohttp.ClientSession, backend: Backend, timeout: float = 2.0
+) -> int | None:
+    """The engine's context length for the backend's model from its `GET /v1/models` (vLLM
+    and SGLang say `max_model_len`); None when it does not say."""
+    try:
+        async with session.get(
+            backend.url + "/v1/models",
+            headers=backend.auth_headers(os.environ),
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            body = await resp.json(content_type=None) if resp.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    data = body.get("data") if isinstance(body, dict) else None
+    models = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+    mine = next((m for m in models if m.get("id") == backend.model), None)
+    length = (mine or (models[0] if len(models) == 1 else {})).get("max_model_len")
+    usable = isinstance(length, int) and not isinstance(length, bool) and length > 0
+    return length if usable else None
+
+
 async def fetch_facts(
     session: aiohttp.ClientSession, backend: Backend, timeout: float = 2.0
 ) -> Facts:

@@ -13,7 +13,7 @@ import aiohttp
 from baton.model import PROBE_PATH, Backend
 from control.config import ProbeSettings
 from control.facts import Facts
-from control.facts_fetch import fetch_facts
+from control.facts_fetch import fetch_facts, fetch_max_model_len
 from control.registry import Registry
 
 
@@ -88,6 +88,9 @@ class FactsRefresher:
         read = await asyncio.gather(
             *(fetch_facts(self._session, b) for b in due), return_exceptions=True
         )
-        for b, result in zip(due, read, strict=True):
+        lengths = await asyncio.gather(*(fetch_max_model_len(self._session, b) for b in due))
+        for b, result, length in zip(due, read, lengths, strict=True):
             if isinstance(result, Facts):
                 self._registry.set_facts(b.id, result)
+            if length is not None:
+                self._registry.set_max_model_len(b.id, length)

@@ -54,6 +54,7 @@ class Registry:
         # Facts read from each backend (GET /server_info); absent until read.
         self._facts: dict[BackendId, Facts] = {}
         self._facts_view: Mapping[BackendId, Facts] = MappingProxyType(self._facts)
+        self._model_len: dict[BackendId, int] = {}  # from each engine's /v1/models
         now = clock()
         for b in backends:
             if b.id in self._backends:
@@ -197,6 +198,13 @@ class Registry:
         """Facts last read from each backend (read-only; `set_facts` changes them)."""
         return self._facts_view
 
+    def set_max_model_len(self, backend_id: str, length: int) -> None:
+        """What the engine says its context length is (a restart may change it)."""
+        bid = BackendId(backend_id)
+        if bid in self._backends and self._model_len.get(bid) != length:
+            self._model_len[bid] = length
+            self._publish()
+
     def set_facts(self, backend_id: str, facts: Facts, *, known_only: bool = True) -> None:
         """`known_only=False` keeps facts even for an id not (or no longer) registered: the
         gate stores what it just read from a target, which may have been removed meanwhile."""
@@ -277,7 +285,8 @@ class Registry:
         return bid
 
     def _status(self, bid: BackendId) -> BackendStatus:
-        return BackendStatus(self._backends[bid], self._health[bid].health, bid in self._migrating)
+        return BackendStatus(self._backends[bid], self._health[bid].health, bid in self._migrating,
+                             self._model_len.get(bid, 0))  # fmt: skip
 
     def _update(
         self, backend_id: str, step: Callable[[HealthRecord, float], HealthRecord]

@@ -133,9 +133,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def models(request: web.Request) -> web.Response:
     fleet = request.app[ORACLE].fleet
     created = int(time.time())
-    data = [
-        {"id": m, "object": "model", "created": created, "owned_by": "baton"} for m in fleet.models
-    ]
+    data: list[dict[str, object]] = []
+    for m in fleet.models:
+        entry: dict[str, object] = {"id": m, "object": "model", "created": created,
+                                    "owned_by": "baton"}  # fmt: skip
+        if m in fleet.model_lens:  # vLLM's field: the least any of the model's backends has
+            entry["max_model_len"] = fleet.model_lens[m]
+        data.append(entry)
     return web.json_response({"object": "list", "data": data})
 
 

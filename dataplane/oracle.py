@@ -7,7 +7,7 @@ implementation of all of them is link.py (ControlLink)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,6 +35,8 @@ class FleetView:
 
     version: int = 0
     models: tuple[str, ...] = ()
+    # Each model's context length: the least its backends report (absent: none said).
+    model_lens: Mapping[str, int] = field(default_factory=dict)
     backends: tuple[Backend, ...] = field(default_factory=tuple)
     snapshot: Snapshot = field(default_factory=lambda: Snapshot(0, ()))
     # Ids drained with --migrate, whose streams move elsewhere (resume/relay.py checks it at
@@ -101,4 +103,9 @@ def models_of(backends: Sequence[Backend]) -> tuple[str, ...]:
 
 def fleet_view(snapshot: Snapshot) -> FleetView:
     backends = tuple(b.backend for b in snapshot.backends)
-    return FleetView(snapshot.version, models_of(backends), backends, snapshot)
+    lens: dict[str, int] = {}
+    for s in snapshot.backends:
+        if s.max_model_len and s.backend.serves_clients:
+            model = s.backend.model
+            lens[model] = min(lens.get(model, s.max_model_len), s.max_model_len)
+    return FleetView(snapshot.version, models_of(backends), lens, backends, snapshot)

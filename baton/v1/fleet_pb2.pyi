@@ -182,6 +182,7 @@ class BackendStatus(_message.Message):
     SINCE_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
     MIGRATING_FIELD_NUMBER: _builtins.int
+    MAX_MODEL_LEN_FIELD_NUMBER: _builtins.int
     state: Global___HealthState.ValueType
     reason: _builtins.str
     """Why it is in that state (e.g. "connect refused", "probe timeout", "drained by admin")."""
@@ -189,6 +190,8 @@ class BackendStatus(_message.Message):
     """Requests in flight on this backend, summed over all shims (soft state)."""
     migrating: _builtins.bool
     """Draining with migration: shims move this backend's in-flight streams elsewhere."""
+    max_model_len: _builtins.int
+    """The engine's context length (its /v1/models `max_model_len`); 0 until read."""
     @_builtins.property
     def backend(self) -> Global___Backend: ...
     @_builtins.property
@@ -202,10 +205,11 @@ class BackendStatus(_message.Message):
         since: _timestamp_pb2.Timestamp | None = ...,
         in_flight: _builtins.int = ...,
         migrating: _builtins.bool = ...,
+        max_model_len: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "in_flight", b"in_flight", "migrating", b"migrating", "reason", b"reason", "since", b"since", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "in_flight", b"in_flight", "max_model_len", b"max_model_len", "migrating", b"migrating", "reason", b"reason", "since", b"since", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

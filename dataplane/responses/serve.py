@@ -24,6 +24,6 @@ def as_chat_exchange(client: ClientRequest) -> tuple[ClientRequest, bytes, Respo
     if replay_refusal(client.body) is not None:
         return None
     chat = as_chat(client.body)
-    response = skeleton(client.body, f"resp_{uuid.uuid4().hex}", int(time.time()))
-    events = ResponseEvents(response, lambda prefix: f"{prefix}_{uuid.uuid4().hex}")
+    response = skeleton(client.body, f"resp_{uuid.uuid4().hex[:16]}", int(time.time()))
+    events = ResponseEvents(response, lambda prefix: f"{prefix}_{uuid.uuid4().hex[:16]}")
     return validate(chat, Endpoint.CHAT), orjson.dumps(chat), events

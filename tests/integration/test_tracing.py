@@ -132,7 +132,8 @@ def test_upstream_attempts_follow_the_genai_conventions(
                                   stream_options={"include_usage": True}))  # fmt: skip
         streamed = list(c.responses.create(model=MODEL, input=secret, max_output_tokens=5,
                                            temperature=0, store=False, stream=True))  # fmt: skip
-        wanted = {f"chat {MODEL}": 2, f"text_completion {MODEL}": 1}
+        emb = c.embeddings.create(model=MODEL, input=secret)
+        wanted = {f"chat {MODEL}": 2, f"text_completion {MODEL}": 1, f"embeddings {MODEL}": 1}
         assert wait_until(
             lambda: all(len(rx.named(n)) >= k for n, k in wanted.items()), 10
         )
@@ -142,7 +143,8 @@ def test_upstream_attempts_follow_the_genai_conventions(
                 assert svc == "baton-shim" and span.kind == CLIENT
                 by_op.setdefault(name, []).append(attrs(span))
         port = int(f.sims["s0"].ready.rsplit(":", 1)[1])
-        for a in [*by_op[f"chat {MODEL}"], *by_op[f"text_completion {MODEL}"]]:
+        for a in [*by_op[f"chat {MODEL}"], *by_op[f"text_completion {MODEL}"],
+                  *by_op[f"embeddings {MODEL}"]]:  # fmt: skip
             assert a["gen_ai.provider.name"] == "vllm" and a["gen_ai.request.model"] == MODEL
             assert (a["server.address"], a["server.port"]) == ("127.0.0.1", port)
             assert a["baton.backend"] == "s0"
@@ -161,5 +163,9 @@ def test_upstream_attempts_follow_the_genai_conventions(
         resp = next(a for a in by_op[f"chat {MODEL}"] if a is not whole)
         assert resp["gen_ai.request.max_tokens"] == 5 and resp["gen_ai.usage.output_tokens"] == 5
         assert streamed[-1].type == "response.completed"
+        (embedded,) = by_op[f"embeddings {MODEL}"]
+        assert embedded["gen_ai.operation.name"] == "embeddings"
+        assert embedded["gen_ai.usage.input_tokens"] == emb.usage.prompt_tokens > 0
+        assert embedded["gen_ai.response.id"] == emb.id
         for _, span in rx.spans:  # prompt and completion text are never recorded
             assert secret not in str(attrs(span))
