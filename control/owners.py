@@ -62,10 +62,3 @@ class OwnerTable:
         self._owned[key] = used
         self._owned.move_to_end(key)
         return used
-
-    def clear(self, backend_id: str = "") -> int:
-        """Forget every ownership pin (or one backend's); returns how many."""
-        keys = [k for k, o in self._owned.items() if not backend_id or o.backend_id == backend_id]
-        for k in keys:
-            del self._owned[k]
-        return len(keys)

@@ -273,9 +273,6 @@ class Registry:
     def owner_of(self, key: str, now: float) -> Owned | None:
         return self._owners.owner(key, now)
 
-    def clear_owners(self, backend_id: str = "") -> int:
-        return self._owners.clear(backend_id)
-
     # -- internals -----------------------------------------------------------------------
 
     def _known(self, backend_id: str) -> BackendId:

@@ -142,8 +142,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def ClearPins(
         self, request: admin_pb2.ClearPinsRequest, context: Context
     ) -> admin_pb2.ClearPinsResponse:
+        # Prefix pins only: they are hints. An ownership pin is a fact about where a stored
+        # response lives; forgetting it would only turn its follow-ups into refusals.
         cleared = self._registry.clear_pins(request.backend_id)
-        cleared += self._registry.clear_owners(request.backend_id)
         self._registry.events.record(
             EventKind.ADMIN, backend_id=request.backend_id, action="clear-pins", cleared=cleared
         )
