@@ -53,8 +53,29 @@ def _sample(pids: Mapping[str, int]) -> dict[str, float]:
     return sample
 
 
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a good answer looks like on the endpoint under load."""
+
+    whole: bytes  # a field every whole answer carries
+    end: bytes  # how a complete stream ends
+    failed: tuple[bytes, ...]  # markers of a stream that ended in an error
+
+    def ended(self, tail: bytes, seen_end: bool) -> bool:
+        return seen_end if self.end != DONE else tail.rstrip().endswith(DONE)
+
+
+SHAPES = {
+    "completions": Shape(b'"choices"', DONE, (ERROR_EVENT,)),
+    "chat": Shape(b'"choices"', DONE, (ERROR_EVENT,)),
+    # A Responses stream has no [DONE]: it ends with its one response.completed event.
+    "responses": Shape(b'"output"', b"event: response.completed",
+                       (b"event: response.failed", b"event: error")),
+}  # fmt: skip
+
+
 async def _request(
-    session: aiohttp.ClientSession, url: str, body: bytes, stream: bool
+    session: aiohttp.ClientSession, url: str, body: bytes, stream: bool, shape: Shape
 ) -> tuple[float | None, str | None]:
     try:
         async with session.post(url, data=body, headers=HEADERS) as resp:
@@ -63,20 +84,21 @@ async def _request(
                 return None, f"status {resp.status}"
             if not stream:
                 data = await resp.read()
-                return None, None if b'"choices"' in data else "no choices"
+                return None, None if shape.whole in data else "not an answer"
             first: float | None = None
             tail = b""
-            failed = False
+            failed = seen_end = False
             async for chunk in resp.content.iter_any():
-                # `tail` joins a `data:` or `[DONE]` split across two reads.
+                # `tail` joins a `data:` or an end marker split across two reads.
                 joined = tail + chunk
                 if first is None and b"data:" in joined:
                     first = time.perf_counter()
-                failed = failed or ERROR_EVENT in joined
+                failed = failed or any(m in joined for m in shape.failed)
+                seen_end = seen_end or shape.end in joined
                 tail = joined[-32:]
             if failed:
                 return first, "error event"
-            return first, None if tail.rstrip().endswith(DONE) else "no [DONE]"
+            return first, None if shape.ended(tail, seen_end) else "stream not ended"
     except (aiohttp.ClientError, TimeoutError) as exc:
         return None, type(exc).__name__
 
@@ -89,10 +111,35 @@ async def _worker(
     window: Window,
     out: list[Outcome],
 ) -> None:
+    shape = SHAPES[_endpoint_of(url)]
     while window.end is None:
         start = time.perf_counter()
-        first, error = await _request(session, url, body, stream)
+        first, error = await _request(session, url, body, stream, shape)
         out.append(Outcome(start, time.perf_counter(), first, error))
+
+
+PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions",
+         "responses": "/v1/responses"}  # fmt: skip
+
+
+def _endpoint_of(url: str) -> str:
+    return next(name for name, path in PATHS.items() if url.endswith(path))
+
+
+def request_body(
+    endpoint: str, model: str, prompt: str, max_tokens: int, stream: bool, store: bool
+) -> bytes:
+    """The one request every worker sends: greedy, `max_tokens` long."""
+    if endpoint == "responses":
+        return orjson.dumps({"model": model, "input": prompt, "max_output_tokens": max_tokens,
+                             "temperature": 0, "stream": stream, "store": store})  # fmt: skip
+    body: dict[str, object] = {"model": model, "max_tokens": max_tokens, "temperature": 0,
+                               "stream": stream}  # fmt: skip
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return orjson.dumps(body)
 
 
 async def _sampler(pids: Mapping[str, int], warmup: float, duration: float, w: Window) -> None:
@@ -172,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--endpoint", choices=sorted(PATHS), default="completions")
+    parser.add_argument("--store", action="store_true", help="responses: store: true")
     parser.add_argument("--model", default="toy")
     parser.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog.")
     parser.add_argument("--pid", type=_pid_arg, action="append", default=[], metavar="NAME=PID")
@@ -179,17 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cpu:
         os.sched_setaffinity(0, set(args.cpu))
-    body = orjson.dumps(
-        {
-            "model": args.model,
-            "prompt": args.prompt,
-            "max_tokens": args.max_tokens,
-            "temperature": 0,
-            "stream": args.stream,
-        }
+    body = request_body(
+        args.endpoint, args.model, args.prompt, args.max_tokens, args.stream, args.store
     )
     coro = run_load(
-        args.url.rstrip("/") + "/v1/completions",
+        args.url.rstrip("/") + PATHS[args.endpoint],
         body,
         stream=args.stream,
         concurrency=args.concurrency,

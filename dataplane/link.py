@@ -22,11 +22,12 @@ from grpc_health.v1 import health_pb2
 from baton import wire
 from baton.model import Decision, FailoverReport, RequestOutcome, RequestShape
 from baton.v1 import routing_pb2, routing_pb2_grpc
+from dataplane.calls import Calls
 from dataplane.degraded import DegradedRouter
 from dataplane.exceptions import ControlRefused, ControlUnavailable, StreamBroken
 from dataplane.metrics import LinkStats
 from dataplane.oracle import FleetView, GateAnswer, fleet_view
-from dataplane.outbox import TRANSIENT, Outbox, Report
+from dataplane.outbox import Outbox, Report
 from dataplane.routestream import RouteStream
 
 log = logging.getLogger("baton.shim.oracle")
@@ -88,6 +89,7 @@ class ControlLink:
             metadata=self._metadata,
         )
         self._outbox = Outbox(max_buffered, up=self._up, on_unreachable=self._unreachable)
+        self._calls = Calls(self._stub, self._metadata, route_timeout, self._up, self._unreachable)
         self._local = DegradedRouter()
         self._fleet = FleetView()
         self._first_snapshot = asyncio.Event()
@@ -221,46 +223,12 @@ class ControlLink:
     async def gate_pairing(
         self, request_id: str, pair_id: str, target_id: str, drafted: int, accepted: int
     ) -> GateAnswer:
-        if not self._up.is_set():
-            raise ControlUnavailable("control plane unreachable")
-        try:
-            resp = await self._stub.GatePairing(
-                routing_pb2.GatePairingRequest(
-                    request_id=request_id,
-                    pair_id=pair_id,
-                    target_backend_id=target_id,
-                    drafted=drafted,
-                    accepted=accepted,
-                ),
-                timeout=self._timeout,
-                metadata=self._metadata,
-            )
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in TRANSIENT:
-                self._unreachable(f"gate: {exc.code().name}")
-            raise ControlUnavailable(f"control plane: {exc.code().name}") from None
-        target = wire.backend_from_pb(resp.target) if resp.HasField("target") else None
-        return GateAnswer(wire.VERDICT_FROM_PB.get(resp.verdict, "reject"), resp.reason, target)
+        return await self._calls.gate_pairing(request_id, pair_id, target_id, drafted, accepted)
 
     async def record_owner(
         self, request_id: str, key: str, backend_id: str, model: str, *, released: bool = False
     ) -> None:
-        """Waits for control's answer: the client must not learn `key` before control knows
-        where it lives, or a follow-up through another shim could arrive first. Raises
-        ControlUnavailable (the answer goes out anyway; the follow-up will be refused)."""
-        if not self._up.is_set():
-            raise ControlUnavailable("control plane unreachable")
-        request = routing_pb2.RecordOwnershipRequest(
-            key=key, backend_id=backend_id, model=model, released=released, request_id=request_id
-        )
-        try:
-            await self._stub.RecordOwnership(
-                request, timeout=self._timeout, metadata=self._metadata
-            )
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in TRANSIENT:
-                self._unreachable(f"ownership: {exc.code().name}")
-            raise ControlUnavailable(f"control plane: {exc.code().name}") from None
+        await self._calls.record_owner(request_id, key, backend_id, model, released=released)
 
     # -- reports: buffered while control is away -----------------------------------------
 

@@ -7,27 +7,25 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import aiohttp
-import orjson
 from aiohttp import web
 
 from baton.model import Backend, Decision, RequestOutcome, RequestShape
 from baton.tracing import Tracing
 from dataplane import genai
+from dataplane.answers import check_answer
 from dataplane.engine import classify_exception, open_attempt, settle
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.exceptions import AttemptFailed, ControlUnavailable
 from dataplane.failover import Failure, classify_status
 from dataplane.metrics import ShimMetrics
-from dataplane.oneshot import garbled
 from dataplane.oracle import Outcomes, Ownership
 from dataplane.responses.events import ResponseEvents
 from dataplane.responses.passthrough import ResponsesRelay
 from dataplane.responses.request import stored
 from dataplane.responses.translate import ChatAsResponses
-from dataplane.resume.chunks import choice_text_whole
 from dataplane.resume.markers import MarkerCache
 from dataplane.resume.relay import RelayControl, StreamRelay, with_token_ids
 from dataplane.resume.reports import Reporter
@@ -170,7 +168,7 @@ class Proxy:
         if upstream.status == 200:
             # Nothing has reached the client yet: a garbled answer is retried on the next
             # backend like any other failure, never relayed as a 200.
-            answer, reply = _reply(ex.client, body)
+            answer, reply = check_answer(ex.client, body)
             if self._tracing.enabled:
                 self._tracing.annotate(genai.answer_attributes(answer))
             if ex.client.endpoint is Endpoint.RESPONSES and stored(ex.client.body):
@@ -333,29 +331,3 @@ async def _first_piece(upstream: aiohttp.ClientResponse) -> bytes:
 
 async def _settle_all(upstreams: list[aiohttp.ClientResponse]) -> None:
     await asyncio.gather(*(settle(u) for u in upstreams))
-
-
-def _reply(client: ClientRequest, body: bytes) -> tuple[dict[str, Any], str | None]:
-    """Checks a 200 answer (AttemptFailed(GARBAGE) when it cannot be relayed as a success);
-    returns it, and the assistant's text of a chat answer (choice 0) for the next turn's
-    pin."""
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise AttemptFailed(Failure.GARBAGE, "a 200 answer that is not JSON") from None
-    if client.endpoint is Endpoint.RESPONSES:
-        if not (isinstance(obj, dict) and isinstance(obj.get("id"), str)
-                and isinstance(obj.get("output"), list)):
-            raise AttemptFailed(Failure.GARBAGE, "a 200 answer without id and output")  # fmt: skip
-        return obj, None
-    if not client.endpoint.generates:
-        why = garbled(client.endpoint, obj)
-        if why is not None:
-            raise AttemptFailed(Failure.GARBAGE, why)
-        return obj, None
-    choices = obj.get("choices") if isinstance(obj, dict) else None
-    if not (isinstance(choices, list) and choices and all(isinstance(c, dict) for c in choices)):
-        raise AttemptFailed(Failure.GARBAGE, "a 200 answer without choices")
-    if client.endpoint is not Endpoint.CHAT:
-        return obj, None
-    return obj, choice_text_whole(cast(dict[str, Any], choices[0])) or None

@@ -113,10 +113,9 @@ class ResumedStream:
             events += 1
             if events == 2:
                 result.flowing.set()
-            data = event.data
             if event.is_done:
                 break
-            ch = self._choice(data, p)
+            ch = self._choice(event.data, p)
             if ch is None:
                 continue
             finish = ch.get("finish_reason")
@@ -133,27 +132,38 @@ class ResumedStream:
                 _watch_first(result, ids, text)
             settled = False
             if held is not None:
-                # Never the engine's text here: only its word that it released some.
-                held.add(ids)
-                text, resolved = "", None
-                if text_released(ch, chat) or finish:
-                    resolved = await self._resolve(backend, held, finish, stop_reason)
-                if resolved is not None:
-                    text, settled, held = resolved, True, None
+                text, settled = await self._release(backend, held, ch, chat, ids)
+                if settled:
+                    held = None
             engine_finish = finish
             if stops is not None:
                 text, finish, stop_reason = _apply_stops(stops, text, finish, stop_reason)
             out = stitcher.resumed_chunk(p, text, ids, finish, stop_reason, settled=settled)
             if out:
-                if result.gap_ms == 0.0:
-                    result.gap_ms = (time.perf_counter() - detected) * 1000
-                await self._down.write(out)
+                await self._send(out, result, detected)
             if finish:
                 return "finished" if engine_finish else "stopped"
             # A chunk boundary, everything so far sent: a migration can start here.
             if self._down.due(backend.id):
                 await self._move(backend, result)
         raise StreamFailed(Failure.TRUNCATED, "resumed stream ended before finishing")
+
+    async def _release(
+        self, backend: Backend, held: HeldText, ch: dict[str, Any], chat: bool, ids: list[int]
+    ) -> tuple[str, bool]:
+        """The text to send for a chunk while Baton derives the text from ids: never the
+        engine's text here, only its word that it released some. True once settled."""
+        held.add(ids)
+        finish = ch.get("finish_reason")
+        if not (text_released(ch, chat) or finish):
+            return "", False
+        resolved = await self._resolve(backend, held, finish, ch.get("stop_reason"))
+        return (resolved, True) if resolved is not None else ("", False)
+
+    async def _send(self, out: bytes, result: ChoiceResume, detected: float) -> None:
+        if result.gap_ms == 0.0:
+            result.gap_ms = (time.perf_counter() - detected) * 1000
+        await self._down.write(out)
 
     def _choice(self, data: bytes, p: ChoiceProgress) -> dict[str, Any] | None:
         """The resumed chunk's one choice (a resume asks for one); None for a chunk without

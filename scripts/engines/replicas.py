@@ -232,6 +232,9 @@ class Replicas:
             "OMP_WAIT_POLICY": "PASSIVE",
             "VLLM_NO_USAGE_STATS": "1",
             "HF_HUB_OFFLINE": "1",
+            # Keep stored Responses API responses (previous_response_id, retrieve): off by
+            # default in vLLM 0.32, and what a fleet serving the Responses API runs with.
+            "VLLM_ENABLE_RESPONSES_API_STORE": "1",
         }
         return self._start(name, "vllm", "vllm", argv, env, core, port, model, args)
 

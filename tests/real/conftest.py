@@ -12,6 +12,9 @@ in front of the replicas it names.
 | b0, b1 | vLLM | tiny-bytes (split and invalid UTF-8) |
 | lb0, lb1, lb2 | llama-server | tiny-bytes.gguf |
 | t0, t1 | vLLM `--reasoning-parser deepseek_r1` | tiny-think (<think>...</think>) |
+| e0 | vLLM `--runner pooling --convert embed` | tiny, as an embedding model |
+
+Every vLLM replica keeps stored Responses API responses (VLLM_ENABLE_RESPONSES_API_STORE=1).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from scripts.engines.replicas import MODELS, Cache, Engine, Replicas
 from tests.integration.harness import Fleet, start_control, start_shim
 
 REASONING = ("--reasoning-parser", "deepseek_r1")
+POOLING = ("--runner", "pooling", "--convert", "embed")
 VLLM_ALIVE = 2  # vLLM replicas running at once: ~1.8 GB and one core each
 
 
@@ -54,6 +58,7 @@ def _specs() -> dict[str, Spec]:
     for prefix, model, args in vllm:
         for i in range(2):
             out[f"{prefix}{i}"] = Spec("vllm", model, i % cores, args)
+    out["e0"] = Spec("vllm", "tiny", 0, POOLING)
     for prefix, model in (("l", "tiny"), ("lb", "tiny-bytes")):
         for i in range(3):
             out[f"{prefix}{i}"] = Spec("llama", model)
