@@ -13,7 +13,7 @@ Reported: added latency p50 at c=1, TTFT p50 at c=1, requests/s at c=16 (ratio t
 
 Phase 2 (failover gap), three sims with the default cost model; s0 drops every stream after
 `--die-after` tokens (`--fault die-after=N`), so the requests control sends there fail over
-mid-stream. Chat and `store: false` Responses streams alternate, one at a time; each failover's
+mid-stream. Chat and `store: false` Responses streams, shuffled, go one at a time; each failover's
 gap comes from control's audit events, matched to its request by the X-Request-Id header.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import random
 import subprocess
 import sys
 import urllib.request
@@ -117,13 +118,16 @@ def one_stream(base: str, endpoint: str, tokens: int) -> tuple[str, bool]:
     return rid, end in data and not failed
 
 
-def gaps(logdir: Path, requests: int, die_after: int) -> dict[str, Any]:
+def gaps(logdir: Path, requests: int, die_after: int, seed: int = 0) -> dict[str, Any]:
     kinds: dict[str, str] = {}
     sent = {"chat": 0, "responses": 0}
     complete = {"chat": 0, "responses": 0}
+    # Shuffled, not alternating: the spread ring and s0's demotions have a rhythm, and a
+    # fixed alternation can hand every stream of one kind the dying card, or none.
+    order = ["chat", "responses"] * (requests // 2)
+    random.Random(seed).shuffle(order)
     with dying_fleet(logdir, die_after) as (control, shim):
-        for i in range(requests):
-            endpoint = ("chat", "responses")[i % 2]
+        for endpoint in order:
             rid, ok = one_stream(shim.ready, endpoint, 48)
             kinds[rid] = endpoint
             sent[endpoint] += 1
@@ -179,7 +183,7 @@ def report(cells: list[stats.Cell], gap: dict[str, Any]) -> str:
         stats.render_table(headers, rows),
         "d = direct to the sim, b = through Baton; ms; medians across reps.",
         "",
-        "Failover gap, chat and Responses streams alternating in the same run:",
+        "Failover gap, chat and Responses streams (shuffled) in the same run:",
         stats.render_table(["stream", "sent", "complete", "failovers", "gap p50 ms",
                             "gap p90 ms"], gap_rows),
     ])  # fmt: skip
@@ -193,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--requests", type=int, default=120, help="phase 2 streams")
     p.add_argument("--die-after", type=int, default=12)
+    p.add_argument("--seed", type=int, default=0, help="phase 2's order of chat and Responses")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = p.parse_args(argv)
     quick = args.quick
@@ -203,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     cores = plan_cores(True)
     with running_system(logdir, cores) as system:
         runs = overhead(system, plan)
-    gap = gaps(logdir, 40 if quick else args.requests, args.die_after)
+    gap = gaps(logdir, 40 if quick else args.requests, args.die_after, args.seed)
     cells = stats.summarize(runs)
     print(report(cells, gap))
     doc = {"plan": {"reps": plan.reps, "duration": plan.duration, "die_after": args.die_after},
