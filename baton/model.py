@@ -50,6 +50,8 @@ class Reason(StrEnum):
     OWNER_GONE = "owner-gone"
     # ...or no backend is known to hold it (never stored through Baton, deleted, or aged out).
     OWNER_UNKNOWN = "owner-unknown"
+    # The lowest predicted time to first token (policy ttft; the detail holds the estimate).
+    PREDICTED = "predicted"
 
 
 # The cheap GET each kind of backend answers: control's health probes, the shim's standby
@@ -123,6 +125,9 @@ class RequestShape:
     # The stored object (a response id) the request must reach the owner of: a
     # previous_response_id, or a retrieve/delete/cancel. Empty: any backend may serve it.
     owner_key: str = ""
+    # A client's explicit conversation key (vLLM's `session_id`, or an x-session-id header):
+    # pins the conversation by it, across shims. Empty: none.
+    session: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,7 @@ REASON_TO_PB = {
     Reason.OWNER: routing_pb2.ROUTE_REASON_OWNER,
     Reason.OWNER_GONE: routing_pb2.ROUTE_REASON_OWNER_GONE,
     Reason.OWNER_UNKNOWN: routing_pb2.ROUTE_REASON_OWNER_UNKNOWN,
+    Reason.PREDICTED: routing_pb2.ROUTE_REASON_PREDICTED,
 }
 STATE_FROM_PB = {v: k for k, v in STATE_TO_PB.items()}
 REASON_FROM_PB = {v: k for k, v in REASON_TO_PB.items()}
@@ -165,6 +166,7 @@ def shape_from_pb(s: routing_pb2.RequestShape) -> RequestShape:
         spec_eligible=s.spec_eligible,
         sets_temperature=s.sets_temperature,
         owner_key=s.owner_key,
+        session=s.session,
     )
 
 
@@ -210,6 +212,7 @@ def shape_to_pb(s: RequestShape) -> routing_pb2.RequestShape:
         spec_eligible=s.spec_eligible,
         sets_temperature=s.sets_temperature,
         owner_key=s.owner_key,
+        session=s.session,
     )
 
 

@@ -55,6 +55,9 @@ class BackendRow:
     migrating: bool = False  # drained with --migrate: in-flight streams move elsewhere
     reasoning_parser: str = ""  # the engine's --reasoning-parser; "" = none
     tool_parser: str = ""  # the engine's --tool-call-parser; "" = none
+    # The engine's own gauges at control's last reading: "running+waiting kv N%", or "-".
+    engine: str = "-"
+    engine_age_s: float | None = None
 
 
 def _iso(ts: Timestamp) -> str:
@@ -100,7 +103,16 @@ def _row(s: fleet_pb2.BackendStatus) -> BackendRow:
         migrating=s.migrating,
         reasoning_parser=b.reasoning_parser,
         tool_parser=b.tool_parser,
+        engine=_engine(s),
+        engine_age_s=round(s.engine_age_s, 1) if s.engine_read else None,
     )
+
+
+def _engine(s: fleet_pb2.BackendStatus) -> str:
+    if not s.engine_read:
+        return "-"
+    kv = f" kv {s.engine_kv_usage:.0%}" if s.engine_kv_usage >= 0 else ""
+    return f"{s.engine_running:g}+{s.engine_waiting:g}{kv}"
 
 
 class AdminClient:
@@ -257,7 +269,7 @@ class AdminClient:
             {
                 "kind": p.kind or "prefix",
                 # A prefix pin's chain hash (shortened), or the stored response's id.
-                "key": p.key if p.kind == "response" else p.prefix.hex()[:16],
+                "key": p.key if p.kind in ("response", "session") else p.prefix.hex()[:16],
                 "prefix": p.prefix.hex()[:16],
                 "backend_id": p.backend_id,
                 "depth": p.depth,

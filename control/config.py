@@ -23,6 +23,15 @@ class ProbeSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadSettings:
+    """Reading each engine's own load gauges (engineload.py); interval 0 turns it off."""
+
+    interval: float = 1.0
+    timeout: float = 1.0
+    stale_after: float = 3.0  # seconds; an older reading is not used for routing
+
+
+@dataclass(frozen=True, slots=True)
 class AffinitySettings:
     pin_capacity: int = 100_000  # pins kept (LRU beyond)
     pin_ttl: float = 1800.0  # seconds a pin lives without use
@@ -58,6 +67,7 @@ class Config:
     affinity: AffinitySettings = field(default_factory=AffinitySettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
     pairs: tuple[PairSpec, ...] = ()
+    load: LoadSettings = field(default_factory=LoadSettings)
 
 
 def pair_spec(raw: Any, where: str) -> PairSpec:
@@ -171,7 +181,8 @@ def parse(data: dict[str, Any]) -> Config:
     affinity = AffinitySettings(**_table(data, "affinity", AffinitySettings))
     audit = AuditSettings(**_table(data, "audit", AuditSettings))
     pairs = tuple(pair_spec(raw, f"pairs[{i}]") for i, raw in enumerate(data.get("pairs", [])))
-    return Config(tuple(backends), routing, probes, health, affinity, audit, pairs)
+    load = LoadSettings(**_table(data, "load", LoadSettings))
+    return Config(tuple(backends), routing, probes, health, affinity, audit, pairs, load)
 
 
 def with_routing(cfg: Config, routing: str) -> Config:

@@ -4,14 +4,15 @@ registry when scraped, so the routing path only counts."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from baton.model import HealthState
+from baton.model import HealthState, Snapshot
 from control.pairflow import PairFlow
 from control.registry import Registry
 
@@ -20,9 +21,37 @@ ROUTE_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3
 
 
 class FleetCollector(Collector):
-    def __init__(self, registry: Registry, pairs: PairFlow) -> None:
+    def __init__(
+        self, registry: Registry, pairs: PairFlow, now: Callable[[], float] = time.time
+    ) -> None:
         self._registry = registry
         self._pairs = pairs
+        self._now = now  # the clock the readings are stamped with
+
+    def _engine_load(self, snap: Snapshot) -> Iterator[GaugeMetricFamily]:
+        """Each engine's own gauges at control's last reading (engineload.py)."""
+        fams = {
+            "running": GaugeMetricFamily("baton_engine_requests_running",
+                                         "The engine's own running requests.", labels=["backend"]),
+            "waiting": GaugeMetricFamily("baton_engine_requests_waiting",
+                                         "The engine's own waiting requests.", labels=["backend"]),
+            "kv": GaugeMetricFamily("baton_engine_kv_cache_usage",
+                                    "The engine's KV cache use (0..1).", labels=["backend"]),
+            "age": GaugeMetricFamily("baton_engine_reading_age_seconds",
+                                     "Age of the last reading of the engine's gauges.",
+                                     labels=["backend"]),
+        }  # fmt: skip
+        now = self._now()
+        for b in snap.backends:
+            reading = self._registry.engine_load(b.backend.id)
+            if reading is None:
+                continue
+            fams["running"].add_metric([b.backend.id], reading.running)
+            fams["waiting"].add_metric([b.backend.id], reading.waiting)
+            if reading.kv_usage is not None:
+                fams["kv"].add_metric([b.backend.id], reading.kv_usage)
+            fams["age"].add_metric([b.backend.id], max(now - reading.read_at, 0.0))
+        yield from fams.values()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         snap = self._registry.snapshot
@@ -41,6 +70,7 @@ class FleetCollector(Collector):
         pins.add_metric(["prefix"], len(self._registry.pins))
         pins.add_metric(["response"], self._registry.owner_count)
         yield pins
+        yield from self._engine_load(snap)
         yield GaugeMetricFamily(
             "baton_requests_in_flight",
             "Requests routed and not yet finished, over all shims.",
@@ -72,7 +102,9 @@ class FleetCollector(Collector):
 
 
 class ControlMetrics:
-    def __init__(self, registry: Registry, pairs: PairFlow) -> None:
+    def __init__(
+        self, registry: Registry, pairs: PairFlow, now: Callable[[], float] = time.time
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.routes = Counter(
@@ -105,4 +137,4 @@ class ControlMetrics:
             ["verdict"],
             registry=r,
         )
-        r.register(FleetCollector(registry, pairs))
+        r.register(FleetCollector(registry, pairs, now))

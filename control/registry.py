@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
-from baton.model import Backend, BackendId, BackendStatus, Snapshot
+from baton.model import Backend, BackendId, BackendStatus, RequestShape, Snapshot
 from control import health
 from control.affinity import PinMatch, PinTable, PinView
+from control.engineload import EngineLoad, LoadView, Readings
 from control.events import EventKind, EventLog
 from control.exceptions import BackendExists, BackendNotFound
 from control.facts import Facts
@@ -37,6 +38,7 @@ class Registry:
         events: EventLog | None = None,
         pins: PinTable | None = None,
         owners: OwnerTable | None = None,
+        sessions: PinTable | None = None,
         drained: Mapping[str, bool] | None = None,
     ) -> None:
         """`drained`: backends drained before a restart (id -> migrate), restored as they
@@ -51,6 +53,10 @@ class Registry:
         self._load = Load()
         self._pins = pins if pins is not None else PinTable()
         self._owners = owners if owners is not None else OwnerTable()
+        # Explicit sessions (a request's session_id): pins keyed by the session, not a prefix.
+        self._sessions = sessions if sessions is not None else PinTable()
+        # Each engine's own load (engineload.py), and Baton's routes to it since that reading.
+        self._readings = Readings()
         # Facts read from each backend (GET /server_info); absent until read.
         self._facts: dict[BackendId, Facts] = {}
         self._facts_view: Mapping[BackendId, Facts] = MappingProxyType(self._facts)
@@ -221,6 +227,26 @@ class Registry:
 
     def acquire(self, request_id: str, backend_id: BackendId, now: float) -> None:
         self._load.acquire(request_id, backend_id, now)
+        self._readings.routed(backend_id)
+
+    # -- the engines' own load (engineload.py) ---------------------------------------------
+
+    def set_engine_load(self, backend_id: str, load: EngineLoad | None) -> None:
+        """A reading of the engine's gauges (None: it could not be read)."""
+        if backend_id in self._backends:
+            self._readings.read(BackendId(backend_id), load)
+
+    def load_views(self, now: float, stale_after: float) -> dict[BackendId, LoadView]:
+        return self._readings.views(self._backends, self._load.counts(), now, stale_after)
+
+    def cached_tokens(self, shape: RequestShape) -> dict[BackendId, int]:
+        """Prompt tokens of `shape` each backend holds in its KV cache, by its own events;
+        only backends whose event stream is live (none until KV events are configured)."""
+        return {}
+
+    def engine_load(self, backend_id: str) -> EngineLoad | None:
+        """The last reading, fresh or not (for `baton backends list` and /metrics)."""
+        return self._readings.last(BackendId(backend_id))
 
     def release(self, request_id: str) -> BackendId | None:
         return self._load.release(request_id)
@@ -253,6 +279,18 @@ class Registry:
 
     def expire_pins(self, now: float) -> int:
         return self._pins.expire(now)
+
+    # -- sessions: a client's explicit conversation key -------------------------------------
+
+    @property
+    def sessions(self) -> PinView:
+        return self._sessions
+
+    def session_pin(self, session: str, now: float) -> PinMatch | None:
+        return self._sessions.longest((session.encode(),), now)
+
+    def pin_session(self, session: str, backend_id: BackendId, now: float) -> None:
+        self._sessions.pin(session.encode(), backend_id, 0, now)
 
     # -- ownership: which backend holds a stored response (owners.py) ----------------------
 

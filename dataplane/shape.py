@@ -8,6 +8,7 @@ exactly when their first i messages are identical, which is what prefix affinity
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -109,3 +110,19 @@ def shape_of(req: ClientRequest, key: bytes = DEFAULT_KEY) -> RequestShape:
         spec_eligible=spec_eligible(req),
         sets_temperature=sets_temperature(req),
     )
+
+
+# A client's explicit conversation key: vLLM's `session_id` body field, or this header.
+SESSION_HEADER = "x-session-id"
+MAX_SESSION_CHARS = 256
+
+
+def session_of(req: ClientRequest, header: str | None) -> str:
+    """The request's session key ("" when it names none, or names one too long to be one)."""
+    value = req.body.get("session_id")
+    key = value if isinstance(value, str) and value else (header or "")
+    return key if len(key) <= MAX_SESSION_CHARS else ""
+
+
+def with_session(shape: RequestShape, session: str) -> RequestShape:
+    return replace(shape, session=session) if session else shape

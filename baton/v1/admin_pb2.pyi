@@ -370,7 +370,7 @@ class ListPinsRequest(_message.Message):
     backend_id: _builtins.str
     """Empty: pins to any backend."""
     kind: _builtins.str
-    """"prefix" or "response"; empty: both kinds."""
+    """"prefix", "session" or "response"; empty: every kind."""
     def __init__(
         self,
         *,
@@ -405,8 +405,8 @@ class PinInfo(_message.Message):
     """Messages covered by the prefix."""
     hits: _builtins.int
     kind: _builtins.str
-    """"prefix" (a KV-cache affinity pin, keyed by `prefix`) or "response" (an ownership pin:
-    the backend that holds the stored response `key`).
+    """"prefix" (a KV-cache affinity pin, keyed by `prefix`), "session" (a client's session id,
+    `key`) or "response" (an ownership pin: the backend that holds the stored response `key`).
     """
     key: _builtins.str
     @_builtins.property

@@ -43,6 +43,8 @@ class _RouteReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RouteReas
     """Refused: the stored response's backend is dead, drained or removed (detail says which)."""
     ROUTE_REASON_OWNER_UNKNOWN: _RouteReason.ValueType  # 11
     """Refused: no backend is known to hold the stored response."""
+    ROUTE_REASON_PREDICTED: _RouteReason.ValueType  # 12
+    """The lowest predicted time to first token (detail: the estimate and the runner-up)."""
 
 class RouteReason(_RouteReason, metaclass=_RouteReasonEnumTypeWrapper):
     """Why a routing decision was made; also a span attribute and a metric label."""
@@ -64,6 +66,8 @@ ROUTE_REASON_OWNER_GONE: RouteReason.ValueType  # 10
 """Refused: the stored response's backend is dead, drained or removed (detail says which)."""
 ROUTE_REASON_OWNER_UNKNOWN: RouteReason.ValueType  # 11
 """Refused: no backend is known to hold the stored response."""
+ROUTE_REASON_PREDICTED: RouteReason.ValueType  # 12
+"""The lowest predicted time to first token (detail: the estimate and the runner-up)."""
 Global___RouteReason: _TypeAlias = RouteReason  # noqa: Y015
 
 class _Outcome:
@@ -207,6 +211,7 @@ class RequestShape(_message.Message):
     SPEC_ELIGIBLE_FIELD_NUMBER: _builtins.int
     SETS_TEMPERATURE_FIELD_NUMBER: _builtins.int
     OWNER_KEY_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     message_count: _builtins.int
     prompt_chars: _builtins.int
@@ -221,6 +226,10 @@ class RequestShape(_message.Message):
     owner_key: _builtins.str
     """A stored object (a Responses API response id) the request must reach the holder of:
     a previous_response_id, or a retrieve/delete/cancel. Empty: any backend may serve it.
+    """
+    session: _builtins.str
+    """A client's explicit conversation key (vLLM's `session_id`, or the x-session-id header):
+    the conversation is pinned by it, across shims, subject to spill, drain and death.
     """
     @_builtins.property
     def prefix_chain(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
@@ -243,10 +252,11 @@ class RequestShape(_message.Message):
         spec_eligible: _builtins.bool = ...,
         sets_temperature: _builtins.bool = ...,
         owner_key: _builtins.str = ...,
+        session: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_turns", b"assistant_turns", "greedy", b"greedy", "message_count", b"message_count", "model", b"model", "owner_key", b"owner_key", "prefix_chain", b"prefix_chain", "prompt_chars", b"prompt_chars", "sets_temperature", b"sets_temperature", "spec_eligible", b"spec_eligible", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_turns", b"assistant_turns", "greedy", b"greedy", "message_count", b"message_count", "model", b"model", "owner_key", b"owner_key", "prefix_chain", b"prefix_chain", "prompt_chars", b"prompt_chars", "session", b"session", "sets_temperature", b"sets_temperature", "spec_eligible", b"spec_eligible", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

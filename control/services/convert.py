@@ -115,6 +115,17 @@ def pin_to_pb(p: Pin) -> admin_pb2.PinInfo:
     )
 
 
+def session_to_pb(p: Pin) -> admin_pb2.PinInfo:
+    return admin_pb2.PinInfo(
+        backend_id=p.backend_id,
+        created=timestamp(p.created),
+        last_used=timestamp(p.last_used),
+        hits=p.hits,
+        kind="session",
+        key=p.prefix.decode(errors="replace"),
+    )
+
+
 def owned_to_pb(o: Owned) -> admin_pb2.PinInfo:
     return admin_pb2.PinInfo(
         backend_id=o.backend_id,

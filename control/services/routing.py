@@ -97,6 +97,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
                 o.reply_chain_hash,
                 o.message_count,
                 wire.spec_from_pb(o),
+                o.ttft_ms,
             )
             for o in outcomes
         )
