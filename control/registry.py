@@ -1,6 +1,8 @@
 """The single owner of fleet state: backends, their health and drains, the facts read from
-them, in-flight load and prefix pins. Every mutation goes through here and publishes a new,
-immutable, versioned Snapshot to subscribers; readers never see half-applied state.
+them, in-flight load, prefix pins and the KV index (the blocks each engine holds). Every
+mutation goes through here and publishes a new, immutable, versioned Snapshot to subscribers;
+readers never see half-applied state (the KV index changes too often to be in snapshots: it
+is read through `cached_blocks`).
 
 Speculative pairs are control/pairflow.py's: it asks the registry through the few narrow
 methods below (`find`, `routable`, `facts`, `set_facts`, `on_remove`) and owns its PairTable."""
@@ -19,6 +21,7 @@ from control.events import EventKind, EventLog
 from control.exceptions import BackendExists, BackendNotFound
 from control.facts import Facts
 from control.health import HealthPolicy, HealthRecord
+from control.kvindex import Fed, KvEvent, KvIndex, KvStatus
 from control.load import Load
 from control.owners import Owned, OwnerTable
 
@@ -38,6 +41,7 @@ class Registry:
         pins: PinTable | None = None,
         owners: OwnerTable | None = None,
         drained: Mapping[str, bool] | None = None,
+        kv_capacity: int = 1_000_000,
     ) -> None:
         """`drained`: backends drained before a restart (id -> migrate), restored as they
         were, with no new audit event: nobody drained them just now."""
@@ -55,6 +59,7 @@ class Registry:
         self._facts: dict[BackendId, Facts] = {}
         self._facts_view: Mapping[BackendId, Facts] = MappingProxyType(self._facts)
         self._model_len: dict[BackendId, int] = {}  # from each engine's /v1/models
+        self._kv = KvIndex(kv_capacity, on_change=self._kv_changed)  # blocks per backend
         now = clock()
         for b in backends:
             if b.id in self._backends:
@@ -136,6 +141,7 @@ class Registry:
         del self._health[bid]
         self._migrating.discard(bid)
         self._facts.pop(bid, None)
+        self._kv.forget(bid)
         for hook in list(self._removed):
             hook(bid)
         # Its pins stay until used (then re-pinned, visibly, as `repin`) or expired.
@@ -272,6 +278,45 @@ class Registry:
 
     def owner_of(self, key: str, now: float) -> Owned | None:
         return self._owners.owner(key, now)
+
+    # -- KV index: the prefix blocks each engine really holds (kvindex.py) -----------------
+
+    # What kvevents.py's subscribers see of each stream (kv_watch: registered backends only).
+    def kv_watch(self, backend_id: BackendId) -> None:
+        if backend_id in self._backends:
+            self._kv.watch(backend_id, self._clock())
+
+    def kv_forget(self, backend_id: BackendId) -> None:
+        self._kv.forget(backend_id)
+
+    def kv_connected(self, backend_id: BackendId) -> None:
+        self._kv.connected(backend_id, self._clock())
+
+    def kv_lost(self, backend_id: BackendId, reason: str) -> None:
+        self._kv.lost(backend_id, reason, self._clock())
+
+    def kv_feed(self, backend_id: BackendId, seq: int, events: Sequence[KvEvent]) -> Fed:
+        return self._kv.feed(backend_id, seq, events, self._clock())
+
+    def kv_begin_replay(self, backend_id: BackendId, seq: int) -> None:
+        self._kv.begin_replay(backend_id, seq, self._clock())
+
+    def kv_end_replay(self, backend_id: BackendId, reached: int) -> bool:
+        return self._kv.end_replay(backend_id, reached, self._clock())
+
+    def kv_status(self) -> Mapping[BackendId, KvStatus]:  # a backend absent here is `off`
+        return self._kv.statuses()
+
+    def cached_blocks(self, keys: Sequence[int], block_size: int) -> Mapping[BackendId, int]:
+        """How many of a prefix's leading blocks (baton.blocks keys of `block_size`-token
+        blocks) each backend's engine holds. Only backends whose index is live answer: a
+        backend absent here is unknown, never 0 (a dead index is never trusted)."""
+        return self._kv.cached(keys, block_size)
+
+    def _kv_changed(self, bid: BackendId, before: KvStatus, after: KvStatus) -> None:
+        self._events.record(EventKind.KV, backend_id=bid, state=after.state.value,
+                            previous=before.state.value, reason=after.reason,
+                            blocks_before=before.blocks)  # fmt: skip
 
     # -- internals -----------------------------------------------------------------------
 

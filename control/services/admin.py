@@ -46,6 +46,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return admin_pb2.ListBackendsResponse(
             backends=[wire.status_to_pb(b, load) for b in snap.backends],
             snapshot_version=snap.version,
+            kv_index={
+                bid: convert.kv_status_to_pb(s) for bid, s in self._registry.kv_status().items()
+            },
         )
 
     async def AddBackend(
