@@ -58,6 +58,10 @@ class BackendRow:
     # The engine's own gauges at control's last reading: "running+waiting kv N%", or "-".
     engine: str = "-"
     engine_age_s: float | None = None
+    # Its KV-cache index (from the engine's KV events): off, live, replaying or lost.
+    kv_index: str = "off"
+    kv_blocks: int = 0
+    kv_reason: str = ""
 
 
 def _iso(ts: Timestamp) -> str:
@@ -88,7 +92,12 @@ def _pair(p: fleet_pb2.Pair) -> dict[str, Any]:
     }
 
 
-def _row(s: fleet_pb2.BackendStatus) -> BackendRow:
+def _kv_state(pb: int) -> str:
+    name: str = admin_pb2.KvIndexState.Name(pb)  # type: ignore[arg-type]
+    return name.removeprefix("KV_INDEX_STATE_").lower()
+
+
+def _row(s: fleet_pb2.BackendStatus, kv: admin_pb2.KvIndexStatus | None = None) -> BackendRow:
     b = s.backend
     return BackendRow(
         id=b.id,
@@ -105,6 +114,9 @@ def _row(s: fleet_pb2.BackendStatus) -> BackendRow:
         tool_parser=b.tool_parser,
         engine=_engine(s),
         engine_age_s=round(s.engine_age_s, 1) if s.engine_read else None,
+        kv_index=_kv_state(kv.state) if kv is not None else "off",
+        kv_blocks=kv.blocks if kv is not None else 0,
+        kv_reason=kv.reason if kv is not None else "",
     )
 
 
@@ -167,7 +179,8 @@ class AdminClient:
 
     def list_backends(self) -> list[BackendRow]:
         resp = self._call("ListBackends", admin_pb2.ListBackendsRequest())
-        return [_row(s) for s in resp.backends]  # type: ignore[attr-defined]
+        kv = resp.kv_index  # type: ignore[attr-defined]
+        return [_row(s, kv.get(s.backend.id)) for s in resp.backends]  # type: ignore[attr-defined]
 
     def add_backend(
         self,

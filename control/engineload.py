@@ -9,8 +9,6 @@ vLLM: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_u
 (a fraction, despite the name). SGLang: `sglang:num_running_reqs`, `sglang:num_queue_reqs`,
 `sglang:token_usage`. The sim exports vLLM's names."""
 
-# baton: pure
-
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping

@@ -26,6 +26,7 @@ class EventKind(StrEnum):
     HEALTH = "health"
     ADMIN = "admin"
     PAIR = "pair"
+    KV = "kv"  # a backend's KV-cache index changed state (control/kvindex.py)
 
 
 class Event(NamedTuple):

@@ -9,10 +9,11 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from baton.model import HealthState, Snapshot
+from control.kvindex import KvState
 from control.pairflow import PairFlow
 from control.registry import Registry
 
@@ -53,7 +54,7 @@ class FleetCollector(Collector):
             fams["age"].add_metric([b.backend.id], max(now - reading.read_at, 0.0))
         yield from fams.values()
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         snap = self._registry.snapshot
         states = Tally(b.health.state for b in snap.backends)
         backends = GaugeMetricFamily(
@@ -99,6 +100,34 @@ class FleetCollector(Collector):
                 recent.add_metric(values, p.recent)
         yield baseline
         yield recent
+        yield from self._kv()
+
+    def _kv(self) -> Iterator[Metric]:
+        """Each backend's KV-cache index: its state (1 on the current one; `off` without
+        kv_events), the blocks it holds, and the engine events applied to it."""
+        kv = self._registry.kv_status()
+        state = GaugeMetricFamily("baton_kv_index_state", "KV-cache index state per backend.",
+                                  labels=["backend", "state"])  # fmt: skip
+        blocks = GaugeMetricFamily(
+            "baton_kv_blocks", "Prefix blocks each backend's engine holds, as its index knows.",
+            labels=["backend"],
+        )
+        events = CounterMetricFamily(
+            "baton_kv_events", "KV-cache events applied to the index (stored, removed, cleared).",
+            labels=["backend", "event"],
+        )
+        for b in self._registry.backends:
+            s = kv.get(b.id)
+            current = s.state if s is not None else KvState.OFF
+            for st in KvState:
+                state.add_metric([b.id, st.value], 1.0 if st is current else 0.0)
+            if s is not None:
+                blocks.add_metric([b.id], s.blocks)
+                for name in ("stored", "removed", "cleared"):
+                    events.add_metric([b.id, name], s.events.get(name, 0))
+        yield state
+        yield blocks
+        yield events
 
 
 class ControlMetrics:

@@ -11,7 +11,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from random import Random
 
-from baton.model import BackendId, Decision, HealthState, Reason, RouteRequest, SpecStats
+from baton.model import (
+    BackendId,
+    Decision,
+    HealthState,
+    PrefixBlocks,
+    Reason,
+    RouteRequest,
+    SpecStats,
+)
 from baton.spread import prefer
 from control.affinity import PinMatch
 from control.events import EventKind
@@ -38,6 +46,8 @@ class Outcome:
     message_count: int = 0
     spec: SpecStats | None = None
     ttft_ms: float = 0.0
+    blocks: PrefixBlocks | None = None
+    prompt_tokens: int = 0
 
 
 class Router:
@@ -121,10 +131,12 @@ class Router:
 
     def _prediction(self, request: RouteRequest, now: float) -> Prediction:
         loads = self.registry.load_views(now, self._stale_after)
+        cached, prompt_tokens = self.registry.cached_tokens(request.shape)
         return Prediction(
             queue={bid: lv.queue() for bid, lv in loads.items()},
-            cached_tokens=self.registry.cached_tokens(request.shape),
+            cached_tokens=cached,
             rates={bid: self.prefill.rates(bid) for bid in loads},
+            prompt_tokens=prompt_tokens,
         )
 
     def _to_owner(self, request: RouteRequest, now: float) -> Decision:
@@ -241,6 +253,10 @@ class Router:
             self.registry.release(outcome.request_id)
             if outcome.ok and outcome.ttft_ms > 0:
                 self.prefill.observed(outcome.request_id, outcome.backend_id, outcome.ttft_ms)
+            if outcome.ok and outcome.blocks is not None:
+                self.registry.learn_blocks(
+                    outcome.blocks, outcome.reply_chain_hash, outcome.prompt_tokens
+                )
             if (s := outcome.spec) is not None:
                 flags = [n for n, bad in (("repeated n-gram loop", s.repeated_ngram),
                                           ("schema violation", s.schema_violation)) if bad]

@@ -27,6 +27,7 @@ from control.exceptions import RegistryError
 from control.facts import Facts
 from control.facts_fetch import fetch_facts
 from control.fleetdb import Configured, FleetDB, configured, fleet, shadowed
+from control.kvevents import KvSubscribers
 from control.loadpoller import run_load_poller
 from control.metrics import ControlMetrics
 from control.owners import OwnerTable
@@ -97,7 +98,10 @@ class ControlPlane:
             events=events,
             pins=PinTable(config.affinity.pin_capacity, config.affinity.pin_ttl),
             owners=OwnerTable(config.affinity.owner_capacity, config.affinity.owner_ttl),
+            kv_capacity=config.kv.capacity,
         )
+        # Each engine's KV-cache events, for backends configured with `kv_events`.
+        self.kv = KvSubscribers(self.registry, config.kv_sources, config.kv)
         # The one pair flow over the registry: router, services, metrics and _save share it.
         self.pairs = PairFlow(self.registry)
         guard = SpillGuard(config.affinity.spill_factor, config.affinity.spill_slack)
@@ -167,6 +171,7 @@ class ControlPlane:
         if self._config.load.interval > 0:
             poll = run_load_poller(self.registry, self._config.load, self._http, self._clock)
             self._tasks.append(asyncio.create_task(poll))
+        self.kv.start()
         self._tasks.append(asyncio.create_task(self._expire_load()))
         self._tasks.append(asyncio.create_task(self._flush_events()))
         if self._pending_pairs:
@@ -250,6 +255,7 @@ class ControlPlane:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.kv.stop()
         await self.server.stop(grace)
         if self._http is not None:
             await self._http.close()

@@ -509,6 +509,10 @@ class RequestOutcome(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
+    PROMPT_CHAIN_HASH_FIELD_NUMBER: _builtins.int
+    BLOCK_KEYS_FIELD_NUMBER: _builtins.int
+    PROMPT_BLOCKS_FIELD_NUMBER: _builtins.int
+    BLOCK_SIZE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     backend_id: _builtins.str
     outcome: Global___Outcome.ValueType
@@ -522,10 +526,20 @@ class RequestOutcome(_message.Message):
     model: _builtins.str
     message_count: _builtins.int
     """Messages in the request (the reply is message message_count + 1)."""
+    prompt_chain_hash: _builtins.bytes
+    """What the request's KV-cache blocks are, as baton.blocks keys (never token ids): of its
+    prompt and reply together, `prompt_blocks` of them the prompt's, in blocks of
+    `block_size` tokens (the serving engine's). Control learns from them which blocks a
+    prefix implies, and the engines' KV events say who still holds them.
+    """
+    prompt_blocks: _builtins.int
+    block_size: _builtins.int
     @_builtins.property
     def spec(self) -> Global___SpecOutcome:
         """Set when the request was served by a speculative pair."""
 
+    @_builtins.property
+    def block_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -541,10 +555,14 @@ class RequestOutcome(_message.Message):
         model: _builtins.str = ...,
         message_count: _builtins.int = ...,
         spec: Global___SpecOutcome | None = ...,
+        prompt_chain_hash: _builtins.bytes = ...,
+        block_keys: _abc.Iterable[_builtins.int] | None = ...,
+        prompt_blocks: _builtins.int = ...,
+        block_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "completion_tokens", b"completion_tokens", "http_status", b"http_status", "message_count", b"message_count", "model", b"model", "outcome", b"outcome", "prompt_tokens", b"prompt_tokens", "reply_chain_hash", b"reply_chain_hash", "request_id", b"request_id", "spec", b"spec", "total_ms", b"total_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "block_keys", b"block_keys", "block_size", b"block_size", "completion_tokens", b"completion_tokens", "http_status", b"http_status", "message_count", b"message_count", "model", b"model", "outcome", b"outcome", "prompt_blocks", b"prompt_blocks", "prompt_chain_hash", b"prompt_chain_hash", "prompt_tokens", b"prompt_tokens", "reply_chain_hash", b"reply_chain_hash", "request_id", b"request_id", "spec", b"spec", "total_ms", b"total_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

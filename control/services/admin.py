@@ -52,7 +52,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 row.engine_running, row.engine_waiting = reading.running, reading.waiting
                 row.engine_kv_usage = -1.0 if reading.kv_usage is None else reading.kv_usage
                 row.engine_age_s = max(now - reading.read_at, 0.0)
-        return admin_pb2.ListBackendsResponse(backends=rows, snapshot_version=snap.version)
+        kv = {str(b): convert.kv_status_to_pb(s) for b, s in self._registry.kv_status().items()}
+        return admin_pb2.ListBackendsResponse(
+            backends=rows, snapshot_version=snap.version, kv_index=kv
+        )
 
     async def AddBackend(
         self, request: admin_pb2.AddBackendRequest, context: Context

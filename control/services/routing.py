@@ -98,6 +98,8 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
                 o.message_count,
                 wire.spec_from_pb(o),
                 o.ttft_ms,
+                wire.blocks_from_pb(o),
+                o.prompt_tokens,
             )
             for o in outcomes
         )
