@@ -168,6 +168,13 @@ CALLS: dict[str, Call] = {
             drafted=40, accepted=0,
         ),  # fmt: skip
     ),
+    # A forged owner would send a stored response's follow-ups to the wrong backend.
+    "RecordOwnership": _unary(
+        "RecordOwnership",
+        lambda g: routing_pb2.RecordOwnershipRequest(
+            key="resp_forged", backend_id="t1", model="m", request_id="intruder-8"
+        ),
+    ),
 }
 
 

@@ -34,7 +34,8 @@ def progress_of(prompt_ids: list[int] | None, parts: list[tuple[list[int], str]]
 
 @st.composite
 def requests(draw: st.DrawFn, endpoint: Endpoint | None = None) -> ClientRequest:
-    endpoint = endpoint or draw(st.sampled_from(list(Endpoint)))
+    # The endpoints a resume is planned for (a Responses stream resumes as chat).
+    endpoint = endpoint or draw(st.sampled_from([Endpoint.CHAT, Endpoint.COMPLETIONS]))
     body: dict[str, Any] = {"model": "m", "stream": True}
     if endpoint is Endpoint.CHAT:
         body["messages"] = [{"role": "user", "content": "q"}]

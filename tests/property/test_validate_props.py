@@ -22,7 +22,11 @@ from dataplane.validate import ClientRequest, Endpoint, parse_request
 from tests.property.strategies import json_values, mutated_body, valid_body
 
 LIMIT = 64 * 1024
-endpoints = st.sampled_from(list(Endpoint))
+# The generation endpoints whose bodies the strategies build (chat or completion shapes);
+# the Responses API and one-shot calls have their own table tests (test_responses_request,
+# test_oneshot) and their own fuzz below.
+GENERATING = [Endpoint.CHAT, Endpoint.COMPLETIONS]
+endpoints = st.sampled_from(GENERATING)
 
 
 def check_error(err: OpenAIError) -> None:
@@ -85,7 +89,7 @@ def test_any_json_gets_a_request_or_an_openai_4xx(value: Any, endpoint: Endpoint
     assert run(orjson.dumps(value), endpoint) is None or isinstance(value, dict)
 
 
-@pytest.mark.parametrize("endpoint", list(Endpoint))
+@pytest.mark.parametrize("endpoint", GENERATING)
 @settings(max_examples=300)
 @given(data=st.data())
 def test_nearly_valid_bodies_never_crash_anything(endpoint: Endpoint, data: st.DataObject) -> None:
@@ -122,6 +126,26 @@ def test_rejections_name_the_parameter_at_fault(data: st.DataObject) -> None:
             root = err.param.split("[")[0].split(".")[0]
             # Either a field the client sent, or a required one it left out.
             assert root in body or root in ("model", "messages", "prompt"), err.param
+
+
+@pytest.mark.parametrize("endpoint", [e for e in Endpoint if e not in GENERATING])
+@settings(max_examples=200)
+@given(value=json_values)
+def test_other_endpoints_get_a_request_or_an_openai_4xx_and_never_crash(
+    endpoint: Endpoint, value: Any
+) -> None:
+    """Any JSON to the Responses API or a one-shot call: an accepted request whose shape can
+    be taken, or an OpenAI-shaped 4xx."""
+    try:
+        req = parse_request(orjson.dumps(value), endpoint, LIMIT)
+    except OpenAIError as err:
+        check_error(err)
+        return
+    assert isinstance(value, dict) and req.endpoint is endpoint and req.model == value["model"]
+    shape = shape_of(req)
+    assert shape.model == req.model
+    if endpoint is not Endpoint.RESPONSES:
+        assert shape.prefix_chain == () and not req.stream  # never pinned, never streamed
 
 
 @pytest.mark.parametrize("size", [LIMIT + 1, 10 * LIMIT])
