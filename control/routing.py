@@ -201,6 +201,7 @@ class Router:
             request.shape.model,
             match.index + 1 if match else 0,
             decision.snapshot_version,
+            decision.detail,
         )
 
     def attempt_failed(self, request_id: str, backend_id: str, failure: str, detail: str) -> None:
