@@ -50,6 +50,8 @@ class Reason(StrEnum):
     OWNER_GONE = "owner-gone"
     # ...or no backend is known to hold it (never stored through Baton, deleted, or aged out).
     OWNER_UNKNOWN = "owner-unknown"
+    # The lowest predicted time to first token (policy ttft; the detail holds the estimate).
+    PREDICTED = "predicted"
 
 
 # The cheap GET each kind of backend answers: control's health probes, the shim's standby
@@ -101,6 +103,7 @@ class BackendStatus:
     # Drained with --migrate: shims hand this backend's in-flight streams to others.
     migrating: bool = False
     max_model_len: int = 0  # the engine's context length (/v1/models); 0: not read yet
+    kv_block_size: int = 0  # tokens per KV block, from its KV events; 0: none seen
 
     @property
     def routable(self) -> bool:
@@ -123,6 +126,9 @@ class RequestShape:
     # The stored object (a response id) the request must reach the owner of: a
     # previous_response_id, or a retrieve/delete/cancel. Empty: any backend may serve it.
     owner_key: str = ""
+    # A client's explicit conversation key (vLLM's `session_id`, or an x-session-id header):
+    # pins the conversation by it, across shims. Empty: none.
+    session: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +223,19 @@ class RequestOutcome:
     reply_chain_hash: bytes = b""  # chat: the next turn's prefix, to pin where it was served
     message_count: int = 0
     spec: SpecStats | None = None
+    prompt_tokens: int = 0
+    blocks: PrefixBlocks | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixBlocks:
+    """A request's KV-cache blocks as baton.blocks keys (hashes, never token ids): of its
+    prompt and reply together; the first `prompt_blocks` are the prompt's."""
+
+    prompt_chain_hash: bytes
+    keys: tuple[int, ...]
+    prompt_blocks: int
+    block_size: int
 
 
 class ResumePath(StrEnum):

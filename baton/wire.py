@@ -22,6 +22,7 @@ from baton.model import (
     HealthState,
     Pairing,
     PairState,
+    PrefixBlocks,
     Reason,
     RequestOutcome,
     RequestShape,
@@ -64,6 +65,7 @@ REASON_TO_PB = {
     Reason.OWNER: routing_pb2.ROUTE_REASON_OWNER,
     Reason.OWNER_GONE: routing_pb2.ROUTE_REASON_OWNER_GONE,
     Reason.OWNER_UNKNOWN: routing_pb2.ROUTE_REASON_OWNER_UNKNOWN,
+    Reason.PREDICTED: routing_pb2.ROUTE_REASON_PREDICTED,
 }
 STATE_FROM_PB = {v: k for k, v in STATE_TO_PB.items()}
 REASON_FROM_PB = {v: k for k, v in REASON_TO_PB.items()}
@@ -144,6 +146,7 @@ def status_to_pb(s: BackendStatus, in_flight: Mapping[BackendId, int]) -> fleet_
         in_flight=in_flight.get(s.backend.id, 0),
         migrating=s.migrating,
         max_model_len=s.max_model_len,
+        kv_block_size=s.kv_block_size,
     )
 
 
@@ -165,6 +168,7 @@ def shape_from_pb(s: routing_pb2.RequestShape) -> RequestShape:
         spec_eligible=s.spec_eligible,
         sets_temperature=s.sets_temperature,
         owner_key=s.owner_key,
+        session=s.session,
     )
 
 
@@ -210,6 +214,7 @@ def shape_to_pb(s: RequestShape) -> routing_pb2.RequestShape:
         spec_eligible=s.spec_eligible,
         sets_temperature=s.sets_temperature,
         owner_key=s.owner_key,
+        session=s.session,
     )
 
 
@@ -249,6 +254,7 @@ def snapshot_from_pb(s: fleet_pb2.Snapshot) -> Snapshot:
                 ),
                 b.migrating,
                 b.max_model_len,
+                b.kv_block_size,
             )
             for b in s.backends
         ),
@@ -305,4 +311,17 @@ def outcome_to_pb(o: RequestOutcome) -> routing_pb2.RequestOutcome:
         reply_chain_hash=o.reply_chain_hash,
         message_count=o.message_count,
         spec=spec_to_pb(o.spec) if o.spec is not None else None,
+        prompt_tokens=o.prompt_tokens,
+        **(_blocks_fields(o.blocks) if o.blocks is not None else {}),
     )
+
+
+def _blocks_fields(b: PrefixBlocks) -> dict[str, Any]:
+    return {"prompt_chain_hash": b.prompt_chain_hash, "block_keys": b.keys,
+            "prompt_blocks": b.prompt_blocks, "block_size": b.block_size}  # fmt: skip
+
+
+def blocks_from_pb(o: routing_pb2.RequestOutcome) -> PrefixBlocks | None:
+    if not o.block_keys or not o.block_size:
+        return None
+    return PrefixBlocks(o.prompt_chain_hash, tuple(o.block_keys), o.prompt_blocks, o.block_size)

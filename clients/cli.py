@@ -200,9 +200,9 @@ def _add_pin_and_pair_commands(
     psub = pins.add_subparsers(dest="action", required=True)
     plist = psub.add_parser("list", parents=[parent], help="most recently used first")
     plist.add_argument("--backend", default="")
-    plist.add_argument("--kind", default="", choices=("", "prefix", "response"),
-                       help="prefix (KV-cache affinity) or response (who holds a stored "
-                       "response); default both")  # fmt: skip
+    plist.add_argument("--kind", default="", choices=("", "prefix", "session", "response"),
+                       help="prefix (KV-cache affinity), session (a client's session_id) or "
+                       "response (who holds a stored response); default all")  # fmt: skip
     plist.add_argument("--limit", type=int, default=100)
     plist.set_defaults(admin=cmd_pins_list)
     pclear = psub.add_parser("clear", parents=[parent], help="forget pins (all, or one backend's)")

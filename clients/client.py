@@ -55,6 +55,13 @@ class BackendRow:
     migrating: bool = False  # drained with --migrate: in-flight streams move elsewhere
     reasoning_parser: str = ""  # the engine's --reasoning-parser; "" = none
     tool_parser: str = ""  # the engine's --tool-call-parser; "" = none
+    # The engine's own gauges at control's last reading: "running+waiting kv N%", or "-".
+    engine: str = "-"
+    engine_age_s: float | None = None
+    # Its KV-cache index (from the engine's KV events): off, live, replaying or lost.
+    kv_index: str = "off"
+    kv_blocks: int = 0
+    kv_reason: str = ""
 
 
 def _iso(ts: Timestamp) -> str:
@@ -85,7 +92,12 @@ def _pair(p: fleet_pb2.Pair) -> dict[str, Any]:
     }
 
 
-def _row(s: fleet_pb2.BackendStatus) -> BackendRow:
+def _kv_state(pb: int) -> str:
+    name: str = admin_pb2.KvIndexState.Name(pb)  # type: ignore[arg-type]
+    return name.removeprefix("KV_INDEX_STATE_").lower()
+
+
+def _row(s: fleet_pb2.BackendStatus, kv: admin_pb2.KvIndexStatus | None = None) -> BackendRow:
     b = s.backend
     return BackendRow(
         id=b.id,
@@ -100,7 +112,19 @@ def _row(s: fleet_pb2.BackendStatus) -> BackendRow:
         migrating=s.migrating,
         reasoning_parser=b.reasoning_parser,
         tool_parser=b.tool_parser,
+        engine=_engine(s),
+        engine_age_s=round(s.engine_age_s, 1) if s.engine_read else None,
+        kv_index=_kv_state(kv.state) if kv is not None else "off",
+        kv_blocks=kv.blocks if kv is not None else 0,
+        kv_reason=kv.reason if kv is not None else "",
     )
+
+
+def _engine(s: fleet_pb2.BackendStatus) -> str:
+    if not s.engine_read:
+        return "-"
+    kv = f" kv {s.engine_kv_usage:.0%}" if s.engine_kv_usage >= 0 else ""
+    return f"{s.engine_running:g}+{s.engine_waiting:g}{kv}"
 
 
 class AdminClient:
@@ -155,7 +179,8 @@ class AdminClient:
 
     def list_backends(self) -> list[BackendRow]:
         resp = self._call("ListBackends", admin_pb2.ListBackendsRequest())
-        return [_row(s) for s in resp.backends]  # type: ignore[attr-defined]
+        kv = resp.kv_index  # type: ignore[attr-defined]
+        return [_row(s, kv.get(s.backend.id)) for s in resp.backends]  # type: ignore[attr-defined]
 
     def add_backend(
         self,
@@ -257,7 +282,7 @@ class AdminClient:
             {
                 "kind": p.kind or "prefix",
                 # A prefix pin's chain hash (shortened), or the stored response's id.
-                "key": p.key if p.kind == "response" else p.prefix.hex()[:16],
+                "key": p.key if p.kind in ("response", "session") else p.prefix.hex()[:16],
                 "prefix": p.prefix.hex()[:16],
                 "backend_id": p.backend_id,
                 "depth": p.depth,

@@ -11,10 +11,18 @@ from typing import Any
 
 from clients.client import BackendRow
 
-BACKEND_COLUMNS = ("id", "model", "kind", "role", "state", "in_flight", "since", "reason", "url")
+BACKEND_COLUMNS = ("id", "model", "kind", "role", "state", "in_flight", "engine", "since",
+                   "reason", "url")  # fmt: skip
 # Shown only when some backend sets them (most fleets run no output parsers), before the url.
 PARSER_COLUMNS = ("reasoning_parser", "tool_parser")
 _URL = BACKEND_COLUMNS.index("url")
+KV_COLUMN = "kv"  # shown when some backend has KV events configured: "live (120 blocks)"
+
+
+def _kv(r: BackendRow) -> str:
+    if r.kv_index == "off":
+        return "off"
+    return f"{r.kv_index} ({r.kv_blocks} blocks)" if r.kv_index == "live" else r.kv_index
 
 
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
@@ -32,10 +40,12 @@ def backends(rows: Sequence[BackendRow]) -> str:
         return "no backends registered (add one with `baton backends add`)"
     # A migrating drain shows in the state column: it is what the operator must wait on.
     parsers = [c for c in PARSER_COLUMNS if any(getattr(r, c) for r in rows)]
+    kv = [KV_COLUMN] if any(r.kv_index != "off" for r in rows) else []
     return table(
-        [{**asdict(r), "state": f"{r.state} (migrate)" if r.migrating else r.state} for r in rows],
-        (*BACKEND_COLUMNS[:_URL], *parsers, *BACKEND_COLUMNS[_URL:]),
-    )
+        [{**asdict(r), "state": f"{r.state} (migrate)" if r.migrating else r.state,
+          KV_COLUMN: _kv(r)} for r in rows],
+        (*BACKEND_COLUMNS[:_URL], *parsers, *kv, *BACKEND_COLUMNS[_URL:]),
+    )  # fmt: skip
 
 
 def status(s: Mapping[str, Any]) -> str:

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from baton.model import Backend, BackendId, BackendKind, Role
 from control.exceptions import ConfigError
 from control.health import HealthPolicy
-from control.policy import DEFAULT_POLICY, POLICIES
+from control.policy import DEFAULT_POLICY, KV_DEFAULT_POLICY, POLICIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +20,15 @@ class ProbeSettings:
     interval: float = 2.0
     timeout: float = 1.0
     jitter: float = 0.2  # fraction of the interval, so probes of many backends don't align
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSettings:
+    """Reading each engine's own load gauges (engineload.py); interval 0 turns it off."""
+
+    interval: float = 1.0
+    timeout: float = 1.0
+    stale_after: float = 3.0  # seconds; an older reading is not used for routing
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +50,28 @@ class AuditSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class KvSettings:
+    capacity: int = 1_000_000  # blocks indexed per backend (the oldest stored go beyond)
+    replay_timeout: float = 2.0  # seconds to wait for an engine's replay of missed batches
+    # ZMTP heartbeats on each subscription: a peer that answers none for `heartbeat_timeout`
+    # seconds is disconnected (a crashed host sends no FIN; an idle engine sends no events).
+    heartbeat: float = 1.0
+    heartbeat_timeout: float = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class KvSource:
+    """A backend's KV-cache events (vLLM --kv-events-config binds both; control connects):
+    the PUB `endpoint`, and the ROUTER `replay` one ("" = none: a gap loses the index). Tied
+    to the config file's url, so a backend re-added at run time elsewhere is not mixed up."""
+
+    backend_id: BackendId
+    url: str
+    endpoint: str
+    replay: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class PairSpec:
     """A pair to bind once both backends have told control their facts (never from here)."""
 
@@ -58,6 +89,37 @@ class Config:
     affinity: AffinitySettings = field(default_factory=AffinitySettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
     pairs: tuple[PairSpec, ...] = ()
+    load: LoadSettings = field(default_factory=LoadSettings)
+    kv_sources: tuple[KvSource, ...] = ()
+    kv: KvSettings = field(default_factory=KvSettings)
+
+
+def validate_zmq(endpoint: Any, where: str) -> str:
+    """`tcp://HOST:PORT` (HOST a name or address control connects to, not a wildcard) or
+    `ipc://PATH` (an engine on this machine)."""
+    if isinstance(endpoint, str) and endpoint.startswith("ipc://") and len(endpoint) > 6:
+        return endpoint
+    parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
+    try:
+        port = parts.port if parts is not None else None
+    except ValueError:
+        port = None
+    if (parts is None or parts.scheme != "tcp" or not parts.hostname or parts.hostname == "*"
+            or not port or parts.path or parts.username):  # fmt: skip
+        raise ConfigError(f"{where} must be tcp://HOST:PORT (the engine's address; control "
+                          f"connects) or ipc://PATH, got {endpoint!r}")  # fmt: skip
+    return str(endpoint)
+
+
+def kv_source(raw: dict[str, Any], backend: Backend, where: str) -> KvSource | None:
+    endpoint, replay = raw.get("kv_events"), raw.get("kv_events_replay", "")
+    if endpoint is None:
+        if replay:
+            raise ConfigError(f"{where}: kv_events_replay needs kv_events")
+        return None
+    replay = validate_zmq(replay, f"{where}.kv_events_replay") if replay else ""
+    return KvSource(backend.id, backend.url, validate_zmq(endpoint, f"{where}.kv_events"),
+                    replay)  # fmt: skip
 
 
 def pair_spec(raw: Any, where: str) -> PairSpec:
@@ -143,16 +205,18 @@ _PARSER_NAME = re.compile(r"[a-z0-9_-]*")
 _PARSER_EXAMPLE = {"reasoning_parser": "deepseek_r1", "tool_parser": "hermes"}
 
 
+_KV_KEYS = frozenset({"kv_events", "kv_events_replay"})
 _BACKEND_KEYS = frozenset(
-    {"id", "url", "model", "kind", "role", "api_key_env", "reasoning_parser", "tool_parser"}
-)
+    {"id", "url", "model", "kind", "role", "api_key_env", "reasoning_parser", "tool_parser",
+     *_KV_KEYS}
+)  # fmt: skip
 
 
 def parse(data: dict[str, Any]) -> Config:
     routing = data.get("routing", DEFAULT_POLICY)
     if routing not in POLICIES:
         raise ConfigError(f"routing must be one of {', '.join(sorted(POLICIES))}, got {routing!r}")
-    backends = []
+    backends, sources = [], []
     for i, raw in enumerate(data.get("backends", [])):
         if not isinstance(raw, dict):
             raise ConfigError(f"backends[{i}] must be a table")
@@ -162,7 +226,9 @@ def parse(data: dict[str, Any]) -> Config:
         missing = {"id", "url", "model"} - set(raw)
         if missing:
             raise ConfigError(f"backends[{i}]: missing {sorted(missing)}")
-        backends.append(make_backend(**raw))
+        backends.append(make_backend(**{k: v for k, v in raw.items() if k not in _KV_KEYS}))
+        if (source := kv_source(raw, backends[-1], f"backends[{i}]")) is not None:
+            sources.append(source)
     ids = [b.id for b in backends]
     if len(ids) != len(set(ids)):
         raise ConfigError("backend ids must be unique")
@@ -171,7 +237,13 @@ def parse(data: dict[str, Any]) -> Config:
     affinity = AffinitySettings(**_table(data, "affinity", AffinitySettings))
     audit = AuditSettings(**_table(data, "audit", AuditSettings))
     pairs = tuple(pair_spec(raw, f"pairs[{i}]") for i, raw in enumerate(data.get("pairs", [])))
-    return Config(tuple(backends), routing, probes, health, affinity, audit, pairs)
+    load = LoadSettings(**_table(data, "load", LoadSettings))
+    kv = KvSettings(**_table(data, "kv", KvSettings))
+    if "routing" not in data and sources:
+        # The engines say what they hold: predict from it. `adaptive` stays selectable.
+        routing = KV_DEFAULT_POLICY
+    return Config(tuple(backends), routing, probes, health, affinity, audit, pairs, load,
+                  tuple(sources), kv)  # fmt: skip
 
 
 def with_routing(cfg: Config, routing: str) -> Config:

@@ -26,6 +26,7 @@ class EventKind(StrEnum):
     HEALTH = "health"
     ADMIN = "admin"
     PAIR = "pair"
+    KV = "kv"  # a backend's KV-cache index changed state (control/kvindex.py)
 
 
 class Event(NamedTuple):
@@ -69,8 +70,9 @@ class EventQuery:
 
 
 # A routing decision as stored: (seq, time, request_id, backend_id, *ROUTE_FIELDS).
-RouteRow = tuple[int, float, str, str, str, str, str, int, int]
-ROUTE_FIELDS = ("reason", "policy", "model", "pin_depth", "snapshot")
+RouteRow = tuple[int, float, str, str, str, str, str, int, int, str]
+# `detail`: why, in the policy's words (ttft: the estimate and the runner-up); often "".
+ROUTE_FIELDS = ("reason", "policy", "model", "pin_depth", "snapshot", "detail")
 ROUTE_COLUMNS = ("seq", "time", "request_id", "backend_id", *ROUTE_FIELDS)
 Entry = Event | RouteRow  # what the ring and the durable sink hold
 
@@ -139,11 +141,12 @@ class EventLog:
         model: str,
         pin_depth: int,
         snapshot: int,
+        detail: str = "",
     ) -> None:
         """A routing decision (see the module doc for why it is a row)."""
         self._seq += 1
         row = (self._seq, self._clock(), request_id, backend_id, reason, policy, model,
-               pin_depth, snapshot)  # fmt: skip
+               pin_depth, snapshot, detail)  # fmt: skip
         self._events.append(row)
         if self._sink is not None:
             self._sink(row)

@@ -4,14 +4,16 @@ registry when scraped, so the routing path only counts."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from baton.model import HealthState
+from baton.model import HealthState, Snapshot
+from control.kvindex import KvState
 from control.pairflow import PairFlow
 from control.registry import Registry
 
@@ -20,11 +22,39 @@ ROUTE_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3
 
 
 class FleetCollector(Collector):
-    def __init__(self, registry: Registry, pairs: PairFlow) -> None:
+    def __init__(
+        self, registry: Registry, pairs: PairFlow, now: Callable[[], float] = time.time
+    ) -> None:
         self._registry = registry
         self._pairs = pairs
+        self._now = now  # the clock the readings are stamped with
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def _engine_load(self, snap: Snapshot) -> Iterator[GaugeMetricFamily]:
+        """Each engine's own gauges at control's last reading (engineload.py)."""
+        fams = {
+            "running": GaugeMetricFamily("baton_engine_requests_running",
+                                         "The engine's own running requests.", labels=["backend"]),
+            "waiting": GaugeMetricFamily("baton_engine_requests_waiting",
+                                         "The engine's own waiting requests.", labels=["backend"]),
+            "kv": GaugeMetricFamily("baton_engine_kv_cache_usage",
+                                    "The engine's KV cache use (0..1).", labels=["backend"]),
+            "age": GaugeMetricFamily("baton_engine_reading_age_seconds",
+                                     "Age of the last reading of the engine's gauges.",
+                                     labels=["backend"]),
+        }  # fmt: skip
+        now = self._now()
+        for b in snap.backends:
+            reading = self._registry.engine_load(b.backend.id)
+            if reading is None:
+                continue
+            fams["running"].add_metric([b.backend.id], reading.running)
+            fams["waiting"].add_metric([b.backend.id], reading.waiting)
+            if reading.kv_usage is not None:
+                fams["kv"].add_metric([b.backend.id], reading.kv_usage)
+            fams["age"].add_metric([b.backend.id], max(now - reading.read_at, 0.0))
+        yield from fams.values()
+
+    def collect(self) -> Iterator[Metric]:
         snap = self._registry.snapshot
         states = Tally(b.health.state for b in snap.backends)
         backends = GaugeMetricFamily(
@@ -41,6 +71,7 @@ class FleetCollector(Collector):
         pins.add_metric(["prefix"], len(self._registry.pins))
         pins.add_metric(["response"], self._registry.owner_count)
         yield pins
+        yield from self._engine_load(snap)
         yield GaugeMetricFamily(
             "baton_requests_in_flight",
             "Requests routed and not yet finished, over all shims.",
@@ -69,10 +100,40 @@ class FleetCollector(Collector):
                 recent.add_metric(values, p.recent)
         yield baseline
         yield recent
+        yield from self._kv()
+
+    def _kv(self) -> Iterator[Metric]:
+        """Each backend's KV-cache index: its state (1 on the current one; `off` without
+        kv_events), the blocks it holds, and the engine events applied to it."""
+        kv = self._registry.kv_status()
+        state = GaugeMetricFamily("baton_kv_index_state", "KV-cache index state per backend.",
+                                  labels=["backend", "state"])  # fmt: skip
+        blocks = GaugeMetricFamily(
+            "baton_kv_blocks", "Prefix blocks each backend's engine holds, as its index knows.",
+            labels=["backend"],
+        )
+        events = CounterMetricFamily(
+            "baton_kv_events", "KV-cache events applied to the index (stored, removed, cleared).",
+            labels=["backend", "event"],
+        )
+        for b in self._registry.backends:
+            s = kv.get(b.id)
+            current = s.state if s is not None else KvState.OFF
+            for st in KvState:
+                state.add_metric([b.id, st.value], 1.0 if st is current else 0.0)
+            if s is not None:
+                blocks.add_metric([b.id], s.blocks)
+                for name in ("stored", "removed", "cleared"):
+                    events.add_metric([b.id, name], s.events.get(name, 0))
+        yield state
+        yield blocks
+        yield events
 
 
 class ControlMetrics:
-    def __init__(self, registry: Registry, pairs: PairFlow) -> None:
+    def __init__(
+        self, registry: Registry, pairs: PairFlow, now: Callable[[], float] = time.time
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.routes = Counter(
@@ -105,4 +166,4 @@ class ControlMetrics:
             ["verdict"],
             registry=r,
         )
-        r.register(FleetCollector(registry, pairs))
+        r.register(FleetCollector(registry, pairs, now))

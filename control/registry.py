@@ -1,6 +1,8 @@
 """The single owner of fleet state: backends, their health and drains, the facts read from
-them, in-flight load and prefix pins. Every mutation goes through here and publishes a new,
-immutable, versioned Snapshot to subscribers; readers never see half-applied state.
+them, in-flight load, prefix pins and the KV index (the blocks each engine holds). Every
+mutation goes through here and publishes a new, immutable, versioned Snapshot to subscribers;
+readers never see half-applied state (the KV index changes too often to be in snapshots: it
+is read through `cached_blocks`).
 
 Speculative pairs are control/pairflow.py's: it asks the registry through the few narrow
 methods below (`find`, `routable`, `facts`, `set_facts`, `on_remove`) and owns its PairTable."""
@@ -12,13 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
-from baton.model import Backend, BackendId, BackendStatus, Snapshot
+from baton.model import Backend, BackendId, BackendStatus, PrefixBlocks, RequestShape, Snapshot
 from control import health
 from control.affinity import PinMatch, PinTable, PinView
+from control.chainblocks import ChainBlocks
+from control.engineload import EngineLoad, LoadView, Readings
 from control.events import EventKind, EventLog
 from control.exceptions import BackendExists, BackendNotFound
 from control.facts import Facts
 from control.health import HealthPolicy, HealthRecord
+from control.kvindex import Fed, KvEvent, KvIndex, KvStatus
 from control.load import Load
 from control.owners import Owned, OwnerTable
 
@@ -37,7 +42,9 @@ class Registry:
         events: EventLog | None = None,
         pins: PinTable | None = None,
         owners: OwnerTable | None = None,
+        sessions: PinTable | None = None,
         drained: Mapping[str, bool] | None = None,
+        kv_capacity: int = 1_000_000,
     ) -> None:
         """`drained`: backends drained before a restart (id -> migrate), restored as they
         were, with no new audit event: nobody drained them just now."""
@@ -51,10 +58,16 @@ class Registry:
         self._load = Load()
         self._pins = pins if pins is not None else PinTable()
         self._owners = owners if owners is not None else OwnerTable()
+        # Explicit sessions (a request's session_id): pins keyed by the session, not a prefix.
+        self._sessions = sessions if sessions is not None else PinTable()
+        # Each engine's own load (engineload.py), and Baton's routes to it since that reading.
+        self._readings = Readings()
+        self._chains = ChainBlocks()  # which blocks each message prefix implies
         # Facts read from each backend (GET /server_info); absent until read.
         self._facts: dict[BackendId, Facts] = {}
         self._facts_view: Mapping[BackendId, Facts] = MappingProxyType(self._facts)
         self._model_len: dict[BackendId, int] = {}  # from each engine's /v1/models
+        self._kv = KvIndex(kv_capacity, on_change=self._kv_changed)  # blocks per backend
         now = clock()
         for b in backends:
             if b.id in self._backends:
@@ -136,6 +149,7 @@ class Registry:
         del self._health[bid]
         self._migrating.discard(bid)
         self._facts.pop(bid, None)
+        self._kv.forget(bid)
         for hook in list(self._removed):
             hook(bid)
         # Its pins stay until used (then re-pinned, visibly, as `repin`) or expired.
@@ -221,6 +235,35 @@ class Registry:
 
     def acquire(self, request_id: str, backend_id: BackendId, now: float) -> None:
         self._load.acquire(request_id, backend_id, now)
+        self._readings.routed(backend_id)
+
+    # -- the engines' own load (engineload.py) ---------------------------------------------
+
+    def set_engine_load(self, backend_id: str, load: EngineLoad | None) -> None:
+        """A reading of the engine's gauges (None: it could not be read)."""
+        if backend_id in self._backends:
+            self._readings.read(BackendId(backend_id), load)
+
+    def load_views(self, now: float, stale_after: float) -> dict[BackendId, LoadView]:
+        return self._readings.views(self._backends, self._load.counts(), now, stale_after)
+
+    def cached_tokens(self, shape: RequestShape) -> tuple[dict[BackendId, int], int | None]:
+        """Prompt tokens of `shape` each backend holds in its KV cache by its own events (only
+        backends whose event stream is live), and the prompt's length when known exactly."""
+        found = self._chains.longest(shape.prefix_chain)
+        if found is None:
+            return {}, None
+        i, implied = found
+        held = self._kv.cached(implied.keys, implied.block_size)
+        exact = implied.tokens if i == len(shape.prefix_chain) - 1 and implied.tokens else None
+        return {b: n * implied.block_size for b, n in held.items()}, exact
+
+    def learn_blocks(self, blocks: PrefixBlocks, reply_chain_hash: bytes, tokens: int) -> None:
+        self._chains.learn(blocks, reply_chain_hash, tokens)
+
+    def engine_load(self, backend_id: str) -> EngineLoad | None:
+        """The last reading, fresh or not (for `baton backends list` and /metrics)."""
+        return self._readings.last(BackendId(backend_id))
 
     def release(self, request_id: str) -> BackendId | None:
         return self._load.release(request_id)
@@ -254,6 +297,18 @@ class Registry:
     def expire_pins(self, now: float) -> int:
         return self._pins.expire(now)
 
+    # -- sessions: a client's explicit conversation key -------------------------------------
+
+    @property
+    def sessions(self) -> PinView:
+        return self._sessions
+
+    def session_pin(self, session: str, now: float) -> PinMatch | None:
+        return self._sessions.longest((session.encode(),), now)
+
+    def pin_session(self, session: str, backend_id: BackendId, now: float) -> None:
+        self._sessions.pin(session.encode(), backend_id, 0, now)
+
     # -- ownership: which backend holds a stored response (owners.py) ----------------------
 
     @property
@@ -273,6 +328,50 @@ class Registry:
     def owner_of(self, key: str, now: float) -> Owned | None:
         return self._owners.owner(key, now)
 
+    # -- KV index: the prefix blocks each engine really holds (kvindex.py) -----------------
+
+    # What kvevents.py's subscribers see of each stream (kv_watch: registered backends only).
+    def kv_watch(self, backend_id: BackendId) -> None:
+        if backend_id in self._backends:
+            self._kv.watch(backend_id, self._clock())
+
+    def kv_forget(self, backend_id: BackendId) -> None:
+        self._kv.forget(backend_id)
+
+    def kv_connected(self, backend_id: BackendId) -> None:
+        self._kv.connected(backend_id, self._clock())
+
+    def kv_lost(self, backend_id: BackendId, reason: str) -> None:
+        self._kv.lost(backend_id, reason, self._clock())
+
+    def kv_feed(self, backend_id: BackendId, seq: int, events: Sequence[KvEvent]) -> Fed:
+        before = self._kv.status(backend_id)
+        fed = self._kv.feed(backend_id, seq, events, self._clock())
+        after = self._kv.status(backend_id)
+        if after is not None and after.block_size != (before.block_size if before else 0):
+            self._publish()  # shims report blocks in the engine's size: they must learn it
+        return fed
+
+    def kv_begin_replay(self, backend_id: BackendId, seq: int) -> None:
+        self._kv.begin_replay(backend_id, seq, self._clock())
+
+    def kv_end_replay(self, backend_id: BackendId, reached: int) -> bool:
+        return self._kv.end_replay(backend_id, reached, self._clock())
+
+    def kv_status(self) -> Mapping[BackendId, KvStatus]:  # a backend absent here is `off`
+        return self._kv.statuses()
+
+    def cached_blocks(self, keys: Sequence[int], block_size: int) -> Mapping[BackendId, int]:
+        """How many of a prefix's leading blocks (baton.blocks keys of `block_size`-token
+        blocks) each backend's engine holds. Only backends whose index is live answer: a
+        backend absent here is unknown, never 0 (a dead index is never trusted)."""
+        return self._kv.cached(keys, block_size)
+
+    def _kv_changed(self, bid: BackendId, before: KvStatus, after: KvStatus) -> None:
+        self._events.record(EventKind.KV, backend_id=bid, state=after.state.value,
+                            previous=before.state.value, reason=after.reason,
+                            blocks_before=before.blocks)  # fmt: skip
+
     # -- internals -----------------------------------------------------------------------
 
     def _known(self, backend_id: str) -> BackendId:
@@ -282,8 +381,9 @@ class Registry:
         return bid
 
     def _status(self, bid: BackendId) -> BackendStatus:
+        kv = self._kv.status(bid)
         return BackendStatus(self._backends[bid], self._health[bid].health, bid in self._migrating,
-                             self._model_len.get(bid, 0))  # fmt: skip
+                             self._model_len.get(bid, 0), kv.block_size if kv else 0)  # fmt: skip
 
     def _update(
         self, backend_id: str, step: Callable[[HealthRecord, float], HealthRecord]

@@ -11,12 +11,23 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from random import Random
 
-from baton.model import BackendId, Decision, HealthState, Reason, RouteRequest, SpecStats
+from baton.model import (
+    BackendId,
+    Decision,
+    HealthState,
+    PrefixBlocks,
+    Reason,
+    RouteRequest,
+    SpecStats,
+)
 from baton.spread import prefer
 from control.affinity import PinMatch
 from control.events import EventKind
 from control.pairflow import PairFlow
 from control.policy import Policy, RoutingView
+from control.policy.base import Prediction
+from control.policy.ttft import estimate
+from control.prefill import Predicted, PrefillRates
 from control.registry import Registry
 
 # The failure class a shim reports when it moves a stream off a backend drained with --migrate.
@@ -34,6 +45,9 @@ class Outcome:
     reply_chain_hash: bytes = b""
     message_count: int = 0
     spec: SpecStats | None = None
+    ttft_ms: float = 0.0
+    blocks: PrefixBlocks | None = None
+    prompt_tokens: int = 0
 
 
 class Router:
@@ -46,6 +60,7 @@ class Router:
         clock: Callable[[], float],
         route_events: bool = True,
         pairs: PairFlow | None = None,
+        stale_after: float = 3.0,
     ) -> None:
         """`pairs`: the control plane's one pair flow over `registry`; a router of its own
         (tests, benchmarks) gets a fresh one."""
@@ -56,6 +71,12 @@ class Router:
         self.policy = policy
         self._rng = rng
         self._clock = clock
+        self._stale_after = stale_after  # an engine's load reading older than this is unused
+        self.prefill = PrefillRates()
+
+    def now(self) -> float:
+        """Control's clock, the one readings and pins are aged by."""
+        return self._clock()
 
     def route(
         self,
@@ -68,9 +89,11 @@ class Router:
         reg = self.registry
         if request.shape.owner_key:
             return self._to_owner(request, now)
-        chain = request.shape.prefix_chain
-        match = reg.longest_pin(chain, now) if chain else None
-        view = RoutingView(reg.snapshot, reg.in_flight(), match)
+        shape = request.shape
+        chain = shape.prefix_chain
+        match = self._pin(request, now)
+        predict = self._prediction(request, now) if self.policy.name == "ttft" else None
+        view = RoutingView(reg.snapshot, reg.in_flight(), match, predict)
         decision = prefer(self.policy.decide(request, view, rng=self._rng, now=now), preferred)
         if not decision.backends and decision.reason is Reason.NO_BACKEND:
             decision = self._panic(request, decision)
@@ -87,9 +110,34 @@ class Router:
                 reg.follow_pin(match, now)
             # Wherever it goes, that backend's cache now holds this prefix.
             reg.pin_chain(chain, primary, now)
+            if shape.session:
+                reg.pin_session(shape.session, primary, now)
+            if predict is not None:
+                _, uncached, queue = estimate(request, view, predict, primary)
+                self.prefill.predicted(request.request_id, Predicted(primary, uncached, queue))
         if self._route_events:
             self._audit(request, decision, match)
         return decision
+
+    def _pin(self, request: RouteRequest, now: float) -> PinMatch | None:
+        """The request's session pin (it covers the whole conversation), else its longest
+        pinned prefix."""
+        shape, reg = request.shape, self.registry
+        if shape.session:
+            match = reg.session_pin(shape.session, now)
+            if match is not None:
+                return PinMatch(match.pin, max(len(shape.prefix_chain) - 1, 0))
+        return reg.longest_pin(shape.prefix_chain, now) if shape.prefix_chain else None
+
+    def _prediction(self, request: RouteRequest, now: float) -> Prediction:
+        loads = self.registry.load_views(now, self._stale_after)
+        cached, prompt_tokens = self.registry.cached_tokens(request.shape)
+        return Prediction(
+            queue={bid: lv.queue() for bid, lv in loads.items()},
+            cached_tokens=cached,
+            rates={bid: self.prefill.rates(bid) for bid in loads},
+            prompt_tokens=prompt_tokens,
+        )
 
     def _to_owner(self, request: RouteRequest, now: float) -> Decision:
         """A follow-up of a stored object goes to the backend that holds it, or nowhere:
@@ -153,6 +201,7 @@ class Router:
             request.shape.model,
             match.index + 1 if match else 0,
             decision.snapshot_version,
+            decision.detail,
         )
 
     def attempt_failed(self, request_id: str, backend_id: str, failure: str, detail: str) -> None:
@@ -203,6 +252,12 @@ class Router:
         now = self._clock()
         for outcome in outcomes:
             self.registry.release(outcome.request_id)
+            if outcome.ok and outcome.ttft_ms > 0:
+                self.prefill.observed(outcome.request_id, outcome.backend_id, outcome.ttft_ms)
+            if outcome.ok and outcome.blocks is not None:
+                self.registry.learn_blocks(
+                    outcome.blocks, outcome.reply_chain_hash, outcome.prompt_tokens
+                )
             if (s := outcome.spec) is not None:
                 flags = [n for n, bad in (("repeated n-gram loop", s.repeated_ngram),
                                           ("schema violation", s.schema_violation)) if bad]

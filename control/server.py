@@ -27,6 +27,8 @@ from control.exceptions import RegistryError
 from control.facts import Facts
 from control.facts_fetch import fetch_facts
 from control.fleetdb import Configured, FleetDB, configured, fleet, shadowed
+from control.kvevents import KvSubscribers
+from control.loadpoller import run_load_poller
 from control.metrics import ControlMetrics
 from control.owners import OwnerTable
 from control.pairflow import PairFlow
@@ -82,6 +84,7 @@ class ControlPlane:
         rng = random.Random(seed)
         # The audit log survives restarts when there is a data dir to keep it in.
         self._event_file = EventFile(data_dir / "events.jsonl") if data_dir else None
+        self._clock = clock
         events = _event_log(self._event_file, clock)
         # What operators changed at run time (backends, drains, pairs) survives a restart.
         self._db = FleetDB(data_dir / "fleet.db") if data_dir and keep_fleet else None
@@ -95,7 +98,10 @@ class ControlPlane:
             events=events,
             pins=PinTable(config.affinity.pin_capacity, config.affinity.pin_ttl),
             owners=OwnerTable(config.affinity.owner_capacity, config.affinity.owner_ttl),
+            kv_capacity=config.kv.capacity,
         )
+        # Each engine's KV-cache events, for backends configured with `kv_events`.
+        self.kv = KvSubscribers(self.registry, config.kv_sources, config.kv)
         # The one pair flow over the registry: router, services, metrics and _save share it.
         self.pairs = PairFlow(self.registry)
         guard = SpillGuard(config.affinity.spill_factor, config.affinity.spill_slack)
@@ -106,6 +112,7 @@ class ControlPlane:
             clock=clock,
             route_events=config.audit.route_events,
             pairs=self.pairs,
+            stale_after=config.load.stale_after,
         )
         self._config = config
         # Configured and previously bound pairs, bound as soon as both sides' facts are read.
@@ -116,7 +123,7 @@ class ControlPlane:
         self.server = grpc.aio.server(interceptors=auth.interceptors(admin_token, shim_token))
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
-        self.metrics = ControlMetrics(self.registry, self.pairs)
+        self.metrics = ControlMetrics(self.registry, self.pairs, clock)
         self.tracing = tracing_from_env("baton-control")
         self._metrics_listen = metrics_listen
         self._metrics_runner: web.AppRunner | None = None
@@ -161,6 +168,10 @@ class ControlPlane:
                 run_prober(self.registry, self._config.probes, self._rng, self._http)
             )
         )
+        if self._config.load.interval > 0:
+            poll = run_load_poller(self.registry, self._config.load, self._http, self._clock)
+            self._tasks.append(asyncio.create_task(poll))
+        self.kv.start()
         self._tasks.append(asyncio.create_task(self._expire_load()))
         self._tasks.append(asyncio.create_task(self._flush_events()))
         if self._pending_pairs:
@@ -244,6 +255,7 @@ class ControlPlane:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.kv.stop()
         await self.server.stop(grace)
         if self._http is not None:
             await self._http.close()

@@ -112,8 +112,8 @@ def _parse(line: bytes) -> list[Entry]:
     try:
         raw: dict[str, Any] = orjson.loads(line)
         if "rows" in raw:
-            if tuple(raw["columns"]) != ROUTE_COLUMNS:
-                return []  # a layout this version doesn't know
+            if tuple(raw["columns"]) not in (ROUTE_COLUMNS, ROUTE_COLUMNS[:-1]):
+                return []  # a layout this version doesn't know (the shorter: before `detail`)
             return [_row(r) for r in raw["rows"]]
         data = {k: v for k, v in raw.items() if k not in _HEADER}
         return [
@@ -131,6 +131,6 @@ def _parse(line: bytes) -> list[Entry]:
 
 
 def _row(r: list[Any]) -> RouteRow:
-    seq, time, rid, bid, reason, policy, model, depth, snap = r
+    seq, time, rid, bid, reason, policy, model, depth, snap, *rest = r
     return (int(seq), float(time), str(rid), str(bid), str(reason), str(policy), str(model),
-            int(depth), int(snap))  # fmt: skip
+            int(depth), int(snap), str(rest[0]) if rest else "")  # fmt: skip

@@ -21,7 +21,7 @@ from dataplane.proxy import Exchange, Proxy
 from dataplane.responses.owners import OWNER_REASONS, refused
 from dataplane.responses.serve import as_chat_exchange
 from dataplane.responses.stored import StoredResponses
-from dataplane.shape import shape_of
+from dataplane.shape import SESSION_HEADER, session_of, shape_of, with_session
 from dataplane.validate import ClientRequest, Endpoint, parse_request
 
 ORACLE = web.AppKey("oracle", Routing)
@@ -84,7 +84,7 @@ async def _route_and_serve(
 ) -> web.StreamResponse:
     app = request.app
     try:
-        ex = _exchange(client, raw)
+        ex = _exchange(client, raw, session_of(client, request.headers.get(SESSION_HEADER)))
         started = time.perf_counter()
         tracing = app[TRACING]
         try:
@@ -113,13 +113,13 @@ async def _route_and_serve(
         return error_response(err)
 
 
-def _exchange(client: ClientRequest, raw: bytes) -> Exchange:
+def _exchange(client: ClientRequest, raw: bytes, session: str) -> Exchange:
     rid = uuid.uuid4().hex
     served = as_chat_exchange(client)
     if served is None:
-        return Exchange(rid, client, raw, shape_of(client))
+        return Exchange(rid, client, raw, with_session(shape_of(client), session))
     chat, chat_raw, events = served
-    return Exchange(rid, chat, chat_raw, shape_of(chat), responses=events)
+    return Exchange(rid, chat, chat_raw, with_session(shape_of(chat), session), responses=events)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

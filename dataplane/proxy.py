@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
-from baton.model import Backend, Decision, RequestOutcome, RequestShape
+from baton.model import Backend, Decision, PrefixBlocks, RequestOutcome, RequestShape
 from baton.tracing import Tracing
 from dataplane import genai
 from dataplane.answers import check_answer
@@ -22,6 +22,7 @@ from dataplane.exceptions import AttemptFailed, ControlUnavailable
 from dataplane.failover import Failure, classify_status
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import Outcomes, Ownership
+from dataplane.prefixblocks import prefix_blocks
 from dataplane.responses.events import ResponseEvents
 from dataplane.responses.passthrough import ResponsesRelay
 from dataplane.responses.request import stored
@@ -221,12 +222,18 @@ class Proxy:
                 ex.first_byte = relay.first_byte
             st = relay.stitcher
             reply = st.choices[0].reply if complete and st.choices else None
+            served = relay.served_by or backend
+            first_choice = st.choices.get(0)
+            status = self._oracle.fleet.snapshot.get(served.id)
+            size = status.kv_block_size if status is not None else 0
+            blocks = prefix_blocks(ex.shape, size, first_choice) if complete else None
+            prompt_tokens = len(first_choice.prompt_ids or ()) if first_choice else 0
             if self._tracing.enabled:
                 finishes = [c.finish_reason for c in st.choices.values()]
                 attrs = genai.result_attributes(st.ident.id, st.ident.model, finishes,
                                                 *st.token_counts())  # fmt: skip
                 self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
-            self._finished(ex, relay.served_by or backend, 200 if complete else 502, reply)
+            self._finished(ex, served, 200 if complete else 502, reply, blocks, prompt_tokens)
             await resp.write_eof()
             finished = relay.finished_upstreams()
             self._settle(finished)
@@ -285,7 +292,13 @@ class Proxy:
         task.add_done_callback(self._background.discard)
 
     def _finished(
-        self, ex: Exchange, backend: Backend, status: int, reply: str | None = None
+        self,
+        ex: Exchange,
+        backend: Backend,
+        status: int,
+        reply: str | None = None,
+        blocks: PrefixBlocks | None = None,
+        prompt_tokens: int = 0,
     ) -> None:
         now = time.monotonic()
         first = ex.first_byte or now
@@ -303,6 +316,8 @@ class Proxy:
                 total_ms=(now - ex.started) * 1000,
                 reply_chain_hash=reply_hash(ex.shape.prefix_chain, reply or "") if pin else b"",
                 message_count=ex.shape.message_count,
+                prompt_tokens=prompt_tokens,
+                blocks=blocks,
             )
         )
 

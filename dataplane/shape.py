@@ -8,6 +8,7 @@ exactly when their first i messages are identical, which is what prefix affinity
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -71,33 +72,19 @@ def shape_of(req: ClientRequest, key: bytes = DEFAULT_KEY) -> RequestShape:
     if not req.endpoint.generates:
         # A one-shot call: nothing to pin, so no prefix to hash (control spreads it).
         return RequestShape(model=req.model, greedy=False, sets_temperature=False)
-    if req.endpoint is Endpoint.RESPONSES:
-        # Its messages hash as a chat request's do: the same prefix warms the same cache.
-        # Input that is not plain messages (tool outputs, images) hashes item by item.
-        messages = messages_of(body) or list(body["input"])
-        turns = tuple(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
-        chars = sum(_chars(m.get("content")) for m in messages if isinstance(m, dict))
-        return RequestShape(
-            model=req.model,
-            message_count=len(messages),
-            prefix_chain=prefix_chain(messages, key),
-            assistant_turns=turns,
-            prompt_chars=chars,
-            greedy=req.greedy,
-            stream=req.stream,
-            sets_temperature=sets_temperature(req),
-            owner_key=body.get("previous_response_id") or "",
-        )
-    if req.endpoint is Endpoint.CHAT:
-        messages = body["messages"]
-        turns = tuple(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
-        chars = sum(_chars(m.get("content")) for m in messages if isinstance(m, dict))
-    else:
+    if req.endpoint is Endpoint.COMPLETIONS:
         # A completion prompt is one "message" for affinity purposes.
-        messages = [body["prompt"]]
-        turns = (False,)
         prompt = body["prompt"]
+        messages: list[Any] = [prompt]
+        turns: tuple[bool, ...] = (False,)
         chars = len(prompt) if isinstance(prompt, str | list) else 0
+    else:
+        # A Responses request's messages hash as a chat request's do: the same prefix warms
+        # the same cache (input that is not plain messages hashes item by item).
+        chat = req.endpoint is Endpoint.CHAT
+        messages = body["messages"] if chat else messages_of(body) or list(body["input"])
+        turns = tuple(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+        chars = sum(_chars(m.get("content")) for m in messages if isinstance(m, dict))
     return RequestShape(
         model=req.model,
         message_count=len(messages),
@@ -108,4 +95,22 @@ def shape_of(req: ClientRequest, key: bytes = DEFAULT_KEY) -> RequestShape:
         stream=req.stream,
         spec_eligible=spec_eligible(req),
         sets_temperature=sets_temperature(req),
+        owner_key=body.get("previous_response_id") or "" if req.endpoint is Endpoint.RESPONSES
+        else "",
     )
+
+
+# A client's explicit conversation key: vLLM's `session_id` body field, or this header.
+SESSION_HEADER = "x-session-id"
+MAX_SESSION_CHARS = 256
+
+
+def session_of(req: ClientRequest, header: str | None) -> str:
+    """The request's session key ("" when it names none, or names one too long to be one)."""
+    value = req.body.get("session_id")
+    key = value if isinstance(value, str) and value else (header or "")
+    return key if len(key) <= MAX_SESSION_CHARS else ""
+
+
+def with_session(shape: RequestShape, session: str) -> RequestShape:
+    return replace(shape, session=session) if session else shape

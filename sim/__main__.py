@@ -2,7 +2,8 @@
 
 Prints exactly one line ``SIM READY http://HOST:PORT`` once the port is bound
 (``--listen 127.0.0.1:0`` reports the real port), then serves until SIGINT or
-SIGTERM and exits 0.
+SIGTERM and exits 0. With KV-cache events on, ``SIM KV_EVENTS <endpoint>`` (and
+``SIM KV_REPLAY <endpoint>``) come first, as bound; GET /kv_event_sources says the same.
 """
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import signal
 import sys
 
 from sim.costmodel import CostParams
 from sim.faults import FaultSpecError, parse_fault_spec
+from sim.kv_wire import DEFAULT_TOPIC, KvEventsConfig, kv_events_from_json
 from sim.model import MAX_THINK_TOKENS, ModelConfig
 from sim.protocol import Limits
 from sim.responses_store import DEFAULT_CAPACITY
-from sim.server import SimConfig, start_server
+from sim.server import STATE, SimConfig, start_server
 from sim.specdecode import SpecConfig
 from sim.tools import MAX_TOOL_CALL_AFTER
 
@@ -91,8 +94,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--decode-ms-per-step", type=float, default=5.0)
     c.add_argument("--batch-slowdown", type=float, default=0.02,
                    help="extra step time per additional concurrent sequence (0.02 = +2%%)")
-    c.add_argument("--cache-blocks", type=int, default=4096, help="prefix cache size (0 = off)")
-    c.add_argument("--block-size", type=int, default=16)
+    c.add_argument("--cache-blocks", "--kv-cache-blocks", dest="cache_blocks", type=int,
+                   default=4096, metavar="N",
+                   help="KV cache size in blocks, LRU-evicted prefix cache (0 = off)")
+    c.add_argument("--block-size", "--kv-block-size", dest="block_size", type=int, default=16,
+                   metavar="N", help="tokens per KV block")
     c.add_argument("--instant", action="store_true",
                    help="zero prefill and decode time (tests, router overhead benchmarks)")
     s = parser.add_argument_group("speculative decoding (counters only; output is unchanged)")
@@ -100,6 +106,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="pose as a target with a draft proposing K tokens per step (0 = off)")
     s.add_argument("--spec-acceptance", type=float, default=0.7,
                    help="chance each draft token is accepted")
+    k = parser.add_argument_group("KV-cache events (vLLM's --kv-events-config, publisher zmq)")
+    k.add_argument("--kv-events-endpoint", default="", metavar="ENDPOINT",
+                   help="publish on ZMQ: tcp://*:PORT, ipc://... are bound, tcp://HOST:PORT "
+                        "is connected to (the subscriber binds it); port 0 binds a free port")
+    k.add_argument("--kv-events-replay-endpoint", default=None, metavar="ENDPOINT",
+                   help="bound ROUTER socket serving missed batches by sequence number")
+    k.add_argument("--kv-events-topic", default=DEFAULT_TOPIC, metavar="TOPIC")
+    k.add_argument("--kv-events-config", default="", metavar="JSON",
+                   help="vLLM's own flag: {\"enable_kv_cache_events\": true, \"publisher\": "
+                        "\"zmq\", \"endpoint\": ..., \"replay_endpoint\": ..., \"topic\": ...}")
     f = parser.add_argument_group("faults")
     f.add_argument("--fault", default="", metavar="SPEC",
                    help="applied to every request, e.g. 'die-after=5'; "
@@ -155,6 +171,25 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         responses_store=args.responses_store,
         responses_delete=args.responses_delete,
         embedding_dim=args.embedding_dim,
+        kv_events=kv_events_from_args(args),
+    )
+
+
+def kv_events_from_args(args: argparse.Namespace) -> KvEventsConfig | None:
+    if args.kv_events_config:
+        try:
+            raw = json.loads(args.kv_events_config)
+            return kv_events_from_json(raw)
+        except (ValueError, TypeError) as e:
+            raise SystemExit(f"--kv-events-config: {e}") from None
+    if not args.kv_events_endpoint:
+        if args.kv_events_replay_endpoint:
+            raise SystemExit("--kv-events-replay-endpoint needs --kv-events-endpoint")
+        return None
+    return KvEventsConfig(
+        endpoint=args.kv_events_endpoint,
+        replay_endpoint=args.kv_events_replay_endpoint,
+        topic=args.kv_events_topic,
     )
 
 
@@ -197,6 +232,11 @@ async def serve(cfg: SimConfig, host: str, port: int, slow_start: float = 0.0) -
         if stop.is_set():
             return
     runner, bound_port = await start_server(cfg, host, port)
+    pub = runner.app[STATE].kv_events
+    if pub is not None:  # before READY, so a starter has them (clients.procs Part.announced)
+        print(f"SIM KV_EVENTS {pub.endpoint}", flush=True)
+        if pub.replay_endpoint is not None:
+            print(f"SIM KV_REPLAY {pub.replay_endpoint}", flush=True)
     print(f"SIM READY http://{_url_host(host)}:{bound_port}", flush=True)
     try:
         await stop.wait()

@@ -1,10 +1,10 @@
 """Where the simulated time goes (pure; the server does the sleeping).
 
-* Prefill: a cost per prompt token that is NOT in this replica's prefix cache.
-  The cache is an LRU of fixed-size token blocks keyed by the chain hash of
-  block contents (like vLLM's automatic prefix caching), so routing a
-  conversation back to the replica that served its prefix shows up as a lower
-  TTFT — exactly the effect routing policies are judged by.
+* Prefill: a cost per prompt token that is NOT in this replica's prefix cache
+  (sim.kvcache: fixed-size token blocks keyed by the chain hash of their
+  contents, like vLLM's automatic prefix caching), so routing a conversation
+  back to the replica that served its prefix shows up as a lower TTFT — exactly
+  the effect routing policies are judged by.
 * Decode: a cost per step that grows with the number of sequences decoding at
   once (batching is not free).
 
@@ -15,8 +15,6 @@ Every cost can be 0; then the server never sleeps.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -59,79 +57,3 @@ class PrefillQueue:
         start = max(now, self._free_at)
         self._free_at = start + seconds
         return self._free_at - now
-
-
-@dataclass(frozen=True, slots=True)
-class CacheLookup:
-    query_tokens: int  # prompt tokens looked up (vLLM's prefix_cache_queries)
-    hit_tokens: int  # leading tokens served from cache (prefix_cache_hits)
-
-    @property
-    def uncached_tokens(self) -> int:
-        return self.query_tokens - self.hit_tokens
-
-
-class PrefixCache:
-    """LRU of full token blocks keyed by chain hash; capacity in blocks (0 = off).
-
-    Mutable by design (it is the replica's KV cache); owned by one server.
-    """
-
-    __slots__ = ("_blocks", "_capacity", "_block_size")
-
-    def __init__(self, capacity_blocks: int, block_size: int) -> None:
-        if block_size <= 0:
-            raise ValueError("block_size must be positive")
-        self._blocks: OrderedDict[int, None] = OrderedDict()
-        self._capacity = max(0, capacity_blocks)
-        self._block_size = block_size
-
-    @property
-    def used_blocks(self) -> int:
-        return len(self._blocks)
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    def chain_hashes(self, ids: Sequence[int]) -> list[int]:
-        """h_i = H(h_{i-1}, block_i) over full blocks only (a partial block is never cached)."""
-        bs = self._block_size
-        out: list[int] = []
-        h = 0
-        for start in range(0, len(ids) - bs + 1, bs):
-            h = hash((h, tuple(ids[start : start + bs])))
-            out.append(h)
-        return out
-
-    def lookup(self, ids: Sequence[int]) -> CacheLookup:
-        """Count the cached leading tokens (read-only).
-
-        Like vLLM, at least the last prompt token is always computed, so a fully
-        cached prompt still reports one uncached token.
-        """
-        n = len(ids)
-        if self._capacity == 0 or n == 0:
-            return CacheLookup(n, 0)
-        blocks = self._blocks
-        hit_blocks = 0
-        for h in self.chain_hashes(ids):
-            if h not in blocks:
-                break
-            hit_blocks += 1
-        return CacheLookup(n, min(hit_blocks * self._block_size, n - 1))
-
-    def insert(self, ids: Sequence[int]) -> None:
-        """Admit/refresh every full block of ``ids`` (a prompt, or prompt + output)."""
-        if self._capacity == 0:
-            return
-        blocks = self._blocks
-        # Refresh tail-first so the head of a chain is the most recently used:
-        # eviction then drops suffixes before the prefixes they depend on.
-        for h in reversed(self.chain_hashes(ids)):
-            if h in blocks:
-                blocks.move_to_end(h)
-            else:
-                blocks[h] = None
-        while len(blocks) > self._capacity:
-            blocks.popitem(last=False)

@@ -97,7 +97,7 @@ class ResponsesRun(Run):
                     buf.extend(w.open_message(item))
                 parts.append(e.text)
                 buf.append(w.delta(item, e.text))
-            self._first_token()
+            self._stepped()
         text = "".join(parts)
         if parts:
             buf.extend(w.close_message(item, text))

@@ -29,6 +29,7 @@ from sim.scoring import prompt_logprobs
 from sim.tools import ToolCallPlan, ToolStream
 
 if TYPE_CHECKING:
+    from sim.kvcache import KvSeq
     from sim.server import SimState
 
 _FLUSH_EVERY = 64  # chunks buffered per write when nothing is paced
@@ -49,6 +50,7 @@ class Run:
         self.emitted = 0
         self.outcome = "abort"  # until proven otherwise: cancellation lands here
         self.cached_tokens = 0  # prompt tokens the prefix cache held (set by begin)
+        self._kv: list[KvSeq] = []  # each choice's KV blocks, from begin to end
         h = self.prompt_hash = state.model.start(req.prompt_ids)
         model, tool = state.model, req.tool
         self.seqs = [
@@ -85,8 +87,10 @@ class Run:
         m.running.set(st.running_requests)
         prompt = self.req.prompt_ids
         m.prompt_tokens.inc(len(prompt))
-        lookup = st.cache.lookup(prompt)
-        st.cache.insert(prompt)
+        # Each choice is a sequence with its own blocks (the prompt's are shared).
+        self._kv = [st.cache.open(prompt, s.token_ids) for s in self.seqs]
+        lookup = self._kv[0].lookup
+        self._kv_usage()
         m.cache_queries.inc(lookup.query_tokens)
         if lookup.hit_tokens:
             m.cache_hits.inc(lookup.hit_tokens)
@@ -111,12 +115,26 @@ class Run:
                 m.spec.add(specdecode.count(st.cfg.spec, generated, rng))
         m.success[self.outcome].inc()
         m.e2e.observe(time.perf_counter() - self.t0)
-        if st.cache.capacity:
-            if self.outcome in ("stop", "length"):
-                # vLLM keeps the blocks of the finished sequence: the next turn of a
-                # conversation can hit them (up to where retokenization differs).
-                st.cache.insert(self.req.prompt_ids + self.seqs[0].token_ids)
-            m.kv_usage.set(st.cache.used_blocks / st.cache.capacity)
+        # The blocks decoding filled stay cached (vLLM keeps them, whatever the outcome):
+        # the next turn of a conversation can hit them (up to where retokenization differs).
+        for kv in self._kv:
+            kv.close()
+        self._kv = []
+        self._kv_usage()
+
+    def _kv_usage(self) -> None:
+        cache = self.state.cache
+        if cache.capacity:
+            self.state.metrics.kv_usage.set(cache.usage)
+
+    def _stepped(self) -> None:
+        """After each decode step: the first token's timing, and the blocks it filled."""
+        self._first_token()
+        took = False
+        for kv in self._kv:
+            took |= kv.grow()
+        if took:
+            self._kv_usage()
 
     async def _prefill(self) -> None:
         if self._prefill_s > 0:
@@ -149,7 +167,7 @@ class Run:
             # Nothing to pace or inject: generate each choice in one tight loop.
             for seq in self.seqs:
                 seq.run_to_end()
-            self._first_token()
+            self._stepped()
             self._settle()
             return _json(200, self._full_body())
         seqs, step_no = self.seqs, 0
@@ -175,7 +193,7 @@ class Run:
                         _cut(request, kind)
                 seq.step()
                 self.emitted += 1
-            self._first_token()
+            self._stepped()
         self._settle()
         return _json(200, self._full_body())
 
@@ -239,7 +257,7 @@ class Run:
                     r.sse(r.token_chunk(meta, i, ev.text, [ev.token_id], finish,
                                         ev.stop_reason, prompt, delta))
                 )
-            self._first_token()
+            self._stepped()
         if meta.include_usage:
             buf.append(r.sse(r.usage_chunk(meta, len(req.prompt_ids), self._generated())))
         buf.append(r.DONE)

@@ -19,8 +19,10 @@ from aiohttp import web
 
 from sim import responses as r
 from sim.chat_template import TemplateError, parse_messages, render
-from sim.costmodel import CostParams, PrefillQueue, PrefixCache
+from sim.costmodel import CostParams, PrefillQueue
 from sim.faults import NO_FAULTS, FaultSpec, FaultSpecError, parse_fault_spec
+from sim.kv_events import open_cache
+from sim.kv_wire import KvEventsConfig
 from sim.metrics import CONTENT_TYPE, SimMetrics
 from sim.model import ModelConfig, ToyModel
 from sim.protocol import (
@@ -68,6 +70,8 @@ class SimConfig:
     # DELETE /v1/responses/{id} as OpenAI answers it (vLLM 0.32 has no such route: 405).
     responses_delete: bool = False
     embedding_dim: int = 128  # /v1/embeddings vector size (vLLM's tiny Llama gives 128)
+    # Publish KV-cache events on ZMQ like vLLM's --kv-events-config (sim.kv_events).
+    kv_events: KvEventsConfig | None = None
 
 
 class SimState:
@@ -81,7 +85,9 @@ class SimState:
         )
         self.vocab_hash = self.tokenizer.vocab_hash()
         self.model = ToyModel(cfg.model, self.tokenizer)
-        self.cache = PrefixCache(cfg.cost.cache_blocks, cfg.cost.block_size)
+        self.cache, self.kv_events = open_cache(
+            cfg.cost.cache_blocks, cfg.cost.block_size, cfg.kv_events
+        )
         self.metrics = SimMetrics(
             cfg.limits.model,
             spec_positions=cfg.spec.num_tokens,
@@ -117,10 +123,11 @@ def create_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/version", version)
     app.router.add_get("/server_info", server_info)
     app.router.add_get("/metrics", metrics)
-    from sim import pooling_http, responses_http  # they use this module's state and helpers
+    from sim import kv_http, pooling_http, responses_http  # they use this module's state
 
     responses_http.add_routes(app)
     pooling_http.add_routes(app)
+    kv_http.add_routes(app)
     return app
 
 

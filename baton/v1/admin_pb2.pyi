@@ -9,6 +9,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -19,6 +20,35 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _KvIndexState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _KvIndexStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_KvIndexState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    KV_INDEX_STATE_UNSPECIFIED: _KvIndexState.ValueType  # 0
+    KV_INDEX_STATE_OFF: _KvIndexState.ValueType  # 1
+    """No kv_events configured for the backend."""
+    KV_INDEX_STATE_LIVE: _KvIndexState.ValueType  # 2
+    """Events flow in order: routing may trust the index."""
+    KV_INDEX_STATE_REPLAYING: _KvIndexState.ValueType  # 3
+    """Batches were missed and are being asked for again from the engine."""
+    KV_INDEX_STATE_LOST: _KvIndexState.ValueType  # 4
+    """Not connected, disconnected, or a gap could not be replayed: the index is not trusted."""
+
+class KvIndexState(_KvIndexState, metaclass=_KvIndexStateEnumTypeWrapper): ...
+
+KV_INDEX_STATE_UNSPECIFIED: KvIndexState.ValueType  # 0
+KV_INDEX_STATE_OFF: KvIndexState.ValueType  # 1
+"""No kv_events configured for the backend."""
+KV_INDEX_STATE_LIVE: KvIndexState.ValueType  # 2
+"""Events flow in order: routing may trust the index."""
+KV_INDEX_STATE_REPLAYING: KvIndexState.ValueType  # 3
+"""Batches were missed and are being asked for again from the engine."""
+KV_INDEX_STATE_LOST: KvIndexState.ValueType  # 4
+"""Not connected, disconnected, or a gap could not be replayed: the index is not trusted."""
+Global___KvIndexState: _TypeAlias = KvIndexState  # noqa: Y015
 
 @_typing.final
 class ListBackendsRequest(_message.Message):
@@ -39,24 +69,92 @@ Global___ListBackendsRequest: _TypeAlias = ListBackendsRequest  # noqa: Y015
 class ListBackendsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class KvIndexEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___KvIndexStatus: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___KvIndexStatus | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     BACKENDS_FIELD_NUMBER: _builtins.int
     SNAPSHOT_VERSION_FIELD_NUMBER: _builtins.int
+    KV_INDEX_FIELD_NUMBER: _builtins.int
     snapshot_version: _builtins.int
     @_builtins.property
     def backends(self) -> _containers.RepeatedCompositeFieldContainer[_fleet_pb2.BackendStatus]: ...
+    @_builtins.property
+    def kv_index(self) -> _containers.MessageMap[_builtins.str, Global___KvIndexStatus]:
+        """By backend id: the index of the KV-cache blocks its engine holds, built from the engine's
+        KV events. A backend absent here has none configured (KV_INDEX_STATE_OFF).
+        """
+
     def __init__(
         self,
         *,
         backends: _abc.Iterable[_fleet_pb2.BackendStatus] | None = ...,
         snapshot_version: _builtins.int = ...,
+        kv_index: _abc.Mapping[_builtins.str, Global___KvIndexStatus] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "snapshot_version", b"snapshot_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "kv_index", b"kv_index", "snapshot_version", b"snapshot_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListBackendsResponse: _TypeAlias = ListBackendsResponse  # noqa: Y015
+
+@_typing.final
+class KvIndexStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    BLOCK_SIZE_FIELD_NUMBER: _builtins.int
+    NEXT_SEQ_FIELD_NUMBER: _builtins.int
+    state: Global___KvIndexState.ValueType
+    reason: _builtins.str
+    """Why it is in that state (e.g. "disconnected from tcp://h:5557", "engine restarted")."""
+    blocks: _builtins.int
+    """Prefix blocks held, by Baton's block keys."""
+    block_size: _builtins.int
+    """The engine's KV block size in tokens, from its events; 0 until seen."""
+    next_seq: _builtins.int
+    """The sequence number of the next batch expected; -1 before the first."""
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        state: Global___KvIndexState.ValueType = ...,
+        reason: _builtins.str = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+        blocks: _builtins.int = ...,
+        block_size: _builtins.int = ...,
+        next_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "blocks", b"blocks", "next_seq", b"next_seq", "reason", b"reason", "since", b"since", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KvIndexStatus: _TypeAlias = KvIndexStatus  # noqa: Y015
 
 @_typing.final
 class AddBackendRequest(_message.Message):
@@ -370,7 +468,7 @@ class ListPinsRequest(_message.Message):
     backend_id: _builtins.str
     """Empty: pins to any backend."""
     kind: _builtins.str
-    """"prefix" or "response"; empty: both kinds."""
+    """"prefix", "session" or "response"; empty: every kind."""
     def __init__(
         self,
         *,
@@ -405,8 +503,8 @@ class PinInfo(_message.Message):
     """Messages covered by the prefix."""
     hits: _builtins.int
     kind: _builtins.str
-    """"prefix" (a KV-cache affinity pin, keyed by `prefix`) or "response" (an ownership pin:
-    the backend that holds the stored response `key`).
+    """"prefix" (a KV-cache affinity pin, keyed by `prefix`), "session" (a client's session id,
+    `key`) or "response" (an ownership pin: the backend that holds the stored response `key`).
     """
     key: _builtins.str
     @_builtins.property

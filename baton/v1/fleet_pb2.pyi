@@ -183,6 +183,12 @@ class BackendStatus(_message.Message):
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
     MIGRATING_FIELD_NUMBER: _builtins.int
     MAX_MODEL_LEN_FIELD_NUMBER: _builtins.int
+    KV_BLOCK_SIZE_FIELD_NUMBER: _builtins.int
+    ENGINE_READ_FIELD_NUMBER: _builtins.int
+    ENGINE_RUNNING_FIELD_NUMBER: _builtins.int
+    ENGINE_WAITING_FIELD_NUMBER: _builtins.int
+    ENGINE_KV_USAGE_FIELD_NUMBER: _builtins.int
+    ENGINE_AGE_S_FIELD_NUMBER: _builtins.int
     state: Global___HealthState.ValueType
     reason: _builtins.str
     """Why it is in that state (e.g. "connect refused", "probe timeout", "drained by admin")."""
@@ -192,6 +198,20 @@ class BackendStatus(_message.Message):
     """Draining with migration: shims move this backend's in-flight streams elsewhere."""
     max_model_len: _builtins.int
     """The engine's context length (its /v1/models `max_model_len`); 0 until read."""
+    kv_block_size: _builtins.int
+    """Tokens per KV-cache block, from the engine's KV events; 0: no events (yet). A shim
+    reports a prefix's blocks in this size (baton.blocks).
+    """
+    engine_read: _builtins.bool
+    """The engine's own load gauges at its last reading (ListBackends only; snapshots leave
+    them out: they change every second). engine_read false: no reading.
+    """
+    engine_running: _builtins.float
+    engine_waiting: _builtins.float
+    engine_kv_usage: _builtins.float
+    """0..1; negative when the engine does not report it."""
+    engine_age_s: _builtins.float
+    """Seconds since the reading; older than [load].stale_after is not used for routing."""
     @_builtins.property
     def backend(self) -> Global___Backend: ...
     @_builtins.property
@@ -206,10 +226,16 @@ class BackendStatus(_message.Message):
         in_flight: _builtins.int = ...,
         migrating: _builtins.bool = ...,
         max_model_len: _builtins.int = ...,
+        kv_block_size: _builtins.int = ...,
+        engine_read: _builtins.bool = ...,
+        engine_running: _builtins.float = ...,
+        engine_waiting: _builtins.float = ...,
+        engine_kv_usage: _builtins.float = ...,
+        engine_age_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "in_flight", b"in_flight", "max_model_len", b"max_model_len", "migrating", b"migrating", "reason", b"reason", "since", b"since", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "engine_age_s", b"engine_age_s", "engine_kv_usage", b"engine_kv_usage", "engine_read", b"engine_read", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "in_flight", b"in_flight", "kv_block_size", b"kv_block_size", "max_model_len", b"max_model_len", "migrating", b"migrating", "reason", b"reason", "since", b"since", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -43,6 +43,8 @@ class _RouteReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RouteReas
     """Refused: the stored response's backend is dead, drained or removed (detail says which)."""
     ROUTE_REASON_OWNER_UNKNOWN: _RouteReason.ValueType  # 11
     """Refused: no backend is known to hold the stored response."""
+    ROUTE_REASON_PREDICTED: _RouteReason.ValueType  # 12
+    """The lowest predicted time to first token (detail: the estimate and the runner-up)."""
 
 class RouteReason(_RouteReason, metaclass=_RouteReasonEnumTypeWrapper):
     """Why a routing decision was made; also a span attribute and a metric label."""
@@ -64,6 +66,8 @@ ROUTE_REASON_OWNER_GONE: RouteReason.ValueType  # 10
 """Refused: the stored response's backend is dead, drained or removed (detail says which)."""
 ROUTE_REASON_OWNER_UNKNOWN: RouteReason.ValueType  # 11
 """Refused: no backend is known to hold the stored response."""
+ROUTE_REASON_PREDICTED: RouteReason.ValueType  # 12
+"""The lowest predicted time to first token (detail: the estimate and the runner-up)."""
 Global___RouteReason: _TypeAlias = RouteReason  # noqa: Y015
 
 class _Outcome:
@@ -207,6 +211,7 @@ class RequestShape(_message.Message):
     SPEC_ELIGIBLE_FIELD_NUMBER: _builtins.int
     SETS_TEMPERATURE_FIELD_NUMBER: _builtins.int
     OWNER_KEY_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     message_count: _builtins.int
     prompt_chars: _builtins.int
@@ -221,6 +226,10 @@ class RequestShape(_message.Message):
     owner_key: _builtins.str
     """A stored object (a Responses API response id) the request must reach the holder of:
     a previous_response_id, or a retrieve/delete/cancel. Empty: any backend may serve it.
+    """
+    session: _builtins.str
+    """A client's explicit conversation key (vLLM's `session_id`, or the x-session-id header):
+    the conversation is pinned by it, across shims, subject to spill, drain and death.
     """
     @_builtins.property
     def prefix_chain(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
@@ -243,10 +252,11 @@ class RequestShape(_message.Message):
         spec_eligible: _builtins.bool = ...,
         sets_temperature: _builtins.bool = ...,
         owner_key: _builtins.str = ...,
+        session: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_turns", b"assistant_turns", "greedy", b"greedy", "message_count", b"message_count", "model", b"model", "owner_key", b"owner_key", "prefix_chain", b"prefix_chain", "prompt_chars", b"prompt_chars", "sets_temperature", b"sets_temperature", "spec_eligible", b"spec_eligible", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_turns", b"assistant_turns", "greedy", b"greedy", "message_count", b"message_count", "model", b"model", "owner_key", b"owner_key", "prefix_chain", b"prefix_chain", "prompt_chars", b"prompt_chars", "session", b"session", "sets_temperature", b"sets_temperature", "spec_eligible", b"spec_eligible", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -499,6 +509,10 @@ class RequestOutcome(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
+    PROMPT_CHAIN_HASH_FIELD_NUMBER: _builtins.int
+    BLOCK_KEYS_FIELD_NUMBER: _builtins.int
+    PROMPT_BLOCKS_FIELD_NUMBER: _builtins.int
+    BLOCK_SIZE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     backend_id: _builtins.str
     outcome: Global___Outcome.ValueType
@@ -512,10 +526,20 @@ class RequestOutcome(_message.Message):
     model: _builtins.str
     message_count: _builtins.int
     """Messages in the request (the reply is message message_count + 1)."""
+    prompt_chain_hash: _builtins.bytes
+    """What the request's KV-cache blocks are, as baton.blocks keys (never token ids): of its
+    prompt and reply together, `prompt_blocks` of them the prompt's, in blocks of
+    `block_size` tokens (the serving engine's). Control learns from them which blocks a
+    prefix implies, and the engines' KV events say who still holds them.
+    """
+    prompt_blocks: _builtins.int
+    block_size: _builtins.int
     @_builtins.property
     def spec(self) -> Global___SpecOutcome:
         """Set when the request was served by a speculative pair."""
 
+    @_builtins.property
+    def block_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -531,10 +555,14 @@ class RequestOutcome(_message.Message):
         model: _builtins.str = ...,
         message_count: _builtins.int = ...,
         spec: Global___SpecOutcome | None = ...,
+        prompt_chain_hash: _builtins.bytes = ...,
+        block_keys: _abc.Iterable[_builtins.int] | None = ...,
+        prompt_blocks: _builtins.int = ...,
+        block_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "completion_tokens", b"completion_tokens", "http_status", b"http_status", "message_count", b"message_count", "model", b"model", "outcome", b"outcome", "prompt_tokens", b"prompt_tokens", "reply_chain_hash", b"reply_chain_hash", "request_id", b"request_id", "spec", b"spec", "total_ms", b"total_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "block_keys", b"block_keys", "block_size", b"block_size", "completion_tokens", b"completion_tokens", "http_status", b"http_status", "message_count", b"message_count", "model", b"model", "outcome", b"outcome", "prompt_blocks", b"prompt_blocks", "prompt_chain_hash", b"prompt_chain_hash", "prompt_tokens", b"prompt_tokens", "reply_chain_hash", b"reply_chain_hash", "request_id", b"request_id", "spec", b"spec", "total_ms", b"total_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

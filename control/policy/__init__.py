@@ -8,12 +8,16 @@ from control.policy.adaptive import Adaptive, SpillGuard
 from control.policy.affinity import Affinity
 from control.policy.base import Policy, RoutingView
 from control.policy.roundrobin import RoundRobin
+from control.policy.ttft import PredictedTTFT
 
 POLICIES: dict[str, Callable[[SpillGuard], Policy]] = {
     "roundrobin": lambda guard: RoundRobin(),
     "affinity": lambda guard: Affinity(),
     "adaptive": lambda guard: Adaptive(guard),
+    "ttft": lambda guard: PredictedTTFT(),
 }
+# The default when the fleet publishes KV-cache events (what `ttft` predicts from best).
+KV_DEFAULT_POLICY = "ttft"
 
 DEFAULT_POLICY = "adaptive"
 
@@ -27,4 +31,5 @@ def make_policy(name: str, guard: SpillGuard | None = None) -> Policy:
     return factory(guard or SpillGuard())
 
 
-__all__ = ["DEFAULT_POLICY", "POLICIES", "Policy", "RoutingView", "SpillGuard", "make_policy"]
+__all__ = ["DEFAULT_POLICY", "KV_DEFAULT_POLICY", "POLICIES", "Policy", "RoutingView",
+           "SpillGuard", "make_policy"]  # fmt: skip

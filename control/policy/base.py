@@ -6,22 +6,37 @@ randomness (both come in as arguments), and they never raise for "no capacity"."
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from random import Random
 from typing import Protocol
 
 from baton.model import BackendId, Decision, RouteRequest, Snapshot
 from control.affinity import PinMatch
+from control.prefill import Rates
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Per backend, what a TTFT estimate is made of (policy/ttft.py): the queue a request would
+    join, the prompt tokens it has cached (backends with a live KV index only), its learned
+    rates; and the prompt's size in tokens when a shim reported it for this prefix."""
+
+    queue: Mapping[BackendId, float] = field(default_factory=dict)
+    cached_tokens: Mapping[BackendId, int] = field(default_factory=dict)
+    rates: Mapping[BackendId, Rates] = field(default_factory=dict)
+    prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class RoutingView:
-    """What a policy may read: the fleet, its load, and the request's longest pinned prefix
-    (looked up by the router, which owns the pin table)."""
+    """What a policy may read: the fleet, its load, the request's longest pinned prefix (or
+    its session's pin), all looked up by the router, which owns the tables; and, for policies
+    that predict, the per-backend terms of the prediction."""
 
     snapshot: Snapshot
     load: Mapping[BackendId, int]
     pin: PinMatch | None = None
+    predict: Prediction | None = None
 
 
 class Policy(Protocol):

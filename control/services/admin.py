@@ -43,9 +43,18 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.ListBackendsResponse:
         snap = self._registry.snapshot
         load = self._registry.in_flight()
+        rows = [wire.status_to_pb(b, load) for b in snap.backends]
+        now = self._router.now()
+        for row in rows:
+            reading = self._registry.engine_load(row.backend.id)
+            if reading is not None:
+                row.engine_read = True
+                row.engine_running, row.engine_waiting = reading.running, reading.waiting
+                row.engine_kv_usage = -1.0 if reading.kv_usage is None else reading.kv_usage
+                row.engine_age_s = max(now - reading.read_at, 0.0)
+        kv = {str(b): convert.kv_status_to_pb(s) for b, s in self._registry.kv_status().items()}
         return admin_pb2.ListBackendsResponse(
-            backends=[wire.status_to_pb(b, load) for b in snap.backends],
-            snapshot_version=snap.version,
+            backends=rows, snapshot_version=snap.version, kv_index=kv
         )
 
     async def AddBackend(
@@ -134,6 +143,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         infos: list[admin_pb2.PinInfo] = []
         if request.kind in ("", "response"):  # ownership pins, most recently used first
             infos += [convert.owned_to_pb(o) for o in reversed(list(self._registry.owners))]
+        if request.kind in ("", "session"):  # explicit sessions, most recently used first
+            infos += [convert.session_to_pb(p) for p in reversed(list(self._registry.sessions))]
         if request.kind in ("", "prefix"):
             infos += [convert.pin_to_pb(p) for p in reversed(list(self._registry.pins))]
         chosen = [p for p in infos if not request.backend_id or p.backend_id == request.backend_id]

@@ -21,6 +21,7 @@ from baton.wire import (
 )
 from control.affinity import Pin
 from control.events import Event, EventQuery
+from control.kvindex import KvState, KvStatus
 from control.owners import Owned
 from control.pairflow import GateResult
 from control.pairs import Pair
@@ -115,6 +116,17 @@ def pin_to_pb(p: Pin) -> admin_pb2.PinInfo:
     )
 
 
+def session_to_pb(p: Pin) -> admin_pb2.PinInfo:
+    return admin_pb2.PinInfo(
+        backend_id=p.backend_id,
+        created=timestamp(p.created),
+        last_used=timestamp(p.last_used),
+        hits=p.hits,
+        kind="session",
+        key=p.prefix.decode(errors="replace"),
+    )
+
+
 def owned_to_pb(o: Owned) -> admin_pb2.PinInfo:
     return admin_pb2.PinInfo(
         backend_id=o.backend_id,
@@ -123,4 +135,23 @@ def owned_to_pb(o: Owned) -> admin_pb2.PinInfo:
         hits=o.hits,
         kind="response",
         key=o.key,
+    )
+
+
+KV_STATE_TO_PB = {
+    KvState.OFF: admin_pb2.KV_INDEX_STATE_OFF,
+    KvState.LIVE: admin_pb2.KV_INDEX_STATE_LIVE,
+    KvState.REPLAYING: admin_pb2.KV_INDEX_STATE_REPLAYING,
+    KvState.LOST: admin_pb2.KV_INDEX_STATE_LOST,
+}
+
+
+def kv_status_to_pb(s: KvStatus) -> admin_pb2.KvIndexStatus:
+    return admin_pb2.KvIndexStatus(
+        state=KV_STATE_TO_PB[s.state],
+        reason=s.reason,
+        since=timestamp(s.since),
+        blocks=s.blocks,
+        block_size=s.block_size,
+        next_seq=-1 if s.next_seq is None else s.next_seq,
     )

@@ -97,6 +97,9 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
                 o.reply_chain_hash,
                 o.message_count,
                 wire.spec_from_pb(o),
+                o.ttft_ms,
+                wire.blocks_from_pb(o),
+                o.prompt_tokens,
             )
             for o in outcomes
         )

@@ -13,6 +13,7 @@ in front of the replicas it names.
 | lb0, lb1, lb2 | llama-server | tiny-bytes.gguf |
 | t0, t1 | vLLM `--reasoning-parser deepseek_r1` | tiny-think (<think>...</think>) |
 | e0 | vLLM `--runner pooling --convert embed` | tiny, as an embedding model |
+| k0, k1 | vLLM with KV-cache events on ipc sockets (`KV_EVENTS`) | tiny |
 
 Every vLLM replica keeps stored Responses API responses (VLLM_ENABLE_RESPONSES_API_STORE=1).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -59,10 +61,29 @@ def _specs() -> dict[str, Spec]:
         for i in range(2):
             out[f"{prefix}{i}"] = Spec("vllm", model, i % cores, args)
     out["e0"] = Spec("vllm", "tiny", 0, POOLING)
+    for i in range(2):
+        out[f"k{i}"] = Spec("vllm", "tiny", i % cores, kv_events_args(f"k{i}"))
     for prefix, model in (("l", "tiny"), ("lb", "tiny-bytes")):
         for i in range(3):
             out[f"{prefix}{i}"] = Spec("llama", model)
     return out
+
+
+# KV-cache events on ipc sockets, which vLLM binds (a tcp endpoint on 127.0.0.1 would make it
+# connect, and a wildcard would bind every address): control connects to them.
+KV_DIR = Path(tempfile.gettempdir()) / f"baton-kv-{os.getpid()}"
+
+
+def kv_events(name: str) -> tuple[str, str]:
+    """The (events, replay) endpoints of replica `name`."""
+    return f"ipc://{KV_DIR}/{name}.pub", f"ipc://{KV_DIR}/{name}.replay"
+
+
+def kv_events_args(name: str) -> tuple[str, ...]:
+    pub, replay = kv_events(name)
+    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub,
+           "replay_endpoint": replay}  # fmt: skip
+    return ("--kv-events-config", json.dumps(cfg))
 
 
 SPECS = _specs()
@@ -115,6 +136,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     cache = Cache.default()
     if cache.missing(MODELS):
         pytest.fail(f"engines not set up: run `make engines` ({cache.missing(MODELS)})")
+    KV_DIR.mkdir(parents=True, exist_ok=True)
     with Replicas(cache, tmp_path_factory.mktemp("engines")) as replicas:
         yield Pool(replicas)
 

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
+
 from control.events import Event, EventKind, EventLog, EventQuery
 from control.store import EventFile
 
@@ -68,6 +70,7 @@ def test_route_decisions_read_back_whole_and_in_order_among_other_events(tmp_pat
     assert events[1].to_json() == {
         "v": 1, "seq": 2, "time": 5.0, "kind": "route", "request_id": "r2", "backend_id": "b",
         "reason": "pin_hit", "policy": "adaptive", "model": "m", "pin_depth": 2, "snapshot": 7,
+        "detail": "",
     }  # fmt: skip
     assert followed == events  # live followers see the same events as a later reader
     assert [e.seq for e in restored.query(EventQuery(kind="route", backend_id="a"))] == [1, 4]
@@ -84,3 +87,15 @@ def test_events_other_than_routes_reach_the_file_at_once(tmp_path: Path) -> None
     # Read by another reader without close(): what a SIGKILL would leave behind.
     seen = list(EventLog(lambda: 2.0, restored=EventFile(path).load(10)))
     assert [e.kind for e in seen] == [EventKind.ROUTE, EventKind.FAILOVER]
+
+
+def test_route_rows_written_before_the_detail_column_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    old = {"v": 1, "kind": "route",
+           "columns": ["seq", "time", "request_id", "backend_id", "reason", "policy", "model",
+                       "pin_depth", "snapshot"],
+           "rows": [[1, 2.0, "r1", "a", "spread", "adaptive", "m", 0, 3]]}  # fmt: skip
+    path.write_bytes(orjson.dumps(old) + b"\n")
+    (event,) = list(EventLog(lambda: 6.0, restored=EventFile(path).load(10)))
+    assert event.request_id == "r1" and event.data["reason"] == "spread"
+    assert event.data["detail"] == ""

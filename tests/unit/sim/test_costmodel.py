@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.costmodel import CostParams, PrefixCache
+from sim.costmodel import CostParams
+from sim.kvcache import PrefixCache
 
 
 def test_prefill_costs_only_uncached_tokens() -> None:
@@ -54,7 +55,7 @@ def test_lru_evicts_least_recent_and_suffixes_first() -> None:
     a, b = [1, 1, 2, 2], [7, 7, 8, 8]
     cache.insert(a)
     cache.insert(b)  # 4 blocks > 3: a's suffix block goes first
-    assert cache.used_blocks == 3
+    assert cache.cached_blocks == 3
     assert cache.lookup(a).hit_tokens == 2
     assert cache.lookup(b).hit_tokens == 3  # full prompt: last token recomputed
 
@@ -63,7 +64,7 @@ def test_zero_capacity_disables_the_cache() -> None:
     cache = PrefixCache(capacity_blocks=0, block_size=16)
     cache.insert(list(range(64)))
     assert cache.lookup(list(range(64))).hit_tokens == 0
-    assert cache.used_blocks == 0
+    assert cache.cached_blocks == 0
 
 
 def test_spec_decode_counters_follow_the_acceptance_rate() -> None:

@@ -1,0 +1,76 @@
+"""Predicted time to first token: each candidate's estimate is the queue the request would
+join (the engine's own count plus what Baton sent since it was read, or Baton's in-flight
+count when the engine reports nothing fresh) times what a queued request costs there, plus
+the prompt tokens it has not cached times its prefill rate (both learned: control/prefill.py).
+The lowest estimate wins; ties go to the spread ring.
+
+What a backend has cached comes from its KV-cache events (its live index: what the engine
+really holds, evictions included). A backend without a live index falls back to the pin:
+the pinned backend is credited the pinned prefix's share of the prompt. A prefix Baton has
+never seen is uncached everywhere, so the queue term alone decides: a cold burst that shares
+a system prompt spreads over every card, and piles onto the card that cached it first only
+while that card's queue costs less than prefilling elsewhere.
+
+Reads: the request's shape (prompt size, message count), the routable backends, the queue,
+cache and rate per backend (RoutingView.predict). Returns: reason `predicted`, with the
+estimate and the runner-up in the detail."""
+
+# baton: pure
+
+from __future__ import annotations
+
+from random import Random
+
+from baton.model import BackendId, Decision, Reason, RouteRequest
+from baton.spread import Spreader, candidates, first
+from control.policy.base import Prediction, RoutingView
+from control.prefill import Rates
+
+CHARS_PER_TOKEN = 4.0  # a prompt's size in tokens, from its characters, before a tokenizer
+
+
+def prompt_tokens(request: RouteRequest, prediction: Prediction) -> float:
+    if prediction.prompt_tokens is not None:
+        return float(prediction.prompt_tokens)
+    return request.shape.prompt_chars / CHARS_PER_TOKEN
+
+
+def estimate(
+    request: RouteRequest, view: RoutingView, prediction: Prediction, backend_id: BackendId
+) -> tuple[float, float, float]:
+    """(estimated TTFT ms, uncached tokens, queue) of the request on `backend_id`."""
+    total = prompt_tokens(request, prediction)
+    cached = float(prediction.cached_tokens.get(backend_id, 0))
+    if backend_id not in prediction.cached_tokens and view.pin is not None:
+        if view.pin.pin.backend_id == backend_id and request.shape.message_count:
+            cached = total * (view.pin.index + 1) / request.shape.message_count
+    uncached = max(total - cached, 0.0)
+    queue = prediction.queue.get(backend_id, float(view.load.get(backend_id, 0)))
+    rates = prediction.rates.get(backend_id, Rates())
+    return rates.ttft_ms(uncached, queue), uncached, queue
+
+
+class PredictedTTFT:
+    name = "ttft"
+
+    def __init__(self) -> None:
+        self._spread = Spreader()
+
+    def decide(
+        self, request: RouteRequest, view: RoutingView, *, rng: Random, now: float
+    ) -> Decision:
+        routable, refusal = candidates(request, view.snapshot)
+        if refusal is not None:
+            return refusal
+        ring = self._spread.ring(request.shape.model, routable)
+        order = {b.id: i for i, b in enumerate(ring)}
+        prediction = view.predict or Prediction()
+        scored = sorted(
+            (estimate(request, view, prediction, b.id)[0], order[b.id], b) for b in ring
+        )
+        best_ms, _, best = scored[0]
+        _, uncached, queue = estimate(request, view, prediction, best.id)
+        detail = f"est {best_ms:.1f} ms on {best.id} (queue {queue:g}, uncached {uncached:.0f} tok)"
+        if len(scored) > 1:
+            detail += f"; next {scored[1][2].id} {scored[1][0]:.1f} ms"
+        return Decision(first(best, ring), Reason.PREDICTED, view.snapshot.version, detail)

@@ -1,0 +1,81 @@
+"""What a backend's time to first token costs, learned from the outcomes shims report: the
+milliseconds per uncached prompt token (prefill) and per request already queued on it
+(each one ahead takes its turn at the engine first). Each route's prediction is kept until its
+outcome arrives; the error between them moves the two rates (an exponentially weighted
+average per backend, bounded to sane values), so a slow card, a busy card or a card with a
+longer context shows up in the estimates within a few requests.
+
+Pure: the router feeds it; policies read `rates()`."""
+
+# baton: pure
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+# Before a backend has reported anything: a plausible GPU (prefill ~20k tokens/s, a queued
+# request costing about one short prefill). Both are learned away within a few outcomes.
+DEFAULT_MS_PER_TOKEN = 0.05
+DEFAULT_MS_PER_QUEUED = 20.0
+ALPHA = 0.2  # weight of the newest observation
+BOUNDS_PER_TOKEN = (1e-4, 50.0)
+BOUNDS_PER_QUEUED = (0.0, 60_000.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    ms_per_token: float = DEFAULT_MS_PER_TOKEN
+    ms_per_queued: float = DEFAULT_MS_PER_QUEUED
+
+    def ttft_ms(self, uncached_tokens: float, queue: float) -> float:
+        return queue * self.ms_per_queued + uncached_tokens * self.ms_per_token
+
+
+@dataclass(frozen=True, slots=True)
+class Predicted:
+    backend_id: str
+    uncached_tokens: float
+    queue: float
+
+
+def _clip(v: float, bounds: tuple[float, float]) -> float:
+    return min(max(v, bounds[0]), bounds[1])
+
+
+class PrefillRates:
+    def __init__(self, pending_capacity: int = 100_000) -> None:
+        self._rates: dict[str, Rates] = {}
+        self._pending: OrderedDict[str, Predicted] = OrderedDict()
+        self._capacity = pending_capacity
+
+    def rates(self, backend_id: str) -> Rates:
+        return self._rates.get(backend_id, Rates())
+
+    def predicted(self, request_id: str, prediction: Predicted) -> None:
+        self._pending[request_id] = prediction
+        while len(self._pending) > self._capacity:
+            self._pending.popitem(last=False)
+
+    def observed(self, request_id: str, backend_id: str, ttft_ms: float) -> None:
+        """The request's real TTFT: the prediction's terms take the error in proportion to
+        their share of it. A request served elsewhere than predicted (a retry) teaches
+        nothing."""
+        p = self._pending.pop(request_id, None)
+        if p is None or p.backend_id != backend_id or ttft_ms <= 0:
+            return
+        old = self.rates(backend_id)
+        token_part = p.uncached_tokens * old.ms_per_token
+        queue_part = p.queue * old.ms_per_queued
+        total = token_part + queue_part
+        if total <= 0:
+            return
+        scale = ttft_ms / total
+        per_token, per_queued = old.ms_per_token, old.ms_per_queued
+        if p.uncached_tokens > 0:
+            per_token = (1 - ALPHA) * per_token + ALPHA * per_token * scale
+        if p.queue > 0:
+            per_queued = (1 - ALPHA) * per_queued + ALPHA * per_queued * scale
+        self._rates[backend_id] = Rates(
+            _clip(per_token, BOUNDS_PER_TOKEN), _clip(per_queued, BOUNDS_PER_QUEUED)
+        )

@@ -1,0 +1,268 @@
+"""Control subscribes to an engine's KV-cache events: control as a real process, and in this
+process a publisher that speaks vLLM's ZMQ protocol (a PUB socket sending (topic, seq, payload)
+frames, a ROUTER socket answering replay requests, as vllm/distributed/kv_events.py's
+ZmqEventPublisher does). Its msgspec Structs are written here, apart from control's decoder, so
+a mismatch between the two fails these tests."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+
+from clients.procs import Part
+from tests.integration.harness import cli_json, http, start_control, wait_until, write_config
+
+BS = 16
+TOPIC = b"kv"
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+# vLLM's wire types, as vllm/distributed/kv_events.py declares them.
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[bytes | int]
+    parent_block_hash: bytes | int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[bytes | int]
+    medium: str | None
+    group_idx: int | None = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+class Publisher:
+    """vLLM's ZmqEventPublisher in miniature: bound PUB and ROUTER sockets, a replay buffer,
+    sequence numbers from 0. `skip` publishes a batch to the buffer only (a lost message)."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind("tcp://127.0.0.1:0")
+        self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind("tcp://127.0.0.1:0")
+        self.replay_endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.buffer: list[tuple[int, bytes]] = []
+        self.seq = 0
+        self.replays = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve_replay, daemon=True)
+        self._thread.start()
+
+    def publish(self, *events: KVCacheEvent, skip: bool = False) -> int:
+        payload = msgspec.msgpack.encode(EventBatch(1.0, list(events), 0))
+        with self._lock:
+            seq, self.seq = self.seq, self.seq + 1
+            self.buffer.append((seq, payload))
+            if not skip:
+                self.pub.send_multipart([TOPIC, seq.to_bytes(8, "big"), payload])
+        return seq
+
+    def _serve_replay(self) -> None:
+        while not self._stop.is_set():
+            if not self.router.poll(50):
+                continue
+            client, empty, start = self.router.recv_multipart()
+            first = int.from_bytes(start, "big")
+            with self._lock:
+                self.replays += 1
+                for seq, payload in self.buffer:
+                    if seq >= first:
+                        self.router.send_multipart(
+                            [client, empty, TOPIC, seq.to_bytes(8, "big"), payload]
+                        )
+                self.router.send_multipart([client, b"", b"", END_SEQ, b""])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.pub.close(linger=0)
+        self.router.close(linger=0)
+
+
+def blocks(first: int, n: int, parent: int | None) -> BlockStored:
+    """n full blocks with engine hashes first..first+n-1 (token ids from the hashes)."""
+    tokens = [t for h in range(first, first + n) for t in [h] * BS]
+    return BlockStored(list(range(first, first + n)), parent, tokens, BS, None, "GPU", None,
+                       extra_keys=[None] * n, group_idx=0)  # fmt: skip
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def start(tmp_path: Path, pub: Publisher, replay: bool = True) -> Part:
+    extra = f'kv_events = "{pub.endpoint}"'
+    if replay:
+        extra += f'\nkv_events_replay = "{pub.replay_endpoint}"'
+    # Nothing listens at the url: the backend is down, its KV events flow regardless.
+    config = write_config(tmp_path / "control.toml", [("e0", "http://127.0.0.1:9")],
+                          backend_extra=extra, extra="[kv]\nreplay_timeout = 5.0\n")  # fmt: skip
+    return start_control(config)
+
+
+def kv(control: Part) -> dict[str, Any]:
+    rows = {r["id"]: r for r in cli_json(control, "backends", "list")}
+    return rows["e0"]
+
+
+def live_with(control: Part, n: int) -> bool:
+    row = kv(control)
+    return bool(row["kv_index"] == "live" and row["kv_blocks"] == n)
+
+
+def scrape(control: Part) -> str:
+    _, text = http("GET", control.announced["METRICS"])
+    return text.decode()
+
+
+def connected(control: Part, pub: Publisher) -> None:
+    """Control's SUB is connected (the index is live) and its subscription has reached the
+    PUB socket, which drops what it sends before: publish probes until one has arrived."""
+    assert wait_until(lambda: kv(control)["kv_index"] == "live", timeout=20)
+    arrived = 'baton_kv_events_total{backend="e0",event="cleared"} 1.0'
+
+    def probe() -> bool:
+        pub.publish(AllBlocksCleared())
+        return wait_until(lambda: arrived in scrape(control), timeout=0.5)
+
+    assert wait_until(probe, timeout=20)
+
+
+def kv_events(control: Part) -> list[dict[str, Any]]:
+    return list(cli_json(control, "events", "--kind", "kv"))
+
+
+def test_control_keeps_an_index_of_the_blocks_an_engine_holds(
+    tmp_path: Path, ctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    pub = Publisher(ctx)
+    control = start(tmp_path, pub)
+    try:
+        connected(control, pub)
+        pub.publish(blocks(1, 3, None))
+        pub.publish(blocks(4, 2, 3), BlockRemoved([5], "GPU", group_idx=0))
+        assert wait_until(lambda: live_with(control, 4))
+        body = scrape(control)
+        assert 'baton_kv_index_state{backend="e0",state="live"} 1.0' in body
+        assert 'baton_kv_blocks{backend="e0"} 4.0' in body
+        assert 'baton_kv_events_total{backend="e0",event="stored"} 2.0' in body
+        # A cleared cache empties the index.
+        pub.publish(AllBlocksCleared())
+        assert wait_until(lambda: live_with(control, 0))
+    finally:
+        control.stop(grace=3)
+        pub.close()
+
+
+def test_a_sequence_gap_is_replayed_from_the_engine(
+    tmp_path: Path, ctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    pub = Publisher(ctx)
+    control = start(tmp_path, pub)
+    try:
+        connected(control, pub)
+        pub.publish(blocks(1, 2, None))
+        assert wait_until(lambda: live_with(control, 2))
+        pub.publish(blocks(3, 2, 2), skip=True)  # lost on the way
+        pub.publish(BlockRemoved([1], "GPU"), skip=True)
+        pub.publish(blocks(5, 1, 4))  # shows the gap: seqs 1 and 2 are asked for again
+        assert wait_until(lambda: live_with(control, 4))
+        assert pub.replays == 1
+        states = [(e["previous"], e["state"]) for e in kv_events(control)]
+        assert ("live", "replaying") in states and states[-1] == ("replaying", "live")
+    finally:
+        control.stop(grace=3)
+        pub.close()
+
+
+def test_a_publisher_restart_clears_the_index(
+    tmp_path: Path, ctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    pub = Publisher(ctx)
+    control = start(tmp_path, pub)
+    try:
+        connected(control, pub)
+        pub.publish(blocks(1, 3, None))
+        pub.publish(blocks(4, 2, 3))
+        assert wait_until(lambda: live_with(control, 5))
+        # The engine starts over on the same socket: its sequence begins at 0 again.
+        with pub._lock:
+            pub.seq, pub.buffer = 0, []
+        pub.publish(blocks(10, 1, None))
+        assert wait_until(lambda: live_with(control, 1))
+        assert any("restarted" in e["reason"] for e in kv_events(control))
+    finally:
+        control.stop(grace=3)
+        pub.close()
+
+
+def test_a_publisher_that_goes_away_turns_the_index_lost(
+    tmp_path: Path, ctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    pub = Publisher(ctx)
+    control = start(tmp_path, pub, replay=False)
+    try:
+        connected(control, pub)
+        pub.publish(blocks(1, 2, None))
+        assert wait_until(lambda: live_with(control, 2))
+        pub.close()
+        assert wait_until(lambda: kv(control)["kv_index"] == "lost", timeout=15)
+        row = kv(control)
+        assert row["kv_blocks"] == 0 and "disconnected" in row["kv_reason"]
+        last = kv_events(control)[-1]
+        assert (last["previous"], last["state"]) == ("live", "lost")
+        assert last["backend_id"] == "e0" and last["blocks_before"] == 2
+        assert 'baton_kv_index_state{backend="e0",state="lost"} 1.0' in scrape(control)
+    finally:
+        control.stop(grace=3)
+
+
+def test_a_backend_removed_at_run_time_stops_its_subscription_and_re_adding_it_resumes(
+    tmp_path: Path, ctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    pub = Publisher(ctx)
+    control = start(tmp_path, pub)
+    try:
+        connected(control, pub)
+        cli_json(control, "backends", "remove", "e0")
+        assert 'backend="e0"' not in scrape(control)
+        cli_json(control, "backends", "add", "e0", "--url", "http://127.0.0.1:9", "--model",
+                 "toy")  # fmt: skip
+        # The config file's kv_events belong to e0 at that url: subscribed again, afresh.
+        assert wait_until(lambda: kv(control)["kv_index"] == "live", timeout=20)
+        assert wait_until(lambda: pub.publish(blocks(1, 1, None)) >= 0 and live_with(control, 1))
+    finally:
+        control.stop(grace=3)
+        pub.close()

@@ -1,0 +1,141 @@
+"""Routing on predicted time to first token: the engines' own load read from their /metrics,
+the learned rates, and the policy's choices (control/engineload.py, prefill.py,
+policy/ttft.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from baton.model import BackendId, BackendKind, Reason, RequestShape, RouteRequest
+from control.config import make_backend
+from control.engineload import EngineLoad, LoadView, parse_load
+from control.policy import make_policy
+from control.policy.base import Prediction, RoutingView
+from control.prefill import Predicted, PrefillRates, Rates
+from control.registry import Registry
+
+VLLM_PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+"""
+SGLANG_PAGE = """# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m"} 5
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m"} 7
+"""
+
+
+def test_an_engines_page_reads_as_its_load_summed_over_label_sets() -> None:
+    load = parse_load(VLLM_PAGE, BackendKind.VLLM, 10.0)
+    assert load == EngineLoad(4.0, 2.0, 0.25, 10.0) and load.requests == 6.0
+    assert parse_load(SGLANG_PAGE, BackendKind.SGLANG, 1.0) == EngineLoad(5.0, 7.0, None, 1.0)
+    assert parse_load(SGLANG_PAGE, BackendKind.VLLM, 1.0) is None  # not its names
+    assert parse_load("not a page {", BackendKind.VLLM, 1.0) is None
+    assert parse_load(VLLM_PAGE, BackendKind.OPENAI, 1.0) is None  # no gauges to read
+
+
+def test_the_queue_is_the_engines_count_plus_what_baton_sent_since_and_never_less() -> None:
+    reading = EngineLoad(4.0, 2.0, None, 0.0)
+    assert LoadView(in_flight=3).queue() == 3.0  # no reading: Baton's own count
+    assert LoadView(3, reading, routed_since=2).queue() == 8.0
+    assert LoadView(9, reading, routed_since=0).queue() == 9.0  # the reading lags Baton
+
+
+def test_a_stale_reading_is_not_used() -> None:
+    now = [100.0]
+    reg = Registry([make_backend("a", "http://127.0.0.1:1", "m")], clock=lambda: now[0])
+    reg.set_engine_load("a", EngineLoad(5.0, 5.0, None, 100.0))
+    assert reg.load_views(101.0, stale_after=3.0)[BackendId("a")].engine is not None
+    assert reg.load_views(104.0, stale_after=3.0)[BackendId("a")].engine is None
+    reg.acquire("r1", BackendId("a"), 104.0)
+    assert reg.load_views(104.0, 3.0)[BackendId("a")].queue() == 1.0
+
+
+def test_rates_move_toward_what_the_outcomes_say() -> None:
+    rates = PrefillRates()
+    slow = Rates()
+    for i in range(30):
+        uncached, queue = 1000.0, 0.0
+        predicted = rates.rates("a").ttft_ms(uncached, queue)
+        rates.predicted(f"r{i}", Predicted("a", uncached, queue))
+        rates.observed(f"r{i}", "a", 500.0)  # the card needs 0.5 ms per token
+        assert rates.rates("a").ms_per_token >= slow.ms_per_token
+    assert rates.rates("a").ms_per_token == pytest.approx(0.5, rel=0.05)
+    assert predicted < 500.0  # and it took a few outcomes to learn
+    rates.predicted("x", Predicted("a", 1000.0, 0.0))
+    rates.observed("x", "b", 5.0)  # served elsewhere (a retry): teaches nothing
+    assert rates.rates("b") == Rates() and rates.rates("a").ms_per_token == pytest.approx(
+        0.5, rel=0.05
+    )
+
+
+FLEET = ("a", "b", "c")
+
+
+def decide(prediction: Prediction, shape: RequestShape, pin: object = None) -> tuple[str, str]:
+    reg = Registry([make_backend(b, f"http://127.0.0.1:{i + 1}", "m")
+                    for i, b in enumerate(FLEET)], clock=lambda: 1.0)  # fmt: skip
+    policy = make_policy("ttft")
+    view = RoutingView(reg.snapshot, {}, pin, prediction)  # type: ignore[arg-type]
+    d = policy.decide(RouteRequest("r", shape), view, rng=random.Random(0), now=1.0)
+    assert d.reason is Reason.PREDICTED and len(d.backends) == 3
+    return d.backends[0].id, d.detail
+
+
+LONG = RequestShape("m", message_count=2, prompt_chars=6000)  # ~1500 tokens
+
+
+@pytest.mark.parametrize(
+    ("queue", "cached", "want"),
+    [
+        # A continuation goes where its blocks really are...
+        ({}, {"b": 1400}, "b"),
+        # ...but not onto a card whose queue costs more than prefilling elsewhere.
+        ({"b": 8.0}, {"b": 1400}, "a"),
+        # A busy card (the engine's own count: requests Baton did not send) is avoided.
+        ({"a": 6.0, "b": 0.0, "c": 2.0}, {}, "b"),
+        # A cold prefix nobody holds: the shortest queue.
+        ({"a": 1.0, "b": 1.0, "c": 0.0}, {}, "c"),
+    ],
+)
+def test_the_lowest_estimate_wins(
+    queue: dict[str, float], cached: dict[str, int], want: str
+) -> None:
+    rates = {BackendId(b): Rates(ms_per_token=0.05, ms_per_queued=20.0) for b in FLEET}
+    p = Prediction({BackendId(k): v for k, v in queue.items()},
+                   {BackendId(k): v for k, v in cached.items()}, rates)  # fmt: skip
+    got, detail = decide(p, LONG)
+    assert got == want, detail
+    assert detail.startswith("est ") and f"on {want}" in detail and "; next " in detail
+
+
+def test_a_cold_burst_sharing_a_prefix_spreads_over_every_card() -> None:
+    """Seed 003's lesson: the queue term, fed by what Baton routes, spreads it."""
+    queue = {BackendId(b): 0.0 for b in FLEET}
+    cached = {BackendId("a"): 1400}  # the first card cached the shared system prompt
+    rates = {BackendId(b): Rates(0.05, 40.0) for b in FLEET}
+    chosen = []
+    for _ in range(9):
+        b, _ = decide(Prediction(dict(queue), cached, rates), LONG)
+        chosen.append(b)
+        queue[BackendId(b)] += 1  # what Baton sent since the last reading
+    assert set(chosen) == set(FLEET) and chosen.count("a") >= chosen.count("b")
+
+
+def test_without_a_live_index_the_pin_stands_in_for_the_cache() -> None:
+    from control.affinity import Pin, PinMatch
+
+    pin = PinMatch(Pin(b"h", BackendId("c"), 1, 0.0, 0.0), 0)  # covers 1 of 2 messages
+    rates = {BackendId(b): Rates(0.05, 20.0) for b in FLEET}
+    got, detail = decide(Prediction({}, {}, rates), LONG, pin)
+    assert got == "c" and "uncached 750 tok" in detail
+    # A live index that says the blocks are gone wins over the pin.
+    got, _ = decide(Prediction({}, {BackendId("c"): 0, BackendId("b"): 1400}, rates), LONG, pin)
+    assert got == "b"
