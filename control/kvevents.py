@@ -62,9 +62,9 @@ class KvSubscribers:
         }
         for bid in set(self._tasks) - wanted:
             self._tasks.pop(bid).cancel()
-            self._registry.kv_forget(bid)
+            self._registry.kv.forget(bid)
         for bid in wanted - set(self._tasks):
-            self._registry.kv_watch(bid)
+            self._registry.kv.watch(bid)
             sub = Subscriber(self._registry, self._sources[bid], self._settings, self._ctx)
             self._tasks[bid] = asyncio.get_running_loop().create_task(sub.run())
 
@@ -122,9 +122,9 @@ class Subscriber:
 
     def _on_monitor(self, msg: Mapping[str, object]) -> None:
         if msg["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            self._registry.kv_connected(self._bid)
+            self._registry.kv.connected(self._bid)
         elif msg["event"] == zmq.EVENT_DISCONNECTED:
-            self._registry.kv_lost(self._bid, f"disconnected from {self._source.endpoint}")
+            self._registry.kv.lost(self._bid, f"disconnected from {self._source.endpoint}")
 
     def _decode(self, frames: list[bytes]) -> tuple[int, list[KvEvent]] | None:
         try:
@@ -133,7 +133,7 @@ class Subscriber:
             return kvwire.seq_of(frames[1]), kvwire.to_events(kvwire.decode(frames[2]))
         except (ValueError, msgspec.DecodeError) as exc:
             # Skipping it could skip a removal: the index cannot vouch for itself any more.
-            self._registry.kv_lost(self._bid, f"undecodable batch: {exc}")
+            self._registry.kv.lost(self._bid, f"undecodable batch: {exc}")
             return None
 
     async def _on_frames(self, frames: list[bytes]) -> None:
@@ -141,10 +141,10 @@ class Subscriber:
         if batch is None:
             return
         seq, events = batch
-        if self._registry.kv_feed(self._bid, seq, events) is Fed.GAP:
+        if self._registry.kv.feed(self._bid, seq, events) is Fed.GAP:
             await self._replay(seq)
             # Applied by the replay (a duplicate now), or the first of a fresh index.
-            self._registry.kv_feed(self._bid, seq, events)
+            self._registry.kv.feed(self._bid, seq, events)
 
     async def _replay(self, seq: int) -> None:
         status = self._registry.kv_status().get(self._bid)
@@ -152,19 +152,19 @@ class Subscriber:
         if start is None:
             return
         if not self._source.replay:
-            self._registry.kv_lost(self._bid, f"gap: seq {start}..{seq - 1} missed and no "
+            self._registry.kv.lost(self._bid, f"gap: seq {start}..{seq - 1} missed and no "
                                    "kv_events_replay to ask")  # fmt: skip
             return
-        self._registry.kv_begin_replay(self._bid, seq)
+        self._registry.kv.begin_replay(self._bid, seq)
         timeout = self._settings.replay_timeout
         try:
             async with asyncio.timeout(timeout):
                 await self._fetch(start)
         except TimeoutError:
-            self._registry.kv_lost(self._bid, f"replay from seq {start}: no end within "
+            self._registry.kv.lost(self._bid, f"replay from seq {start}: no end within "
                                    f"{timeout:g}s")  # fmt: skip
             return
-        self._registry.kv_end_replay(self._bid, seq)
+        self._registry.kv.end_replay(self._bid, seq)
 
     async def _fetch(self, start: int) -> None:
         """Ask for every buffered batch from `start`, feeding each, up to vLLM's END_SEQ
@@ -181,7 +181,7 @@ class Subscriber:
                 batch = self._decode(frames[1:] if frames[:1] == [b""] else frames)
                 if batch is None:
                     return
-                if self._registry.kv_feed(self._bid, *batch) is Fed.GAP:
+                if self._registry.kv.feed(self._bid, *batch) is Fed.GAP:
                     return  # the engine's buffer starts after `start`: the gap stays
         finally:
             dealer.close(linger=0)

@@ -68,8 +68,8 @@ class FleetCollector(Collector):
             "Pins held: prefix (KV-cache affinity) and response (who stores a response).",
             labels=["kind"],
         )
-        pins.add_metric(["prefix"], len(self._registry.pins))
-        pins.add_metric(["response"], self._registry.owner_count)
+        pins.add_metric(["prefix"], len(self._registry.placement.pins))
+        pins.add_metric(["response"], self._registry.placement.owner_count)
         yield pins
         yield from self._engine_load(snap)
         yield GaugeMetricFamily(

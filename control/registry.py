@@ -14,18 +14,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
-from baton.model import Backend, BackendId, BackendStatus, PrefixBlocks, RequestShape, Snapshot
+from baton.model import Backend, BackendId, BackendStatus, RequestShape, Snapshot
 from control import health
-from control.affinity import PinMatch, PinTable, PinView
-from control.chainblocks import ChainBlocks
+from control.affinity import PinTable
 from control.engineload import EngineLoad, LoadView, Readings
 from control.events import EventKind, EventLog
 from control.exceptions import BackendExists, BackendNotFound
 from control.facts import Facts
 from control.health import HealthPolicy, HealthRecord
-from control.kvindex import Fed, KvEvent, KvIndex, KvStatus
+from control.kvfeed import KvFeed
+from control.kvindex import KvIndex, KvStatus
 from control.load import Load
-from control.owners import Owned, OwnerTable
+from control.owners import OwnerTable
+from control.placement import Placement
 
 Clock = Callable[[], float]
 Listener = Callable[[Snapshot], None]
@@ -56,18 +57,18 @@ class Registry:
         self._listeners: list[Listener] = []
         self._removed: list[RemoveHook] = []
         self._load = Load()
-        self._pins = pins if pins is not None else PinTable()
-        self._owners = owners if owners is not None else OwnerTable()
-        # Explicit sessions (a request's session_id): pins keyed by the session, not a prefix.
-        self._sessions = sessions if sessions is not None else PinTable()
+        # Where conversations' state is: prefix pins, sessions, stored responses, and which
+        # KV blocks a prefix implies (placement.py).
+        self.placement = Placement(pins, sessions, owners)
         # Each engine's own load (engineload.py), and Baton's routes to it since that reading.
         self._readings = Readings()
-        self._chains = ChainBlocks()  # which blocks each message prefix implies
         # Facts read from each backend (GET /server_info); absent until read.
         self._facts: dict[BackendId, Facts] = {}
         self._facts_view: Mapping[BackendId, Facts] = MappingProxyType(self._facts)
         self._model_len: dict[BackendId, int] = {}  # from each engine's /v1/models
         self._kv = KvIndex(kv_capacity, on_change=self._kv_changed)  # blocks per backend
+        # What kvevents.py's subscribers tell the index, on this registry's clock.
+        self.kv = KvFeed(self._kv, clock, lambda bid: bid in self._backends, self._publish)
         now = clock()
         for b in backends:
             if b.id in self._backends:
@@ -250,16 +251,13 @@ class Registry:
     def cached_tokens(self, shape: RequestShape) -> tuple[dict[BackendId, int], int | None]:
         """Prompt tokens of `shape` each backend holds in its KV cache by its own events (only
         backends whose event stream is live), and the prompt's length when known exactly."""
-        found = self._chains.longest(shape.prefix_chain)
+        found = self.placement.implied(shape.prefix_chain)
         if found is None:
             return {}, None
         i, implied = found
         held = self._kv.cached(implied.keys, implied.block_size)
         exact = implied.tokens if i == len(shape.prefix_chain) - 1 and implied.tokens else None
         return {b: n * implied.block_size for b, n in held.items()}, exact
-
-    def learn_blocks(self, blocks: PrefixBlocks, reply_chain_hash: bytes, tokens: int) -> None:
-        self._chains.learn(blocks, reply_chain_hash, tokens)
 
     def engine_load(self, backend_id: str) -> EngineLoad | None:
         """The last reading, fresh or not (for `baton backends list` and /metrics)."""
@@ -271,92 +269,7 @@ class Registry:
     def expire_load(self, now: float) -> int:
         return self._load.expire(now)
 
-    # -- pins: where each prefix's KV cache is --------------------------------------------
-
-    @property
-    def pins(self) -> PinView:
-        return self._pins
-
-    def longest_pin(self, chain: Sequence[bytes], now: float) -> PinMatch | None:
-        return self._pins.longest(chain, now)
-
-    def follow_pin(self, match: PinMatch, now: float) -> None:
-        """A request went where its pin pointed: the pin stays warm."""
-        self._pins.touch(match, now)
-
-    def pin_chain(self, chain: Sequence[bytes], backend_id: BackendId, now: float) -> None:
-        self._pins.pin_chain(chain, backend_id, now)
-
-    def pin_reply(self, prefix: bytes, backend_id: BackendId, depth: int, now: float) -> None:
-        self._pins.pin(prefix, backend_id, depth, now)
-
-    def clear_pins(self, backend_id: str = "") -> int:
-        """Drop one backend's pins, or (no id) all of them; how many went."""
-        return self._pins.drop_backend(backend_id) if backend_id else self._pins.clear()
-
-    def expire_pins(self, now: float) -> int:
-        return self._pins.expire(now)
-
-    # -- sessions: a client's explicit conversation key -------------------------------------
-
-    @property
-    def sessions(self) -> PinView:
-        return self._sessions
-
-    def session_pin(self, session: str, now: float) -> PinMatch | None:
-        return self._sessions.longest((session.encode(),), now)
-
-    def pin_session(self, session: str, backend_id: BackendId, now: float) -> None:
-        self._sessions.pin(session.encode(), backend_id, 0, now)
-
-    # -- ownership: which backend holds a stored response (owners.py) ----------------------
-
-    @property
-    def owners(self) -> Iterable[Owned]:
-        return iter(self._owners)
-
-    @property
-    def owner_count(self) -> int:
-        return len(self._owners)
-
-    def record_owner(self, key: str, backend_id: BackendId, model: str, now: float) -> None:
-        self._owners.record(key, backend_id, model, now)
-
-    def release_owner(self, key: str) -> bool:
-        return self._owners.release(key)
-
-    def owner_of(self, key: str, now: float) -> Owned | None:
-        return self._owners.owner(key, now)
-
     # -- KV index: the prefix blocks each engine really holds (kvindex.py) -----------------
-
-    # What kvevents.py's subscribers see of each stream (kv_watch: registered backends only).
-    def kv_watch(self, backend_id: BackendId) -> None:
-        if backend_id in self._backends:
-            self._kv.watch(backend_id, self._clock())
-
-    def kv_forget(self, backend_id: BackendId) -> None:
-        self._kv.forget(backend_id)
-
-    def kv_connected(self, backend_id: BackendId) -> None:
-        self._kv.connected(backend_id, self._clock())
-
-    def kv_lost(self, backend_id: BackendId, reason: str) -> None:
-        self._kv.lost(backend_id, reason, self._clock())
-
-    def kv_feed(self, backend_id: BackendId, seq: int, events: Sequence[KvEvent]) -> Fed:
-        before = self._kv.status(backend_id)
-        fed = self._kv.feed(backend_id, seq, events, self._clock())
-        after = self._kv.status(backend_id)
-        if after is not None and after.block_size != (before.block_size if before else 0):
-            self._publish()  # shims report blocks in the engine's size: they must learn it
-        return fed
-
-    def kv_begin_replay(self, backend_id: BackendId, seq: int) -> None:
-        self._kv.begin_replay(backend_id, seq, self._clock())
-
-    def kv_end_replay(self, backend_id: BackendId, reached: int) -> bool:
-        return self._kv.end_replay(backend_id, reached, self._clock())
 
     def kv_status(self) -> Mapping[BackendId, KvStatus]:  # a backend absent here is `off`
         return self._kv.statuses()

@@ -107,11 +107,11 @@ class Router:
             primary = decision.backends[0].id
             reg.acquire(request.request_id, primary, now)
             if match is not None and decision.reason in FOLLOWED_PIN:
-                reg.follow_pin(match, now)
+                reg.placement.follow_pin(match, now)
             # Wherever it goes, that backend's cache now holds this prefix.
-            reg.pin_chain(chain, primary, now)
+            reg.placement.pin_chain(chain, primary, now)
             if shape.session:
-                reg.pin_session(shape.session, primary, now)
+                reg.placement.pin_session(shape.session, primary, now)
             if predict is not None:
                 _, uncached, queue = estimate(request, view, predict, primary)
                 self.prefill.predicted(request.request_id, Predicted(primary, uncached, queue))
@@ -124,10 +124,10 @@ class Router:
         pinned prefix."""
         shape, reg = request.shape, self.registry
         if shape.session:
-            match = reg.session_pin(shape.session, now)
+            match = reg.placement.session_pin(shape.session, now)
             if match is not None:
                 return PinMatch(match.pin, max(len(shape.prefix_chain) - 1, 0))
-        return reg.longest_pin(shape.prefix_chain, now) if shape.prefix_chain else None
+        return reg.placement.longest_pin(shape.prefix_chain, now) if shape.prefix_chain else None
 
     def _prediction(self, request: RouteRequest, now: float) -> Prediction:
         loads = self.registry.load_views(now, self._stale_after)
@@ -145,7 +145,7 @@ class Router:
         key = request.shape.owner_key
         reg = self.registry
         version = reg.snapshot.version
-        owned = reg.owner_of(key, now)
+        owned = reg.placement.owner_of(key, now)
         if owned is None:
             why = (f"no backend is known to hold {key} (it was not stored through this "
                    "fleet's router, or was deleted, or its ownership pin aged out)")  # fmt: skip
@@ -165,11 +165,11 @@ class Router:
 
     def record_owner(self, key: str, backend_id: str, model: str) -> None:
         """A shim saw `backend_id` store `key` (before the client could learn the id)."""
-        self.registry.record_owner(key, BackendId(backend_id), model, self._clock())
+        self.registry.placement.record_owner(key, BackendId(backend_id), model, self._clock())
 
     def release_owner(self, key: str) -> None:
         """A shim saw `key` deleted on its owner."""
-        self.registry.release_owner(key)
+        self.registry.placement.release_owner(key)
 
     def _panic(self, request: RouteRequest, refused: Decision) -> Decision:
         """No healthy backend serves the model: rather than refuse, try the ones health
@@ -255,7 +255,7 @@ class Router:
             if outcome.ok and outcome.ttft_ms > 0:
                 self.prefill.observed(outcome.request_id, outcome.backend_id, outcome.ttft_ms)
             if outcome.ok and outcome.blocks is not None:
-                self.registry.learn_blocks(
+                self.registry.placement.learn_blocks(
                     outcome.blocks, outcome.reply_chain_hash, outcome.prompt_tokens
                 )
             if (s := outcome.spec) is not None:
@@ -265,7 +265,7 @@ class Router:
                                         s.accepted, not flags, ", ".join(flags))  # fmt: skip
             if outcome.ok and outcome.reply_chain_hash and outcome.backend_id:
                 # The next turn's prefix ends with this reply: pin it where it was generated.
-                self.registry.pin_reply(
+                self.registry.placement.pin_reply(
                     outcome.reply_chain_hash,
                     BackendId(outcome.backend_id),
                     outcome.message_count + 1,

@@ -44,6 +44,22 @@ from control.store import EventFile
 log = logging.getLogger("baton.control")
 
 
+def _registry(
+    config: Config, saved: Configured, clock: Callable[[], float], events: EventLog
+) -> Registry:
+    """The fleet as configured, with what operators changed at run time laid over it."""
+    return Registry(
+        fleet(config.backends, saved),
+        drained=saved.drained,
+        clock=clock,
+        health_policy=config.health,
+        events=events,
+        pins=PinTable(config.affinity.pin_capacity, config.affinity.pin_ttl),
+        owners=OwnerTable(config.affinity.owner_capacity, config.affinity.owner_ttl),
+        kv_capacity=config.kv.capacity,
+    )
+
+
 def _event_log(file: EventFile | None, clock: Callable[[], float]) -> EventLog:
     """The audit log, written through to `file` and restored from it when there is one."""
     if file is None:
@@ -90,16 +106,7 @@ class ControlPlane:
         self._db = FleetDB(data_dir / "fleet.db") if data_dir and keep_fleet else None
         saved = self._db.load() if self._db else Configured()
         _warn_shadowed(config, saved, data_dir)
-        self.registry = Registry(
-            fleet(config.backends, saved),
-            drained=saved.drained,
-            clock=clock,
-            health_policy=config.health,
-            events=events,
-            pins=PinTable(config.affinity.pin_capacity, config.affinity.pin_ttl),
-            owners=OwnerTable(config.affinity.owner_capacity, config.affinity.owner_ttl),
-            kv_capacity=config.kv.capacity,
-        )
+        self.registry = _registry(config, saved, clock, events)
         # Each engine's KV-cache events, for backends configured with `kv_events`.
         self.kv = KvSubscribers(self.registry, config.kv_sources, config.kv)
         # The one pair flow over the registry: router, services, metrics and _save share it.
@@ -247,7 +254,7 @@ class ControlPlane:
         while True:
             await asyncio.sleep(30)
             self.registry.expire_load(time.time())
-            self.registry.expire_pins(time.time())
+            self.registry.placement.expire_pins(time.time())
 
     async def stop(self, grace: float = 2.0) -> None:
         for task in self._tasks:

@@ -140,13 +140,14 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def ListPins(
         self, request: admin_pb2.ListPinsRequest, context: Context
     ) -> admin_pb2.ListPinsResponse:
+        placed = self._registry.placement  # each kind most recently used first
         infos: list[admin_pb2.PinInfo] = []
-        if request.kind in ("", "response"):  # ownership pins, most recently used first
-            infos += [convert.owned_to_pb(o) for o in reversed(list(self._registry.owners))]
-        if request.kind in ("", "session"):  # explicit sessions, most recently used first
-            infos += [convert.session_to_pb(p) for p in reversed(list(self._registry.sessions))]
+        if request.kind in ("", "response"):
+            infos += [convert.owned_to_pb(o) for o in reversed(list(placed.owners))]
+        if request.kind in ("", "session"):
+            infos += [convert.session_to_pb(p) for p in reversed(list(placed.sessions))]
         if request.kind in ("", "prefix"):
-            infos += [convert.pin_to_pb(p) for p in reversed(list(self._registry.pins))]
+            infos += [convert.pin_to_pb(p) for p in reversed(list(placed.pins))]
         chosen = [p for p in infos if not request.backend_id or p.backend_id == request.backend_id]
         return admin_pb2.ListPinsResponse(pins=chosen[: request.limit or 100], total=len(chosen))
 
@@ -155,7 +156,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.ClearPinsResponse:
         # Prefix pins only: they are hints. An ownership pin is a fact about where a stored
         # response lives; forgetting it would only turn its follow-ups into refusals.
-        cleared = self._registry.clear_pins(request.backend_id)
+        cleared = self._registry.placement.clear_pins(request.backend_id)
         self._registry.events.record(
             EventKind.ADMIN, backend_id=request.backend_id, action="clear-pins", cleared=cleared
         )

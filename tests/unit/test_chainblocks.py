@@ -44,14 +44,14 @@ def test_the_registry_credits_only_backends_whose_live_index_holds_the_blocks() 
 
     reg = Registry([make_backend(b, f"http://127.0.0.1:{i + 1}", "m") for i, b in
                     enumerate("ab")], clock=lambda: 1.0)  # fmt: skip
-    reg.learn_blocks(report(), b"r3", 40)
+    reg.placement.learn_blocks(report(), b"r3", 40)
     shape = RequestShape("m", message_count=4, prefix_chain=(b"p1", b"p2", b"r3", b"new"))
     assert reg.cached_tokens(shape) == ({}, None)  # no live index anywhere: nothing trusted
     for b in (BackendId("a"), BackendId("b")):
-        reg.kv_watch(b)
-        reg.kv_connected(b)
+        reg.kv.watch(b)
+        reg.kv.connected(b)
     stored = Stored(hashes=tuple(range(1, 6)), parent=None, token_ids=tuple(PROMPT), block_size=8)
-    reg.kv_feed(BackendId("a"), 0, [stored])
+    reg.kv.feed(BackendId("a"), 0, [stored])
     cached, exact = reg.cached_tokens(shape)
     assert cached == {BackendId("a"): 40, BackendId("b"): 0} and exact is None
     first = RequestShape("m", message_count=2, prefix_chain=(b"p1", b"p2"))

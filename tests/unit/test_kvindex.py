@@ -219,13 +219,13 @@ def test_a_late_connection_event_does_not_reset_a_live_index() -> None:
 def test_the_registry_answers_for_live_indexes_and_records_each_state_change() -> None:
     reg = Registry([make_backend("a", "http://h:1", "m"), make_backend("b", "http://h:2", "m")],
                    clock=lambda: 5.0)  # fmt: skip
-    reg.kv_watch(A)
-    reg.kv_watch(BackendId("nope"))  # not registered: no index
+    reg.kv.watch(A)
+    reg.kv.watch(BackendId("nope"))  # not registered: no index
     assert set(reg.kv_status()) == {A}
-    reg.kv_connected(A)
-    reg.kv_feed(A, 0, [stored((11,), None, PROMPT[:4])])
+    reg.kv.connected(A)
+    reg.kv.feed(A, 0, [stored((11,), None, PROMPT[:4])])
     assert reg.cached_blocks(block_keys(PROMPT, BS), BS) == {A: 1}
-    reg.kv_lost(A, "disconnected from tcp://h:5557")
+    reg.kv.lost(A, "disconnected from tcp://h:5557")
     assert reg.cached_blocks(block_keys(PROMPT, BS), BS) == {}
     kinds = [(e.data["previous"], e.data["state"]) for e in reg.events.query(EventQuery("kv"))]
     assert kinds == [("off", "lost"), ("lost", "live"), ("live", "lost")]
