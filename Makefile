@@ -32,5 +32,6 @@ bench: $(STAMP)
 engines:
 	scripts/engines/setup.sh
 
+# The sim's KV-event wire format is checked against vLLM's own decoder there too.
 test-real: $(STAMP) engines
-	$(PY) -m pytest -m real tests/real $(ARGS)
+	$(PY) -m pytest -m real tests/real tests/integration/test_sim_kv_events.py $(ARGS)
