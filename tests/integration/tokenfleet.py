@@ -89,9 +89,12 @@ def token_fleet(
             admin.AddBackend(admin_pb2.AddBackendRequest(backend=draft), **kw)
 
             def all_healthy() -> bool:
+                # Settled too: control has read every engine's context length (its own, later
+                # snapshot), so a test comparing the fleet before and after a call sees only
+                # what the call changed.
                 rows = admin.ListBackends(admin_pb2.ListBackendsRequest(), **kw).backends
                 healthy = {r.backend.id for r in rows if r.state == fleet_pb2.HEALTH_STATE_HEALTHY}
-                return healthy == {"t0", "t1", "d"}
+                return healthy == {"t0", "t1", "d"} and all(r.max_model_len for r in rows)
 
             assert wait_until(all_healthy)
             if drain_t1:
