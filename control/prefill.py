@@ -58,24 +58,22 @@ class PrefillRates:
             self._pending.popitem(last=False)
 
     def observed(self, request_id: str, backend_id: str, ttft_ms: float) -> None:
-        """The request's real TTFT: the prediction's terms take the error in proportion to
-        their share of it. A request served elsewhere than predicted (a retry) teaches
-        nothing."""
+        """The request's real TTFT. A request ahead in the queue holds the engine about as
+        long as a typical request's own first token takes there, so the per-queued rate
+        follows the TTFTs themselves; the per-token rate takes what the queue does not
+        explain, over the uncached tokens. (Splitting the error in proportion instead left
+        the queue rate at its prior whenever routes saw empty queues, and the policy piled
+        requests onto a cached card.) A request served elsewhere than predicted (a retry)
+        teaches nothing."""
         p = self._pending.pop(request_id, None)
         if p is None or p.backend_id != backend_id or ttft_ms <= 0:
             return
         old = self.rates(backend_id)
-        token_part = p.uncached_tokens * old.ms_per_token
-        queue_part = p.queue * old.ms_per_queued
-        total = token_part + queue_part
-        if total <= 0:
-            return
-        scale = ttft_ms / total
-        per_token, per_queued = old.ms_per_token, old.ms_per_queued
+        per_queued = (1 - ALPHA) * old.ms_per_queued + ALPHA * ttft_ms
+        per_token = old.ms_per_token
         if p.uncached_tokens > 0:
-            per_token = (1 - ALPHA) * per_token + ALPHA * per_token * scale
-        if p.queue > 0:
-            per_queued = (1 - ALPHA) * per_queued + ALPHA * per_queued * scale
+            own = max(ttft_ms - p.queue * old.ms_per_queued, 0.0) / p.uncached_tokens
+            per_token = (1 - ALPHA) * per_token + ALPHA * own
         self._rates[backend_id] = Rates(
             _clip(per_token, BOUNDS_PER_TOKEN), _clip(per_queued, BOUNDS_PER_QUEUED)
         )

@@ -23,7 +23,7 @@ SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 12}
 
 def kv_fleet(tmp_path: Path, n: int = 2) -> Fleet:
     sims: dict[str, Part] = {}
-    lines = ["[probes]", "interval = 0.2", "timeout = 0.5", ""]  # no routing key: ttft
+    lines = ['routing = "ttft"', "[probes]", "interval = 0.2", "timeout = 0.5", ""]
     for i in range(n):
         pub, replay = f"ipc://{tmp_path}/s{i}.pub", f"ipc://{tmp_path}/s{i}.replay"
         sims[f"s{i}"] = start_sim("--kv-block-size", "8", "--kv-cache-blocks", "40",

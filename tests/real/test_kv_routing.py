@@ -25,7 +25,7 @@ SYSTEM = "You are a careful assistant that answers briefly and never guesses. " 
 
 
 def config(path: Path, engines: list[Engine]) -> Path:
-    lines = ["[probes]", "interval = 0.5", "timeout = 1.0", ""]  # no routing: ttft by default
+    lines = ['routing = "ttft"', "[probes]", "interval = 0.5", "timeout = 1.0", ""]
     for e in engines:
         pub, replay = kv_events(e.name)
         lines += ["[[backends]]", f'id = "{e.name}"', f'url = "{e.url}"',
