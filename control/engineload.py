@@ -2,8 +2,8 @@
 and the KV cache's use. Baton's in-flight count sees only what Baton sent; the engine's
 own gauges see everything (requests from other routers, long jobs sent to it directly), but
 lag: they are read every `interval` seconds, and a reading older than `stale_after` is not
-used at all. `queue()` combines the two: the engine's count at the reading plus what Baton
-has sent it since.
+used at all. `queue()` combines the two: the requests waiting at the reading plus what
+Baton has sent since and not seen finish.
 
 vLLM: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`
 (a fraction, despite the name). SGLang: `sglang:num_running_reqs`, `sglang:num_queue_reqs`,
@@ -70,10 +70,13 @@ class LoadView:
     routed_since: int = 0  # requests Baton sent it since that reading
 
     def queue(self) -> float:
-        """Requests the engine has that a new one would wait behind or share it with."""
+        """Requests a new one would wait behind: the engine's waiting ones at the reading
+        plus what Baton sent since and has not seen finish (they may still wait). Running
+        requests are decoded beside a new one's prefill, not ahead of it (continuous
+        batching). Without a fresh reading, Baton's in-flight count is all there is."""
         if self.engine is None:
             return float(self.in_flight)
-        return max(self.engine.requests + self.routed_since, float(self.in_flight))
+        return self.engine.waiting + min(self.routed_since, self.in_flight)
 
 
 class Readings:

@@ -19,6 +19,10 @@ from dataclasses import dataclass
 DEFAULT_MS_PER_TOKEN = 0.05
 DEFAULT_MS_PER_QUEUED = 20.0
 ALPHA = 0.2  # weight of the newest observation
+# A TTFT is also a fixed overhead (scheduling, the first decode step, the network): over a
+# handful of tokens it would read as an absurd per-token rate. Only prompts with at least this
+# many uncached tokens teach the prefill rate.
+MIN_TOKENS_TO_LEARN = 128
 BOUNDS_PER_TOKEN = (1e-4, 50.0)
 BOUNDS_PER_QUEUED = (0.0, 60_000.0)
 
@@ -71,7 +75,7 @@ class PrefillRates:
         old = self.rates(backend_id)
         per_queued = (1 - ALPHA) * old.ms_per_queued + ALPHA * ttft_ms
         per_token = old.ms_per_token
-        if p.uncached_tokens > 0:
+        if p.uncached_tokens >= MIN_TOKENS_TO_LEARN:
             own = max(ttft_ms - p.queue * old.ms_per_queued, 0.0) / p.uncached_tokens
             per_token = (1 - ALPHA) * per_token + ALPHA * own
         self._rates[backend_id] = Rates(

@@ -40,6 +40,14 @@ def estimate(
 ) -> tuple[float, float, float]:
     """(estimated TTFT ms, uncached tokens, queue) of the request on `backend_id`."""
     total = prompt_tokens(request, prediction)
+    if not any(request.shape.assistant_turns):
+        # A first turn (a fresh conversation, a burst member): only a shared system prompt
+        # could be cached, and crediting it piles new conversations onto the card that
+        # cached it first, where their later turns queue behind each other (seed 003's
+        # lesson). Such requests go by the queue alone.
+        queue = prediction.queue.get(backend_id, float(view.load.get(backend_id, 0)))
+        rates = prediction.rates.get(backend_id, Rates())
+        return rates.ttft_ms(total, queue), total, queue
     cached = float(prediction.cached_tokens.get(backend_id, 0))
     if backend_id not in prediction.cached_tokens and view.pin is not None:
         if view.pin.pin.backend_id == backend_id and request.shape.message_count:

@@ -63,7 +63,8 @@ def test_a_session_follows_its_conversation_across_two_shims(tmp_path: Path) -> 
 
 
 def test_a_backend_busy_with_requests_baton_never_sent_is_avoided(tmp_path: Path) -> None:
-    slow = ("--decode-ms-per-step", "20")
+    # Two sequences at a time: of four long requests, two run and two wait, as on a full card.
+    slow = ("--decode-ms-per-step", "20", "--max-num-seqs", "2")
     with fleet(tmp_path, n=2, per_sim=[slow, slow],
                control_extra='routing = "ttft"\n[load]\ninterval = 0.2\n') as f:  # fmt: skip
         busy = f.sims["s0"].ready
@@ -78,8 +79,8 @@ def test_a_backend_busy_with_requests_baton_never_sent_is_avoided(tmp_path: Path
         for j in jobs:
             j.start()
         try:
-            # Control reads s0's own gauges: 4 running, none of them Baton's.
-            assert wait_until(lambda: f.backends()["s0"]["engine"].startswith("4+0"), 15)
+            # Control reads s0's own gauges: 2 running, 2 waiting, none of them Baton's.
+            assert wait_until(lambda: f.backends()["s0"]["engine"].startswith("2+2"), 15)
             assert f.backends()["s0"]["in_flight"] == 0
             c = openai.OpenAI(base_url=f.base_url, api_key="x", max_retries=0)
             for i in range(4):

@@ -41,11 +41,13 @@ def test_an_engines_page_reads_as_its_load_summed_over_label_sets() -> None:
     assert parse_load(VLLM_PAGE, BackendKind.OPENAI, 1.0) is None  # no gauges to read
 
 
-def test_the_queue_is_the_engines_count_plus_what_baton_sent_since_and_never_less() -> None:
+def test_the_queue_is_the_engines_waiting_plus_what_baton_sent_since() -> None:
     reading = EngineLoad(4.0, 2.0, None, 0.0)
     assert LoadView(in_flight=3).queue() == 3.0  # no reading: Baton's own count
-    assert LoadView(3, reading, routed_since=2).queue() == 8.0
-    assert LoadView(9, reading, routed_since=0).queue() == 9.0  # the reading lags Baton
+    # 4 running are decoded beside a new prefill; 2 waiting and Baton's 2 since are ahead.
+    assert LoadView(3, reading, routed_since=2).queue() == 4.0
+    # Sent since, but finished already: not ahead of anyone.
+    assert LoadView(0, reading, routed_since=5).queue() == 2.0
 
 
 def test_a_stale_reading_is_not_used() -> None:
@@ -89,7 +91,9 @@ def decide(prediction: Prediction, shape: RequestShape, pin: object = None) -> t
     return d.backends[0].id, d.detail
 
 
-LONG = RequestShape("m", message_count=2, prompt_chars=6000)  # ~1500 tokens
+# ~1500 tokens, a continuation (an assistant turn in its prefix); BURST: a first turn.
+LONG = RequestShape("m", message_count=3, prompt_chars=6000, assistant_turns=(False, True, False))
+BURST = RequestShape("m", message_count=2, prompt_chars=6000)
 
 
 @pytest.mark.parametrize(
@@ -123,19 +127,20 @@ def test_a_cold_burst_sharing_a_prefix_spreads_over_every_card() -> None:
     rates = {BackendId(b): Rates(0.05, 40.0) for b in FLEET}
     chosen = []
     for _ in range(9):
-        b, _ = decide(Prediction(dict(queue), cached, rates), LONG)
+        b, _ = decide(Prediction(dict(queue), cached, rates), BURST)
         chosen.append(b)
         queue[BackendId(b)] += 1  # what Baton sent since the last reading
-    assert set(chosen) == set(FLEET) and chosen.count("a") >= chosen.count("b")
+    # A first turn is not credited the shared prefix: it would pile the burst on "a".
+    assert sorted(chosen.count(b) for b in FLEET) == [3, 3, 3]
 
 
 def test_without_a_live_index_the_pin_stands_in_for_the_cache() -> None:
     from control.affinity import Pin, PinMatch
 
-    pin = PinMatch(Pin(b"h", BackendId("c"), 1, 0.0, 0.0), 0)  # covers 1 of 2 messages
+    pin = PinMatch(Pin(b"h", BackendId("c"), 2, 0.0, 0.0), 1)  # covers 2 of 3 messages
     rates = {BackendId(b): Rates(0.05, 20.0) for b in FLEET}
     got, detail = decide(Prediction({}, {}, rates), LONG, pin)
-    assert got == "c" and "uncached 750 tok" in detail
+    assert got == "c" and "uncached 500 tok" in detail
     # A live index that says the blocks are gone wins over the pin.
     got, _ = decide(Prediction({}, {BackendId("c"): 0, BackendId("b"): 1400}, rates), LONG, pin)
     assert got == "b"
