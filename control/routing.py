@@ -112,7 +112,8 @@ class Router:
             reg.placement.pin_chain(chain, primary, now)
             if shape.session:
                 reg.placement.pin_session(shape.session, primary, now)
-            if predict is not None:
+            if predict is not None and reason is None:
+                # A failover's resume is not the request's first token: nothing to learn.
                 _, uncached, queue = estimate(request, view, predict, primary)
                 self.prefill.predicted(request.request_id, Predicted(primary, uncached, queue))
         if self._route_events:
