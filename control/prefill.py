@@ -41,6 +41,11 @@ class Predicted:
     backend_id: str
     uncached_tokens: float
     queue: float
+    prompt_chars: int = 0
+
+
+# A prompt's characters per token before any report says otherwise (English text, BPE).
+DEFAULT_CHARS_PER_TOKEN = 4.0
 
 
 def _clip(v: float, bounds: tuple[float, float]) -> float:
@@ -52,6 +57,8 @@ class PrefillRates:
         self._rates: dict[str, Rates] = {}
         self._pending: OrderedDict[str, Predicted] = OrderedDict()
         self._capacity = pending_capacity
+        # Learned from the prompt sizes shims report (a model's tokenizer, the fleet's text).
+        self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
 
     def rates(self, backend_id: str) -> Rates:
         return self._rates.get(backend_id, Rates())
@@ -61,7 +68,9 @@ class PrefillRates:
         while len(self._pending) > self._capacity:
             self._pending.popitem(last=False)
 
-    def observed(self, request_id: str, backend_id: str, ttft_ms: float) -> None:
+    def observed(
+        self, request_id: str, backend_id: str, ttft_ms: float, prompt_tokens: int = 0
+    ) -> None:
         """The request's real TTFT. A request ahead in the queue holds the engine about as
         long as a typical request's own first token takes there, so the per-queued rate
         follows the TTFTs themselves; the per-token rate takes what the queue does not
@@ -72,12 +81,18 @@ class PrefillRates:
         p = self._pending.pop(request_id, None)
         if p is None or p.backend_id != backend_id or ttft_ms <= 0:
             return
+        if p.prompt_chars and prompt_tokens >= MIN_TOKENS_TO_LEARN:
+            ratio = p.prompt_chars / prompt_tokens
+            self.chars_per_token = (1 - ALPHA) * self.chars_per_token + ALPHA * ratio
         old = self.rates(backend_id)
-        per_queued = (1 - ALPHA) * old.ms_per_queued + ALPHA * ttft_ms
+        # The request's own service time: what waiting behind the queue does not explain. A
+        # request ahead holds the engine about that long (its whole TTFT would count the
+        # waits it had itself, and feed back into more waiting).
+        own = max(ttft_ms - p.queue * old.ms_per_queued, 0.0)
+        per_queued = (1 - ALPHA) * old.ms_per_queued + ALPHA * own
         per_token = old.ms_per_token
         if p.uncached_tokens >= MIN_TOKENS_TO_LEARN:
-            own = max(ttft_ms - p.queue * old.ms_per_queued, 0.0) / p.uncached_tokens
-            per_token = (1 - ALPHA) * per_token + ALPHA * own
+            per_token = (1 - ALPHA) * per_token + ALPHA * own / p.uncached_tokens
         self._rates[backend_id] = Rates(
             _clip(per_token, BOUNDS_PER_TOKEN), _clip(per_queued, BOUNDS_PER_QUEUED)
         )

@@ -115,7 +115,8 @@ class Router:
             if predict is not None and reason is None:
                 # A failover's resume is not the request's first token: nothing to learn.
                 _, uncached, queue = estimate(request, view, predict, primary)
-                self.prefill.predicted(request.request_id, Predicted(primary, uncached, queue))
+                self.prefill.predicted(request.request_id, Predicted(
+                    primary, uncached, queue, request.shape.prompt_chars))  # fmt: skip
         if self._route_events:
             self._audit(request, decision, match)
         return decision
@@ -138,6 +139,7 @@ class Router:
             cached_tokens=cached,
             rates={bid: self.prefill.rates(bid) for bid in loads},
             prompt_tokens=prompt_tokens,
+            chars_per_token=self.prefill.chars_per_token,
         )
 
     def _to_owner(self, request: RouteRequest, now: float) -> Decision:
@@ -254,7 +256,8 @@ class Router:
         for outcome in outcomes:
             self.registry.release(outcome.request_id)
             if outcome.ok and outcome.ttft_ms > 0:
-                self.prefill.observed(outcome.request_id, outcome.backend_id, outcome.ttft_ms)
+                self.prefill.observed(outcome.request_id, outcome.backend_id, outcome.ttft_ms,
+                                      outcome.prompt_tokens)  # fmt: skip
             if outcome.ok and outcome.blocks is not None:
                 self.registry.placement.learn_blocks(
                     outcome.blocks, outcome.reply_chain_hash, outcome.prompt_tokens

@@ -25,6 +25,7 @@ class Prediction:
     cached_tokens: Mapping[BackendId, int] = field(default_factory=dict)
     rates: Mapping[BackendId, Rates] = field(default_factory=dict)
     prompt_tokens: int | None = None
+    chars_per_token: float = 4.0  # learned (prefill.py): a prompt's size from its characters
 
 
 @dataclass(frozen=True, slots=True)

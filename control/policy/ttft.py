@@ -32,7 +32,7 @@ CHARS_PER_TOKEN = 4.0  # a prompt's size in tokens, from its characters, before 
 def prompt_tokens(request: RouteRequest, prediction: Prediction) -> float:
     if prediction.prompt_tokens is not None:
         return float(prediction.prompt_tokens)
-    return request.shape.prompt_chars / CHARS_PER_TOKEN
+    return request.shape.prompt_chars / (prediction.chars_per_token or CHARS_PER_TOKEN)
 
 
 def estimate(
