@@ -92,7 +92,7 @@ class Router:
         shape = request.shape
         chain = shape.prefix_chain
         match = self._pin(request, now)
-        predict = self._prediction(request, now) if self.policy.name == "ttft" else None
+        predict = self._prediction(request, now) if self.policy.predicts else None
         view = RoutingView(reg.snapshot, reg.in_flight(), match, predict)
         decision = prefer(self.policy.decide(request, view, rng=self._rng, now=now), preferred)
         if not decision.backends and decision.reason is Reason.NO_BACKEND:

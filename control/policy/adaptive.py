@@ -40,6 +40,7 @@ class Adaptive:
     Ties: the spread counter (spill: lowest load, then ring order)."""
 
     name = "adaptive"
+    predicts = False
 
     def __init__(self, guard: SpillGuard | None = None) -> None:
         self._spread = Spreader()

@@ -19,6 +19,7 @@ class Affinity:
     first member's pin to one card (what `adaptive` avoids)."""
 
     name = "affinity"
+    predicts = False
 
     def __init__(self) -> None:
         self._spread = Spreader()

@@ -42,6 +42,7 @@ class RoutingView:
 
 class Policy(Protocol):
     name: str
+    predicts: bool  # reads RoutingView.predict (the router builds it only then: it costs)
 
     def decide(
         self, request: RouteRequest, view: RoutingView, *, rng: Random, now: float

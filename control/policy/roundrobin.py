@@ -17,6 +17,7 @@ class RoundRobin:
     fallbacks in ring order. Ties: none, the counter alone decides."""
 
     name = "roundrobin"
+    predicts = False
 
     def __init__(self) -> None:
         self._spread = Spreader()

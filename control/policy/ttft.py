@@ -40,26 +40,34 @@ def estimate(
 ) -> tuple[float, float, float]:
     """(estimated TTFT ms, uncached tokens, queue) of the request on `backend_id`."""
     total = prompt_tokens(request, prediction)
-    if not any(request.shape.assistant_turns):
-        # A first turn (a fresh conversation, a burst member): only a shared system prompt
-        # could be cached, and crediting it piles new conversations onto the card that
-        # cached it first, where their later turns queue behind each other (seed 003's
-        # lesson). Such requests go by the queue alone.
-        queue = prediction.queue.get(backend_id, float(view.load.get(backend_id, 0)))
-        rates = prediction.rates.get(backend_id, Rates())
-        return rates.ttft_ms(total, queue), total, queue
-    cached = float(prediction.cached_tokens.get(backend_id, 0))
-    if backend_id not in prediction.cached_tokens and view.pin is not None:
-        if view.pin.pin.backend_id == backend_id and request.shape.message_count:
-            cached = total * (view.pin.index + 1) / request.shape.message_count
-    uncached = max(total - cached, 0.0)
+    uncached = max(total - _cached(request, view, prediction, backend_id, total), 0.0)
     queue = prediction.queue.get(backend_id, float(view.load.get(backend_id, 0)))
     rates = prediction.rates.get(backend_id, Rates())
     return rates.ttft_ms(uncached, queue), uncached, queue
 
 
+def _cached(
+    request: RouteRequest, view: RoutingView, prediction: Prediction, backend_id: BackendId,
+    total: float,
+) -> float:  # fmt: skip
+    """Prompt tokens credited as cached on `backend_id`."""
+    if not any(request.shape.assistant_turns):
+        # A first turn (a fresh conversation, a burst member): only a shared system prompt
+        # could be cached, and crediting it piles new conversations onto the card that
+        # cached it first, where their later turns queue behind each other (seed 003's
+        # lesson). Such requests are credited nothing: the queue decides.
+        return 0.0
+    if backend_id in prediction.cached_tokens:  # a live index: what the engine holds
+        return float(prediction.cached_tokens[backend_id])
+    pin = view.pin
+    if pin is not None and pin.pin.backend_id == backend_id and request.shape.message_count:
+        return total * (pin.index + 1) / request.shape.message_count
+    return 0.0
+
+
 class PredictedTTFT:
     name = "ttft"
+    predicts = True  # the router builds RoutingView.predict for it
 
     def __init__(self) -> None:
         self._spread = Spreader()

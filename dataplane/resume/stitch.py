@@ -274,8 +274,7 @@ class Stitcher:
         """Usage over the whole generation (when asked and a resume happened), then [DONE]."""
         if not (self.want_usage and self.resumed):
             return DONE_EVENT
-        prompt = self._prompt_tokens()
-        completion = sum(p.generated for p in self.choices.values())
+        prompt, completion = self.token_counts()
         usage = {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
