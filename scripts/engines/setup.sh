@@ -85,14 +85,17 @@ model() {
   one_model tiny-think "$THINK_VERSION"  # served by vLLM only (--reasoning-parser deepseek_r1)
 }
 
-# Debian's package (apt-get, as root) when no `prometheus` is on PATH (type -P: this function
+# Debian's package (apt-get, as root or through sudo -n) when no `prometheus` is on PATH (type -P: this function
 # is not one). Its own service may start or not: the dashboard test runs its own process.
 prometheus() {
   type -P prometheus >/dev/null && { say "prometheus: $(type -P prometheus)"; return; }
   say "prometheus: installing Debian's package"
   local log="$CACHE/logs/prometheus.log"
   export DEBIAN_FRONTEND=noninteractive
-  { apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; } \
+  # Not root: through sudo, without a prompt (CI has no terminal), when there is one.
+  local as=()
+  [[ $(id -u) -ne 0 ]] && command -v sudo >/dev/null && as=(sudo -n -E)
+  { "${as[@]}" apt-get update -q && "${as[@]}" apt-get install -y -q --no-install-recommends prometheus; } \
     </dev/null >"$log" 2>&1 || fail_with_log "$log"
   type -P prometheus >/dev/null || fail_with_log "$log"
   say "prometheus: done"
