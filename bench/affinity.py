@@ -77,6 +77,7 @@ class Plan:
     prefill_us: float = 200.0
     decode_ms: float = 5.0
     seed: int = 0
+    model: str = MODEL  # the sim's; bench/kv_real.py serves its own
 
     def sim_args(self) -> list[str]:
         return [
@@ -322,7 +323,7 @@ async def chat(
     session: aiohttp.ClientSession, base: str, msgs: list[Message], plan: Plan, stream: bool
 ) -> tuple[float, str, str]:
     """(TTFT s: first content byte, or the whole reply when not streaming; reply; request id)."""
-    body = {"model": MODEL, "messages": msgs, "max_tokens": plan.max_tokens, "temperature": 0,
+    body = {"model": plan.model, "messages": msgs, "max_tokens": plan.max_tokens, "temperature": 0,
             "stream": stream}  # fmt: skip
     t0 = time.perf_counter()
     async with session.post(base + "/v1/chat/completions", data=orjson.dumps(body)) as resp:

