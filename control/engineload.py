@@ -2,8 +2,7 @@
 and the KV cache's use. Baton's in-flight count sees only what Baton sent; the engine's
 own gauges see everything (requests from other routers, long jobs sent to it directly), but
 lag: they are read every `interval` seconds, and a reading older than `stale_after` is not
-used at all. `queue()` combines the two: the requests waiting at the reading plus what
-Baton has sent since and not seen finish.
+used at all. `outside()` combines the two: the engine's requests that are not Baton's.
 
 vLLM: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`
 (a fraction, despite the name). SGLang: `sglang:num_running_reqs`, `sglang:num_queue_reqs`,
@@ -76,37 +75,36 @@ class LoadView:
 
     in_flight: int
     engine: EngineLoad | None = None
-    routed_since: int = 0  # requests Baton sent it since that reading
+    baton_at_reading: int = 0  # Baton's own requests in flight there when it was read
 
-    def queue(self) -> float:
-        """Requests a new one would wait behind: the engine's waiting ones at the reading
-        plus what Baton sent since and has not seen finish (they may still wait). Running
-        requests are decoded beside a new one's prefill, not ahead of it (continuous
-        batching). Without a fresh reading, Baton's in-flight count is all there is."""
+    def outside(self) -> float:
+        """Requests on the engine that Baton did not send (other routers, jobs sent to it
+        directly), at the reading: its running + waiting count beyond Baton's own requests
+        in flight there at that moment (counted against Baton's count now, requests that
+        finished or were sent since would read as someone else's). Baton's own are weighed
+        by their predicted work instead (control/prefill.py). Without a fresh reading: none
+        known."""
         if self.engine is None:
-            return float(self.in_flight)
-        return self.engine.waiting + min(self.routed_since, self.in_flight)
+            return 0.0
+        return max(self.engine.requests - self.baton_at_reading, 0.0)
 
 
 class Readings:
-    """The registry's record of each engine's last reading and Baton's routes to it since."""
+    """The registry's record of each engine's last reading, and how many of Baton's own
+    requests were in flight there when it was taken."""
 
     def __init__(self) -> None:
-        self._last: dict[BackendId, EngineLoad] = {}
-        self._since: dict[BackendId, int] = {}
+        self._last: dict[BackendId, tuple[EngineLoad, int]] = {}
 
-    def read(self, backend_id: BackendId, load: EngineLoad | None) -> None:
+    def read(self, backend_id: BackendId, load: EngineLoad | None, baton_in_flight: int) -> None:
         if load is None:
             self._last.pop(backend_id, None)
         else:
-            self._last[backend_id] = load
-            self._since[backend_id] = 0
-
-    def routed(self, backend_id: BackendId) -> None:
-        self._since[backend_id] = self._since.get(backend_id, 0) + 1
+            self._last[backend_id] = (load, baton_in_flight)
 
     def last(self, backend_id: BackendId) -> EngineLoad | None:
-        return self._last.get(backend_id)
+        got = self._last.get(backend_id)
+        return got[0] if got else None
 
     def views(
         self,
@@ -120,7 +118,9 @@ class Readings:
         Baton's own requests)."""
         out = {}
         for bid in backends:
-            reading = self._last.get(bid)
-            fresh = reading if reading and now - reading.read_at <= stale_after else None
-            out[bid] = LoadView(in_flight.get(bid, 0), fresh, self._since.get(bid, 0))
+            reading, baton = self._last.get(bid, (None, 0))
+            if reading is not None and now - reading.read_at <= stale_after:
+                out[bid] = LoadView(in_flight.get(bid, 0), reading, baton)
+            else:
+                out[bid] = LoadView(in_flight.get(bid, 0))
         return out

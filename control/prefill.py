@@ -1,11 +1,25 @@
-"""What a backend's time to first token costs, learned from the outcomes shims report: the
-milliseconds per uncached prompt token (prefill) and per request already queued on it
-(each one ahead takes its turn at the engine first). Each route's prediction is kept until its
-outcome arrives; the error between them moves the two rates (an exponentially weighted
-average per backend, bounded to sane values), so a slow card, a busy card or a card with a
-longer context shows up in the estimates within a few requests.
+"""What a backend's time to first token costs, learned from the outcomes shims report.
 
-Pure: the router feeds it; policies read `rates()`."""
+A new request's first token waits for the prefill work already ahead of it on that engine,
+then for its own prefill. Three terms, per backend:
+
+- Baton's own backlog: the predicted prefill time of what Baton sent there, drained at one
+  millisecond per millisecond (an engine prefills one batch at a time: work ahead is served
+  before a new request's, whatever the batching). A count of requests ahead would weigh a
+  4,000-token prompt like a 100-token one.
+- Requests Baton did not send (the engine's own running + waiting count beyond Baton's),
+  whose size nobody knows: each costs `ms_per_outside`, learned.
+- The request's own uncached prompt tokens x `ms_per_token`, learned.
+
+Each route's prediction is kept until its outcome arrives; the error between them moves the
+two rates (an exponentially weighted step, split between the terms in proportion to what
+each predicted, bounded to sane values), so a slow card or a card busy with someone else's
+work shows up in the estimates within a few requests.
+
+Also learned: a prompt's characters per token (the fleet's tokenizer on the fleet's text),
+for prompts whose token count no shim has reported yet.
+
+Pure: the router feeds it, with its clock; policies read `rates()` and `backlog_ms()`."""
 
 # baton: pure
 
@@ -14,38 +28,44 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-# Before a backend has reported anything: a plausible GPU (prefill ~20k tokens/s, a queued
-# request costing about one short prefill). Both are learned away within a few outcomes.
+# Before a backend has reported anything: a plausible GPU (prefill ~20k tokens/s, a request
+# of unknown size costing about one short prefill). Both are learned away within a few
+# outcomes.
 DEFAULT_MS_PER_TOKEN = 0.05
-DEFAULT_MS_PER_QUEUED = 20.0
+DEFAULT_MS_PER_OUTSIDE = 20.0
 ALPHA = 0.2  # weight of the newest observation
 # A TTFT is also a fixed overhead (scheduling, the first decode step, the network): over a
 # handful of tokens it would read as an absurd per-token rate. Only prompts with at least this
 # many uncached tokens teach the prefill rate.
 MIN_TOKENS_TO_LEARN = 128
 BOUNDS_PER_TOKEN = (1e-4, 50.0)
-BOUNDS_PER_QUEUED = (0.0, 60_000.0)
+BOUNDS_PER_OUTSIDE = (0.0, 60_000.0)
+# A prompt's characters per token before any report says otherwise (English text, BPE).
+DEFAULT_CHARS_PER_TOKEN = 4.0
+# Characters per token is a ratio of sums over recent prompts: the first report replaces
+# the guess at once (a byte-level tokenizer makes 1, not 4: an estimate off by 4x credits a
+# continuation with its whole prompt cached), and older prompts fade by this much per report.
+SIZE_MEMORY = 0.98
 
 
 @dataclass(frozen=True, slots=True)
 class Rates:
     ms_per_token: float = DEFAULT_MS_PER_TOKEN
-    ms_per_queued: float = DEFAULT_MS_PER_QUEUED
+    ms_per_outside: float = DEFAULT_MS_PER_OUTSIDE
 
-    def ttft_ms(self, uncached_tokens: float, queue: float) -> float:
-        return queue * self.ms_per_queued + uncached_tokens * self.ms_per_token
+    def ttft_ms(
+        self, uncached_tokens: float, backlog_ms: float = 0.0, outside: float = 0.0
+    ) -> float:
+        return backlog_ms + outside * self.ms_per_outside + uncached_tokens * self.ms_per_token
 
 
 @dataclass(frozen=True, slots=True)
 class Predicted:
     backend_id: str
     uncached_tokens: float
-    queue: float
+    backlog_ms: float = 0.0
+    outside: float = 0.0
     prompt_chars: int = 0
-
-
-# A prompt's characters per token before any report says otherwise (English text, BPE).
-DEFAULT_CHARS_PER_TOKEN = 4.0
 
 
 def _clip(v: float, bounds: tuple[float, float]) -> float:
@@ -57,13 +77,28 @@ class PrefillRates:
         self._rates: dict[str, Rates] = {}
         self._pending: OrderedDict[str, Predicted] = OrderedDict()
         self._capacity = pending_capacity
-        # Learned from the prompt sizes shims report (a model's tokenizer, the fleet's text).
-        self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
+        self._work: dict[str, tuple[float, float]] = {}  # backend -> (backlog ms, as of)
+        self._chars, self._tokens = 0.0, 0.0
+
+    @property
+    def chars_per_token(self) -> float:
+        return self._chars / self._tokens if self._tokens else DEFAULT_CHARS_PER_TOKEN
 
     def rates(self, backend_id: str) -> Rates:
         return self._rates.get(backend_id, Rates())
 
-    def predicted(self, request_id: str, prediction: Predicted) -> None:
+    def backlog_ms(self, backend_id: str, now: float) -> float:
+        """Prefill work (ms) Baton sent `backend_id` that is predicted still to be ahead at
+        `now` (control's clock, seconds)."""
+        work, at = self._work.get(backend_id, (0.0, now))
+        return max(work - max(now - at, 0.0) * 1e3, 0.0)
+
+    def predicted(self, request_id: str, prediction: Predicted, now: float) -> None:
+        """A request routed at `now` with this prediction: its own prefill joins the backend's
+        backlog, and the prediction waits for the outcome."""
+        own = self.rates(prediction.backend_id).ms_per_token * prediction.uncached_tokens
+        b = prediction.backend_id
+        self._work[b] = (self.backlog_ms(b, now) + own, now)
         self._pending[request_id] = prediction
         while len(self._pending) > self._capacity:
             self._pending.popitem(last=False)
@@ -71,28 +106,33 @@ class PrefillRates:
     def observed(
         self, request_id: str, backend_id: str, ttft_ms: float, prompt_tokens: int = 0
     ) -> None:
-        """The request's real TTFT. A request ahead in the queue holds the engine about as
-        long as a typical request's own first token takes there, so the per-queued rate
-        follows the TTFTs themselves; the per-token rate takes what the queue does not
-        explain, over the uncached tokens. (Splitting the error in proportion instead left
-        the queue rate at its prior whenever routes saw empty queues, and the policy piled
-        requests onto a cached card.) A request served elsewhere than predicted (a retry)
-        teaches nothing."""
+        """The request's real TTFT. What the backlog does not explain is split between the
+        outside requests' term and the prompt's own in proportion to what each predicted;
+        with no outside requests the own term takes it all. A request served elsewhere
+        than predicted (a retry) teaches nothing."""
         p = self._pending.pop(request_id, None)
         if p is None or p.backend_id != backend_id or ttft_ms <= 0:
             return
         if p.prompt_chars and prompt_tokens >= MIN_TOKENS_TO_LEARN:
-            ratio = p.prompt_chars / prompt_tokens
-            self.chars_per_token = (1 - ALPHA) * self.chars_per_token + ALPHA * ratio
+            self._chars = SIZE_MEMORY * self._chars + p.prompt_chars
+            self._tokens = SIZE_MEMORY * self._tokens + prompt_tokens
         old = self.rates(backend_id)
-        # The request's own service time: what waiting behind the queue does not explain. A
-        # request ahead holds the engine about that long (its whole TTFT would count the
-        # waits it had itself, and feed back into more waiting).
-        own = max(ttft_ms - p.queue * old.ms_per_queued, 0.0)
-        per_queued = (1 - ALPHA) * old.ms_per_queued + ALPHA * own
-        per_token = old.ms_per_token
-        if p.uncached_tokens >= MIN_TOKENS_TO_LEARN:
-            per_token = (1 - ALPHA) * per_token + ALPHA * own / p.uncached_tokens
+        learn_tokens = p.uncached_tokens >= MIN_TOKENS_TO_LEARN
+        own_ms = old.ms_per_token * p.uncached_tokens
+        outside_ms = old.ms_per_outside * p.outside
+        error = ttft_ms - (p.backlog_ms + own_ms + outside_ms)
+        # The terms that learn, weighted by what each predicted (an outside rate learned down
+        # to 0 keeps a small weight: it can come back).
+        w_own = own_ms if learn_tokens else 0.0
+        w_out = max(outside_ms, 1.0) if p.outside > 0 else 0.0
+        if w_own + w_out <= 0:
+            return
+        share = w_out / (w_own + w_out)
+        per_token, per_outside = old.ms_per_token, old.ms_per_outside
+        if learn_tokens:
+            per_token += ALPHA * error * (1 - share) / p.uncached_tokens
+        if p.outside > 0:
+            per_outside += ALPHA * error * share / p.outside
         self._rates[backend_id] = Rates(
-            _clip(per_token, BOUNDS_PER_TOKEN), _clip(per_queued, BOUNDS_PER_QUEUED)
+            _clip(per_token, BOUNDS_PER_TOKEN), _clip(per_outside, BOUNDS_PER_OUTSIDE)
         )

@@ -236,14 +236,14 @@ class Registry:
 
     def acquire(self, request_id: str, backend_id: BackendId, now: float) -> None:
         self._load.acquire(request_id, backend_id, now)
-        self._readings.routed(backend_id)
 
     # -- the engines' own load (engineload.py) ---------------------------------------------
 
     def set_engine_load(self, backend_id: str, load: EngineLoad | None) -> None:
         """A reading of the engine's gauges (None: it could not be read)."""
         if backend_id in self._backends:
-            self._readings.read(BackendId(backend_id), load)
+            bid = BackendId(backend_id)
+            self._readings.read(bid, load, self._load.counts().get(bid, 0))
 
     def load_views(self, now: float, stale_after: float) -> dict[BackendId, LoadView]:
         return self._readings.views(self._backends, self._load.counts(), now, stale_after)

@@ -114,9 +114,9 @@ class Router:
                 reg.placement.pin_session(shape.session, primary, now)
             if predict is not None and reason is None:
                 # A failover's resume is not the request's first token: nothing to learn.
-                _, uncached, queue = estimate(request, view, predict, primary)
-                self.prefill.predicted(request.request_id, Predicted(
-                    primary, uncached, queue, request.shape.prompt_chars))  # fmt: skip
+                _, uncached, backlog, outside = estimate(request, view, predict, primary)
+                guess = Predicted(primary, uncached, backlog, outside, shape.prompt_chars)
+                self.prefill.predicted(request.request_id, guess, now)
         if self._route_events:
             self._audit(request, decision, match)
         return decision
@@ -135,7 +135,8 @@ class Router:
         loads = self.registry.load_views(now, self._stale_after)
         cached, prompt_tokens = self.registry.cached_tokens(request.shape)
         return Prediction(
-            queue={bid: lv.queue() for bid, lv in loads.items()},
+            backlog_ms={bid: self.prefill.backlog_ms(bid, now) for bid in loads},
+            outside={bid: lv.outside() for bid, lv in loads.items()},
             cached_tokens=cached,
             rates={bid: self.prefill.rates(bid) for bid in loads},
             prompt_tokens=prompt_tokens,

@@ -17,11 +17,13 @@ from control.prefill import Rates
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """Per backend, what a TTFT estimate is made of (policy/ttft.py): the queue a request would
-    join, the prompt tokens it has cached (backends with a live KV index only), its learned
-    rates; and the prompt's size in tokens when a shim reported it for this prefix."""
+    """Per backend, what a TTFT estimate is made of (policy/ttft.py): the prefill work Baton
+    sent it that is still ahead (ms), the requests on it Baton did not send, the prompt
+    tokens it has cached (backends with a live KV index only), its learned rates; and the
+    prompt's size in tokens when a shim reported it for this prefix."""
 
-    queue: Mapping[BackendId, float] = field(default_factory=dict)
+    backlog_ms: Mapping[BackendId, float] = field(default_factory=dict)
+    outside: Mapping[BackendId, float] = field(default_factory=dict)
     cached_tokens: Mapping[BackendId, int] = field(default_factory=dict)
     rates: Mapping[BackendId, Rates] = field(default_factory=dict)
     prompt_tokens: int | None = None

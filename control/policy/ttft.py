@@ -1,19 +1,20 @@
-"""Predicted time to first token: each candidate's estimate is the queue the request would
-join (the engine's own count plus what Baton sent since it was read, or Baton's in-flight
-count when the engine reports nothing fresh) times what a queued request costs there, plus
-the prompt tokens it has not cached times its prefill rate (both learned: control/prefill.py).
-The lowest estimate wins; ties go to the spread ring.
+"""Predicted time to first token: each candidate's estimate is the prefill work already
+ahead of the request there (what Baton sent it and is predicted still to be prefilling, in
+ms; plus the requests on it Baton did not send, at a learned cost each), plus the prompt
+tokens it has not cached times that backend's prefill rate (both rates learned:
+control/prefill.py). The lowest estimate wins; ties go to the spread ring.
 
 What a backend has cached comes from its KV-cache events (its live index: what the engine
 really holds, evictions included). A backend without a live index falls back to the pin:
 the pinned backend is credited the pinned prefix's share of the prompt. A prefix Baton has
-never seen is uncached everywhere, so the queue term alone decides: a cold burst that shares
-a system prompt spreads over every card, and piles onto the card that cached it first only
-while that card's queue costs less than prefilling elsewhere.
+never seen is uncached everywhere, so the work ahead alone decides: a cold burst that shares
+a system prompt spreads over every card (each member routed adds its own prefill to that
+card's backlog), and piles onto the card that cached it first only while that card's
+backlog costs less than prefilling elsewhere.
 
-Reads: the request's shape (prompt size, message count), the routable backends, the queue,
-cache and rate per backend (RoutingView.predict). Returns: reason `predicted`, with the
-estimate and the runner-up in the detail."""
+Reads: the request's shape (prompt size, message count), the routable backends, the
+backlog, outside requests, cache and rates per backend (RoutingView.predict). Returns:
+reason `predicted`, with the estimate and the runner-up in the detail."""
 
 # baton: pure
 
@@ -37,13 +38,15 @@ def prompt_tokens(request: RouteRequest, prediction: Prediction) -> float:
 
 def estimate(
     request: RouteRequest, view: RoutingView, prediction: Prediction, backend_id: BackendId
-) -> tuple[float, float, float]:
-    """(estimated TTFT ms, uncached tokens, queue) of the request on `backend_id`."""
+) -> tuple[float, float, float, float]:
+    """(estimated TTFT ms, uncached tokens, backlog ms, outside requests) of the request on
+    `backend_id`."""
     total = prompt_tokens(request, prediction)
     uncached = max(total - _cached(request, view, prediction, backend_id, total), 0.0)
-    queue = prediction.queue.get(backend_id, float(view.load.get(backend_id, 0)))
+    backlog = prediction.backlog_ms.get(backend_id, 0.0)
+    outside = prediction.outside.get(backend_id, 0.0)
     rates = prediction.rates.get(backend_id, Rates())
-    return rates.ttft_ms(uncached, queue), uncached, queue
+    return rates.ttft_ms(uncached, backlog, outside), uncached, backlog, outside
 
 
 def _cached(
@@ -85,8 +88,9 @@ class PredictedTTFT:
             (estimate(request, view, prediction, b.id)[0], order[b.id], b) for b in ring
         )
         best_ms, _, best = scored[0]
-        _, uncached, queue = estimate(request, view, prediction, best.id)
-        detail = f"est {best_ms:.1f} ms on {best.id} (queue {queue:g}, uncached {uncached:.0f} tok)"
+        _, uncached, backlog, outside = estimate(request, view, prediction, best.id)
+        detail = (f"est {best_ms:.1f} ms on {best.id} (backlog {backlog:.0f} ms, outside "
+                  f"{outside:g}, uncached {uncached:.0f} tok)")  # fmt: skip
         if len(scored) > 1:
             detail += f"; next {scored[1][2].id} {scored[1][0]:.1f} ms"
         return Decision(first(best, ring), Reason.PREDICTED, view.snapshot.version, detail)

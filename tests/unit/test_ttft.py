@@ -57,41 +57,73 @@ def test_a_real_vllm_page_is_read_for_its_three_gauges_only() -> None:
     assert parse_load(busy, BackendKind.VLLM, 3.0) == EngineLoad(2.0, 0.0, 0.5, 3.0)
 
 
-def test_the_queue_is_the_engines_waiting_plus_what_baton_sent_since() -> None:
+def test_outside_requests_are_the_engines_count_beyond_batons_own() -> None:
     reading = EngineLoad(4.0, 2.0, None, 0.0)
-    assert LoadView(in_flight=3).queue() == 3.0  # no reading: Baton's own count
-    # 4 running are decoded beside a new prefill; 2 waiting and Baton's 2 since are ahead.
-    assert LoadView(3, reading, routed_since=2).queue() == 4.0
-    # Sent since, but finished already: not ahead of anyone.
-    assert LoadView(0, reading, routed_since=5).queue() == 2.0
+    assert LoadView(in_flight=3).outside() == 0.0  # no reading: none known
+    # 6 on the engine at the reading, 2 of them Baton's then (3 now: one sent since).
+    assert LoadView(3, reading, baton_at_reading=2).outside() == 4.0
+    # All 6 were Baton's: nothing outside, even once they finished (none in flight now).
+    assert LoadView(0, reading, baton_at_reading=6).outside() == 0.0
 
 
 def test_a_stale_reading_is_not_used() -> None:
     now = [100.0]
     reg = Registry([make_backend("a", "http://127.0.0.1:1", "m")], clock=lambda: now[0])
-    reg.set_engine_load("a", EngineLoad(5.0, 5.0, None, 100.0))
-    assert reg.load_views(101.0, stale_after=3.0)[BackendId("a")].engine is not None
+    reg.acquire("r1", BackendId("a"), 100.0)
+    reg.set_engine_load("a", EngineLoad(5.0, 5.0, None, 100.0))  # r1 among its 10
+    assert reg.load_views(101.0, stale_after=3.0)[BackendId("a")].outside() == 9.0
     assert reg.load_views(104.0, stale_after=3.0)[BackendId("a")].engine is None
-    reg.acquire("r1", BackendId("a"), 104.0)
-    assert reg.load_views(104.0, 3.0)[BackendId("a")].queue() == 1.0
+    assert reg.load_views(104.0, stale_after=3.0)[BackendId("a")].outside() == 0.0
+
+
+def test_batons_backlog_is_its_predicted_prefill_work_drained_over_time() -> None:
+    rates = PrefillRates()
+    per_token = rates.rates("a").ms_per_token
+    rates.predicted("r1", Predicted("a", 2000.0), now=10.0)  # 2000 x 0.05 = 100 ms
+    rates.predicted("r2", Predicted("a", 1000.0), now=10.0)  # +50 ms, behind r1
+    assert rates.backlog_ms("a", 10.0) == pytest.approx(3000 * per_token)
+    assert rates.backlog_ms("a", 10.1) == pytest.approx(3000 * per_token - 100.0)
+    assert rates.backlog_ms("a", 11.0) == 0.0  # all of it prefilled by now
+    assert rates.backlog_ms("b", 10.0) == 0.0
 
 
 def test_rates_move_toward_what_the_outcomes_say() -> None:
     rates = PrefillRates()
     slow = Rates()
     for i in range(30):
-        uncached, queue = 1000.0, 0.0
-        predicted = rates.rates("a").ttft_ms(uncached, queue)
-        rates.predicted(f"r{i}", Predicted("a", uncached, queue))
+        uncached = 1000.0
+        predicted = rates.rates("a").ttft_ms(uncached)
+        rates.predicted(f"r{i}", Predicted("a", uncached), now=float(i))
         rates.observed(f"r{i}", "a", 500.0)  # the card needs 0.5 ms per token
         assert rates.rates("a").ms_per_token >= slow.ms_per_token
     assert rates.rates("a").ms_per_token == pytest.approx(0.5, rel=0.05)
     assert predicted < 500.0  # and it took a few outcomes to learn
-    rates.predicted("x", Predicted("a", 1000.0, 0.0))
+    rates.predicted("x", Predicted("a", 1000.0), now=100.0)
     rates.observed("x", "b", 5.0)  # served elsewhere (a retry): teaches nothing
     assert rates.rates("b") == Rates() and rates.rates("a").ms_per_token == pytest.approx(
         0.5, rel=0.05
     )
+
+
+def test_a_card_busy_with_outside_work_learns_what_that_work_costs() -> None:
+    """Two outside requests on "a" always; each really costs 300 ms of waiting; the prompt's
+    own 1000 tokens take 100 ms. The outside rate rises toward 300 and the prediction
+    toward the 700 ms the card really takes."""
+    rates = PrefillRates()
+    for i in range(60):
+        rates.predicted(f"r{i}", Predicted("a", 1000.0, outside=2.0), now=float(i))
+        rates.observed(f"r{i}", "a", 700.0)
+    r = rates.rates("a")
+    assert r.ttft_ms(1000.0, outside=2.0) == pytest.approx(700.0, rel=0.05)
+    assert r.ms_per_outside > 150.0  # the work ahead, not the prompt, got most of the blame
+
+
+def test_characters_per_token_follow_the_first_report_at_once() -> None:
+    rates = PrefillRates()
+    assert rates.chars_per_token == 4.0
+    rates.predicted("r", Predicted("a", 500.0, prompt_chars=1000), now=0.0)
+    rates.observed("r", "a", 50.0, prompt_tokens=1000)  # a byte-level tokenizer
+    assert rates.chars_per_token == pytest.approx(1.0)
 
 
 FLEET = ("a", "b", "c")
@@ -113,23 +145,27 @@ BURST = RequestShape("m", message_count=2, prompt_chars=6000)
 
 
 @pytest.mark.parametrize(
-    ("queue", "cached", "want"),
+    ("backlog", "outside", "cached", "want"),
     [
         # A continuation goes where its blocks really are...
-        ({}, {"b": 1400}, "b"),
-        # ...but not onto a card whose queue costs more than prefilling elsewhere.
-        ({"b": 8.0}, {"b": 1400}, "a"),
+        ({}, {}, {"b": 1400}, "b"),
+        # ...but not onto a card whose work ahead costs more than prefilling elsewhere.
+        ({"b": 160.0}, {}, {"b": 1400}, "a"),
         # A busy card (the engine's own count: requests Baton did not send) is avoided.
-        ({"a": 6.0, "b": 0.0, "c": 2.0}, {}, "b"),
-        # A cold prefix nobody holds: the shortest queue.
-        ({"a": 1.0, "b": 1.0, "c": 0.0}, {}, "c"),
+        ({}, {"a": 6.0, "b": 0.0, "c": 2.0}, {}, "b"),
+        # A cold prefix nobody holds: the least work ahead.
+        ({"a": 20.0, "b": 20.0, "c": 5.0}, {}, {}, "c"),
+        # A backlog is weighed by its work, not counted: one long prompt ahead on "a" costs
+        # more than three requests of someone else's on "b".
+        ({"a": 300.0, "c": 300.0}, {"b": 3.0}, {}, "b"),
     ],
 )
 def test_the_lowest_estimate_wins(
-    queue: dict[str, float], cached: dict[str, int], want: str
+    backlog: dict[str, float], outside: dict[str, float], cached: dict[str, int], want: str
 ) -> None:
-    rates = {BackendId(b): Rates(ms_per_token=0.05, ms_per_queued=20.0) for b in FLEET}
-    p = Prediction({BackendId(k): v for k, v in queue.items()},
+    rates = {BackendId(b): Rates(ms_per_token=0.05, ms_per_outside=20.0) for b in FLEET}
+    p = Prediction({BackendId(k): v for k, v in backlog.items()},
+                   {BackendId(k): v for k, v in outside.items()},
                    {BackendId(k): v for k, v in cached.items()}, rates)  # fmt: skip
     got, detail = decide(p, LONG)
     assert got == want, detail
@@ -137,15 +173,15 @@ def test_the_lowest_estimate_wins(
 
 
 def test_a_cold_burst_sharing_a_prefix_spreads_over_every_card() -> None:
-    """Seed 003's lesson: the queue term, fed by what Baton routes, spreads it."""
-    queue = {BackendId(b): 0.0 for b in FLEET}
+    """Seed 003's lesson: the backlog, fed by what Baton routes, spreads it."""
+    backlog = {BackendId(b): 0.0 for b in FLEET}
     cached = {BackendId("a"): 1400}  # the first card cached the shared system prompt
     rates = {BackendId(b): Rates(0.05, 40.0) for b in FLEET}
     chosen = []
     for _ in range(9):
-        b, _ = decide(Prediction(dict(queue), cached, rates), BURST)
+        b, _ = decide(Prediction(dict(backlog), {}, cached, rates), BURST)
         chosen.append(b)
-        queue[BackendId(b)] += 1  # what Baton sent since the last reading
+        backlog[BackendId(b)] += 1500 * 0.05  # its own prefill, now ahead of the next
     # A first turn is not credited the shared prefix: it would pile the burst on "a".
     assert sorted(chosen.count(b) for b in FLEET) == [3, 3, 3]
 
@@ -155,8 +191,9 @@ def test_without_a_live_index_the_pin_stands_in_for_the_cache() -> None:
 
     pin = PinMatch(Pin(b"h", BackendId("c"), 2, 0.0, 0.0), 1)  # covers 2 of 3 messages
     rates = {BackendId(b): Rates(0.05, 20.0) for b in FLEET}
-    got, detail = decide(Prediction({}, {}, rates), LONG, pin)
+    got, detail = decide(Prediction({}, {}, {}, rates), LONG, pin)
     assert got == "c" and "uncached 500 tok" in detail
     # A live index that says the blocks are gone wins over the pin.
-    got, _ = decide(Prediction({}, {BackendId("c"): 0, BackendId("b"): 1400}, rates), LONG, pin)
+    live = {BackendId("c"): 0, BackendId("b"): 1400}
+    got, _ = decide(Prediction({}, {}, live, rates), LONG, pin)
     assert got == "b"
