@@ -3,13 +3,16 @@
 A new request's first token waits for the prefill work already ahead of it on that engine,
 then for its own prefill. Three terms, per backend:
 
-- Baton's own backlog: the predicted prefill time of what Baton sent there, drained at one
-  millisecond per millisecond (an engine prefills one batch at a time: work ahead is served
-  before a new request's, whatever the batching). A count of requests ahead would weigh a
-  4,000-token prompt like a 100-token one.
+- Baton's own backlog: the uncached prompt tokens Baton sent there and predicts are still
+  to be prefilled, drained at the backend's prefill rate (an engine prefills one batch at
+  a time: work ahead is done before, or beside, a new request's). A count of requests
+  ahead would weigh a 4,000-token prompt like a 100-token one.
 - Requests Baton did not send (the engine's own running + waiting count beyond Baton's),
   whose size nobody knows: each costs `ms_per_outside`, learned.
-- The request's own uncached prompt tokens x `ms_per_token`, learned.
+- The request's own uncached prompt tokens; these and the backlog's cost `ms_per_token`,
+  learned. (One rate for both: learning the rate from the TTFT while the backlog's cost
+  came from that same rate, separately, fed each error back into the next backlog and the
+  estimates swung the whole fleet's conversations from card to card.)
 
 Each route's prediction is kept until its outcome arrives; the error between them moves the
 two rates (an exponentially weighted step, split between the terms in proportion to what
@@ -63,7 +66,7 @@ class Rates:
 class Predicted:
     backend_id: str
     uncached_tokens: float
-    backlog_ms: float = 0.0
+    backlog_tokens: float = 0.0
     outside: float = 0.0
     prompt_chars: int = 0
 
@@ -77,7 +80,7 @@ class PrefillRates:
         self._rates: dict[str, Rates] = {}
         self._pending: OrderedDict[str, Predicted] = OrderedDict()
         self._capacity = pending_capacity
-        self._work: dict[str, tuple[float, float]] = {}  # backend -> (backlog ms, as of)
+        self._work: dict[str, tuple[float, float]] = {}  # backend -> (backlog tokens, as of)
         self._chars, self._tokens = 0.0, 0.0
 
     @property
@@ -87,18 +90,21 @@ class PrefillRates:
     def rates(self, backend_id: str) -> Rates:
         return self._rates.get(backend_id, Rates())
 
+    def backlog_tokens(self, backend_id: str, now: float) -> float:
+        """Uncached prompt tokens Baton sent `backend_id` that are predicted still to be
+        prefilled at `now` (control's clock, seconds)."""
+        tokens, at = self._work.get(backend_id, (0.0, now))
+        done = max(now - at, 0.0) * 1e3 / self.rates(backend_id).ms_per_token
+        return max(tokens - done, 0.0)
+
     def backlog_ms(self, backend_id: str, now: float) -> float:
-        """Prefill work (ms) Baton sent `backend_id` that is predicted still to be ahead at
-        `now` (control's clock, seconds)."""
-        work, at = self._work.get(backend_id, (0.0, now))
-        return max(work - max(now - at, 0.0) * 1e3, 0.0)
+        return self.backlog_tokens(backend_id, now) * self.rates(backend_id).ms_per_token
 
     def predicted(self, request_id: str, prediction: Predicted, now: float) -> None:
         """A request routed at `now` with this prediction: its own prefill joins the backend's
         backlog, and the prediction waits for the outcome."""
-        own = self.rates(prediction.backend_id).ms_per_token * prediction.uncached_tokens
         b = prediction.backend_id
-        self._work[b] = (self.backlog_ms(b, now) + own, now)
+        self._work[b] = (self.backlog_tokens(b, now) + prediction.uncached_tokens, now)
         self._pending[request_id] = prediction
         while len(self._pending) > self._capacity:
             self._pending.popitem(last=False)
@@ -106,10 +112,10 @@ class PrefillRates:
     def observed(
         self, request_id: str, backend_id: str, ttft_ms: float, prompt_tokens: int = 0
     ) -> None:
-        """The request's real TTFT. What the backlog does not explain is split between the
-        outside requests' term and the prompt's own in proportion to what each predicted;
-        with no outside requests the own term takes it all. A request served elsewhere
-        than predicted (a retry) teaches nothing."""
+        """The request's real TTFT. The error is split between the outside requests' term and
+        the prefill rate (over the backlog's tokens and the prompt's own) in proportion to
+        what each predicted; with no outside requests the rate takes it all. A request
+        served elsewhere than predicted (a retry) teaches nothing."""
         p = self._pending.pop(request_id, None)
         if p is None or p.backend_id != backend_id or ttft_ms <= 0:
             return
@@ -117,10 +123,11 @@ class PrefillRates:
             self._chars = SIZE_MEMORY * self._chars + p.prompt_chars
             self._tokens = SIZE_MEMORY * self._tokens + prompt_tokens
         old = self.rates(backend_id)
-        learn_tokens = p.uncached_tokens >= MIN_TOKENS_TO_LEARN
-        own_ms = old.ms_per_token * p.uncached_tokens
+        tokens = p.backlog_tokens + p.uncached_tokens  # prefilled before the first token
+        learn_tokens = tokens >= MIN_TOKENS_TO_LEARN
+        own_ms = old.ms_per_token * tokens
         outside_ms = old.ms_per_outside * p.outside
-        error = ttft_ms - (p.backlog_ms + own_ms + outside_ms)
+        error = ttft_ms - (own_ms + outside_ms)
         # The terms that learn, weighted by what each predicted (an outside rate learned down
         # to 0 keeps a small weight: it can come back).
         w_own = own_ms if learn_tokens else 0.0
@@ -130,7 +137,7 @@ class PrefillRates:
         share = w_out / (w_own + w_out)
         per_token, per_outside = old.ms_per_token, old.ms_per_outside
         if learn_tokens:
-            per_token += ALPHA * error * (1 - share) / p.uncached_tokens
+            per_token += ALPHA * error * (1 - share) / tokens
         if p.outside > 0:
             per_outside += ALPHA * error * share / p.outside
         self._rates[backend_id] = Rates(

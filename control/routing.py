@@ -114,7 +114,8 @@ class Router:
                 reg.placement.pin_session(shape.session, primary, now)
             if predict is not None and reason is None:
                 # A failover's resume is not the request's first token: nothing to learn.
-                _, uncached, backlog, outside = estimate(request, view, predict, primary)
+                _, uncached, _, outside = estimate(request, view, predict, primary)
+                backlog = self.prefill.backlog_tokens(primary, now)
                 guess = Predicted(primary, uncached, backlog, outside, shape.prompt_chars)
                 self.prefill.predicted(request.request_id, guess, now)
         if self._route_events:

@@ -78,13 +78,24 @@ def test_a_stale_reading_is_not_used() -> None:
 
 def test_batons_backlog_is_its_predicted_prefill_work_drained_over_time() -> None:
     rates = PrefillRates()
-    per_token = rates.rates("a").ms_per_token
+    assert rates.rates("a").ms_per_token == 0.05
     rates.predicted("r1", Predicted("a", 2000.0), now=10.0)  # 2000 x 0.05 = 100 ms
     rates.predicted("r2", Predicted("a", 1000.0), now=10.0)  # +50 ms, behind r1
-    assert rates.backlog_ms("a", 10.0) == pytest.approx(3000 * per_token)
-    assert rates.backlog_ms("a", 10.1) == pytest.approx(3000 * per_token - 100.0)
+    assert rates.backlog_ms("a", 10.0) == pytest.approx(150.0)
+    assert rates.backlog_tokens("a", 10.1) == pytest.approx(1000.0)  # 100 ms: r1's done
     assert rates.backlog_ms("a", 11.0) == 0.0  # all of it prefilled by now
     assert rates.backlog_ms("b", 10.0) == 0.0
+
+
+def test_waiting_behind_batons_own_backlog_does_not_read_as_a_slow_prefill() -> None:
+    """Each request waits behind 3000 tokens of others' work on a card that really needs
+    0.1 ms a token: its TTFT is 0.1 x (3000 + 1000). The rate learned is 0.1, not the
+    0.4 that charging the whole wait to its own 1000 tokens would make."""
+    rates = PrefillRates()
+    for i in range(40):
+        rates.predicted(f"r{i}", Predicted("a", 1000.0, backlog_tokens=3000.0), now=float(i))
+        rates.observed(f"r{i}", "a", 400.0)
+    assert rates.rates("a").ms_per_token == pytest.approx(0.1, rel=0.05)
 
 
 def test_rates_move_toward_what_the_outcomes_say() -> None:
