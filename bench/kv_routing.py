@@ -66,7 +66,7 @@ def real_workloads(quick: bool) -> list[Workload]:
     """The same three on the real fleet (bench/kv_real.py), sized in its model's tokens (one
     per byte): a last turn of ~4,500 tokens, burst members of ~3,000, and for (b) ten agents
     whose contexts outgrow the two caches (CACHE_BLOCKS x 128 tokens each)."""
-    base = Plan(reps=1 if quick else 2, turns=5, system_words=150, chunk_words=100, burst=8,
+    base = Plan(reps=1 if quick else 3, turns=5, system_words=150, chunk_words=100, burst=8,
                 burst_words=300, conversations=4, model=kv_real.MODEL)  # fmt: skip
     return [
         Workload("a", base, cache_blocks=kv_real.CACHE_BLOCKS),
@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--policies", help="comma-separated (default: all)")
     p.add_argument("--workloads", default="a,b,c", help="comma-separated")
+    p.add_argument("--reps", type=int, help="fleets per policy and workload (default 3; quick 1)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     policies = (
@@ -252,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     logdir = json_path.parent
     chosen = [w for w in (real_workloads if args.real else workloads)(args.quick)
               if w.name in args.workloads.split(",")]  # fmt: skip
+    if args.reps:
+        chosen = [replace(w, plan=replace(w.plan, reps=args.reps)) for w in chosen]
     with contextlib.ExitStack() as stack:
         engines = stack.enter_context(kv_real.replicas(logdir)) if args.real else []
 
