@@ -27,6 +27,7 @@ import contextlib
 import json
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -169,6 +170,8 @@ def measure(
     stop = threading.Event()
     done: list[int] = []
     threads = busy(stop, done) if busy else []
+    if busy:
+        busy_before(engines[0])
     try:
         seen0, done0 = requests_seen(engines), len(done)
         before = engine_counters(engines, *CACHE)
@@ -187,6 +190,18 @@ def measure(
     result = rep_result(policy, rep, turns, (after[0] - before[0], after[1] - before[1]),
                         burst_s, [b for b, _ in burst], [r for _, r in burst])  # fmt: skip
     return result, seen / (len(turns) + len(rids))
+
+
+def busy_before(url: str, timeout: float = 60.0) -> None:
+    """The agents start on a replica that is already busy (the workload is a steady state,
+    not its start): its engine reports the outside requests running, and a router that reads
+    engines has had a second (four of Baton's readings) to see it."""
+    deadline = time.monotonic() + timeout
+    while engine_counters([url], "vllm:num_requests_running")[0] < 1:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} never got busy")
+        time.sleep(0.05)
+    time.sleep(1.0)
 
 
 def run_rep(wl: Workload, policy: str, rep: int, logdir: Path) -> tuple[Rep, float]:

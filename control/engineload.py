@@ -75,32 +75,45 @@ class LoadView:
 
     in_flight: int
     engine: EngineLoad | None = None
-    baton_at_reading: int = 0  # Baton's own requests in flight there when it was read
+    outside_avg: float = 0.0  # requests not Baton's, averaged over recent readings
 
     def outside(self) -> float:
         """Requests on the engine that Baton did not send (other routers, jobs sent to it
-        directly), at the reading: its running + waiting count beyond Baton's own requests
-        in flight there at that moment (counted against Baton's count now, requests that
-        finished or were sent since would read as someone else's). Baton's own are weighed
-        by their predicted work instead (control/prefill.py). Without a fresh reading: none
+        directly): averaged over recent readings (Readings.read). Baton's own are weighed by
+        their predicted work instead (control/prefill.py). Without a fresh reading: none
         known."""
-        if self.engine is None:
-            return 0.0
-        return max(self.engine.requests - self.baton_at_reading, 0.0)
+        return self.outside_avg if self.engine is not None else 0.0
+
+
+def outside_of(load: EngineLoad, baton_in_flight: int) -> float:
+    """One reading's requests that are not Baton's: the engine's running + waiting beyond
+    Baton's own requests in flight there at that moment (counted against Baton's count at
+    routing time instead, requests that finished or were sent since would read as someone
+    else's)."""
+    return max(load.requests - baton_in_flight, 0.0)
+
+
+# Weight of the newest reading in the outside average. One busy engine's gauge flickers
+# between its requests (a loop of long jobs reads 2, 2, 0, 2, 1, ...): a single reading
+# of 0 must not make it look idle. At 4 readings a second, ~1 s of memory.
+OUTSIDE_WEIGHT = 0.3
 
 
 class Readings:
-    """The registry's record of each engine's last reading, and how many of Baton's own
-    requests were in flight there when it was taken."""
+    """The registry's record of each engine's last reading and its outside requests'
+    average."""
 
     def __init__(self) -> None:
-        self._last: dict[BackendId, tuple[EngineLoad, int]] = {}
+        self._last: dict[BackendId, tuple[EngineLoad, float]] = {}
 
     def read(self, backend_id: BackendId, load: EngineLoad | None, baton_in_flight: int) -> None:
         if load is None:
             self._last.pop(backend_id, None)
-        else:
-            self._last[backend_id] = (load, baton_in_flight)
+            return
+        now = outside_of(load, baton_in_flight)
+        prev = self._last.get(backend_id)
+        avg = now if prev is None else (1 - OUTSIDE_WEIGHT) * prev[1] + OUTSIDE_WEIGHT * now
+        self._last[backend_id] = (load, avg)
 
     def last(self, backend_id: BackendId) -> EngineLoad | None:
         got = self._last.get(backend_id)
@@ -118,9 +131,9 @@ class Readings:
         Baton's own requests)."""
         out = {}
         for bid in backends:
-            reading, baton = self._last.get(bid, (None, 0))
+            reading, outside = self._last.get(bid, (None, 0.0))
             if reading is not None and now - reading.read_at <= stale_after:
-                out[bid] = LoadView(in_flight.get(bid, 0), reading, baton)
+                out[bid] = LoadView(in_flight.get(bid, 0), reading, outside)
             else:
                 out[bid] = LoadView(in_flight.get(bid, 0))
         return out

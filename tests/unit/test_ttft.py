@@ -11,7 +11,7 @@ import pytest
 
 from baton.model import BackendId, BackendKind, Reason, RequestShape, RouteRequest
 from control.config import make_backend
-from control.engineload import EngineLoad, LoadView, parse_load
+from control.engineload import EngineLoad, LoadView, Readings, outside_of, parse_load
 from control.policy import make_policy
 from control.policy.base import Prediction, RoutingView
 from control.prefill import Predicted, PrefillRates, Rates
@@ -59,11 +59,21 @@ def test_a_real_vllm_page_is_read_for_its_three_gauges_only() -> None:
 
 def test_outside_requests_are_the_engines_count_beyond_batons_own() -> None:
     reading = EngineLoad(4.0, 2.0, None, 0.0)
+    assert outside_of(reading, 2) == 4.0  # 6 on the engine, 2 of them Baton's then
+    assert outside_of(reading, 6) == 0.0  # all Baton's (however many finished since)
     assert LoadView(in_flight=3).outside() == 0.0  # no reading: none known
-    # 6 on the engine at the reading, 2 of them Baton's then (3 now: one sent since).
-    assert LoadView(3, reading, baton_at_reading=2).outside() == 4.0
-    # All 6 were Baton's: nothing outside, even once they finished (none in flight now).
-    assert LoadView(0, reading, baton_at_reading=6).outside() == 0.0
+
+
+def test_a_busy_engines_flickering_gauge_is_averaged() -> None:
+    """A loop of long jobs on the engine reads 2, 2, 0, 2: the reading of 0 (between two
+    jobs) must not make it look idle; readings that stay at 0 do bring it down."""
+    readings, a = Readings(), BackendId("a")
+    seen = []
+    for i, running in enumerate([2.0, 2.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]):
+        readings.read(a, EngineLoad(running, 0.0, None, float(i)), baton_in_flight=0)
+        seen.append(readings.views([a], {}, float(i), 3.0)[a].outside())
+    assert seen[2] > 1.0 and seen[3] > 1.5
+    assert seen[-1] < 0.25
 
 
 def test_a_stale_reading_is_not_used() -> None:
