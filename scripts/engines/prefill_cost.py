@@ -17,7 +17,7 @@ from pathlib import Path
 
 from scripts.engines.replicas import Engine, Replicas
 
-SIZES = (100, 1500, 3000, 6000)
+SIZES = (100, 1500, 3000, 6000)  # prompt tokens; those past a model's context are skipped
 REPS = 3
 
 
@@ -36,11 +36,11 @@ def text(rng: random.Random, n: int) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(n))  # 1 token a byte
 
 
-def measure(e: Engine) -> list[tuple[int, float, float]]:
+def measure(e: Engine, context: int) -> list[tuple[int, float, float]]:
     rng = random.Random(0)
     complete(e, text(rng, 200))  # the first request pays the engine's own warm-up
     rows = []
-    for n in SIZES:
+    for n in (n for n in SIZES if n < context):
         cold, warm = [], []
         for _ in range(REPS):
             prompt = text(rng, n)
@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with Replicas(log_dir=Path("/tmp/baton-prefill-cost"), llama=False) as fleet:
         for model in args.models:
-            e = fleet.start_vllm(f"p-{model}", core=1, model=model,
-                                 args=["--max-model-len", "8192"])  # fmt: skip
+            wide = ["--max-model-len", "8192"] if model == "tiny-wide" else []  # tiny: 4096
+            e = fleet.start_vllm(f"p-{model}", core=1, model=model, args=wide, whole=True)
             fleet.wait_healthy([e.name])
-            rows = measure(e)
+            rows = measure(e, 8192 if wide else 4096)
             rng = random.Random(1)
             prompt = text(rng, 100)
             step = (complete(e, prompt, 65) - complete(e, prompt, 1)) / 64 * 1e3
