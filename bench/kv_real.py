@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from random import Random
 
@@ -94,6 +94,30 @@ def reset(engines: Sequence[Engine], timeout: float = 120.0) -> None:
         urllib.request.urlopen(req, timeout=30).read()
 
 
+def starter(stack: contextlib.ExitStack, logdir: Path) -> Callable[[str, list[str]], Part]:
+    """start(name, argv): a Part whose stderr goes to logdir/kv.NAME.log, stopped with
+    `stack`."""
+
+    def start(name: str, argv: list[str]) -> Part:
+        log = stack.enter_context((logdir / f"kv.{name}.log").open("wb"))
+        part = Part(name, argv, stderr=log.fileno())
+        stack.callback(part.stop, 3.0)
+        return part
+
+    return start
+
+
+def control_config(policy: str, backends: Sequence[tuple[str, str, str, str, str]]) -> str:
+    """Control's config: `policy`, engine readings 4 times a second, and each backend
+    (id, url, model, KV events endpoint, replay endpoint) of kind vllm."""
+    lines = [f'routing = "{policy}"', "[load]", "interval = 0.25", ""]
+    for bid, url, model, pub, replay in backends:
+        lines += ["[[backends]]", f'id = "{bid}"', f'url = "{url}"', f'model = "{model}"',
+                  'kind = "vllm"', f'kv_events = "{pub}"', f'kv_events_replay = "{replay}"',
+                  ""]  # fmt: skip
+    return "\n".join(lines)
+
+
 @contextlib.contextmanager
 def router(
     engines: Sequence[Engine], policy: str, logdir: Path, cache: Cache | None = None
@@ -101,25 +125,14 @@ def router(
     """A fresh router in front of `engines`: (its base URL, control's address when it is
     Baton). `policy` is a Baton policy, or SGLANG for sglang-router's cache_aware."""
     with contextlib.ExitStack() as stack:
-
-        def start(name: str, argv: list[str]) -> Part:
-            log = stack.enter_context((logdir / f"kv.{name}.log").open("wb"))
-            part = Part(name, argv, stderr=log.fileno())
-            stack.callback(part.stop, 3.0)
-            return part
-
         if policy == SGLANG:
             sglang = sglang_router(engines, logdir, cache or Cache.default())
             yield stack.enter_context(sglang), None
             return
-        lines = [f'routing = "{policy}"', "[load]", "interval = 0.25", ""]
-        for e in engines:
-            pub, replay = kv_endpoints(logdir, e.name)
-            lines += ["[[backends]]", f'id = "{e.name}"', f'url = "{e.url}"',
-                      f'model = "{MODEL}"', 'kind = "vllm"', f'kv_events = "{pub}"',
-                      f'kv_events_replay = "{replay}"', ""]  # fmt: skip
+        start = starter(stack, logdir)
         config = logdir / "kv.control.toml"
-        config.write_text("\n".join(lines))
+        backends = [(e.name, e.url, MODEL, *kv_endpoints(logdir, e.name)) for e in engines]
+        config.write_text(control_config(policy, backends))
         control = start("control", control_argv(str(config)))
         shim = start("shim", shim_argv(control.ready))
         await_serving(shim.ready, model=MODEL)

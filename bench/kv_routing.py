@@ -104,25 +104,17 @@ class Fleet:
 def running_fleet(wl: Workload, policy: str, logdir: Path) -> Iterator[Fleet]:
     logdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-
-        def start(name: str, argv: list[str]) -> Part:
-            log = stack.enter_context((logdir / f"kv.{name}.log").open("wb"))
-            part = Part(name, argv, stderr=log.fileno())
-            stack.callback(part.stop, 3.0)
-            return part
-
-        sims, lines = [], [f'routing = "{policy}"', "[load]", "interval = 0.25", ""]
+        start = kv_real.starter(stack, logdir)
+        sims, backends = [], []
         for i in range(wl.plan.replicas):
             pub, replay = f"ipc://{logdir}/kv-s{i}.pub", f"ipc://{logdir}/kv-s{i}.replay"
             args = [*wl.plan.sim_args(), "--cache-blocks", str(wl.cache_blocks),
                     "--block-size", str(BLOCK), "--kv-events-endpoint", pub,
                     "--kv-events-replay-endpoint", replay]  # fmt: skip
             sims.append(start(f"sim{i}", sim_argv("127.0.0.1:0", *args)))
-            lines += ["[[backends]]", f'id = "s{i}"', f'url = "{sims[-1].ready}"',
-                      f'model = "{MODEL}"', 'kind = "vllm"', f'kv_events = "{pub}"',
-                      f'kv_events_replay = "{replay}"', ""]  # fmt: skip
+            backends.append((f"s{i}", sims[-1].ready, MODEL, pub, replay))
         config = logdir / "kv.control.toml"
-        config.write_text("\n".join(lines))
+        config.write_text(kv_real.control_config(policy, backends))
         control = start("control", control_argv(str(config)))
         shim = start("shim", shim_argv(control.ready))
         await_serving(shim.ready)
