@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import threading
 import time
@@ -34,6 +33,7 @@ CONTEXT = 8192  # tokens served (bytes: the tokenizer is byte-level); the model 
 CACHE_BLOCKS = 96
 LETTERS = "abcdefghijklmnopqrstuvwxyz "
 SGLANG = "sglang"  # the router name in the tables, beside Baton's policies
+DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}  # vLLM's POST /reset_prefix_cache, used by reset()
 
 
 def router_python(cache: Cache) -> Path:
@@ -48,7 +48,6 @@ def kv_endpoints(logdir: Path, name: str) -> tuple[str, str]:
 def replicas(logdir: Path, cache_blocks: int = CACHE_BLOCKS) -> Iterator[list[Engine]]:
     """Two vLLM replicas, v0 on core 0 and v1 on core 1, healthy; stopped on exit."""
     logdir.mkdir(parents=True, exist_ok=True)
-    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache; the replicas inherit it
     with Replicas(log_dir=logdir, llama=False) as fleet:
         engines = []
         for i in range(2):
@@ -58,7 +57,8 @@ def replicas(logdir: Path, cache_blocks: int = CACHE_BLOCKS) -> Iterator[list[En
             args = ["--max-model-len", str(CONTEXT), "--num-gpu-blocks-override",
                     str(cache_blocks), "--enable-prefix-caching",
                     "--kv-events-config", json.dumps(kv)]  # fmt: skip
-            engines.append(fleet.start_vllm(f"v{i}", core=i, model=MODEL, args=args, whole=True))
+            engines.append(fleet.start_vllm(f"v{i}", core=i, model=MODEL, args=args, whole=True,
+                                            env=DEV_MODE))  # fmt: skip
         fleet.wait_healthy()
         for e in engines:
             warm_up(e)
@@ -70,23 +70,24 @@ def warm_up(e: Engine) -> None:
     the like: ~1 s here): paid before the first measured run, not by it."""
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                        "max_tokens": 4, "stream": True}).encode()  # fmt: skip
-    for path in ("/v1/chat/completions", "/v1/chat/completions"):
-        req = urllib.request.Request(e.url + path, data=body,
+    for _ in range(2):
+        req = urllib.request.Request(e.url + "/v1/chat/completions", data=body,
                                      headers={"Content-Type": "application/json"})  # fmt: skip
         urllib.request.urlopen(req, timeout=60).read()
 
 
-def engine_metric(e: Engine, name: str) -> float:
-    text = urllib.request.urlopen(e.url + "/metrics", timeout=10).read().decode()
-    return stats.metric_sum(text, name)
+def engine_counters(urls: Sequence[str], *names: str) -> tuple[float, ...]:
+    """Each metric summed over the engines at `urls` (their own /metrics)."""
+    texts = [urllib.request.urlopen(u + "/metrics", timeout=10).read().decode() for u in urls]
+    return tuple(sum(stats.metric_sum(t, n) for t in texts) for n in names)
 
 
 def reset(engines: Sequence[Engine], timeout: float = 120.0) -> None:
     """Each replica idle (nothing running or waiting) with an empty prefix cache."""
     deadline = time.monotonic() + timeout
     for e in engines:
-        while (engine_metric(e, "vllm:num_requests_running")
-               + engine_metric(e, "vllm:num_requests_waiting")) > 0:  # fmt: skip
+        while sum(engine_counters([e.url], "vllm:num_requests_running",
+                                  "vllm:num_requests_waiting")) > 0:  # fmt: skip
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{e.name} still busy after {timeout:.0f} s")
             time.sleep(0.2)
@@ -177,17 +178,18 @@ def _answers(url: str) -> bool:
 
 
 def keep_busy(
-    url: str, n: int, stop: threading.Event, done: list[int], *, prompt_tokens: int = 3000,
+    url: str, n: int, stop: threading.Event, done: list[int], *, prompt_chars: int = 3000,
     max_tokens: int = 32, model: str = MODEL,
 ) -> list[threading.Thread]:  # fmt: skip
     """`n` loops of long requests straight to the engine at `url` until `stop`, each prompt
     its own (nothing cached helps them: the engine prefills every one in full, as it would a
-    batch job's documents); `done` counts those that finished."""
+    batch job's documents); `done` counts those that finished (the engine counts them among
+    its requests)."""
 
     def loop(k: int) -> None:
         rng = Random(k)
         while not stop.is_set():
-            prompt = "".join(rng.choice(LETTERS) for _ in range(prompt_tokens))
+            prompt = "".join(rng.choice(LETTERS) for _ in range(prompt_chars))
             body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
                                "temperature": 0}).encode()  # fmt: skip
             req = urllib.request.Request(url + "/v1/completions", data=body,

