@@ -99,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="KV cache size in blocks, LRU-evicted prefix cache (0 = off)")
     c.add_argument("--block-size", "--kv-block-size", dest="block_size", type=int, default=16,
                    metavar="N", help="tokens per KV block")
+    c.add_argument("--kv-cells", type=int, default=0, metavar="N",
+                   help="running sequences share N context cells, as llama-server's slots "
+                        "do (-c N); a step with none free fails them all in-band (0 = off)")
     c.add_argument("--instant", action="store_true",
                    help="zero prefill and decode time (tests, router overhead benchmarks)")
     s = parser.add_argument_group("speculative decoding (counters only; output is unchanged)")
@@ -172,6 +175,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         responses_delete=args.responses_delete,
         embedding_dim=args.embedding_dim,
         kv_events=kv_events_from_args(args),
+        kv_cells=args.kv_cells,
     )
 
 

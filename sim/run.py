@@ -21,6 +21,7 @@ from aiohttp import web
 
 from sim import responses as r
 from sim import specdecode, timing
+from sim.cells import EXCEEDED
 from sim.faults import FaultKind, FaultSpec
 from sim.generation import Sequence
 from sim.protocol import GenRequest
@@ -51,6 +52,8 @@ class Run:
         self.outcome = "abort"  # until proven otherwise: cancellation lands here
         self.cached_tokens = 0  # prompt tokens the prefix cache held (set by begin)
         self._kv: list[KvSeq] = []  # each choice's KV blocks, from begin to end
+        self._cells = 0  # of the shared context (--kv-cells) this run holds
+        self._epoch = 0  # the shared context's epoch it began in (-1: it never fitted)
         h = self.prompt_hash = state.model.start(req.prompt_ids)
         model, tool = state.model, req.tool
         self.seqs = [
@@ -95,6 +98,11 @@ class Run:
         if lookup.hit_tokens:
             m.cache_hits.inc(lookup.hit_tokens)
         self.cached_tokens = lookup.hit_tokens
+        cells = st.cells
+        if cells is not None:
+            need = len(prompt) * self.req.n
+            fits = cells.take(need)
+            self._cells, self._epoch = (need, cells.epoch) if fits else (0, -1)
         self._prefill_s = st.cfg.cost.prefill_seconds(lookup.uncached_tokens)
         if self.req.prompt_logprobs is not None:
             # A scoring pass is one more forward step over the new tokens
@@ -121,6 +129,9 @@ class Run:
             kv.close()
         self._kv = []
         self._kv_usage()
+        if st.cells is not None:
+            st.cells.give(self._cells)
+            self._cells = 0
 
     def _kv_usage(self) -> None:
         cache = self.state.cache
@@ -140,6 +151,17 @@ class Run:
         if self._prefill_s > 0:
             now = asyncio.get_running_loop().time()
             await asyncio.sleep(self.state.prefill.admit(now, self._prefill_s))
+
+    def _exceeded(self) -> bool:
+        """Before a decode step: whether the shared context has no cell for it, or overflowed
+        since this run began (which failed every sequence being processed)."""
+        cells = self.state.cells
+        if cells is None:
+            return False
+        if cells.epoch != self._epoch or not cells.take(1):
+            return True
+        self._cells += 1
+        return False
 
     def _step_delay(self) -> float:
         return self.state.cfg.cost.decode_step_seconds(self.state.running_seqs)
@@ -163,7 +185,8 @@ class Run:
         if k is not None:
             scored = prompt_logprobs(self.state.model, self.req.prompt_ids, k)
             self._prompt_logprobs = r.prompt_logprobs(scored, self.state.tokenizer.texts)
-        if not self._check_faults and self.state.cfg.cost.decode_ms_per_step <= 0:
+        tight = self.state.cfg.cost.decode_ms_per_step <= 0 and self.state.cells is None
+        if not self._check_faults and tight:
             # Nothing to pace or inject: generate each choice in one tight loop.
             for seq in self.seqs:
                 seq.run_to_end()
@@ -180,6 +203,9 @@ class Run:
             for seq in seqs:
                 if seq.finished:
                     continue
+                if self._exceeded():
+                    self.outcome = "error"
+                    return _json(500, r.error_body(EXCEEDED, "server_error"))
                 if self._check_faults and (kind := self.faults.due(self.emitted)) is not None:
                     if kind is FaultKind.STALL:
                         await asyncio.sleep(self.faults.stall_for)
@@ -231,6 +257,11 @@ class Run:
             for i, seq in enumerate(seqs):
                 if seq.finished:
                     continue
+                if self._exceeded():
+                    self.outcome = "error"
+                    buf.append(r.error_event(EXCEEDED, "server_error") + r.DONE)
+                    await resp.write(b"".join(buf))
+                    return resp
                 if self._check_faults and (kind := self.faults.due(self.emitted)) is not None:
                     await resp.write(b"".join(buf))
                     buf.clear()

@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 
 from sim import responses as r
+from sim.cells import SharedCells
 from sim.chat_template import TemplateError, parse_messages, render
 from sim.costmodel import CostParams, PrefillQueue
 from sim.faults import NO_FAULTS, FaultSpec, FaultSpecError, parse_fault_spec
@@ -72,6 +73,9 @@ class SimConfig:
     embedding_dim: int = 128  # /v1/embeddings vector size (vLLM's tiny Llama gives 128)
     # Publish KV-cache events on ZMQ like vLLM's --kv-events-config (sim.kv_events).
     kv_events: KvEventsConfig | None = None
+    # The running sequences share this many context cells, as llama-server's slots do; an
+    # overflow fails them all in-band (sim.cells). 0 = no shared limit (vLLM preempts).
+    kv_cells: int = 0
 
 
 class SimState:
@@ -99,6 +103,7 @@ class SimState:
         self.running_requests = 0
         self.running_seqs = 0  # sequences decoding now; drives the batch slowdown
         self.prefill = PrefillQueue()  # one card's compute: prefills take turns
+        self.cells = SharedCells(cfg.kv_cells) if cfg.kv_cells > 0 else None
         self.waiting = 0
         self.slots = asyncio.Semaphore(max(1, cfg.max_num_seqs))
         # Unbuffered appends: a SIGKILLed sim keeps every line it wrote (benchmarks kill them).

@@ -194,12 +194,12 @@ class Resumer:
             result.failure, result.detail = failed.failure, failed.detail
             outcome = "failed"
         finally:
-            result.flowing.set()  # a stream that ended early: the check may go now
             result.first_seen.set()
             if outcome == "finished":  # its generation is over: keep the connection
                 self._down.keep(started.upstream)
             else:
                 started.upstream.close()  # also stops a generation still running
+            result.ended.set()  # the engine is done with it: the side check may go now
         return outcome, seam, held
 
     async def end_at_limit(self, p: ChoiceProgress, backend: Backend | None = None) -> None:

@@ -26,6 +26,7 @@ from dataplane.metrics import ShimMetrics
 from dataplane.oracle import FailoverAdvice, FailoverAudit
 from dataplane.resume.attempt import TOKEN_KINDS, Resumer, Started, ends_here
 from dataplane.resume.choose import Chooser
+from dataplane.resume.chunks import engine_error
 from dataplane.resume.markers import MarkerCache
 from dataplane.resume.migration import Migration
 from dataplane.resume.plan import refusal
@@ -198,7 +199,8 @@ class StreamRelay:
                 if failure:
                     if out:
                         await self.write(b"".join(out))
-                    raise StreamFailed(failure)
+                    why = engine_error(event.data) if failure == Failure.ERROR_EVENT else ""
+                    raise StreamFailed(failure, why)
             # What one read delivered goes out in one write.
             if out:
                 await self.write(b"".join(out))

@@ -17,7 +17,7 @@ from baton.model import Backend, ResumePath, Seam
 from dataplane.engine import each_event
 from dataplane.exceptions import StreamFailed
 from dataplane.failover import Failure
-from dataplane.resume.chunks import FAILED_FINISH, choice_text, parse_chunk
+from dataplane.resume.chunks import FAILED_FINISH, choice_text, engine_error, parse_chunk
 from dataplane.resume.progress import ChoiceProgress
 from dataplane.resume.seam import HeldText, SeamCheck
 from dataplane.resume.stitch import Stitcher
@@ -63,11 +63,13 @@ class ChoiceResume:
     detail: str = ""
     verdict: asyncio.Task[Seam] | None = None  # a parallel seam check still running
     handover: Backend | None = None  # failure "migrate": where control said to move it
-    # Set at the resumed stream's second event (or its end). The seam check waits for it: on
-    # a card that prefills one request at a time it would otherwise delay the resume itself,
-    # and the resumes the same failure sent there (their first tokens come before this
-    # stream's second).
-    flowing: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set once the resumed stream has ended (finished, stopped or failed). The seam check
+    # waits for it, since its verdict is only reported then anyway: beside a running resume
+    # it competes for the engine's memory as well as its compute. llama-server's slots share
+    # one KV cache, and a check re-prefilling the shared prefix beside a resume that nearly
+    # fills the context made the engine fail both ("Context size has been exceeded": the
+    # check killed the stream it was checking).
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
     # An exact resume at a character boundary: the ids and the engine's text of its first
     # chunks up to the first that carried text, for the side check (set once they are in,
     # or at the stream's end).
@@ -108,11 +110,7 @@ class ResumedStream:
         inline seam check failed). Raises StreamFailed."""
         chat = endpoint is Endpoint.CHAT
         stitcher = self._stitcher
-        events = 0
         async for event in each_event(upstream.content, self._settings):
-            events += 1
-            if events == 2:
-                result.flowing.set()
             if event.is_done:
                 break
             ch = self._choice(event.data, p)
@@ -170,6 +168,8 @@ class ResumedStream:
         one (usage). Raises StreamFailed for garbage or an engine's error finish."""
         obj, failure = parse_chunk(data, 1)
         if obj is None:
+            if failure is Failure.ERROR_EVENT:
+                raise StreamFailed(failure, engine_error(data))
             raise StreamFailed(failure or Failure.GARBAGE)
         choices = obj.get("choices") or []
         if not choices:

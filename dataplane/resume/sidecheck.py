@@ -1,7 +1,8 @@
 """The seam's verdict beside the resumed stream (parallel seam mode): would the new backend
 regenerate the overlap the client already has (one short non-streaming request over the
 shared prefix), and is the text the engine sent first after a resume at a character
-boundary the text of its ids. Run once the resume flows, so it never competes with it."""
+boundary the text of its ids. Run once the resume has ended, so it never competes with it
+for the engine's compute or memory (ChoiceResume.ended)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from dataplane.resume.plan import ResumePlan
 class Watched(Protocol):
     """What the side check reads of a resume as it runs (attempt.ChoiceResume)."""
 
-    flowing: asyncio.Event
+    ended: asyncio.Event
     first_seen: asyncio.Event
     first_text: tuple[list[int], str]
 
@@ -43,7 +44,7 @@ class SideCheck:
     ) -> Seam:
         """`check`: the overlap to regenerate; `first`: compare the engine's first text with
         its ids' text. `base`: the verdict when there is no overlap to check."""
-        await resume.flowing.wait()
+        await resume.ended.wait()
         verdict = await self._overlap(backend, check) if check is not None else base
         if first and not await self._first_text_agrees(backend, resume):
             return Seam.DIVERGENT

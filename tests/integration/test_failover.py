@@ -181,6 +181,51 @@ def test_backend_dying_during_the_resume_itself(tmp_path: Path, reference: Part)
         assert len(events) >= 2
 
 
+def test_a_resume_the_engine_fails_says_why_in_its_event(tmp_path: Path, reference: Part) -> None:
+    """The engine's error type reaches the failover event: an operator reads what kind of
+    error the engine sent, not only "error_event" (never its message: it may quote the
+    prompt)."""
+    want = uninterrupted(reference, "completions", max_tokens=TOKENS)
+    # s0 dies 6 tokens in; its resume on s1 gets 3 tokens out and then an in-band error.
+    per_sim = [("--fault", "exit-after=6"), ("--fault", "error-after=3")]
+    with fleet(tmp_path, n=3, per_sim=per_sim, probe_interval=60) as f:
+        text, _ = streamed(f, "completions", max_tokens=TOKENS)
+        assert text == want
+        first, last = failovers(f, 2)
+        assert (first["to_backend"], first["outcome"]) == ("s1", "failed"), first
+        assert first["detail"] == "error_event: InternalServerError", first
+        assert (last["to_backend"], last["outcome"]) == ("s2", "resumed"), last
+
+
+def test_the_seam_check_waits_for_the_resume_on_a_shared_context(
+    tmp_path: Path, reference: Part
+) -> None:
+    """llama-server's slots share one KV cache (-c N). A parallel seam check re-prefills the
+    prefix the resume shares; run beside a resume that nearly fills the context, it made
+    the engine fail both ("Context size has been exceeded.": CI, tests/real/test_bytes.py).
+    The check waits for the resume's end: the stream completes, and the seam is still
+    checked."""
+    tokens, dies = 60, 40
+    want = uninterrupted(reference, "completions", max_tokens=tokens)
+    prompt = sdk(reference.ready + "/v1").completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=1
+    )
+    assert prompt.usage is not None
+    # The resume alone (prompt + 60 tokens) fits; the check beside it (prompt + 36) never.
+    cells = ("--kv-cells", str(prompt.usage.prompt_tokens + tokens + 4))
+    # s1 paces its resume (10 ms a token): the check would come while it still runs.
+    per_sim = [
+        ("--fault", f"exit-after={dies}", *cells),
+        ("--decode-ms-per-step", "10", *cells),
+    ]
+    with fleet(tmp_path, n=2, per_sim=per_sim, probe_interval=60) as f:
+        text, _ = streamed(f, "completions", max_tokens=tokens)
+        assert text == want
+        (event,) = failovers(f)
+        assert event["outcome"] == "resumed" and event["to_backend"] == "s1", event
+        assert event["seam"] == "verified", event
+
+
 @pytest.mark.parametrize(
     ("fault", "failure"),
     [

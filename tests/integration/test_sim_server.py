@@ -26,10 +26,12 @@ TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 
 class SimProcess:
-    def __init__(self, *args: str, ready_within: float = 10.0) -> None:
+    def __init__(self, *args: str, ready_within: float = 10.0, instant: bool = True) -> None:
+        """`instant`: every cost 0 (--instant overrides the pacing flags in `args`)."""
         self.started = time.monotonic()
+        fast = ("--instant",) if instant else ()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sim", "--listen", "127.0.0.1:0", "--instant", *args],
+            [sys.executable, "-m", "sim", "--listen", "127.0.0.1:0", *fast, *args],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -468,7 +470,7 @@ def test_slow_start_delays_ready() -> None:
 
 # -- timing, cache, metrics ----------------------------------------------------------
 def test_paced_stream_disconnect_frees_the_engine() -> None:
-    p = SimProcess("--decode-ms-per-step", "5", "--prefill-us-per-token", "10")
+    p = SimProcess("--decode-ms-per-step", "5", "--prefill-us-per-token", "10", instant=False)
     try:
         # 4000 tokens at 5 ms: ~20 s of generation. Tokens flow one by one: the 3 chunks
         # came, and the client left, while it was still generating (an abort, and fewer
@@ -487,6 +489,47 @@ def test_paced_stream_disconnect_frees_the_engine() -> None:
             time.sleep(0.05)
         assert metric(text, "vllm:request_success_total", finished_reason="abort") == 1
         assert metric(text, "vllm:generation_tokens_total") < 4000
+    finally:
+        p.close()
+
+
+def test_shared_cells_overflow_fails_every_running_sequence() -> None:
+    """--kv-cells N: llama-server's unified KV cache. A request that fits alone finishes; a
+    second one beside it that overflows the shared cells fails both, in-band (the stream)
+    and as a 500 (not streamed), as llama-server does; the cells are free again after."""
+    paced = ("--decode-ms-per-step", "20", "--prefill-us-per-token", "0")
+    p = SimProcess("--kv-cells", "300", *paced, instant=False)
+    try:
+        prompt = list(range(10, 110))  # 100 ids
+        body = {"model": "toy", "prompt": prompt, "max_tokens": 190, "ignore_eos": True}
+        alone = stream(f"{p.url}/v1/completions", body, read_timeout=20)
+        assert alone.done and alone.chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+        async def beside() -> tuple[list[Any], tuple[int, Any]]:
+            timeout = aiohttp.ClientTimeout(total=30)
+            async with aiohttp.ClientSession(timeout=timeout) as s:
+                async with s.post(f"{p.url}/v1/completions", json={**body, "stream": True}) as a:
+                    events, buf = [], b""
+                    while len(events) < 3:  # a is running (3 of its 190 tokens out)
+                        buf += await a.content.readany()
+                        events = buf.split(b"\n\n")[:-1]
+                    other = s.post(f"{p.url}/v1/completions", json=body)
+                    async with other as b:
+                        second = (b.status, await b.json())
+                    buf += await a.content.read()
+                    out = [e.removeprefix(b"data: ") for e in buf.split(b"\n\n") if e]
+                    return [x if x == b"[DONE]" else orjson.loads(x) for x in out], second
+
+        events, (status, second) = asyncio.run(beside())
+        assert status == 500 and second["error"]["message"] == "Context size has been exceeded."
+        assert events[-1] == b"[DONE]" and events[-2]["error"]["message"] == second["error"][
+            "message"
+        ], events[-3:]
+        assert not any(
+            c["choices"][0]["finish_reason"] for c in events[:-2] if isinstance(c, dict)
+        )
+        again = stream(f"{p.url}/v1/completions", body, read_timeout=20)
+        assert again.done and again.chunks[-1]["choices"][0]["finish_reason"] == "length"
     finally:
         p.close()
 
