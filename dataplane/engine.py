@@ -18,6 +18,7 @@ import orjson
 from baton.model import Backend
 from dataplane.exceptions import AttemptFailed, StreamFailed
 from dataplane.failover import Failure, classify_status
+from dataplane.resume.chunks import error_type
 from dataplane.settings import ResumeSettings, Timeouts
 from dataplane.sse import Event, SSEParser
 
@@ -251,8 +252,7 @@ async def error_kind(resp: aiohttp.ClientResponse, timeout: float) -> str:
     try:
         async with asyncio.timeout(timeout):
             raw = await resp.content.read(4096)
-        err = orjson.loads(raw).get("error")
-    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, AttributeError):
+    except (aiohttp.ClientError, TimeoutError):
         return ""
-    kind = err.get("type") or err.get("code") if isinstance(err, dict) else None
-    return f" ({kind})" if isinstance(kind, str) and kind.isprintable() else ""
+    kind = error_type(raw)
+    return f" ({kind})" if kind else ""

@@ -1,10 +1,11 @@
 """llama-server's unified KV cache (`-c N`, its default since slots share one context): the
 sequences it is processing share one pool of N cells, one per prompt or output token. A
 decode step that finds no free cell fails every sequence being processed with an in-band
-"Context size has been exceeded." (server-context.cpp, measured on llama-server b1 with
-tiny-bytes: a resume of 2,135 prompt tokens and a 2,131-token request beside it, in 4,096
-cells, both failed a few tokens in). Idle slots' caches are given up first, so only what
-is running counts.
+"Context size has been exceeded." (server-context.cpp). Measured on the llama-server
+`make engines` builds, tiny-bytes, `-c 4096`: a resume of a 2,135-token prompt and a
+non-streamed request with nearly the same prompt beside it both failed, holding 2,142 and
+2,047 cells. Requests one after another never did (a finished request's cells are taken
+back), so only what is running counts.
 
 Pure bookkeeping: Run (sim/run.py) takes cells as it prefills and decodes, gives them back
 when it ends, and asks before each step whether an overflow failed it."""

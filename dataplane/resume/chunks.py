@@ -13,7 +13,7 @@ import orjson
 from dataplane.failover import Failure
 
 FAILED_FINISH = frozenset({"abort", "error"})
-ERROR_CHARS = 80  # of an engine's error type kept for the failover's detail
+ERROR_CHARS = 80  # of an engine's error type kept for events
 
 
 def choice_text(choice: dict[str, Any], chat: bool) -> str:
@@ -43,16 +43,17 @@ def parse_chunk(data: bytes, choices: int) -> tuple[dict[str, Any] | None, Failu
         return None, Failure.GARBAGE
     return obj, None
 
-def engine_error(data: bytes) -> str:
-    """The type of an engine's in-band error chunk (llama-server's "server_error", vLLM's
-    "InternalServerError"), for the failover's detail. Only the type, as error_kind does:
-    an engine's message may quote the request, and events carry no prompt text."""
+def error_type(raw: bytes) -> str:
+    """The type (or code) of an OpenAI-shaped error body or in-band error chunk
+    (llama-server's "server_error", vLLM's "InternalServerError"), for events and logs; ""
+    when there is none. Only the type: an engine's message may quote the request, and
+    events carry no prompt text."""
     try:
-        err = orjson.loads(data).get("error")
+        err = orjson.loads(raw).get("error")
     except (orjson.JSONDecodeError, AttributeError):
         return ""
-    kind = err.get("type") if isinstance(err, dict) else None
-    return kind[:ERROR_CHARS] if isinstance(kind, str) else ""
+    kind = err.get("type") or err.get("code") if isinstance(err, dict) else None
+    return kind[:ERROR_CHARS] if isinstance(kind, str) and kind.isprintable() else ""
 
 
 def malformed(obj: dict[str, Any], choices: int) -> bool:

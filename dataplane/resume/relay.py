@@ -26,7 +26,7 @@ from dataplane.metrics import ShimMetrics
 from dataplane.oracle import FailoverAdvice, FailoverAudit
 from dataplane.resume.attempt import TOKEN_KINDS, Resumer, Started, ends_here
 from dataplane.resume.choose import Chooser
-from dataplane.resume.chunks import engine_error
+from dataplane.resume.chunks import error_type
 from dataplane.resume.markers import MarkerCache
 from dataplane.resume.migration import Migration
 from dataplane.resume.plan import refusal
@@ -199,7 +199,7 @@ class StreamRelay:
                 if failure:
                     if out:
                         await self.write(b"".join(out))
-                    why = engine_error(event.data) if failure == Failure.ERROR_EVENT else ""
+                    why = error_type(event.data) if failure == Failure.ERROR_EVENT else ""
                     raise StreamFailed(failure, why)
             # What one read delivered goes out in one write.
             if out:

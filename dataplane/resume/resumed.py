@@ -17,7 +17,7 @@ from baton.model import Backend, ResumePath, Seam
 from dataplane.engine import each_event
 from dataplane.exceptions import StreamFailed
 from dataplane.failover import Failure
-from dataplane.resume.chunks import FAILED_FINISH, choice_text, engine_error, parse_chunk
+from dataplane.resume.chunks import FAILED_FINISH, choice_text, error_type, parse_chunk
 from dataplane.resume.progress import ChoiceProgress
 from dataplane.resume.seam import HeldText, SeamCheck
 from dataplane.resume.stitch import Stitcher
@@ -169,7 +169,7 @@ class ResumedStream:
         obj, failure = parse_chunk(data, 1)
         if obj is None:
             if failure is Failure.ERROR_EVENT:
-                raise StreamFailed(failure, engine_error(data))
+                raise StreamFailed(failure, error_type(data))
             raise StreamFailed(failure or Failure.GARBAGE)
         choices = obj.get("choices") or []
         if not choices:
