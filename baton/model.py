@@ -76,6 +76,10 @@ class Backend:
     # which parsed structure to keep across a failover, or refuse a resume it cannot keep.
     reasoning_parser: str = ""
     tool_parser: str = ""
+    # Where the engine publishes its KV-cache events (ZMQ PUB, control connects) and its
+    # replay socket for missed batches; "" = none. Control alone reads them (kvevents.py).
+    kv_events: str = ""
+    kv_events_replay: str = ""
 
     def auth_headers(self, environ: Mapping[str, str]) -> dict[str, str]:
         """What to send the backend: its own key from the caller's environment, never a

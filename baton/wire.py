@@ -119,6 +119,8 @@ def backend_to_pb(b: Backend) -> fleet_pb2.Backend:
         api_key_env=b.api_key_env,
         reasoning_parser=b.reasoning_parser,
         tool_parser=b.tool_parser,
+        kv_events=b.kv_events,
+        kv_events_replay=b.kv_events_replay,
     )
 
 
@@ -134,6 +136,8 @@ def backend_from_pb(b: fleet_pb2.Backend) -> Backend:
         b.api_key_env,
         b.reasoning_parser,
         b.tool_parser,
+        b.kv_events,
+        b.kv_events_replay,
     )
 
 

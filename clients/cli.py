@@ -52,6 +52,8 @@ def cmd_backends_add(args: argparse.Namespace, c: AdminClient) -> None:
         args.api_key_env,
         reasoning_parser=args.reasoning_parser,
         tool_parser=args.tool_parser,
+        kv_events=args.kv_events,
+        kv_events_replay=args.kv_events_replay,
     )
     _print(args, asdict(row), f"added {row.id} ({row.model} at {row.url})")
 
@@ -174,6 +176,13 @@ def _add_backend_commands(
     add.add_argument("--tool-parser", default="", metavar="NAME",
                      help="the engine's --tool-call-parser (e.g. hermes): a stream with tools on "
                      "it is not resumed (an explicit error)")
+    add.add_argument("--kv-events", default="", metavar="ENDPOINT",
+                     help="the engine's KV-cache event socket (vLLM --kv-events-config "
+                     "endpoint), tcp://HOST:PORT or ipc://PATH: control connects and keeps an "
+                     "index of the prefix blocks it holds")
+    add.add_argument("--kv-events-replay", default="", metavar="ENDPOINT",
+                     help="its replay socket (replay_endpoint), to fetch batches control "
+                     "missed; needs --kv-events")
     add.set_defaults(admin=cmd_backends_add)
     for name, fn, text in (
         ("remove", cmd_backends_remove, "unregister a backend"),

@@ -55,6 +55,9 @@ class BackendRow:
     migrating: bool = False  # drained with --migrate: in-flight streams move elsewhere
     reasoning_parser: str = ""  # the engine's --reasoning-parser; "" = none
     tool_parser: str = ""  # the engine's --tool-call-parser; "" = none
+    # Where control reads the engine's KV-cache events (ZMQ) and its replay socket; "" = none.
+    kv_events: str = ""
+    kv_events_replay: str = ""
     # The engine's own gauges at control's last reading: "running+waiting kv N%", or "-".
     engine: str = "-"
     engine_age_s: float | None = None
@@ -112,6 +115,8 @@ def _row(s: fleet_pb2.BackendStatus, kv: admin_pb2.KvIndexStatus | None = None) 
         migrating=s.migrating,
         reasoning_parser=b.reasoning_parser,
         tool_parser=b.tool_parser,
+        kv_events=b.kv_events,
+        kv_events_replay=b.kv_events_replay,
         engine=_engine(s),
         engine_age_s=round(s.engine_age_s, 1) if s.engine_read else None,
         kv_index=_kv_state(kv.state) if kv is not None else "off",
@@ -192,6 +197,8 @@ class AdminClient:
         api_key_env: str = "",
         reasoning_parser: str = "",
         tool_parser: str = "",
+        kv_events: str = "",
+        kv_events_replay: str = "",
     ) -> BackendRow:
         try:
             pb_kind = wire.KIND_TO_PB[BackendKind(kind)]
@@ -207,6 +214,8 @@ class AdminClient:
             api_key_env=api_key_env,
             reasoning_parser=reasoning_parser,
             tool_parser=tool_parser,
+            kv_events=kv_events,
+            kv_events_replay=kv_events_replay,
         )
         resp = self._call("AddBackend", admin_pb2.AddBackendRequest(backend=backend))
         return _row(resp.backend)  # type: ignore[attr-defined]

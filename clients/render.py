@@ -17,6 +17,8 @@ BACKEND_COLUMNS = ("id", "model", "kind", "role", "state", "in_flight", "engine"
 PARSER_COLUMNS = ("reasoning_parser", "tool_parser")
 _URL = BACKEND_COLUMNS.index("url")
 KV_COLUMN = "kv"  # shown when some backend has KV events configured: "live (120 blocks)"
+# Where control reads them, each shown (after KV) only when some backend sets it.
+KV_ENDPOINT_COLUMNS = ("kv_events", "kv_events_replay")
 
 
 def _kv(r: BackendRow) -> str:
@@ -39,13 +41,19 @@ def backends(rows: Sequence[BackendRow]) -> str:
     if not rows:
         return "no backends registered (add one with `baton backends add`)"
     # A migrating drain shows in the state column: it is what the operator must wait on.
-    parsers = [c for c in PARSER_COLUMNS if any(getattr(r, c) for r in rows)]
-    kv = [KV_COLUMN] if any(r.kv_index != "off" for r in rows) else []
+    parsers = _set_in(rows, PARSER_COLUMNS)
+    kv = [KV_COLUMN] if any(r.kv_index != "off" or r.kv_events for r in rows) else []
     return table(
         [{**asdict(r), "state": f"{r.state} (migrate)" if r.migrating else r.state,
           KV_COLUMN: _kv(r)} for r in rows],
-        (*BACKEND_COLUMNS[:_URL], *parsers, *kv, *BACKEND_COLUMNS[_URL:]),
+        (*BACKEND_COLUMNS[:_URL], *parsers, *kv, *_set_in(rows, KV_ENDPOINT_COLUMNS),
+         *BACKEND_COLUMNS[_URL:]),
     )  # fmt: skip
+
+
+def _set_in(rows: Sequence[BackendRow], columns: Sequence[str]) -> list[str]:
+    """The optional columns some row has a value in (most fleets leave them all empty)."""
+    return [c for c in columns if any(getattr(r, c) for r in rows)]
 
 
 def status(s: Mapping[str, Any]) -> str:

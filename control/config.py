@@ -60,18 +60,6 @@ class KvSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class KvSource:
-    """A backend's KV-cache events (vLLM --kv-events-config binds both; control connects):
-    the PUB `endpoint`, and the ROUTER `replay` one ("" = none: a gap loses the index). Tied
-    to the config file's url, so a backend re-added at run time elsewhere is not mixed up."""
-
-    backend_id: BackendId
-    url: str
-    endpoint: str
-    replay: str = ""
-
-
-@dataclass(frozen=True, slots=True)
 class PairSpec:
     """A pair to bind once both backends have told control their facts (never from here)."""
 
@@ -90,36 +78,39 @@ class Config:
     audit: AuditSettings = field(default_factory=AuditSettings)
     pairs: tuple[PairSpec, ...] = ()
     load: LoadSettings = field(default_factory=LoadSettings)
-    kv_sources: tuple[KvSource, ...] = ()
     kv: KvSettings = field(default_factory=KvSettings)
+
+
+# What ZMQ's connect takes, and nothing it would refuse later inside a subscriber task: a
+# host name, an IPv4 address or a bracketed IPv6 one (never the `*` wildcard an engine binds);
+# an ipc path of printable characters that fits a Unix socket address (107 bytes; a leading
+# "@" is Linux's abstract namespace).
+_ZMQ_TCP = re.compile(r"tcp://([A-Za-z0-9][A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})")
+_ZMQ_IPC = re.compile(r"ipc://(?!@$)[^\x00-\x1f\x7f]+")  # "@" alone names nothing
+_SUN_PATH = 107  # bytes
 
 
 def validate_zmq(endpoint: Any, where: str) -> str:
     """`tcp://HOST:PORT` (HOST a name or address control connects to, not a wildcard) or
     `ipc://PATH` (an engine on this machine)."""
-    if isinstance(endpoint, str) and endpoint.startswith("ipc://") and len(endpoint) > 6:
-        return endpoint
-    parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
-    try:
-        port = parts.port if parts is not None else None
-    except ValueError:
-        port = None
-    if (parts is None or parts.scheme != "tcp" or not parts.hostname or parts.hostname == "*"
-            or not port or parts.path or parts.username):  # fmt: skip
-        raise ConfigError(f"{where} must be tcp://HOST:PORT (the engine's address; control "
-                          f"connects) or ipc://PATH, got {endpoint!r}")  # fmt: skip
-    return str(endpoint)
+    tcp = _ZMQ_TCP.fullmatch(endpoint) if isinstance(endpoint, str) else None
+    if tcp is not None and 0 < int(tcp[2]) < 65536:
+        return str(endpoint)
+    ipc = _ZMQ_IPC.fullmatch(endpoint) if isinstance(endpoint, str) else None
+    if ipc is not None and len(endpoint.removeprefix("ipc://").encode()) <= _SUN_PATH:
+        return str(endpoint)
+    raise ConfigError(f"{where} must be tcp://HOST:PORT (the engine's address; control "
+                      f"connects) or ipc://PATH, got {endpoint!r}")  # fmt: skip
 
 
-def kv_source(raw: dict[str, Any], backend: Backend, where: str) -> KvSource | None:
-    endpoint, replay = raw.get("kv_events"), raw.get("kv_events_replay", "")
-    if endpoint is None:
-        if replay:
-            raise ConfigError(f"{where}: kv_events_replay needs kv_events")
-        return None
-    replay = validate_zmq(replay, f"{where}.kv_events_replay") if replay else ""
-    return KvSource(backend.id, backend.url, validate_zmq(endpoint, f"{where}.kv_events"),
-                    replay)  # fmt: skip
+def kv_endpoints(backend_id: str, endpoint: Any, replay: Any) -> tuple[str, str]:
+    """A backend's KV-event sockets, validated; "" for each it does not have. A replay
+    socket alone is an error: nothing would ever ask it."""
+    where = f"backend {backend_id!r}"
+    if endpoint == "" and replay != "":
+        raise ConfigError(f"{where}: kv_events_replay needs kv_events")
+    return (validate_zmq(endpoint, f"{where}: kv_events") if endpoint != "" else "",
+            validate_zmq(replay, f"{where}: kv_events_replay") if replay != "" else "")  # fmt: skip
 
 
 def pair_spec(raw: Any, where: str) -> PairSpec:
@@ -166,6 +157,8 @@ def make_backend(
     api_key_env: str = "",
     reasoning_parser: str = "",
     tool_parser: str = "",
+    kv_events: str = "",
+    kv_events_replay: str = "",
 ) -> Backend:
     if not id or not isinstance(id, str):
         raise ConfigError("backend id must be a non-empty string")
@@ -193,8 +186,10 @@ def make_backend(
                 f"backend {id!r}: {key} must be a parser name (lowercase letters, digits, '_' "
                 f"and '-', as vLLM spells it, e.g. {_PARSER_EXAMPLE[key]!r}), got {name!r}"
             )
+    kv = kv_endpoints(id, kv_events, kv_events_replay)
     return Backend(
-        BackendId(id), validate_url(url), model, k, r, api_key_env, reasoning_parser, tool_parser
+        BackendId(id), validate_url(url), model, k, r, api_key_env, reasoning_parser, tool_parser,
+        *kv,
     )
 
 
@@ -205,10 +200,9 @@ _PARSER_NAME = re.compile(r"[a-z0-9_-]*")
 _PARSER_EXAMPLE = {"reasoning_parser": "deepseek_r1", "tool_parser": "hermes"}
 
 
-_KV_KEYS = frozenset({"kv_events", "kv_events_replay"})
 _BACKEND_KEYS = frozenset(
     {"id", "url", "model", "kind", "role", "api_key_env", "reasoning_parser", "tool_parser",
-     *_KV_KEYS}
+     "kv_events", "kv_events_replay"}
 )  # fmt: skip
 
 
@@ -216,7 +210,7 @@ def parse(data: dict[str, Any]) -> Config:
     routing = data.get("routing", DEFAULT_POLICY)
     if routing not in POLICIES:
         raise ConfigError(f"routing must be one of {', '.join(sorted(POLICIES))}, got {routing!r}")
-    backends, sources = [], []
+    backends = []
     for i, raw in enumerate(data.get("backends", [])):
         if not isinstance(raw, dict):
             raise ConfigError(f"backends[{i}] must be a table")
@@ -226,9 +220,7 @@ def parse(data: dict[str, Any]) -> Config:
         missing = {"id", "url", "model"} - set(raw)
         if missing:
             raise ConfigError(f"backends[{i}]: missing {sorted(missing)}")
-        backends.append(make_backend(**{k: v for k, v in raw.items() if k not in _KV_KEYS}))
-        if (source := kv_source(raw, backends[-1], f"backends[{i}]")) is not None:
-            sources.append(source)
+        backends.append(make_backend(**raw))
     ids = [b.id for b in backends]
     if len(ids) != len(set(ids)):
         raise ConfigError("backend ids must be unique")
@@ -239,8 +231,7 @@ def parse(data: dict[str, Any]) -> Config:
     pairs = tuple(pair_spec(raw, f"pairs[{i}]") for i, raw in enumerate(data.get("pairs", [])))
     load = LoadSettings(**_table(data, "load", LoadSettings))
     kv = KvSettings(**_table(data, "kv", KvSettings))
-    return Config(tuple(backends), routing, probes, health, affinity, audit, pairs, load,
-                  tuple(sources), kv)  # fmt: skip
+    return Config(tuple(backends), routing, probes, health, affinity, audit, pairs, load, kv)
 
 
 def with_routing(cfg: Config, routing: str) -> Config:

@@ -28,12 +28,13 @@ from baton.model import Backend, BackendId
 from control.config import PairSpec, make_backend
 from control.exceptions import ConfigError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS added (
     id TEXT PRIMARY KEY, url TEXT NOT NULL, model TEXT NOT NULL,
     kind TEXT NOT NULL, role TEXT NOT NULL, api_key_env TEXT NOT NULL DEFAULT '',
-    reasoning_parser TEXT NOT NULL DEFAULT '', tool_parser TEXT NOT NULL DEFAULT ''
+    reasoning_parser TEXT NOT NULL DEFAULT '', tool_parser TEXT NOT NULL DEFAULT '',
+    kv_events TEXT NOT NULL DEFAULT '', kv_events_replay TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS removed (id TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS drained (id TEXT PRIMARY KEY, migrate INTEGER NOT NULL);
@@ -42,7 +43,10 @@ CREATE TABLE IF NOT EXISTS pairs (
 );
 """
 
-_ADDED_LATER = ("api_key_env", "reasoning_parser", "tool_parser")
+_ADDED_LATER = ("api_key_env", "reasoning_parser", "tool_parser", "kv_events",
+                "kv_events_replay")  # fmt: skip
+# A backend's row: each column is the Backend field (and make_backend argument) of its name.
+_ADDED_COLUMNS = ("id", "url", "model", "kind", "role", *_ADDED_LATER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +94,9 @@ class FleetDB:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
             columns = {r[1] for r in self._db.execute("PRAGMA table_info(added)")}
-            # Columns later versions added, in order (version 1 had no key, 2 no parsers):
-            # an older database gets them with their empty default, which is what it meant.
+            # Columns later versions added, in order (version 1 had no key, 2 no parsers, 3 no
+            # KV events): an older database gets them with their empty default, which is what
+            # it meant.
             for column in _ADDED_LATER:
                 if column not in columns:
                     self._db.execute(
@@ -106,11 +111,8 @@ class FleetDB:
         q = self._db.execute
         try:
             added = tuple(
-                make_backend(id, url, model, kind, role, key_env, reasoning, tool)
-                for id, url, model, kind, role, key_env, reasoning, tool in q(
-                    "SELECT id, url, model, kind, role, api_key_env, reasoning_parser, "
-                    "tool_parser FROM added"
-                )
+                make_backend(**dict(zip(_ADDED_COLUMNS, row, strict=True)))
+                for row in q(f"SELECT {', '.join(_ADDED_COLUMNS)} FROM added")  # noqa: S608
             )
             return Configured(
                 added=added,
@@ -131,10 +133,9 @@ class FleetDB:
             for table in ("added", "removed", "drained", "pairs"):
                 db.execute(f"DELETE FROM {table}")  # noqa: S608 - names from the tuple above
             db.executemany(
-                "INSERT INTO added (id, url, model, kind, role, api_key_env, reasoning_parser,"
-                " tool_parser) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(b.id, b.url, b.model, b.kind.value, b.role.value, b.api_key_env,
-                  b.reasoning_parser, b.tool_parser) for b in state.added],  # fmt: skip
+                f"INSERT INTO added ({', '.join(_ADDED_COLUMNS)}) "  # noqa: S608 - names above
+                f"VALUES ({', '.join('?' * len(_ADDED_COLUMNS))})",
+                [tuple(str(getattr(b, c)) for c in _ADDED_COLUMNS) for b in state.added],
             )
             db.executemany("INSERT INTO removed VALUES (?)", [(i,) for i in sorted(state.removed)])
             db.executemany(

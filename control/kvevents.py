@@ -1,6 +1,6 @@
-"""Plumbing: one task per backend with `kv_events` configured, subscribed to its engine's
-KV-cache events over ZMQ and feeding the registry's KV index (control/kvindex.py decides
-everything; this only moves frames).
+"""Plumbing: one task per registered backend with `kv_events` (from the config file or added
+at run time), subscribed to its engine's KV-cache events over ZMQ and feeding the registry's
+KV index (control/kvindex.py decides everything; this only moves frames).
 
 vLLM binds its PUB (and replay ROUTER) sockets on `tcp://*:PORT` and control connects to
 them: a router knows each engine's address, engines need not know control's, and a restart of
@@ -26,51 +26,56 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from baton.model import BackendId, Snapshot
+from baton.model import Backend, BackendId, Snapshot
 from control import kvwire
-from control.config import KvSettings, KvSource
+from control.config import KvSettings
 from control.kvindex import Fed, KvEvent
 from control.registry import Registry
 
 _WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 
-class KvSubscribers:
-    """Keeps one subscriber per configured source whose backend is registered (with the
-    config file's url): backends removed at run time stop theirs, re-added ones start again."""
+_Source = tuple[str, str, str]  # (url, kv_events, kv_events_replay): one engine's streams
 
-    def __init__(
-        self, registry: Registry, sources: tuple[KvSource, ...], settings: KvSettings
-    ) -> None:
+
+def _source(b: Backend) -> _Source:
+    return b.url, b.kv_events, b.kv_events_replay
+
+
+class KvSubscribers:
+    """Keeps one subscriber per registered backend with `kv_events`, from each snapshot
+    alone: a backend removed stops its subscriber (and its index goes), one added starts
+    one, one whose url or endpoints changed starts afresh (another engine, another index)."""
+
+    def __init__(self, registry: Registry, settings: KvSettings) -> None:
         self._registry = registry
-        self._sources = {s.backend_id: s for s in sources}
         self._settings = settings
         self._ctx = zmq.asyncio.Context()
-        self._tasks: dict[BackendId, asyncio.Task[None]] = {}
+        self._tasks: dict[BackendId, tuple[_Source, asyncio.Task[None]]] = {}
         self._unsubscribe: Callable[[], None] = lambda: None
 
     def start(self) -> None:
-        if self._sources:
-            self._unsubscribe = self._registry.subscribe(self._reconcile)
-            self._reconcile(self._registry.snapshot)
+        """Always listening, even with no backend to subscribe to yet: AddBackend may bring
+        one at any time."""
+        self._unsubscribe = self._registry.subscribe(self._reconcile)
+        self._reconcile(self._registry.snapshot)
 
     def _reconcile(self, snapshot: Snapshot) -> None:
-        wanted = {
-            s.backend_id
-            for s in self._sources.values()
-            if (st := snapshot.get(s.backend_id)) is not None and st.backend.url == s.url
-        }
-        for bid in set(self._tasks) - wanted:
-            self._tasks.pop(bid).cancel()
-            self._registry.kv.forget(bid)
-        for bid in wanted - set(self._tasks):
-            self._registry.kv.watch(bid)
-            sub = Subscriber(self._registry, self._sources[bid], self._settings, self._ctx)
-            self._tasks[bid] = asyncio.get_running_loop().create_task(sub.run())
+        wanted = {s.backend.id: s.backend for s in snapshot.backends if s.backend.kv_events}
+        for bid in list(self._tasks):
+            b = wanted.get(bid)
+            if b is None or _source(b) != self._tasks[bid][0]:
+                self._tasks.pop(bid)[1].cancel()
+                self._registry.kv.forget(bid)
+        for bid, b in wanted.items():
+            if bid not in self._tasks:
+                self._registry.kv.watch(bid)
+                run = Subscriber(self._registry, b, self._settings, self._ctx).run()
+                self._tasks[bid] = (_source(b), asyncio.get_running_loop().create_task(run))
 
     async def stop(self) -> None:
         self._unsubscribe()
-        tasks = list(self._tasks.values())
+        tasks = [task for _, task in self._tasks.values()]
         self._tasks.clear()
         for task in tasks:
             task.cancel()
@@ -84,13 +89,13 @@ class Subscriber:
     def __init__(
         self,
         registry: Registry,
-        source: KvSource,
+        backend: Backend,
         settings: KvSettings,
         ctx: zmq.asyncio.Context,
     ) -> None:
         self._registry = registry
-        self._source = source
-        self._bid = source.backend_id
+        self._endpoint, self._replay_endpoint = backend.kv_events, backend.kv_events_replay
+        self._bid = backend.id
         self._settings = settings
         self._ctx = ctx
 
@@ -98,6 +103,7 @@ class Subscriber:
         s = self._settings
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.IPV6, 1)  # else a tcp://[::1]:PORT endpoint never connects
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(s.heartbeat * 1000)))
         sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(s.heartbeat_timeout * 1000)))
@@ -107,7 +113,7 @@ class Subscriber:
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
         try:
-            sub.connect(self._source.endpoint)
+            sub.connect(self._endpoint)
             while True:
                 ready = dict(await poller.poll())
                 if monitor in ready:  # before the data: a disconnect precedes what follows it
@@ -124,7 +130,7 @@ class Subscriber:
         if msg["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._registry.kv.connected(self._bid)
         elif msg["event"] == zmq.EVENT_DISCONNECTED:
-            self._registry.kv.lost(self._bid, f"disconnected from {self._source.endpoint}")
+            self._registry.kv.lost(self._bid, f"disconnected from {self._endpoint}")
 
     def _decode(self, frames: list[bytes]) -> tuple[int, list[KvEvent]] | None:
         try:
@@ -151,7 +157,7 @@ class Subscriber:
         start = status.next_seq if status is not None else None
         if start is None:
             return
-        if not self._source.replay:
+        if not self._replay_endpoint:
             self._registry.kv.lost(self._bid, f"gap: seq {start}..{seq - 1} missed and no "
                                    "kv_events_replay to ask")  # fmt: skip
             return
@@ -171,8 +177,9 @@ class Subscriber:
         marker. A fresh DEALER each time: no late answer to an earlier request is read."""
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.IPV6, 1)
         try:
-            dealer.connect(self._source.replay)
+            dealer.connect(self._replay_endpoint)
             await dealer.send_multipart([b"", start.to_bytes(8, "big")])
             while True:
                 frames = await dealer.recv_multipart()

@@ -107,8 +107,8 @@ class ControlPlane:
         saved = self._db.load() if self._db else Configured()
         _warn_shadowed(config, saved, data_dir)
         self.registry = _registry(config, saved, clock, events)
-        # Each engine's KV-cache events, for backends configured with `kv_events`.
-        self.kv = KvSubscribers(self.registry, config.kv_sources, config.kv)
+        # Each engine's KV-cache events, for registered backends with `kv_events`.
+        self.kv = KvSubscribers(self.registry, config.kv)
         # The one pair flow over the registry: router, services, metrics and _save share it.
         self.pairs = PairFlow(self.registry)
         guard = SpillGuard(config.affinity.spill_factor, config.affinity.spill_slack)

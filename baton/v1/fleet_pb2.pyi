@@ -132,6 +132,8 @@ class Backend(_message.Message):
     API_KEY_ENV_FIELD_NUMBER: _builtins.int
     REASONING_PARSER_FIELD_NUMBER: _builtins.int
     TOOL_PARSER_FIELD_NUMBER: _builtins.int
+    KV_EVENTS_FIELD_NUMBER: _builtins.int
+    KV_EVENTS_REPLAY_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     url: _builtins.str
     model: _builtins.str
@@ -150,6 +152,15 @@ class Backend(_message.Message):
     """The engine's vLLM --tool-call-parser (e.g. "hermes"); empty when it runs none. The resume
     runs no tool parser, so a shim refuses to resume a stream with tools on it on such a backend.
     """
+    kv_events: _builtins.str
+    """Where the engine publishes its KV-cache events (vLLM --kv-events-config: a ZMQ PUB
+    socket the engine binds and control connects to): tcp://HOST:PORT or ipc://PATH; empty =
+    none. With it control keeps an index of the prefix blocks the engine holds.
+    """
+    kv_events_replay: _builtins.str
+    """The engine's replay socket (ZMQ ROUTER) for batches control missed, same forms; empty =
+    none (a gap then loses the index until the engine's events start afresh). Needs kv_events.
+    """
     def __init__(
         self,
         *,
@@ -161,10 +172,12 @@ class Backend(_message.Message):
         api_key_env: _builtins.str = ...,
         reasoning_parser: _builtins.str = ...,
         tool_parser: _builtins.str = ...,
+        kv_events: _builtins.str = ...,
+        kv_events_replay: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key_env", b"api_key_env", "id", b"id", "kind", b"kind", "model", b"model", "reasoning_parser", b"reasoning_parser", "role", b"role", "tool_parser", b"tool_parser", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key_env", b"api_key_env", "id", b"id", "kind", b"kind", "kv_events", b"kv_events", "kv_events_replay", b"kv_events_replay", "model", b"model", "reasoning_parser", b"reasoning_parser", "role", b"role", "tool_parser", b"tool_parser", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -33,7 +33,8 @@ def backend_fields_from_pb(b: fleet_pb2.Backend) -> dict[str, str]:
     role = ROLE_FROM_PB.get(b.role, Role.SERVE)
     return {"id": b.id, "url": b.url, "model": b.model, "kind": kind.value, "role": role.value,
             "api_key_env": b.api_key_env, "reasoning_parser": b.reasoning_parser,
-            "tool_parser": b.tool_parser}  # fmt: skip
+            "tool_parser": b.tool_parser, "kv_events": b.kv_events,
+            "kv_events_replay": b.kv_events_replay}  # fmt: skip
 
 
 def route_request_from_pb(

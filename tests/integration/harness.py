@@ -73,16 +73,21 @@ def start_shim(control: str, *extra: str, env: dict[str, str] | None = None) -> 
     )
 
 
-def cli_json(control: Part, *args: str) -> Any:
-    """Run the real CLI with --json against `control`; its parsed output (it must succeed)."""
+def cli(control: Part, *args: str) -> str:
+    """Run the real CLI against `control`; what it printed (it must succeed)."""
     import os
 
     out = subprocess.run(
-        [sys.executable, "-m", "clients.cli", *args, "--json", "--control", control.ready],
+        [sys.executable, "-m", "clients.cli", *args, "--control", control.ready],
         capture_output=True, text=True, timeout=30, env=dict(os.environ),
     )  # fmt: skip
     assert out.returncode == 0, (args, out.stderr)
-    return json.loads(out.stdout)
+    return out.stdout
+
+
+def cli_json(control: Part, *args: str) -> Any:
+    """Run the real CLI with --json against `control`; its parsed output (it must succeed)."""
+    return json.loads(cli(control, *args, "--json"))
 
 
 @dataclass

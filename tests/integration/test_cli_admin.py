@@ -96,6 +96,15 @@ def test_refusals_are_readable_with_nonzero_exit(tmp_path: Path) -> None:
                          "--reasoning-parser", "DeepSeek-R1")  # fmt: skip
         assert parser.returncode == 1 and "INVALID_ARGUMENT" in parser.stderr
         assert "reasoning_parser must be a parser name" in parser.stderr
+        # A KV-events socket control could never connect to, or a replay socket alone.
+        kv = f.baton("backends", "add", "z", "--url", "http://127.0.0.1:1", "--model", "m",
+                     "--kv-events", "tcp://*:5557")  # fmt: skip
+        assert kv.returncode == 1 and "INVALID_ARGUMENT" in kv.stderr
+        assert "kv_events must be tcp://HOST:PORT" in kv.stderr and "Traceback" not in kv.stderr
+        alone = f.baton("backends", "add", "z", "--url", "http://127.0.0.1:1", "--model", "m",
+                        "--kv-events-replay", "tcp://127.0.0.1:5558")  # fmt: skip
+        assert alone.returncode == 1 and "kv_events_replay needs kv_events" in alone.stderr
+        assert set(f.backends()) == {"s0"}  # nothing refused was added
         missing = f.baton("backends", "drain", "nope")
         assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
 

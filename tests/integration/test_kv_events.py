@@ -6,6 +6,7 @@ a mismatch between the two fails these tests."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +15,19 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from clients.procs import Part
-from tests.integration.harness import cli_json, http, start_control, wait_until, write_config
+from tests.integration.harness import (
+    MODEL,
+    cli,
+    cli_json,
+    http,
+    start_control,
+    start_sim,
+    wait_until,
+    write_config,
+)
 
 BS = 16
 TOPIC = b"kv"
@@ -69,6 +80,8 @@ class Publisher:
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.bind("tcp://127.0.0.1:0")
         self.replay_endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+        # What an engine sees of its subscribers: each one that goes away is a disconnect.
+        self.monitor = self.pub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.buffer: list[tuple[int, bytes]] = []
         self.seq = 0
         self.replays = 0
@@ -101,9 +114,20 @@ class Publisher:
                         )
                 self.router.send_multipart([client, b"", b"", END_SEQ, b""])
 
+    def subscriber_left(self, timeout: float = 10.0) -> bool:
+        """A subscriber (control's SUB) disconnected within `timeout` seconds."""
+        while self.monitor.poll(int(timeout * 1000)):
+            if parse_monitor_message(self.monitor.recv_multipart())["event"] == (
+                zmq.EVENT_DISCONNECTED
+            ):
+                return True
+        return False
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self.pub.disable_monitor()
+        self.monitor.close(linger=0)
         self.pub.close(linger=0)
         self.router.close(linger=0)
 
@@ -132,13 +156,16 @@ def start(tmp_path: Path, pub: Publisher, replay: bool = True) -> Part:
     return start_control(config)
 
 
-def kv(control: Part) -> dict[str, Any]:
-    rows = {r["id"]: r for r in cli_json(control, "backends", "list")}
-    return rows["e0"]
+def rows(control: Part) -> dict[str, dict[str, Any]]:
+    return {r["id"]: r for r in cli_json(control, "backends", "list")}
 
 
-def live_with(control: Part, n: int) -> bool:
-    row = kv(control)
+def kv(control: Part, bid: str = "e0") -> dict[str, Any]:
+    return rows(control)[bid]
+
+
+def live_with(control: Part, n: int, bid: str = "e0") -> bool:
+    row = kv(control, bid)
     return bool(row["kv_index"] == "live" and row["kv_blocks"] == n)
 
 
@@ -252,17 +279,74 @@ def test_a_publisher_that_goes_away_turns_the_index_lost(
 def test_a_backend_removed_at_run_time_stops_its_subscription_and_re_adding_it_resumes(
     tmp_path: Path, ctx: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
-    pub = Publisher(ctx)
+    pub, elsewhere = Publisher(ctx), Publisher(ctx)
     control = start(tmp_path, pub)
     try:
         connected(control, pub)
+        pub.publish(blocks(1, 3, None))
+        assert wait_until(lambda: live_with(control, 3))
         cli_json(control, "backends", "remove", "e0")
+        assert pub.subscriber_left()  # the engine sees control go
         assert 'backend="e0"' not in scrape(control)
-        cli_json(control, "backends", "add", "e0", "--url", "http://127.0.0.1:9", "--model",
-                 "toy")  # fmt: skip
-        # The config file's kv_events belong to e0 at that url: subscribed again, afresh.
+        # Re-added without kv_events: the config file's do not come back with it.
+        url = ("--url", "http://127.0.0.1:9", "--model", MODEL)
+        cli_json(control, "backends", "add", "e0", *url)
+        assert kv(control)["kv_index"] == "off" and kv(control)["kv_events"] == ""
+        cli_json(control, "backends", "remove", "e0")
+        # Re-added with another engine's: subscribed there, afresh (the old blocks are gone).
+        cli_json(control, "backends", "add", "e0", *url, "--kv-events", elsewhere.endpoint,
+                 "--kv-events-replay", elsewhere.replay_endpoint)  # fmt: skip
         assert wait_until(lambda: kv(control)["kv_index"] == "live", timeout=20)
-        assert wait_until(lambda: pub.publish(blocks(1, 1, None)) >= 0 and live_with(control, 1))
+        assert wait_until(lambda: elsewhere.publish(blocks(7, 1, None)) >= 0
+                          and live_with(control, 1))  # fmt: skip
+        assert kv(control)["kv_events_replay"] == elsewhere.replay_endpoint
     finally:
         control.stop(grace=3)
         pub.close()
+        elsewhere.close()
+
+
+def on_loopback(endpoint: str) -> str:
+    """The sim binds tcp://*:0 as vLLM binds its sockets and reports tcp://0.0.0.0:PORT;
+    control connects to it on the loopback address."""
+    return endpoint.replace("//0.0.0.0:", "//127.0.0.1:")
+
+
+def test_an_engine_added_at_run_time_with_kv_events_is_indexed_until_removed(
+    tmp_path: Path,
+) -> None:
+    sim = start_sim("--kv-block-size", "8", "--kv-events-endpoint", "tcp://*:0",
+                    "--kv-events-replay-endpoint", "tcp://*:0")  # fmt: skip
+    pub, replay = (on_loopback(sim.announced[k]) for k in ("KV_EVENTS", "KV_REPLAY"))
+    # No backend at all at start, so none with kv_events: the subscriptions come with adds.
+    config = write_config(tmp_path / "control.toml", [])
+    data = ("--data-dir", str(tmp_path / "data"))
+    control = start_control(config, *data)
+    try:
+        added = cli_json(control, "backends", "add", "a0", "--url", sim.ready, "--model", MODEL,
+                         "--kv-events", pub, "--kv-events-replay", replay)  # fmt: skip
+        assert (added["kv_events"], added["kv_events_replay"]) == (pub, replay)
+        assert wait_until(lambda: kv(control, "a0")["kv_index"] == "live", timeout=20)
+        # A prompt of many blocks straight to the engine: it stores them and says so.
+        prompt = json.dumps({"model": MODEL, "prompt": "the quick brown fox " * 20,
+                             "max_tokens": 1}).encode()  # fmt: skip
+        status, _ = http("POST", sim.ready + "/v1/completions", prompt,
+                         {"Content-Type": "application/json"})  # fmt: skip
+        assert status == 200
+        assert wait_until(lambda: kv(control, "a0")["kv_blocks"] >= 4, timeout=20)
+        assert 'baton_kv_index_state{backend="a0",state="live"} 1.0' in scrape(control)
+        head, row = cli(control, "backends", "list").splitlines()
+        assert "KV EVENTS" in head and pub in row.split() and replay in row.split()
+
+        # A restart keeps the operator's addition, endpoints and all: subscribed again.
+        control.stop(grace=3)
+        control = start_control(config, *data)
+        assert wait_until(lambda: kv(control, "a0")["kv_index"] == "live", timeout=20)
+        assert kv(control, "a0")["kv_events"] == pub
+
+        cli_json(control, "backends", "remove", "a0")
+        assert rows(control) == {}
+        assert 'backend="a0"' not in scrape(control)  # its index is gone with it
+    finally:
+        control.stop(grace=3)
+        sim.stop(grace=3)

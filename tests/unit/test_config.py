@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import zmq
 
 from baton.model import BackendKind, Role
 from control.config import load, parse
@@ -47,6 +48,58 @@ def test_a_parser_that_is_not_a_parser_name_is_refused(key: str, value: object) 
     with pytest.raises(ConfigError, match=f"backend 'a': {key} must be a parser name") as info:
         parse({"backends": [{"id": "a", "url": "http://h", "model": "m", key: value}]})
     assert repr(value) in str(info.value)
+
+
+BASE = {"id": "a", "url": "http://10.0.0.7:8000", "model": "m"}
+
+
+def test_a_backends_kv_events_are_the_engines_sockets_control_connects_to() -> None:
+    raw = {**BASE, "kv_events": "tcp://10.0.0.7:5557", "kv_events_replay": "tcp://10.0.0.7:5558"}
+    cfg = parse({"backends": [raw, {**BASE, "id": "i", "kv_events": "ipc:///run/vllm/kv"},
+                              {**BASE, "id": "n"}]})  # fmt: skip
+    a, i, n = cfg.backends
+    assert (a.kv_events, a.kv_events_replay) == ("tcp://10.0.0.7:5557", "tcp://10.0.0.7:5558")
+    assert (i.kv_events, i.kv_events_replay) == ("ipc:///run/vllm/kv", "")
+    assert (n.kv_events, n.kv_events_replay) == ("", "")  # no events unless said
+    assert parse({"kv": {"capacity": 10}}).kv.capacity == 10
+
+
+# Each refused here would otherwise reach zmq's connect, which refuses it (or, for the
+# wildcard, never connects): control would quietly keep no index.
+BAD_ZMQ = ["tcp://*:5557", "tcp://h", "tcp://h:0", "tcp://h:65536", "http://h:5557",
+           "tcp://bad host:5557", "tcp://h:5557?x=1", "tcp://h:5557/", " tcp://h:5557",
+           "tcp://h\n:1", "tcp://user@h:1", "ipc://", "ipc://@", "ipc://\x00a",
+           "ipc://" + "a" * 108, 5557, None]  # fmt: skip
+
+
+@pytest.mark.parametrize("key", ["kv_events", "kv_events_replay"])
+@pytest.mark.parametrize("value", BAD_ZMQ)
+def test_a_kv_events_endpoint_control_could_not_connect_to_is_refused(
+    key: str, value: object
+) -> None:
+    raw = {**BASE, "kv_events": "tcp://10.0.0.7:5557", key: value}
+    with pytest.raises(ConfigError, match=f"backend 'a': {key} must be tcp://HOST:PORT") as info:
+        parse({"backends": [raw]})
+    assert repr(value) in str(info.value)
+
+
+GOOD_ZMQ = ["tcp://10.0.0.7:5557", "tcp://vllm-0.internal:1", "tcp://[::1]:5557", "ipc:///tmp/kv",
+            "ipc://@vllm-kv", "ipc://" + "a" * 107]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", GOOD_ZMQ)
+def test_every_endpoint_accepted_is_one_zmq_connects_to(value: str) -> None:
+    (b,) = parse({"backends": [{**BASE, "kv_events": value}]}).backends
+    sock = zmq.Context.instance().socket(zmq.SUB)
+    try:
+        sock.connect(b.kv_events)  # raises ZMQError on what it refuses
+    finally:
+        sock.close(linger=0)
+
+
+def test_a_replay_socket_without_kv_events_is_refused() -> None:
+    with pytest.raises(ConfigError, match="backend 'a': kv_events_replay needs kv_events"):
+        parse({"backends": [{**BASE, "kv_events_replay": "tcp://10.0.0.7:5558"}]})
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,12 @@ from control.config import make_backend
 from control.services import convert
 
 PARSED = Backend(BackendId("gpu-0"), "http://10.0.0.10:8000", "m", BackendKind.SGLANG,
-                 Role.TARGET, "GPU0_KEY", "deepseek_r1", "hermes")  # fmt: skip
+                 Role.TARGET, "GPU0_KEY", "deepseek_r1", "hermes", "tcp://10.0.0.10:5557",
+                 "tcp://10.0.0.10:5558")  # fmt: skip
 PLAIN = Backend(BackendId("gpu-1"), "http://10.0.0.11:8000", "m")
 
 
-@pytest.mark.parametrize("backend", [PARSED, PLAIN], ids=["parsers", "defaults"])
+@pytest.mark.parametrize("backend", [PARSED, PLAIN], ids=["every-field", "defaults"])
 def test_a_backend_round_trips_through_the_wire(backend: Backend) -> None:
     pb = fleet_pb2.Backend.FromString(wire.backend_to_pb(backend).SerializeToString())
     assert wire.backend_from_pb(pb) == backend
@@ -27,3 +28,10 @@ def test_the_parsers_are_on_the_wire_under_their_names() -> None:
     assert (pb.reasoning_parser, pb.tool_parser) == ("deepseek_r1", "hermes")
     fields = convert.backend_fields_from_pb(pb)
     assert (fields["reasoning_parser"], fields["tool_parser"]) == ("deepseek_r1", "hermes")
+
+
+def test_the_kv_event_endpoints_are_on_the_wire_under_their_names() -> None:
+    pb = wire.backend_to_pb(PARSED)
+    assert (pb.kv_events, pb.kv_events_replay) == ("tcp://10.0.0.10:5557", "tcp://10.0.0.10:5558")
+    fields = convert.backend_fields_from_pb(pb)
+    assert (fields["kv_events"], fields["kv_events_replay"]) == (pb.kv_events, pb.kv_events_replay)

@@ -93,35 +93,48 @@ def test_output_parsers_survive_a_save_and_load(tmp_path: Path) -> None:
     assert again.added == (parsed, replace(b("q"), reasoning_parser="qwen3"))
 
 
-# The `added` table as earlier versions created it: version 1 had no key, 2 no parsers.
-OLD_ADDED = {
-    1: "id TEXT PRIMARY KEY, url TEXT NOT NULL, model TEXT NOT NULL, kind TEXT NOT NULL, "
-    "role TEXT NOT NULL",
-    2: "id TEXT PRIMARY KEY, url TEXT NOT NULL, model TEXT NOT NULL, kind TEXT NOT NULL, "
-    "role TEXT NOT NULL, api_key_env TEXT NOT NULL DEFAULT ''",
-}
+def test_kv_events_of_a_backend_added_at_run_time_survive_a_save_and_load(
+    tmp_path: Path,
+) -> None:
+    kv = replace(b("k"), kv_events="tcp://10.0.0.7:5557", kv_events_replay="tcp://10.0.0.7:5558")
+    db = FleetDB(tmp_path / "fleet.db")
+    db.save(Configured((kv, replace(b("i"), kv_events="ipc:///run/vllm/kv"))))
+    db.close()
+    again = FleetDB(tmp_path / "fleet.db").load()
+    assert again.added == (kv, replace(b("i"), kv_events="ipc:///run/vllm/kv"))
 
 
-@pytest.mark.parametrize("version", sorted(OLD_ADDED))
+# The `added` table's columns (after id) and one row in them, as earlier versions had it:
+# version 1 had no key, 2 no parsers, 3 no KV events.
+OLD_COLUMNS = ("url", "model", "kind", "role", "api_key_env", "reasoning_parser", "tool_parser")
+OLD_ROW = ("http://127.0.0.1:9", "m", "vllm", "serve", "OLD_KEY", "deepseek_r1", "hermes")
+OLD_WIDTH = {1: 4, 2: 5, 3: 7}
+
+
+@pytest.mark.parametrize("version", sorted(OLD_WIDTH))
 def test_an_older_database_is_migrated_keeping_its_rows(tmp_path: Path, version: int) -> None:
     path = tmp_path / "fleet.db"
+    cols = OLD_COLUMNS[: OLD_WIDTH[version]]
     old = sqlite3.connect(path)
-    old.execute(f"CREATE TABLE added ({OLD_ADDED[version]})")
-    cols = ("id", "url", "model", "kind", "role", "api_key_env")[: 5 + (version >= 2)]
-    row = ("old", "http://127.0.0.1:9", "m", "vllm", "serve", "OLD_KEY")[: len(cols)]
-    old.execute(f"INSERT INTO added ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", row)
+    old.execute(f"CREATE TABLE added (id TEXT PRIMARY KEY, {', '.join(f'{c} TEXT' for c in cols)})")
+    old.execute(f"INSERT INTO added (id, {', '.join(cols)}) VALUES (?{', ?' * len(cols)})",
+                ("old", *OLD_ROW[: len(cols)]))  # fmt: skip
     old.execute(f"PRAGMA user_version = {version}")
     old.commit()
     old.close()
 
     db = FleetDB(path)
+    # The old row, with empty values for what it had no column for: what it meant.
+    had = cols[4:]
     kept = Backend(BackendId("old"), "http://127.0.0.1:9", "m",
-                   api_key_env="OLD_KEY" if version >= 2 else "")  # fmt: skip
-    assert db.load().added == (kept,)  # the old row, with no parsers: what it meant
-    parsed = replace(b("new"), reasoning_parser="deepseek_r1", tool_parser="hermes")
+                   **dict(zip(had, OLD_ROW[4:], strict=False)))  # fmt: skip
+    assert db.load().added == (kept,)
+    parsed = replace(b("new"), reasoning_parser="deepseek_r1", tool_parser="hermes",
+                     kv_events="tcp://10.0.0.7:5557",
+                     kv_events_replay="tcp://10.0.0.7:5558")  # fmt: skip
     db.save(Configured((kept, parsed)))
     db.close()
     assert FleetDB(path).load().added == (kept, parsed)
     check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     check.close()

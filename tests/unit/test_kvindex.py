@@ -248,21 +248,3 @@ def test_vllm_shaped_payloads_decode_into_index_events() -> None:
     assert to_events(decode(msgspec.msgpack.encode(lora)))[0] == Stored(
         (1,), None, PROMPT[:4], BS, False
     )
-
-
-def test_config_takes_a_backends_kv_events_endpoints_that_control_connects_to() -> None:
-    from control.config import ConfigError, parse
-
-    raw = {"id": "a", "url": "http://h:1", "model": "m", "kv_events": "tcp://h:5557",
-           "kv_events_replay": "tcp://h:5558"}  # fmt: skip
-    (source,) = parse({"backends": [raw]}).kv_sources
-    assert (source.backend_id, source.url, source.endpoint, source.replay) == (
-        "a", "http://h:1", "tcp://h:5557", "tcp://h:5558")  # fmt: skip
-    assert parse({"backends": [{**raw, "kv_events": "ipc:///tmp/kv"}]}).kv_sources
-    for bad in ("tcp://*:5557", "tcp://h", "http://h:5557", 5557):
-        with pytest.raises(ConfigError, match="kv_events"):
-            parse({"backends": [{**raw, "kv_events": bad}]})
-    with pytest.raises(ConfigError, match="needs kv_events"):
-        parse({"backends": [{"id": "a", "url": "http://h:1", "model": "m",
-                             "kv_events_replay": "tcp://h:5558"}]})  # fmt: skip
-    assert parse({"kv": {"capacity": 10}}).kv.capacity == 10

@@ -54,3 +54,22 @@ def test_parser_columns_show_only_when_some_backend_runs_a_parser() -> None:
     assert head.split()[-5:] == ["REASONING", "PARSER", "TOOL", "PARSER", "URL"]
     assert two.split()[-3:] == ["deepseek_r1", "hermes", "http://h:2"]
     assert one.split()[-1] == "http://h:1"  # a backend without parsers leaves them blank
+
+
+def test_kv_columns_show_the_index_and_where_its_events_come_from() -> None:
+    from clients.client import BackendRow
+
+    plain = BackendRow("s0", "http://h:1", "m", "vllm", "serve", "healthy", "", "t", 0)
+    assert "KV" not in render.backends([plain])
+    kv = BackendRow("s1", "http://h:2", "m", "vllm", "serve", "healthy", "", "t", 0,
+                    kv_events="tcp://h:5557", kv_index="live", kv_blocks=120)  # fmt: skip
+    head, one, two = render.backends([plain, kv]).splitlines()
+    assert head.split()[-4:] == ["KV", "KV", "EVENTS", "URL"]  # no replay socket: no column
+    assert two.split()[-5:] == ["live", "(120", "blocks)", "tcp://h:5557", "http://h:2"]
+    assert one.split()[-2:] == ["off", "http://h:1"]
+    replay = BackendRow("s2", "http://h:3", "m", "vllm", "serve", "healthy", "", "t", 0,
+                        kv_events="tcp://h:5557", kv_events_replay="tcp://h:5558",
+                        kv_index="lost")  # fmt: skip
+    head, row = render.backends([replay]).splitlines()
+    assert head.split()[-7:] == ["KV", "KV", "EVENTS", "KV", "EVENTS", "REPLAY", "URL"]
+    assert row.split()[-4:] == ["lost", "tcp://h:5557", "tcp://h:5558", "http://h:3"]
