@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="top_k when a request gives none (0 or -1 = off)")
     g.add_argument("--default-seed", type=int, default=None,
                    help="sampling seed when a request gives none (default: fresh entropy)")
+    g.add_argument("--stream-interval", type=int, default=1, metavar="N",
+                   help="tokens batched per streamed chunk, as vLLM's (a request's "
+                        "stream_interval raises it)")
     g.add_argument("--slow-start", type=float, default=0.0, metavar="S",
                    help="sleep S seconds before binding the port")
     g.add_argument("--api-key", default="", metavar="KEY",
@@ -154,6 +157,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             # router's sampling-params hash) from telling equal configs apart.
             default_top_k=max(args.default_top_k, 0),
             default_seed=args.default_seed,
+            stream_interval=args.stream_interval,
         ),
         cost=CostParams(
             prefill_us_per_token=0.0 if instant else args.prefill_us_per_token,
@@ -203,6 +207,8 @@ def _check_ranges(args: argparse.Namespace) -> None:
         raise SystemExit("--draft-agree-rate must be in [0, 1]")
     if args.default_temperature < 0:
         raise SystemExit("--default-temperature must be >= 0")
+    if args.stream_interval < 1:
+        raise SystemExit("--stream-interval must be at least 1")
     if not 0.0 < args.default_top_p <= 1.0:
         raise SystemExit("--default-top-p must be in (0, 1]")
     if args.default_top_k < -1:

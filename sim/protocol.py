@@ -56,6 +56,7 @@ class Limits:
     default_top_p: float = 1.0
     default_top_k: int = 0  # 0 = off (-1, vLLM's spelling, is normalised to 0)
     default_seed: int | None = None
+    stream_interval: int = 1  # vLLM --stream-interval: tokens batched per streamed chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,9 @@ class GenRequest:
     role: str = "assistant"  # chat only: role of the streamed message
     prompt_logprobs: int | None = None  # completions only: top-k to score at each prompt position
     include_reasoning: bool = True  # chat with a reasoning parser: send the reasoning part
+    # Tokens per streamed chunk (vLLM's stream_interval, raised to the server's): the first
+    # and the last chunk go at once, the rest every this many tokens.
+    stream_interval: int = 1
     # Chat in tool-call mode offering tools with tool_choice auto: the call the
     # model makes, and the hermes parser runs (sim.tools). None = neither.
     tool: ToolSpec | None = None
@@ -257,6 +261,9 @@ def _finish(
         raise bad_request("'min_tokens' must be between 0 and max_tokens", "min_tokens")
     if params.top_k < -1:
         raise bad_request("'top_k' must be -1 (disable) or at least 1", "top_k")
+    interval = _opt(body, "stream_interval", int, None)
+    if interval is not None and interval < 1:
+        raise bad_request("'stream_interval' must be at least 1", "stream_interval")
     return GenRequest(
         kind=kind,
         prompt_ids=prompt_ids,
@@ -266,6 +273,7 @@ def _finish(
         include_usage=include_usage,
         return_token_ids=_opt(body, "return_token_ids", bool, False),
         role=role,
+        stream_interval=max(interval or 1, limits.stream_interval),
     )
 
 

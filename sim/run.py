@@ -243,6 +243,12 @@ class Run:
         if meta.chat:
             buf.extend(r.sse(r.role_chunk(meta, i, req.prompt_ids)) for i in range(req.n))
         first = [not meta.chat] * req.n  # completions carry prompt ids on the first token
+        # vLLM's stream_interval: several tokens per chunk (the parsers' deltas stay per
+        # token here, so a parsed stream is never merged).
+        merged = (
+            [_Merged(req.stream_interval) for _ in range(req.n)]
+            if req.stream_interval > 1 and not self._parsed else None
+        )  # fmt: skip
         step_no = 0
         while any(not s.finished for s in seqs):
             if step_no:
@@ -284,9 +290,14 @@ class Run:
                     if finish is None and not meta.return_token_ids:
                         continue
                     delta = {}
+                text, ids = ev.text, [ev.token_id]
+                if merged is not None:
+                    text, ids, prompt = merged[i].take(text, ids, prompt, finish is not None)
+                    if not ids:
+                        continue  # waits for the chunk's other tokens
                 buf.append(
-                    r.sse(r.token_chunk(meta, i, ev.text, [ev.token_id], finish,
-                                        ev.stop_reason, prompt, delta))
+                    r.sse(r.token_chunk(meta, i, text, ids, finish, ev.stop_reason, prompt,
+                                        delta))
                 )
             self._stepped()
         if meta.include_usage:
@@ -349,3 +360,30 @@ def _cut(request: web.Request, kind: FaultKind) -> NoReturn:
 
 def _json(status: int, body: object) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+class _Merged:
+    """One choice's tokens waiting for their chunk under vLLM's stream_interval: the first
+    token goes alone, then every `interval` tokens, and the last at once."""
+
+    __slots__ = ("interval", "ids", "text", "prompt", "sent")
+
+    def __init__(self, interval: int) -> None:
+        self.interval = interval
+        self.ids: list[int] = []
+        self.text = ""
+        self.prompt: list[int] | None = None
+        self.sent = False
+
+    def take(
+        self, text: str, ids: list[int], prompt: list[int] | None, last: bool
+    ) -> tuple[str, list[int], list[int] | None]:
+        """This token added: the chunk to send now, or no ids while it waits."""
+        self.ids.extend(ids)
+        self.text += text
+        self.prompt = self.prompt or prompt
+        if self.sent and not last and len(self.ids) < self.interval:
+            return "", [], None
+        out = self.text, self.ids, self.prompt
+        self.ids, self.text, self.prompt, self.sent = [], "", None, True
+        return out

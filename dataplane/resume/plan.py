@@ -27,12 +27,13 @@ GUIDED_FIELDS = (
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
     "json_schema", "regex", "ebnf", "structural_tag",
 )  # fmt: skip
-# Copied to the resume request unchanged (vLLM/SGLang sampling extras included).
+# Copied to the resume request unchanged (vLLM/SGLang sampling extras included, and vLLM's
+# stream_interval: the client's chunking goes on after the seam).
 SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
     "repetition_penalty", "skip_special_tokens", "spaces_between_special_tokens",
     "include_stop_str_in_output", "bad_words", "allowed_token_ids", "logit_bias", "priority",
-    "user",
+    "user", "stream_interval",
 )  # fmt: skip
 
 
@@ -70,6 +71,9 @@ class ResumePlan:
     # resumed text is derived from ids, and stop strings are matched by Baton.
     held: Held | None = None
     overlap_tokens: int = 0  # tokens the overlap spans: what a side check asks for
+    # False: the overlap starts where the client's text may end mid-character (no boundary
+    # known near enough), so only its ids are checked; the text is derived from ids (held).
+    overlap_has_text: bool = True
 
     @property
     def checks(self) -> bool:
@@ -132,15 +136,23 @@ def _token_plan(
     else:
         seam = Seam.VERIFIED
     n_overlap, overlap_text = overlap(progress, m)
+    has_text = True
+    held = progress.held(from_start=has_stops) if n_overlap == 0 else None
     if seam is Seam.VERIFIED and n_overlap == 0:
-        seam = Seam.UNCHECKED
+        if len(progress.token_ids) > m:
+            # No character boundary near enough (an engine that merges tokens into chunks
+            # of several ids tells none): check the last m ids alone, and derive all the
+            # text after the last known boundary from ids, as an exact resume there does.
+            n_overlap, has_text = m, False
+            held = progress.since_boundary()
+        else:
+            seam = Seam.UNCHECKED
     kept = progress.token_ids[: len(progress.token_ids) - n_overlap]
     # An overlap starts at a character boundary and its text is checked against the
     # client's: the engine's text after it is then proven in step. An exact resume past the
     # last known boundary derives its text from ids (Held): the engine's would be wrong (the
     # prompt-window quirk). One at a boundary takes the engine's text, which a side check
     # then compares with the ids' (sidecheck.SideCheck): any difference makes it divergent.
-    held = progress.held(from_start=has_stops) if n_overlap == 0 else None
     assert progress.prompt_ids is not None  # noqa: S101 - checked by the caller
     request: dict[str, Any] = {k: body[k] for k in SAMPLING_FIELDS if k in body}
     if held is not None:
@@ -165,6 +177,7 @@ def _token_plan(
         seam,
         held=held,
         overlap_tokens=n_overlap,
+        overlap_has_text=has_text,
     )
 
 def _text_overlap(progress: ChoiceProgress, m: int) -> str:

@@ -112,6 +112,13 @@ class ChoiceProgress:
             return None
         return Held(tuple(self.token_ids[at:]), self.text[text_at:])
 
+    def since_boundary(self) -> Held:
+        """The tokens since the last known character boundary and the client's text for
+        them, even none: what a resume whose prompt may end mid-character derives its text
+        from."""
+        at, text_at = self.settled[-1] if self.settles else (0, 0)
+        return Held(tuple(self.token_ids[at:]), self.text[text_at:])
+
 @dataclass(frozen=True, slots=True)
 class Held:
     """A resume's prompt ends past the last character boundary the client's text is known to

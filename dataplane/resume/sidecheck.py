@@ -75,10 +75,14 @@ class SideCheck:
             return Seam.UNCHECKED
         text = choice_text_whole(choice)
         if check.overlap_ids:
-            # The overlap starts at a character boundary: the engine's text for it must be
-            # the client's, byte for byte, as well as its ids.
+            # An overlap at a character boundary: the engine's text for it must be the
+            # client's, byte for byte, as well as its ids. One that may start mid-character
+            # is checked by its ids alone (the engine's text there is not the ids' own; the
+            # resume derives it from ids and checks that against the client's).
             ids = tuple(choice.get("token_ids") or ())
-            same = ids == check.overlap_ids and text == check.overlap_text
+            same = ids == check.overlap_ids and (
+                text == check.overlap_text or not check.overlap_has_text
+            )
             return Seam.VERIFIED if same else Seam.DIVERGENT
         prefill = _assistant_prefill(check.body)
         if prefill and text.startswith(prefill):

@@ -225,6 +225,26 @@ def test_chat_stream_shape_with_return_token_ids(sim: SimProcess) -> None:
     }
 
 
+def test_stream_interval_merges_tokens_into_chunks_as_vllm_does(sim: SimProcess) -> None:
+    """vLLM's stream_interval: the first token alone, then chunks of N, the last at once;
+    the same tokens and text as one token per chunk."""
+    body = {"model": "toy", "prompt": [1, 2, 3], "max_tokens": 12, "return_token_ids": True}
+    one = stream(f"{sim.url}/v1/completions", body)
+    merged = stream(f"{sim.url}/v1/completions", {**body, "stream_interval": 5})
+    sizes = [len(c["choices"][0]["token_ids"]) for c in merged.chunks]
+    assert merged.done and sizes == [1, 5, 5, 1]
+    assert merged.chunks[0]["choices"][0]["prompt_token_ids"] == [1, 2, 3]
+    assert [c["choices"][0]["finish_reason"] for c in merged.chunks] == [None] * 3 + ["length"]
+
+    def joined(s: Stream) -> tuple[list[int], str]:
+        ch = [c["choices"][0] for c in s.chunks]
+        return [t for c in ch for t in c["token_ids"]], "".join(c["text"] for c in ch)
+
+    assert joined(merged) == joined(one)
+    status, err = post(f"{sim.url}/v1/completions", {**body, "stream_interval": 0})
+    assert status == 400 and err["error"]["param"] == "stream_interval"
+
+
 def test_non_streaming_return_token_ids_placement(sim: SimProcess) -> None:
     _, chat = post(
         f"{sim.url}/v1/chat/completions",

@@ -29,9 +29,13 @@ CHAT_FIELDS = ("content", "reasoning", "reasoning_content")
 class Case:
     endpoint: str  # "chat" | "completions"
     prompt: str  # the user message, or the completion prompt
+    # vLLM's stream_interval: tokens per chunk. Chunks of several ids tell Baton no
+    # character boundary, so a seam far into such a stream is checked by ids alone.
+    stream_interval: int | None = None
 
     def __str__(self) -> str:
-        return f"{self.endpoint}:{self.prompt!r}"
+        merged = f" ({self.stream_interval} per chunk)" if self.stream_interval else ""
+        return f"{self.endpoint}:{self.prompt!r}{merged}"
 
 
 @dataclass
@@ -50,14 +54,23 @@ class Streamed:
         return "".join(self.texts.values())
 
 
-def _request(client: openai.OpenAI, model: str, case: Case, tokens: int, **extra: Any) -> Any:
+def _request(
+    client: openai.OpenAI,
+    model: str,
+    case: Case,
+    tokens: int,
+    extra_body: dict[str, Any] | None = None,
+) -> Any:
+    body = dict(extra_body or {})
+    if case.stream_interval:
+        body["stream_interval"] = case.stream_interval
     kw: dict[str, Any] = dict(
         model=model,
         temperature=0,
         max_tokens=tokens,
         stream=True,
         stream_options={"include_usage": True},
-        **extra,
+        extra_body=body or None,
     )
     if case.endpoint == "chat":
         return client.chat.completions.with_raw_response.create(

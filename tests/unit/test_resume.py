@@ -98,6 +98,32 @@ def test_held_tokens_past_the_last_boundary() -> None:
     assert progress([([1], "a"), ([2], "b")]).held() is None
 
 
+def test_far_from_a_boundary_the_overlap_is_checked_by_its_ids() -> None:
+    # Chunks of three ids (vLLM's stream_interval, or a loaded engine) prove no boundary
+    # after the first chunk: the last m ids are regenerated and compared as ids, and the
+    # text since the boundary is derived from ids.
+    chunks = [([7], "a")] + [([10 + 3 * i, 11 + 3 * i, 12 + 3 * i], f"w{i}") for i in range(30)]
+    p = progress(chunks)
+    plan = plan_resume(chat(max_tokens=200), p, token_path=True, seam_tokens=4)
+    assert plan.seam is Seam.VERIFIED and not plan.overlap_has_text
+    assert plan.overlap_ids == tuple(p.token_ids[-4:]) and plan.overlap_tokens == 4
+    assert plan.body["prompt"] == [1, 2, *p.token_ids[:-4]]
+    assert plan.body["max_tokens"] == 200 - (len(p.token_ids) - 4)
+    assert plan.held == Held(tuple(p.token_ids[1:]), p.text[1:])
+    # Too little generated to resume m early: nothing to check.
+    short = plan_resume(chat(), progress([([1, 2, 3], "ab")]), token_path=True, seam_tokens=4)
+    assert short.seam is Seam.UNCHECKED and short.overlap_ids == ()
+
+
+def test_an_ids_only_overlap_is_judged_by_its_ids() -> None:
+    check = SeamCheck((5, 6), "")
+    assert check.feed([5], "\ufffdx", False) is None and check.verdict is None
+    assert check.feed([6, 9], "yz", False) == ([9], "\ufffdxyz")
+    assert check.verdict is Seam.VERIFIED
+    wrong = SeamCheck((5, 6), "")
+    assert wrong.feed([5, 7], "", False) is None and wrong.verdict is Seam.DIVERGENT
+
+
 def test_held_text_is_derived_from_ids_once_whole() -> None:
     held = HeldText(Held((0xE4,), ""))
     held.add([0xB8])
