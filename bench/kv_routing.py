@@ -221,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", help="comma-separated (default: all)")
     p.add_argument("--workloads", default="a,b,c", help="comma-separated")
     p.add_argument("--reps", type=int, help="fleets per policy and workload (default 3; quick 1)")
+    p.add_argument("--outside", type=int, metavar="N",
+                   help="(c): loops of long outside requests kept running on the busy replica "
+                        "(default 2 real, 3 sims)")  # fmt: skip
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     policies = (
@@ -236,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
               if w.name in args.workloads.split(",")]  # fmt: skip
     if args.reps:
         chosen = [replace(w, plan=replace(w.plan, reps=args.reps)) for w in chosen]
+    if args.outside is not None:
+        chosen = [replace(w, outside=args.outside) if w.outside else w for w in chosen]
     with contextlib.ExitStack() as stack:
         engines = stack.enter_context(kv_real.replicas(logdir)) if args.real else []
 
