@@ -5,7 +5,9 @@ KV index (control/kvindex.py decides everything; this only moves frames).
 vLLM binds its PUB (and replay ROUTER) sockets on `tcp://*:PORT` and control connects to
 them: a router knows each engine's address, engines need not know control's, and a restart of
 either side needs nothing of the other. A SUB socket subscribes to every topic; a gap makes
-a DEALER ask the replay socket for the missed batches, waiting at most `replay_timeout`.
+a DEALER ask the replay socket for the missed batches, waiting at most `replay_timeout`. So
+does a first batch that is not the engine's first (it ran before control subscribed): a
+catch-up from the start of its buffer, or what it cached before would never be credited.
 
 A lost stream: ZMQ reconnects silently and tells a SUB nothing, so each subscription has a
 socket monitor. `EVENT_DISCONNECTED` marks the index lost (what happens while disconnected is
@@ -147,14 +149,22 @@ class Subscriber:
         if batch is None:
             return
         seq, events = batch
-        if self._registry.kv.feed(self._bid, seq, events) is Fed.GAP:
+        status = self._registry.kv_status().get(self._bid)
+        if status is not None and status.next_seq is None and seq > 0 and self._replay_endpoint:
+            # The first batch seen, and not the engine's first: ask for what it published
+            # (and so holds) before control subscribed, or its older cache is never credited.
+            await self._replay(seq, catch_up=True)
+            self._registry.kv.feed(self._bid, seq, events)  # a duplicate if the replay had it
+        elif self._registry.kv.feed(self._bid, seq, events) is Fed.GAP:
             await self._replay(seq)
             # Applied by the replay (a duplicate now), or the first of a fresh index.
             self._registry.kv.feed(self._bid, seq, events)
 
-    async def _replay(self, seq: int) -> None:
+    async def _replay(self, seq: int, *, catch_up: bool = False) -> None:
+        """Ask for the batches before `seq`: from the one the index expects next, or (a
+        catch-up) from the start of the engine's buffer."""
         status = self._registry.kv_status().get(self._bid)
-        start = status.next_seq if status is not None else None
+        start = 0 if catch_up else status.next_seq if status is not None else None
         if start is None:
             return
         if not self._replay_endpoint:
@@ -167,8 +177,11 @@ class Subscriber:
             async with asyncio.timeout(timeout):
                 await self._fetch(start)
         except TimeoutError:
-            self._registry.kv.lost(self._bid, f"replay from seq {start}: no end within "
-                                   f"{timeout:g}s")  # fmt: skip
+            if catch_up:  # short of `seq`: the index starts afresh there, as without one
+                self._registry.kv.end_replay(self._bid, seq)
+            else:
+                self._registry.kv.lost(self._bid, f"replay from seq {start}: no end within "
+                                       f"{timeout:g}s")  # fmt: skip
             return
         self._registry.kv.end_replay(self._bid, seq)
 

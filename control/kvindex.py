@@ -145,6 +145,8 @@ class _Backend:
         self.blocks = _Blocks()
         self.next_seq: int | None = None
         self.replay_from: int | None = None  # a replay began here: earlier seqs are restarts
+        self.catching_up = False  # replaying what came before the first batch control saw
+        self.first_seq: int | None = None  # the first batch this index applied
         self.events: Counter[str] = Counter()
 
 
@@ -182,22 +184,41 @@ class KvIndex:
             self._set(backend_id, KvState.LOST, reason, now)
 
     def begin_replay(self, backend_id: BackendId, seq: int, now: float) -> None:
-        """A gap before batch `seq`: the missed batches are being asked for."""
+        """A gap before batch `seq`: the missed batches are being asked for. On an index that
+        has seen no batch yet, a catch-up: the engine published `seq` batches before control
+        subscribed (it ran before control started, or while control was cut off), and what
+        it cached then is asked for from the start of its buffer."""
         b = self._b.get(backend_id)
-        if b is not None and b.next_seq is not None:
+        if b is None:
+            return
+        if b.next_seq is not None:
             b.replay_from = b.next_seq
             self._set(backend_id, KvState.REPLAYING, f"gap: seq {b.next_seq}..{seq - 1} missed",
                       now)  # fmt: skip
+        elif seq > 0:
+            b.replay_from, b.catching_up = 0, True
+            self._set(backend_id, KvState.REPLAYING, f"catching up: seq 0..{seq - 1} came "
+                      "before control subscribed", now)  # fmt: skip
 
     def end_replay(self, backend_id: BackendId, reached: int, now: float) -> bool:
         """The replay ended; it succeeded when it delivered every batch before `reached`
-        (the one that showed the gap). Otherwise the index is lost."""
+        (the one that showed the gap). Otherwise the index is lost; a catch-up that fell
+        short starts afresh from `reached` instead (as without one: what the engine cached
+        before is unknown, so never credited)."""
         b = self._b.get(backend_id)
         if b is None or b.status.state is not KvState.REPLAYING:
             return False
+        catching_up, b.catching_up = b.catching_up, False
         if b.next_seq is not None and b.next_seq >= reached:
-            self._set(backend_id, KvState.LIVE, f"replayed from seq {b.replay_from}", now)
+            first = f"caught up from seq {b.first_seq}" if catching_up else (
+                f"replayed from seq {b.replay_from}")  # fmt: skip
+            self._set(backend_id, KvState.LIVE, first, now)
             return True
+        if catching_up:
+            self._reset(b)
+            self._set(backend_id, KvState.LIVE, f"events from seq {reached} (the earlier ones "
+                      f"were not replayed)", now)  # fmt: skip
+            return False
         self.lost(backend_id, f"replay did not reach seq {reached} (at {b.next_seq})", now)
         return False
 
@@ -222,6 +243,8 @@ class KvIndex:
                       f"{before})", now, force=True)  # fmt: skip
             verdict = Fed.RESTART
         self._apply(b, events)
+        if b.next_seq is None:
+            b.first_seq = seq
         b.next_seq = seq + 1
         if b.status.state is KvState.LIVE:
             b.replay_from = None  # live batches come in order: no replayed one is still due
@@ -263,8 +286,9 @@ class KvIndex:
 
     def _reset(self, b: _Backend) -> None:
         b.blocks = _Blocks()
-        b.next_seq = None
+        b.next_seq = b.first_seq = None
         b.replay_from = None
+        b.catching_up = False
 
     def _set(self, bid: BackendId, state: KvState, reason: str, now: float, *,
              force: bool = False) -> None:  # fmt: skip

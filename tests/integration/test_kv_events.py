@@ -7,6 +7,7 @@ a mismatch between the two fails these tests."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,17 +175,22 @@ def scrape(control: Part) -> str:
     return text.decode()
 
 
-def connected(control: Part, pub: Publisher) -> None:
+def connected(control: Part, pub: Publisher, probe: KVCacheEvent | None = None) -> None:
     """Control's SUB is connected (the index is live) and its subscription has reached the
-    PUB socket, which drops what it sends before: publish probes until one has arrived."""
+    PUB socket, which drops what it sends before: publish probes (by default a cleared
+    cache) until one has arrived. The first to arrive may not be the first sent, and then
+    control catches up on the ones before from the replay socket."""
     assert wait_until(lambda: kv(control)["kv_index"] == "live", timeout=20)
-    arrived = 'baton_kv_events_total{backend="e0",event="cleared"} 1.0'
+    event = probe or AllBlocksCleared()
+    kind = "cleared" if isinstance(event, AllBlocksCleared) else "removed"
+    seen = re.compile(rf'baton_kv_events_total{{backend="e0",event="{kind}"}} [1-9]')
 
-    def probe() -> bool:
-        pub.publish(AllBlocksCleared())
-        return wait_until(lambda: arrived in scrape(control), timeout=0.5)
+    def probed() -> bool:
+        pub.publish(event)
+        return wait_until(lambda: seen.search(scrape(control)) is not None, timeout=0.5)
 
-    assert wait_until(probe, timeout=20)
+    assert wait_until(probed, timeout=20)
+    assert wait_until(lambda: kv(control)["kv_index"] == "live", timeout=20)
 
 
 def kv_events(control: Part) -> list[dict[str, Any]]:
@@ -222,13 +228,37 @@ def test_a_sequence_gap_is_replayed_from_the_engine(
         connected(control, pub)
         pub.publish(blocks(1, 2, None))
         assert wait_until(lambda: live_with(control, 2))
+        replays = pub.replays  # a catch-up on the probes, if the first one was lost
         pub.publish(blocks(3, 2, 2), skip=True)  # lost on the way
         pub.publish(BlockRemoved([1], "GPU"), skip=True)
         pub.publish(blocks(5, 1, 4))  # shows the gap: seqs 1 and 2 are asked for again
         assert wait_until(lambda: live_with(control, 4))
-        assert pub.replays == 1
+        assert pub.replays == replays + 1
         states = [(e["previous"], e["state"]) for e in kv_events(control)]
         assert ("live", "replaying") in states and states[-1] == ("replaying", "live")
+    finally:
+        control.stop(grace=3)
+        pub.close()
+
+
+def test_an_engine_that_cached_blocks_before_control_started_is_caught_up(
+    tmp_path: Path, ctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """An engine that ran before control (control restarted, or started second): its first
+    batches went to nobody, but it holds their blocks. Control asks its replay socket for
+    them, so a continuation there is credited from the first batch control sees."""
+    pub = Publisher(ctx)
+    pub.publish(blocks(1, 3, None))  # no subscriber yet: only the engine's buffer has it
+    pub.publish(blocks(4, 1, 3))
+    control = start(tmp_path, pub)
+    try:
+        connected(control, pub, probe=BlockRemoved([999], "GPU"))  # removes nothing held
+        assert wait_until(lambda: live_with(control, 4)), kv(control)
+        assert pub.replays >= 1
+        states = [(e["previous"], e["state"], e["reason"]) for e in kv_events(control)]
+        assert any(s[:2] == ("live", "replaying") and "before control subscribed" in s[2]
+                   for s in states), states  # fmt: skip
+        assert states[-1][:2] == ("replaying", "live") and "caught up from seq 0" in states[-1][2]
     finally:
         control.stop(grace=3)
         pub.close()

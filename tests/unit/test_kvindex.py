@@ -160,6 +160,45 @@ def test_a_replay_that_does_not_reach_the_gap_loses_the_index_and_the_next_batch
     assert index.cached(block_keys(PROMPT, BS), BS) == {A: 1}
 
 
+def test_an_engine_that_ran_before_control_subscribed_is_caught_up_from_its_buffer() -> None:
+    # The first batch control sees is seq 7: the engine cached the prompt's blocks in 0..6.
+    index = live(A)
+    index.begin_replay(A, 7, 1.0)
+    status = index.status(A)
+    assert status is not None and status.state is KvState.REPLAYING
+    assert "before control subscribed" in status.reason
+    assert index.cached(block_keys(PROMPT, BS), BS) == {}  # not live yet: no answer
+    # The buffer no longer holds 0..2: what it has from 3 is applied as the index's start.
+    assert index.feed(A, 3, [stored((11, 12), None, PROMPT[:8])], 1.0) is Fed.APPLIED
+    for seq in range(4, 8):
+        assert index.feed(A, seq, [], 1.0) is Fed.APPLIED  # the replay reached seq 7, too
+    assert index.end_replay(A, 7, 1.0)
+    status = index.status(A)
+    assert status is not None and status.state is KvState.LIVE
+    assert status.reason == "caught up from seq 3"
+    assert index.feed(A, 7, [], 1.0) is Fed.DUPLICATE  # the live copy of what was replayed
+    assert index.feed(A, 8, [], 1.0) is Fed.APPLIED
+    assert index.cached(block_keys(PROMPT, BS), BS) == {A: 2}
+
+
+def test_a_catch_up_that_falls_short_starts_the_index_at_the_live_batch_never_lost() -> None:
+    index = live(A)
+    index.begin_replay(A, 7, 1.0)
+    assert index.feed(A, 2, [stored((11, 12), None, PROMPT[:8])], 1.0) is Fed.APPLIED
+    assert not index.end_replay(A, 7, 1.0)  # it ended at seq 3 (a timeout)
+    status = index.status(A)
+    # What the engine held before seq 7 is unknown now: nothing of it is credited.
+    assert status is not None and status.state is KvState.LIVE and status.blocks == 0
+    assert "not replayed" in status.reason
+    assert index.feed(A, 7, [stored((11,), None, PROMPT[:4])], 1.0) is Fed.APPLIED
+    assert index.cached(block_keys(PROMPT, BS), BS) == {A: 1}
+    # An engine's very first batch needs no catch-up.
+    fresh = live(B)
+    fresh.begin_replay(B, 0, 1.0)
+    status = fresh.status(B)
+    assert status is not None and status.state is KvState.LIVE
+
+
 def test_a_sequence_that_starts_again_means_the_engine_restarted_and_clears_the_index() -> None:
     index = live(A)
     index.feed(A, 0, [stored((11, 12), None, PROMPT[:8])], 1.0)
