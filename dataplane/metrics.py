@@ -111,6 +111,14 @@ class ShimMetrics:
         self.in_flight = Gauge(
             "baton_shim_requests_in_flight", "Requests being served now.", registry=r
         )
+        # A failover is counted (and reported to control) once its seam verdict is known:
+        # the side check runs after the resumed stream ends, so a client can have its whole
+        # answer before the failover shows in baton_shim_failovers_total.
+        self.seam_checks = Gauge(
+            "baton_shim_seam_checks_pending",
+            "Failovers whose seam is still being checked (not yet counted or reported).",
+            registry=r,
+        )
         r.register(LinkCollector(link))
         # Label children resolved once: labels() takes a lock and builds a key per call,
         # a measurable share of a request's CPU in the shim.

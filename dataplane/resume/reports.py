@@ -36,9 +36,15 @@ class Reporter:
             seam = await verdict
             self.send(replace(report, seam=seam))
 
+        self._metrics.seam_checks.inc()
         task = asyncio.create_task(when_checked(result.verdict))
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._checked)
+
+    def _checked(self, task: asyncio.Task[None]) -> None:
+        """Sent, failed or cancelled (shutdown): no longer pending either way."""
+        self._background.discard(task)
+        self._metrics.seam_checks.dec()
 
     def send(self, report: FailoverReport) -> None:
         self._metrics.count(

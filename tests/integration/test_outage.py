@@ -139,6 +139,8 @@ def test_control_killed_mid_load_then_restarted(outage_fleet: Fleet, tmp_path: P
 
     assert metric(shim, "baton_shim_degraded") == 1
     assert metric(shim, "baton_shim_degraded_routes_total") >= REQUESTS - KILL_AFTER
+    # A failover is counted once its seam check (after the resumed stream's end) is done.
+    assert wait_until(lambda: metric(shim, "baton_shim_seam_checks_pending") == 0, 10)
     reported = metric(shim, "baton_shim_failovers_total")
     assert reported >= 5  # about half the long streams started on s0 and died there
     assert metric(shim, "baton_shim_buffered_reports") == reported
