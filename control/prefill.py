@@ -19,8 +19,9 @@ two rates (an exponentially weighted step, split between the terms in proportion
 each predicted, bounded to sane values), so a slow card or a card busy with someone else's
 work shows up in the estimates within a few requests.
 
-Also learned: a prompt's characters per token (the fleet's tokenizer on the fleet's text),
-for prompts whose token count no shim has reported yet.
+Also learned: a prompt's characters per token, per model (its tokenizer on the fleet's
+text: a byte-level model makes 1, an English BPE one about 4), for prompts whose token
+count no shim has reported yet.
 
 Pure: the router feeds it, with its clock; policies read `rates()` and `backlog_ms()`."""
 
@@ -69,6 +70,7 @@ class Predicted:
     backlog_tokens: float = 0.0
     outside: float = 0.0
     prompt_chars: int = 0
+    model: str = ""  # whose tokenizer the prompt's characters per token teach
 
 
 def _clip(v: float, bounds: tuple[float, float]) -> float:
@@ -81,11 +83,12 @@ class PrefillRates:
         self._pending: OrderedDict[str, Predicted] = OrderedDict()
         self._capacity = pending_capacity
         self._work: dict[str, tuple[float, float]] = {}  # backend -> (backlog tokens, as of)
-        self._chars, self._tokens = 0.0, 0.0
+        # model -> (characters, tokens) of its recent prompts; bounded by the fleet's models.
+        self._sizes: dict[str, tuple[float, float]] = {}
 
-    @property
-    def chars_per_token(self) -> float:
-        return self._chars / self._tokens if self._tokens else DEFAULT_CHARS_PER_TOKEN
+    def chars_per_token(self, model: str) -> float:
+        chars, tokens = self._sizes.get(model, (0.0, 0.0))
+        return chars / tokens if tokens else DEFAULT_CHARS_PER_TOKEN
 
     def rates(self, backend_id: str) -> Rates:
         return self._rates.get(backend_id, Rates())
@@ -120,8 +123,9 @@ class PrefillRates:
         if p is None or p.backend_id != backend_id or ttft_ms <= 0:
             return
         if p.prompt_chars and prompt_tokens >= MIN_TOKENS_TO_LEARN:
-            self._chars = SIZE_MEMORY * self._chars + p.prompt_chars
-            self._tokens = SIZE_MEMORY * self._tokens + prompt_tokens
+            chars, tokens = self._sizes.get(p.model, (0.0, 0.0))
+            self._sizes[p.model] = (SIZE_MEMORY * chars + p.prompt_chars,
+                                    SIZE_MEMORY * tokens + prompt_tokens)  # fmt: skip
         old = self.rates(backend_id)
         tokens = p.backlog_tokens + p.uncached_tokens  # prefilled before the first token
         learn_tokens = tokens >= MIN_TOKENS_TO_LEARN

@@ -116,7 +116,8 @@ class Router:
                 # A failover's resume is not the request's first token: nothing to learn.
                 _, uncached, _, outside = estimate(request, view, predict, primary)
                 backlog = self.prefill.backlog_tokens(primary, now)
-                guess = Predicted(primary, uncached, backlog, outside, shape.prompt_chars)
+                guess = Predicted(primary, uncached, backlog, outside, shape.prompt_chars,
+                                  shape.model)  # fmt: skip
                 self.prefill.predicted(request.request_id, guess, now)
         if self._route_events:
             self._audit(request, decision, match)
@@ -141,7 +142,7 @@ class Router:
             cached_tokens=cached,
             rates={bid: self.prefill.rates(bid) for bid in loads},
             prompt_tokens=prompt_tokens,
-            chars_per_token=self.prefill.chars_per_token,
+            chars_per_token=self.prefill.chars_per_token(request.shape.model),
         )
 
     def _to_owner(self, request: RouteRequest, now: float) -> Decision:

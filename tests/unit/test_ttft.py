@@ -139,12 +139,18 @@ def test_a_card_busy_with_outside_work_learns_what_that_work_costs() -> None:
     assert r.ms_per_outside > 150.0  # the work ahead, not the prompt, got most of the blame
 
 
-def test_characters_per_token_follow_the_first_report_at_once() -> None:
+def test_characters_per_token_follow_the_first_report_at_once_per_model() -> None:
     rates = PrefillRates()
-    assert rates.chars_per_token == 4.0
-    rates.predicted("r", Predicted("a", 500.0, prompt_chars=1000), now=0.0)
+    assert rates.chars_per_token("bytes") == 4.0
+    rates.predicted("r", Predicted("a", 500.0, prompt_chars=1000, model="bytes"), now=0.0)
     rates.observed("r", "a", 50.0, prompt_tokens=1000)  # a byte-level tokenizer
-    assert rates.chars_per_token == pytest.approx(1.0)
+    assert rates.chars_per_token("bytes") == pytest.approx(1.0)
+    # Another model's tokenizer is its own: a fleet serving both keeps both ratios.
+    assert rates.chars_per_token("llama") == 4.0
+    rates.predicted("s", Predicted("b", 500.0, prompt_chars=900, model="llama"), now=0.0)
+    rates.observed("s", "b", 50.0, prompt_tokens=300)
+    assert rates.chars_per_token("llama") == pytest.approx(3.0)
+    assert rates.chars_per_token("bytes") == pytest.approx(1.0)
 
 
 FLEET = ("a", "b", "c")
