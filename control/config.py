@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from baton.model import Backend, BackendId, BackendKind, Role
 from control.exceptions import ConfigError
 from control.health import HealthPolicy
-from control.policy import DEFAULT_POLICY, POLICIES
+from control.policy import DEFAULT_POLICY, KV_DEFAULT_POLICY, POLICIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +231,9 @@ def parse(data: dict[str, Any]) -> Config:
     pairs = tuple(pair_spec(raw, f"pairs[{i}]") for i, raw in enumerate(data.get("pairs", [])))
     load = LoadSettings(**_table(data, "load", LoadSettings))
     kv = KvSettings(**_table(data, "kv", KvSettings))
+    if "routing" not in data and any(b.kv_events for b in backends):
+        # The engines say what they hold: predict from it. `adaptive` stays selectable.
+        routing = KV_DEFAULT_POLICY
     return Config(tuple(backends), routing, probes, health, affinity, audit, pairs, load, kv)
 
 

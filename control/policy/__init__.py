@@ -14,11 +14,13 @@ POLICIES: dict[str, Callable[[SpillGuard], Policy]] = {
     "roundrobin": lambda guard: RoundRobin(),
     "affinity": lambda guard: Affinity(),
     "adaptive": lambda guard: Adaptive(guard),
-    # Selectable, not a default yet: on bench.kv_routing it is behind adaptive (see README).
     "ttft": lambda guard: PredictedTTFT(),
 }
 
 DEFAULT_POLICY = "adaptive"
+# When the config's backends publish KV events: the engines say what they hold and how busy
+# they are, and ttft predicts from it (bench.kv_routing --real; see the README).
+KV_DEFAULT_POLICY = "ttft"
 
 
 def make_policy(name: str, guard: SpillGuard | None = None) -> Policy:
@@ -30,5 +32,5 @@ def make_policy(name: str, guard: SpillGuard | None = None) -> Policy:
     return factory(guard or SpillGuard())
 
 
-__all__ = ["DEFAULT_POLICY", "POLICIES", "Policy", "RoutingView",
+__all__ = ["DEFAULT_POLICY", "KV_DEFAULT_POLICY", "POLICIES", "Policy", "RoutingView",
            "SpillGuard", "make_policy"]  # fmt: skip

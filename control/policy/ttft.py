@@ -20,14 +20,21 @@ reason `predicted`, with the estimate and the runner-up in the detail."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from random import Random
 
-from baton.model import BackendId, Decision, Reason, RouteRequest
+from baton.model import Backend, BackendId, Decision, Reason, RouteRequest
 from baton.spread import Spreader, candidates, first
 from control.policy.base import Prediction, RoutingView
 from control.prefill import Rates
 
 CHARS_PER_TOKEN = 4.0  # a prompt's size in tokens, from its characters, before a tokenizer
+# A continuation leaves the card that holds most of its prefix only for an estimate this much
+# lower. The estimate prices the request's own prefill, not what a move costs the others: its
+# prompt's blocks evict other conversations' blocks on the new card (a full cache pays that
+# back as their re-prefills), and its own blocks on the old card go unused. Without a margin,
+# two close estimates moved conversations back and forth (real (b): warm p50 1.17x adaptive's).
+MOVE_MARGIN = 0.3
 
 
 def prompt_tokens(request: RouteRequest, prediction: Prediction) -> float:
@@ -88,9 +95,31 @@ class PredictedTTFT:
             (estimate(request, view, prediction, b.id)[0], order[b.id], b) for b in ring
         )
         best_ms, _, best = scored[0]
+        stay = ""
+        home = _home(request, view, prediction, ring)
+        if home is not None and home.id != best.id:
+            home_ms = next(ms for ms, _, b in scored if b.id == home.id)
+            if best_ms > home_ms * (1 - MOVE_MARGIN):
+                stay = f"; stays: {best.id} {best_ms:.1f} ms is not {MOVE_MARGIN:.0%} better"
+                best_ms, best = home_ms, home
         _, uncached, backlog, outside = estimate(request, view, prediction, best.id)
         detail = (f"est {best_ms:.1f} ms on {best.id} (backlog {backlog:.0f} ms, outside "
                   f"{outside:g}, uncached {uncached:.0f} tok)")  # fmt: skip
-        if len(scored) > 1:
+        if stay:
+            detail += stay
+        elif len(scored) > 1:
             detail += f"; next {scored[1][2].id} {scored[1][0]:.1f} ms"
         return Decision(first(best, ring), Reason.PREDICTED, view.snapshot.version, detail)
+
+
+def _home(
+    request: RouteRequest, view: RoutingView, prediction: Prediction, ring: Sequence[Backend]
+) -> Backend | None:
+    """The card holding the most of a continuation's prefix (none for a first turn, or when
+    no card holds any of it)."""
+    if not any(request.shape.assistant_turns):
+        return None
+    total = prompt_tokens(request, prediction)
+    held = [(_cached(request, view, prediction, b.id, total), b) for b in ring]
+    most, home = max(held, key=lambda h: h[0])
+    return home if most > 0 else None

@@ -97,6 +97,13 @@ def test_every_endpoint_accepted_is_one_zmq_connects_to(value: str) -> None:
         sock.close(linger=0)
 
 
+def test_a_fleet_that_publishes_kv_events_routes_by_predicted_ttft_unless_told() -> None:
+    kv = {**BASE, "kv_events": "tcp://10.0.0.7:5557"}
+    assert parse({"backends": [kv, {**BASE, "id": "n"}]}).routing == "ttft"
+    assert parse({"backends": [{**BASE, "id": "n"}]}).routing == "adaptive"
+    assert parse({"backends": [kv], "routing": "adaptive"}).routing == "adaptive"
+
+
 def test_a_replay_socket_without_kv_events_is_refused() -> None:
     with pytest.raises(ConfigError, match="backend 'a': kv_events_replay needs kv_events"):
         parse({"backends": [{**BASE, "kv_events_replay": "tcp://10.0.0.7:5558"}]})

@@ -176,8 +176,12 @@ BURST = RequestShape("m", message_count=2, prompt_chars=6000)
     [
         # A continuation goes where its blocks really are...
         ({}, {}, {"b": 1400}, "b"),
-        # ...but not onto a card whose work ahead costs more than prefilling elsewhere.
+        # ...but not onto a card whose work ahead costs clearly more than prefilling
+        # elsewhere (165 ms there against 75 ms on "a")...
         ({"b": 160.0}, {}, {"b": 1400}, "a"),
+        # ...and a close call stays where the blocks are (95 ms there against 75 ms: a move
+        # would also evict others' blocks on "a", which the estimate does not price).
+        ({"b": 90.0}, {}, {"b": 1400}, "b"),
         # A busy card (the engine's own count: requests Baton did not send) is avoided.
         ({}, {"a": 6.0, "b": 0.0, "c": 2.0}, {}, "b"),
         # A cold prefix nobody holds: the least work ahead.
@@ -196,7 +200,8 @@ def test_the_lowest_estimate_wins(
                    {BackendId(k): v for k, v in cached.items()}, rates)  # fmt: skip
     got, detail = decide(p, LONG)
     assert got == want, detail
-    assert detail.startswith("est ") and f"on {want}" in detail and "; next " in detail
+    assert detail.startswith("est ") and f"on {want}" in detail
+    assert ("; stays: a " in detail) if backlog == {"b": 90.0} else ("; next " in detail), detail
 
 
 def test_a_cold_burst_sharing_a_prefix_spreads_over_every_card() -> None:
