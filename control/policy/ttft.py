@@ -32,8 +32,9 @@ CHARS_PER_TOKEN = 4.0  # a prompt's size in tokens, from its characters, before 
 # A continuation leaves the card that holds most of its prefix only for an estimate this much
 # lower. The estimate prices the request's own prefill, not what a move costs the others: its
 # prompt's blocks evict other conversations' blocks on the new card (a full cache pays that
-# back as their re-prefills), and its own blocks on the old card go unused. Without a margin,
-# two close estimates moved conversations back and forth (real (b): warm p50 1.17x adaptive's).
+# back as their re-prefills), and its own blocks on the old card go unused. Two close
+# estimates would otherwise move a conversation on a difference within their own error.
+# (Measured on real (b), more agents than the caches hold: no gain beyond run-to-run noise.)
 MOVE_MARGIN = 0.3
 
 
