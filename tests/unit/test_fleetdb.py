@@ -84,24 +84,26 @@ def test_a_row_that_fails_validation_is_refused(tmp_path: Path) -> None:
         db.load()
 
 
-def test_output_parsers_survive_a_save_and_load(tmp_path: Path) -> None:
-    parsed = replace(b("p"), reasoning_parser="deepseek_r1", tool_parser="hermes")
-    db = FleetDB(tmp_path / "fleet.db")
-    db.save(Configured((parsed, replace(b("q"), reasoning_parser="qwen3"))))
-    db.close()
-    again = FleetDB(tmp_path / "fleet.db").load()
-    assert again.added == (parsed, replace(b("q"), reasoning_parser="qwen3"))
-
-
-def test_kv_events_of_a_backend_added_at_run_time_survive_a_save_and_load(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    "fields",
+    [
+        # Output parsers, both or one.
+        ({"reasoning_parser": "deepseek_r1", "tool_parser": "hermes"},
+         {"reasoning_parser": "qwen3"}),
+        # KV-event sockets of a backend added at run time, both or one.
+        ({"kv_events": "tcp://10.0.0.7:5557", "kv_events_replay": "tcp://10.0.0.7:5558"},
+         {"kv_events": "ipc:///run/vllm/kv"}),
+    ],
+    ids=["parsers", "kv_events"],
+)
+def test_a_backends_optional_fields_survive_a_save_and_load(
+    tmp_path: Path, fields: tuple[dict[str, str], dict[str, str]]
 ) -> None:
-    kv = replace(b("k"), kv_events="tcp://10.0.0.7:5557", kv_events_replay="tcp://10.0.0.7:5558")
+    saved = (replace(b("p"), **fields[0]), replace(b("q"), **fields[1]))
     db = FleetDB(tmp_path / "fleet.db")
-    db.save(Configured((kv, replace(b("i"), kv_events="ipc:///run/vllm/kv"))))
+    db.save(Configured(saved))
     db.close()
-    again = FleetDB(tmp_path / "fleet.db").load()
-    assert again.added == (kv, replace(b("i"), kv_events="ipc:///run/vllm/kv"))
+    assert FleetDB(tmp_path / "fleet.db").load().added == saved
 
 
 # The `added` table's columns (after id) and one row in them, as earlier versions had it:
