@@ -137,22 +137,24 @@ def _token_plan(
         seam = Seam.VERIFIED
     n_overlap, overlap_text = overlap(progress, m)
     has_text = True
-    held = progress.held(from_start=has_stops) if n_overlap == 0 else None
     if seam is Seam.VERIFIED and n_overlap == 0:
         if len(progress.token_ids) > m:
             # No character boundary near enough (an engine that merges tokens into chunks
-            # of several ids tells none): check the last m ids alone, and derive all the
-            # text after the last known boundary from ids, as an exact resume there does.
+            # of several ids tells none): check the last m ids alone.
             n_overlap, has_text = m, False
-            held = progress.since_boundary()
         else:
             seam = Seam.UNCHECKED
     kept = progress.token_ids[: len(progress.token_ids) - n_overlap]
-    # An overlap starts at a character boundary and its text is checked against the
-    # client's: the engine's text after it is then proven in step. An exact resume past the
-    # last known boundary derives its text from ids (Held): the engine's would be wrong (the
-    # prompt-window quirk). One at a boundary takes the engine's text, which a side check
-    # then compares with the ids' (sidecheck.SideCheck): any difference makes it divergent.
+    # An overlap at a character boundary has its text checked against the client's: the
+    # engine's text after it is then proven in step. A resume whose prompt may end past the
+    # last known boundary (an exact one there, or an overlap checked by ids alone) derives
+    # its text from ids (Held): the engine's would be wrong (the prompt-window quirk). An
+    # exact one at a boundary takes the engine's text, which a side check then compares with
+    # the ids' (sidecheck.SideCheck): any difference makes it divergent.
+    if n_overlap == 0:
+        held = progress.held(from_start=has_stops)
+    else:
+        held = None if has_text else progress.since_boundary()
     assert progress.prompt_ids is not None  # noqa: S101 - checked by the caller
     request: dict[str, Any] = {k: body[k] for k in SAMPLING_FIELDS if k in body}
     if held is not None:

@@ -107,10 +107,12 @@ class ChoiceProgress:
         them, when the client may lack some of their text; None when it has all of it.
         `from_start`: since the start of the generation (stop strings: an engine holds
         back text without regard to boundaries)."""
-        at, text_at = (0, 0) if from_start or not self.settles else self.settled[-1]
-        if not self.token_ids or (at == len(self.token_ids) and not from_start):
+        if not self.token_ids:
             return None
-        return Held(tuple(self.token_ids[at:]), self.text[text_at:])
+        if from_start:
+            return Held(tuple(self.token_ids), self.text)
+        since = self.since_boundary()
+        return since if since.ids else None
 
     def since_boundary(self) -> Held:
         """The tokens since the last known character boundary and the client's text for

@@ -243,6 +243,13 @@ def test_stream_interval_merges_tokens_into_chunks_as_vllm_does(sim: SimProcess)
     assert joined(merged) == joined(one)
     status, err = post(f"{sim.url}/v1/completions", {**body, "stream_interval": 0})
     assert status == 400 and err["error"]["param"] == "stream_interval"
+    # The server's --stream-interval is the least a request gets (a request raises it).
+    wide = SimProcess("--stream-interval", "4")
+    try:
+        raised = stream(f"{wide.url}/v1/completions", {**body, "stream_interval": 2})
+        assert [len(c["choices"][0]["token_ids"]) for c in raised.chunks] == [1, 4, 4, 3]
+    finally:
+        wide.close()
 
 
 def test_non_streaming_return_token_ids_placement(sim: SimProcess) -> None:
