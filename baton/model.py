@@ -63,6 +63,10 @@ PROBE_PATH = {
 }
 
 
+# vLLM serves a request carrying it on that data-parallel rank (its engine core).
+DATA_PARALLEL_RANK_HEADER = "X-data-parallel-rank"
+
+
 @dataclass(frozen=True, slots=True)
 class Backend:
     id: BackendId
@@ -70,7 +74,7 @@ class Backend:
     model: str
     kind: BackendKind = BackendKind.VLLM
     role: Role = Role.SERVE
-    api_key_env: str = ""  # env var with the backend's own key (see auth_headers)
+    api_key_env: str = ""  # env var with the backend's own key (see call_headers)
     # The output parsers the engine runs (vLLM --reasoning-parser / --tool-call-parser names;
     # "" = none). A resume goes through an endpoint that runs no parser, so the shim must know
     # which parsed structure to keep across a failover, or refuse a resume it cannot keep.
@@ -80,12 +84,29 @@ class Backend:
     # replay socket for missed batches; "" = none. Control alone reads them (kvevents.py).
     kv_events: str = ""
     kv_events_replay: str = ""
+    # One rank of a data-parallel vLLM (`--data-parallel-size`, one API server for all ranks):
+    # every call to it names the rank (DATA_PARALLEL_RANK_HEADER), its load is that rank's
+    # series on /metrics, its kv_events that rank's stream. None: the engine is one cache.
+    data_parallel_rank: int | None = None
 
-    def auth_headers(self, environ: Mapping[str, str]) -> dict[str, str]:
-        """What to send the backend: its own key from the caller's environment, never a
-        client's. Empty when it has none (or the variable is unset here)."""
+    def call_headers(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """What every call to the backend carries: its own key from the caller's environment,
+        never a client's (none when it has none, or the variable is unset here), and the rank
+        of a data-parallel engine's rank."""
         key = environ.get(self.api_key_env, "") if self.api_key_env else ""
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        if self.data_parallel_rank is not None:
+            headers[DATA_PARALLEL_RANK_HEADER] = str(self.data_parallel_rank)
+        return headers
+
+    def clashes_with(self, other: Backend) -> bool:
+        """Both would be one rank of one data-parallel engine: the same url, with equal
+        ranks or one without a rank beside one with (two without, on one url, stay allowed:
+        the engine balances them itself)."""
+        mine, theirs = self.data_parallel_rank, other.data_parallel_rank
+        if self.url != other.url or (mine is None and theirs is None):
+            return False
+        return mine is None or theirs is None or mine == theirs
 
     @property
     def serves_clients(self) -> bool:

@@ -121,6 +121,7 @@ def backend_to_pb(b: Backend) -> fleet_pb2.Backend:
         tool_parser=b.tool_parser,
         kv_events=b.kv_events,
         kv_events_replay=b.kv_events_replay,
+        data_parallel_rank=b.data_parallel_rank,
     )
 
 
@@ -138,6 +139,7 @@ def backend_from_pb(b: fleet_pb2.Backend) -> Backend:
         b.tool_parser,
         b.kv_events,
         b.kv_events_replay,
+        b.data_parallel_rank if b.HasField("data_parallel_rank") else None,
     )
 
 

@@ -54,6 +54,7 @@ def cmd_backends_add(args: argparse.Namespace, c: AdminClient) -> None:
         tool_parser=args.tool_parser,
         kv_events=args.kv_events,
         kv_events_replay=args.kv_events_replay,
+        data_parallel_rank=args.data_parallel_rank,
     )
     _print(args, asdict(row), f"added {row.id} ({row.model} at {row.url})")
 
@@ -183,6 +184,10 @@ def _add_backend_commands(
     add.add_argument("--kv-events-replay", default="", metavar="ENDPOINT",
                      help="its replay socket (replay_endpoint), to fetch batches control "
                      "missed; needs --kv-events")
+    add.add_argument("--data-parallel-rank", type=int, default=None, metavar="R",
+                     help="one rank of a data-parallel vLLM (--data-parallel-size; one API "
+                     "server for every rank): its calls carry X-data-parallel-rank R, its load "
+                     "is rank R's /metrics series and --kv-events rank R's stream")
     add.set_defaults(admin=cmd_backends_add)
     for name, fn, text in (
         ("remove", cmd_backends_remove, "unregister a backend"),

@@ -58,6 +58,7 @@ class BackendRow:
     # Where control reads the engine's KV-cache events (ZMQ) and its replay socket; "" = none.
     kv_events: str = ""
     kv_events_replay: str = ""
+    data_parallel_rank: int | None = None  # one rank of a data-parallel vLLM; None = whole
     # The engine's own gauges at control's last reading: "running+waiting kv N%", or "-".
     engine: str = "-"
     engine_age_s: float | None = None
@@ -117,6 +118,7 @@ def _row(s: fleet_pb2.BackendStatus, kv: admin_pb2.KvIndexStatus | None = None) 
         tool_parser=b.tool_parser,
         kv_events=b.kv_events,
         kv_events_replay=b.kv_events_replay,
+        data_parallel_rank=b.data_parallel_rank if b.HasField("data_parallel_rank") else None,
         engine=_engine(s),
         engine_age_s=round(s.engine_age_s, 1) if s.engine_read else None,
         kv_index=_kv_state(kv.state) if kv is not None else "off",
@@ -199,6 +201,7 @@ class AdminClient:
         tool_parser: str = "",
         kv_events: str = "",
         kv_events_replay: str = "",
+        data_parallel_rank: int | None = None,
     ) -> BackendRow:
         try:
             pb_kind = wire.KIND_TO_PB[BackendKind(kind)]
@@ -216,6 +219,7 @@ class AdminClient:
             tool_parser=tool_parser,
             kv_events=kv_events,
             kv_events_replay=kv_events_replay,
+            data_parallel_rank=data_parallel_rank,
         )
         resp = self._call("AddBackend", admin_pb2.AddBackendRequest(backend=backend))
         return _row(resp.backend)  # type: ignore[attr-defined]

@@ -21,6 +21,9 @@ KV_COLUMN = "kv"  # shown when some backend has KV events configured: "live (120
 KV_ENDPOINT_COLUMNS = ("kv_events", "kv_events_replay")
 
 
+RANK_COLUMN = "rank"  # shown when some backend is one rank of a data-parallel engine
+
+
 def _kv(r: BackendRow) -> str:
     if r.kv_index == "off":
         return "off"
@@ -43,11 +46,14 @@ def backends(rows: Sequence[BackendRow]) -> str:
     # A migrating drain shows in the state column: it is what the operator must wait on.
     parsers = _set_in(rows, PARSER_COLUMNS)
     kv = [KV_COLUMN] if any(r.kv_index != "off" or r.kv_events for r in rows) else []
+    rank = [RANK_COLUMN] if any(r.data_parallel_rank is not None for r in rows) else []
     return table(
         [{**asdict(r), "state": f"{r.state} (migrate)" if r.migrating else r.state,
-          KV_COLUMN: _kv(r)} for r in rows],
+          KV_COLUMN: _kv(r),
+          RANK_COLUMN: "-" if r.data_parallel_rank is None else r.data_parallel_rank}
+         for r in rows],
         (*BACKEND_COLUMNS[:_URL], *parsers, *kv, *_set_in(rows, KV_ENDPOINT_COLUMNS),
-         *BACKEND_COLUMNS[_URL:]),
+         *rank, *BACKEND_COLUMNS[_URL:]),
     )  # fmt: skip
 
 

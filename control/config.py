@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,7 @@ def make_backend(
     tool_parser: str = "",
     kv_events: str = "",
     kv_events_replay: str = "",
+    data_parallel_rank: Any = None,
 ) -> Backend:
     if not id or not isinstance(id, str):
         raise ConfigError("backend id must be a non-empty string")
@@ -187,10 +189,31 @@ def make_backend(
                 f"and '-', as vLLM spells it, e.g. {_PARSER_EXAMPLE[key]!r}), got {name!r}"
             )
     kv = kv_endpoints(id, kv_events, kv_events_replay)
+    rank = data_parallel_rank
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)
+                             or not 0 <= rank < MAX_DATA_PARALLEL_RANK):  # fmt: skip
+        raise ConfigError(f"backend {id!r}: data_parallel_rank must be an integer in "
+                          f"0..{MAX_DATA_PARALLEL_RANK - 1}, got {rank!r}")  # fmt: skip
+    if rank is not None and k is not BackendKind.VLLM:
+        raise ConfigError(f"backend {id!r}: data_parallel_rank is vLLM's (kind = \"vllm\")")
     return Backend(
         BackendId(id), validate_url(url), model, k, r, api_key_env, reasoning_parser, tool_parser,
-        *kv,
+        *kv, rank,
     )
+
+
+MAX_DATA_PARALLEL_RANK = 4096  # far past any fleet's; a typo'd huge rank fails here, not per call
+
+
+def check_ranks(backends: Sequence[Backend]) -> None:
+    """No two backends are one rank of one data-parallel engine (Backend.clashes_with)."""
+    for i, a in enumerate(backends):
+        for b in backends[i + 1 :]:
+            if a.clashes_with(b):
+                raise ConfigError(
+                    f"backends {a.id!r} and {b.id!r} share url {a.url} as the same engine: "
+                    "give each its own data_parallel_rank (the engine's --data-parallel-size)"
+                )
 
 
 # Only a variable's name goes in config and on the wire; the key stays in each process's env.
@@ -202,7 +225,7 @@ _PARSER_EXAMPLE = {"reasoning_parser": "deepseek_r1", "tool_parser": "hermes"}
 
 _BACKEND_KEYS = frozenset(
     {"id", "url", "model", "kind", "role", "api_key_env", "reasoning_parser", "tool_parser",
-     "kv_events", "kv_events_replay"}
+     "kv_events", "kv_events_replay", "data_parallel_rank"}
 )  # fmt: skip
 
 
@@ -224,6 +247,7 @@ def parse(data: dict[str, Any]) -> Config:
     ids = [b.id for b in backends]
     if len(ids) != len(set(ids)):
         raise ConfigError("backend ids must be unique")
+    check_ranks(backends)
     probes = ProbeSettings(**_table(data, "probes", ProbeSettings))
     health = HealthPolicy(**_table(data, "health", HealthPolicy))
     affinity = AffinitySettings(**_table(data, "affinity", AffinitySettings))

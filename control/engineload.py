@@ -38,9 +38,13 @@ class EngineLoad:
         return self.running + self.waiting
 
 
-def parse_load(text: str, kind: BackendKind, now: float) -> EngineLoad | None:
+def parse_load(
+    text: str, kind: BackendKind, now: float, rank: int | None = None
+) -> EngineLoad | None:
     """The reading in a /metrics page (summed over label sets: one engine may export per
-    model or per engine index); None when the page lacks the running/waiting gauges."""
+    model or per engine index); None when the page lacks the running/waiting gauges. With
+    `rank`, only that data-parallel rank's series (vLLM labels each engine core's `engine`)."""
+    engine = None if rank is None else str(rank)
     names = GAUGES.get(kind)
     if names is None:
         return None
@@ -49,7 +53,7 @@ def parse_load(text: str, kind: BackendKind, now: float) -> EngineLoad | None:
     try:
         for family in text_string_to_metric_families(_only(text, names)):
             for sample in family.samples:
-                if sample.name in wanted:
+                if sample.name in wanted and engine in (None, sample.labels.get("engine")):
                     totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
     except ValueError:
         return None  # not a Prometheus text page

@@ -19,7 +19,7 @@ async def fetch_max_model_len(
     try:
         async with session.get(
             backend.url + "/v1/models",
-            headers=backend.auth_headers(os.environ),
+            headers=backend.call_headers(os.environ),
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as resp:
             body = await resp.json(content_type=None) if resp.status == 200 else None
@@ -40,7 +40,7 @@ async def fetch_facts(
     try:
         async with session.get(
             backend.url + FACTS_PATH,
-            headers=backend.auth_headers(os.environ),
+            headers=backend.call_headers(os.environ),
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as resp:
             if resp.status != 200:

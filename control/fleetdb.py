@@ -28,13 +28,14 @@ from baton.model import Backend, BackendId
 from control.config import PairSpec, make_backend
 from control.exceptions import ConfigError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS added (
     id TEXT PRIMARY KEY, url TEXT NOT NULL, model TEXT NOT NULL,
     kind TEXT NOT NULL, role TEXT NOT NULL, api_key_env TEXT NOT NULL DEFAULT '',
     reasoning_parser TEXT NOT NULL DEFAULT '', tool_parser TEXT NOT NULL DEFAULT '',
-    kv_events TEXT NOT NULL DEFAULT '', kv_events_replay TEXT NOT NULL DEFAULT ''
+    kv_events TEXT NOT NULL DEFAULT '', kv_events_replay TEXT NOT NULL DEFAULT '',
+    data_parallel_rank INTEGER
 );
 CREATE TABLE IF NOT EXISTS removed (id TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS drained (id TEXT PRIMARY KEY, migrate INTEGER NOT NULL);
@@ -45,8 +46,9 @@ CREATE TABLE IF NOT EXISTS pairs (
 
 _ADDED_LATER = ("api_key_env", "reasoning_parser", "tool_parser", "kv_events",
                 "kv_events_replay")  # fmt: skip
+_RANK = "data_parallel_rank"  # an INTEGER, NULL for none (schema 5)
 # A backend's row: each column is the Backend field (and make_backend argument) of its name.
-_ADDED_COLUMNS = ("id", "url", "model", "kind", "role", *_ADDED_LATER)
+_ADDED_COLUMNS = ("id", "url", "model", "kind", "role", *_ADDED_LATER, _RANK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,13 +97,15 @@ class FleetDB:
             self._db.executescript(_SCHEMA)
             columns = {r[1] for r in self._db.execute("PRAGMA table_info(added)")}
             # Columns later versions added, in order (version 1 had no key, 2 no parsers, 3 no
-            # KV events): an older database gets them with their empty default, which is what
-            # it meant.
+            # KV events, 4 no ranks): an older database gets them with their empty default,
+            # which is what it meant.
             for column in _ADDED_LATER:
                 if column not in columns:
                     self._db.execute(
                         f"ALTER TABLE added ADD COLUMN {column} TEXT NOT NULL DEFAULT ''"
                     )
+            if _RANK not in columns:
+                self._db.execute(f"ALTER TABLE added ADD COLUMN {_RANK} INTEGER")
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
             # Refuse to start rather than come back silently without the operator's fleet.
@@ -135,7 +139,8 @@ class FleetDB:
             db.executemany(
                 f"INSERT INTO added ({', '.join(_ADDED_COLUMNS)}) "  # noqa: S608 - names above
                 f"VALUES ({', '.join('?' * len(_ADDED_COLUMNS))})",
-                [tuple(str(getattr(b, c)) for c in _ADDED_COLUMNS) for b in state.added],
+                [(*(str(getattr(b, c)) for c in _ADDED_COLUMNS[:-1]), b.data_parallel_rank)
+                 for b in state.added],  # fmt: skip
             )
             db.executemany("INSERT INTO removed VALUES (?)", [(i,) for i in sorted(state.removed)])
             db.executemany(

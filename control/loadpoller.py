@@ -13,25 +13,25 @@ import aiohttp
 
 from baton.model import Backend
 from control.config import LoadSettings
-from control.engineload import GAUGES, EngineLoad, parse_load
+from control.engineload import GAUGES, parse_load
 from control.registry import Registry
 
 
-async def read_load(
-    session: aiohttp.ClientSession, backend: Backend, timeout: float, now: float
-) -> EngineLoad | None:
+async def read_page(
+    session: aiohttp.ClientSession, backend: Backend, timeout: float
+) -> str | None:
+    """The engine's /metrics page; None when it does not answer with one."""
     try:
         async with session.get(
             backend.url + "/metrics",
-            headers=backend.auth_headers(os.environ),
+            headers=backend.call_headers(os.environ),
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as resp:
             if resp.status != 200:
                 return None
-            text = await resp.text()
+            return await resp.text()
     except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
         return None
-    return parse_load(text, backend.kind, now)
 
 
 async def run_load_poller(
@@ -44,9 +44,13 @@ async def run_load_poller(
     while True:
         backends = [s.backend for s in registry.snapshot.backends if s.backend.kind in GAUGES]
         now = clock()
-        readings = await asyncio.gather(
-            *(read_load(session, b, settings.timeout, now) for b in backends)
-        )
-        for backend, reading in zip(backends, readings, strict=True):
-            registry.set_engine_load(backend.id, reading)
+        # One page per engine: the ranks of a data-parallel one share its url and its page.
+        engines = {b.url: b for b in reversed(backends)}
+        pages = dict(zip(engines, await asyncio.gather(
+            *(read_page(session, b, settings.timeout) for b in engines.values())
+        ), strict=True))  # fmt: skip
+        for b in backends:
+            page = pages[b.url]
+            reading = None if page is None else parse_load(page, b.kind, now, b.data_parallel_rank)
+            registry.set_engine_load(b.id, reading)
         await asyncio.sleep(settings.interval)

@@ -22,7 +22,7 @@ async def probe_once(session: aiohttp.ClientSession, backend: Backend, timeout: 
     try:
         async with session.get(
             backend.url + PROBE_PATH[backend.kind],
-            headers=backend.auth_headers(os.environ),
+            headers=backend.call_headers(os.environ),
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as resp:
             await resp.read()

@@ -130,6 +130,12 @@ class Registry:
     def add(self, backend: Backend) -> BackendStatus:
         if backend.id in self._backends:
             raise BackendExists(f"backend {backend.id!r} already exists")
+        twin = next((b for b in self._backends.values() if b.clashes_with(backend)), None)
+        if twin is not None:
+            raise BackendExists(
+                f"backend {twin.id!r} already serves {backend.url} as that engine: give each "
+                "its own data_parallel_rank"
+            )
         self._backends[backend.id] = backend
         self._health[backend.id] = HealthRecord.new(self._clock())
         self._publish()

@@ -47,7 +47,7 @@ async def open_attempt(
     extra ones (the trace context, so the engine's own spans join the request's trace).
     Headers are built here from scratch: nothing of the client's request (its Authorization
     above all) goes upstream; the backend gets its own key, when it has one."""
-    extra = {**(headers or {}), **backend.auth_headers(os.environ)}
+    extra = {**(headers or {}), **backend.call_headers(os.environ)}
     try:
         return await session.post(
             backend.url + path,
@@ -74,7 +74,7 @@ async def call(
         async with session.request(
             method,
             backend.url + path,
-            headers=backend.auth_headers(os.environ) or None,
+            headers=backend.call_headers(os.environ) or None,
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=timeouts.connect, sock_read=timeouts.read
             ),
@@ -194,7 +194,7 @@ async def detokenize(
         async with session.post(
             backend.url + "/detokenize",
             json={"model": model, "tokens": ids},
-            headers=backend.auth_headers(os.environ),
+            headers=backend.call_headers(os.environ),
             timeout=aiohttp.ClientTimeout(total=connect * 2),
         ) as resp:
             if resp.status != 200:
@@ -223,7 +223,7 @@ async def complete_once(
         async with session.post(
             backend.url + path,
             data=orjson.dumps(body),
-            headers={**JSON_HEADERS, **backend.auth_headers(os.environ)},
+            headers={**JSON_HEADERS, **backend.call_headers(os.environ)},
             timeout=aiohttp.ClientTimeout(total=total),
         ) as resp:
             if resp.status != 200:

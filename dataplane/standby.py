@@ -50,7 +50,7 @@ class Standby:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
             async with self._session.get(
                 backend.url + PROBE_PATH[backend.kind],
-                headers=backend.auth_headers(os.environ),
+                headers=backend.call_headers(os.environ),
                 timeout=aiohttp.ClientTimeout(total=self._every),
             ) as resp:
                 await resp.read()

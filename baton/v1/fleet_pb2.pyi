@@ -134,6 +134,7 @@ class Backend(_message.Message):
     TOOL_PARSER_FIELD_NUMBER: _builtins.int
     KV_EVENTS_FIELD_NUMBER: _builtins.int
     KV_EVENTS_REPLAY_FIELD_NUMBER: _builtins.int
+    DATA_PARALLEL_RANK_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     url: _builtins.str
     model: _builtins.str
@@ -161,6 +162,11 @@ class Backend(_message.Message):
     """The engine's replay socket (ZMQ ROUTER) for batches control missed, same forms; empty =
     none (a gap then loses the index until the engine's events start afresh). Needs kv_events.
     """
+    data_parallel_rank: _builtins.int
+    """One rank of a data-parallel vLLM (--data-parallel-size, one API server for every rank):
+    calls to it carry X-data-parallel-rank, its load is that rank's /metrics series (label
+    engine) and kv_events that rank's stream. Unset: the engine is one cache.
+    """
     def __init__(
         self,
         *,
@@ -174,12 +180,15 @@ class Backend(_message.Message):
         tool_parser: _builtins.str = ...,
         kv_events: _builtins.str = ...,
         kv_events_replay: _builtins.str = ...,
+        data_parallel_rank: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_data_parallel_rank", b"_data_parallel_rank", "data_parallel_rank", b"data_parallel_rank"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key_env", b"api_key_env", "id", b"id", "kind", b"kind", "kv_events", b"kv_events", "kv_events_replay", b"kv_events_replay", "model", b"model", "reasoning_parser", b"reasoning_parser", "role", b"role", "tool_parser", b"tool_parser", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_data_parallel_rank", b"_data_parallel_rank", "api_key_env", b"api_key_env", "data_parallel_rank", b"data_parallel_rank", "id", b"id", "kind", b"kind", "kv_events", b"kv_events", "kv_events_replay", b"kv_events_replay", "model", b"model", "reasoning_parser", b"reasoning_parser", "role", b"role", "tool_parser", b"tool_parser", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__data_parallel_rank: _TypeAlias = _typing.Literal["data_parallel_rank"]  # noqa: Y015
+    _WhichOneofArgType__data_parallel_rank: _TypeAlias = _typing.Literal["_data_parallel_rank", b"_data_parallel_rank"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__data_parallel_rank) -> _WhichOneofReturnType__data_parallel_rank | None: ...
 
 Global___Backend: _TypeAlias = Backend  # noqa: Y015
 

@@ -3,6 +3,8 @@ the generated *_pb2 types; what both sides exchange is converted in baton/wire.p
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
 from baton.model import BackendId, BackendKind, Role, RouteRequest
@@ -27,14 +29,16 @@ from control.pairflow import GateResult
 from control.pairs import Pair
 
 
-def backend_fields_from_pb(b: fleet_pb2.Backend) -> dict[str, str]:
+def backend_fields_from_pb(b: fleet_pb2.Backend) -> dict[str, Any]:
     """Raw fields for config.make_backend, which validates them; unset enums get defaults."""
     kind = KIND_FROM_PB.get(b.kind, BackendKind.VLLM)
     role = ROLE_FROM_PB.get(b.role, Role.SERVE)
     return {"id": b.id, "url": b.url, "model": b.model, "kind": kind.value, "role": role.value,
             "api_key_env": b.api_key_env, "reasoning_parser": b.reasoning_parser,
             "tool_parser": b.tool_parser, "kv_events": b.kv_events,
-            "kv_events_replay": b.kv_events_replay}  # fmt: skip
+            "kv_events_replay": b.kv_events_replay,
+            "data_parallel_rank": (b.data_parallel_rank if b.HasField("data_parallel_rank")
+                                   else None)}  # fmt: skip
 
 
 def route_request_from_pb(

@@ -58,7 +58,7 @@ class MarkerCache:
         async with self._session.post(
             backend.url + "/tokenize",
             data=orjson.dumps(body),
-            headers={"Content-Type": "application/json", **backend.auth_headers(os.environ)},
+            headers={"Content-Type": "application/json", **backend.call_headers(os.environ)},
             timeout=aiohttp.ClientTimeout(total=LOOKUP_TIMEOUT_S),
         ) as resp:
             if resp.status != 200:

