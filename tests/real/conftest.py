@@ -14,6 +14,7 @@ in front of the replicas it names.
 | t0, t1 | vLLM `--reasoning-parser deepseek_r1` | tiny-think (<think>...</think>) |
 | e0 | vLLM `--runner pooling --convert embed` | tiny, as an embedding model |
 | k0, k1 | vLLM with KV-cache events on ipc sockets (`KV_EVENTS`) | tiny |
+| d0 | vLLM `--data-parallel-size 2` (two engine cores, one API server), KV events on tcp | tiny |
 
 Every vLLM replica keeps stored Responses API responses (VLLM_ENABLE_RESPONSES_API_STORE=1).
 """
@@ -33,12 +34,12 @@ from typing import Any
 import openai
 import pytest
 
-from scripts.engines.replicas import MODELS, Cache, Engine, Replicas
+from scripts.engines.replicas import MODELS, Cache, Engine, Replicas, data_parallel_size, free_ports
 from tests.integration.harness import Fleet, start_control, start_shim
 
 REASONING = ("--reasoning-parser", "deepseek_r1")
 POOLING = ("--runner", "pooling", "--convert", "embed")
-VLLM_ALIVE = 2  # vLLM replicas running at once: ~1.8 GB and one core each
+VLLM_ALIVE = 2  # vLLM engine cores running at once: ~1.8 GB and one core each
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ def _specs() -> dict[str, Spec]:
     out["e0"] = Spec("vllm", "tiny", 0, POOLING)
     for i in range(2):
         out[f"k{i}"] = Spec("vllm", "tiny", i % cores, kv_events_args(f"k{i}"))
+    out["d0"] = Spec("vllm", "tiny", 0, ("--data-parallel-size", str(DP_RANKS),
+                                         *dp_kv_events_args()))  # fmt: skip
     for prefix, model in (("l", "tiny"), ("lb", "tiny-bytes")):
         for i in range(3):
             out[f"{prefix}{i}"] = Spec("llama", model)
@@ -77,6 +80,25 @@ KV_DIR = Path(tempfile.gettempdir()) / f"baton-kv-{os.getpid()}"
 def kv_events(name: str) -> tuple[str, str]:
     """The (events, replay) endpoints of replica `name`."""
     return f"ipc://{KV_DIR}/{name}.pub", f"ipc://{KV_DIR}/{name}.replay"
+
+
+# d0's KV events: vLLM moves each data-parallel rank's endpoints by its rank (port + R), which
+# it refuses to do for ipc, and binds only a wildcard or an address with "::" in it: an
+# IPv4-mapped loopback binds 127.0.0.1 alone. Control connects to tcp://127.0.0.1:PORT + R.
+DP_RANKS = 2
+DP_PUB, DP_REPLAY = free_ports(DP_RANKS), free_ports(DP_RANKS)
+
+
+def dp_kv_events(rank: int) -> tuple[str, str]:
+    """Rank `rank` of d0's (events, replay) endpoints, as control connects to them."""
+    return f"tcp://127.0.0.1:{DP_PUB + rank}", f"tcp://127.0.0.1:{DP_REPLAY + rank}"
+
+
+def dp_kv_events_args() -> tuple[str, ...]:
+    cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
+           "endpoint": f"tcp://[::ffff:127.0.0.1]:{DP_PUB}",
+           "replay_endpoint": f"tcp://[::ffff:127.0.0.1]:{DP_REPLAY}"}  # fmt: skip
+    return ("--kv-events-config", json.dumps(cfg))
 
 
 def kv_events_args(name: str) -> tuple[str, ...]:
@@ -123,12 +145,15 @@ class Pool:
 
     def _make_room(self, wanted: set[str]) -> None:
         running = [n for n, e in self.replicas.engines.items() if e.kind == "vllm" and e.alive]
-        need = len(set(running) | {n for n in wanted if SPECS[n].engine == "vllm"})
+        # A data-parallel replica costs a core and its memory per engine core.
+        need = sum(data_parallel_size(SPECS[n].args)
+                   for n in set(running) | {n for n in wanted if SPECS[n].engine == "vllm"})
         idle = [n for n in running if n not in wanted]
         idle.sort(key=lambda n: self._asked.get(n, 0.0))  # the longest unasked first
         while need > VLLM_ALIVE and idle:
-            self.replicas.stop(idle.pop(0))
-            need -= 1
+            n = idle.pop(0)
+            self.replicas.stop(n)
+            need -= data_parallel_size(SPECS[n].args)
 
 
 @pytest.fixture(scope="session")
