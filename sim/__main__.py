@@ -4,6 +4,8 @@ Prints exactly one line ``SIM READY http://HOST:PORT`` once the port is bound
 (``--listen 127.0.0.1:0`` reports the real port), then serves until SIGINT or
 SIGTERM and exits 0. With KV-cache events on, ``SIM KV_EVENTS <endpoint>`` (and
 ``SIM KV_REPLAY <endpoint>``) come first, as bound; GET /kv_event_sources says the same.
+With ``--data-parallel-size N`` those two lines are rank 0's, and each rank R > 0 adds
+``SIM KV_EVENTS_DP{R} <endpoint>`` (and ``SIM KV_REPLAY_DP{R} <endpoint>``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=8192)
     g.add_argument("--max-num-seqs", type=int, default=256,
                    help="requests decoding at once; more wait (vllm:num_requests_waiting)")
+    g.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                   help="N engine ranks behind one API server, as vLLM's internal load "
+                        "balancer: each its own cache, queue and KV-event publisher (ports "
+                        "+R); X-data-parallel-rank pins a request, else the least loaded")
     g.add_argument("--default-max-tokens", type=int, default=64,
                    help="max_tokens when a request gives none")
     g.add_argument("--default-temperature", type=float, default=0.0,
@@ -135,6 +141,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     except FaultSpecError as e:
         raise SystemExit(f"--fault: {e}") from None
     _check_ranges(args)
+    kv_events = kv_events_from_args(args)
+    _check_rank_endpoints(kv_events, args.data_parallel_size)
     return SimConfig(
         model=ModelConfig(
             seed=args.model_seed,
@@ -178,8 +186,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         responses_store=args.responses_store,
         responses_delete=args.responses_delete,
         embedding_dim=args.embedding_dim,
-        kv_events=kv_events_from_args(args),
+        kv_events=kv_events,
         kv_cells=args.kv_cells,
+        data_parallel_size=args.data_parallel_size,
     )
 
 
@@ -221,6 +230,19 @@ def _check_ranges(args: argparse.Namespace) -> None:
         raise SystemExit(f"--think-tokens must be in [0, {MAX_THINK_TOKENS}]")
     if not 0 <= args.tool_call_after <= MAX_TOOL_CALL_AFTER:
         raise SystemExit(f"--tool-call-after must be in [0, {MAX_TOOL_CALL_AFTER}]")
+    if args.data_parallel_size < 1:
+        raise SystemExit("--data-parallel-size must be at least 1")
+
+
+def _check_rank_endpoints(kv: KvEventsConfig | None, size: int) -> None:
+    """Every rank needs endpoints of its own; vLLM refuses (ipc) what it cannot move."""
+    if kv is None:
+        return
+    for rank in range(1, size):
+        try:
+            kv.for_rank(rank)
+        except ValueError as e:
+            raise SystemExit(f"--data-parallel-size {size}: {e}") from None
 
 
 def _split_listen(listen: str) -> tuple[str, int]:
@@ -242,11 +264,16 @@ async def serve(cfg: SimConfig, host: str, port: int, slow_start: float = 0.0) -
         if stop.is_set():
             return
     runner, bound_port = await start_server(cfg, host, port)
-    pub = runner.app[STATE].kv_events
-    if pub is not None:  # before READY, so a starter has them (clients.procs Part.announced)
-        print(f"SIM KV_EVENTS {pub.endpoint}", flush=True)
+    for engine in runner.app[STATE].engines:
+        pub = engine.kv_events
+        if pub is None:
+            continue
+        # Before READY, so a starter has them (clients.procs Part.announced keys them by
+        # the second word: KV_EVENTS, KV_EVENTS_DP1, ...).
+        suffix = f"_DP{engine.rank}" if engine.rank else ""
+        print(f"SIM KV_EVENTS{suffix} {pub.endpoint}", flush=True)
         if pub.replay_endpoint is not None:
-            print(f"SIM KV_REPLAY {pub.replay_endpoint}", flush=True)
+            print(f"SIM KV_REPLAY{suffix} {pub.replay_endpoint}", flush=True)
     print(f"SIM READY http://{_url_host(host)}:{bound_port}", flush=True)
     try:
         await stop.wait()

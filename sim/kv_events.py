@@ -35,17 +35,24 @@ _POLL_S = 0.1  # how long the thread waits for a batch before it looks at replay
 
 
 def open_cache(
-    capacity_blocks: int, block_size: int, kv: KvEventsConfig | None
+    capacity_blocks: int, block_size: int, kv: KvEventsConfig | None, rank: int = 0
 ) -> tuple[PrefixCache, KvEventPublisher | None]:
-    """The replica's KV cache, and with `kv` its publisher: the events of one event-loop
-    iteration (every sequence that stepped in it: the sim's scheduler step) are one batch."""
+    """One engine's KV cache, and with `kv` its publisher (data-parallel rank `rank`: its
+    endpoints moved as vLLM moves them, its batches stamped with the rank): the events of
+    one event-loop iteration (every sequence that stepped in it: the sim's scheduler step)
+    are one batch."""
     if kv is None:
         return PrefixCache(capacity_blocks, block_size), None
     try:
-        pub = KvEventPublisher(kv)
+        kv = kv.for_rank(rank)
+    except ValueError as e:
+        raise SystemExit(f"kv events: {e}") from None
+    try:
+        pub = KvEventPublisher(kv, rank)
     except zmq.ZMQError as e:
         where = f"{kv.endpoint} / {kv.replay_endpoint}"
-        raise SystemExit(f"kv events: cannot open {where}: {e}") from None
+        who = "kv events" if rank == 0 else f"kv events (data-parallel rank {rank})"
+        raise SystemExit(f"{who}: cannot open {where}: {e}") from None
     cache: PrefixCache
 
     def flush() -> None:
@@ -64,8 +71,11 @@ def open_cache(
 
 
 class KvEventPublisher:
-    def __init__(self, cfg: KvEventsConfig) -> None:
+    """One engine's publisher; `cfg` holds its own endpoints (KvEventsConfig.for_rank)."""
+
+    def __init__(self, cfg: KvEventsConfig, rank: int = 0) -> None:
         self.cfg = cfg
+        self.rank = rank
         self.dropped = 0  # batches the full queue refused
         self._queue: queue.Queue[EventBatch | None] = queue.Queue(maxsize=cfg.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=cfg.buffer_steps)
@@ -87,7 +97,7 @@ class KvEventPublisher:
         except zmq.ZMQError:
             self._close_sockets()
             raise
-        self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"kv-events-dp{rank}", daemon=True)
         self._thread.start()
 
     def source(self) -> dict[str, object]:
@@ -96,7 +106,7 @@ class KvEventPublisher:
 
     def publish(self, batch: EventBatch) -> None:
         if batch.data_parallel_rank is None:
-            batch.data_parallel_rank = 0  # vLLM's publisher stamps its DP rank
+            batch.data_parallel_rank = self.rank  # vLLM's publisher stamps its DP rank
         try:
             self._queue.put_nowait(batch)
         except queue.Full:

@@ -21,7 +21,7 @@ answers a start sequence number with every buffered batch from it, each as
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -107,6 +107,28 @@ def removed(block_hash: int) -> BlockRemoved:
     return BlockRemoved(block_hashes=[block_hash], medium=MEDIUM_GPU, group_idx=0)
 
 
+def offset_endpoint_port(endpoint: str, rank: int) -> str:
+    """Where data-parallel rank `rank` publishes, given the configured endpoint: vLLM's
+    ``KVEventPublisher.offset_endpoint_port``, checks in its order. Rank 0 keeps it;
+    ``inproc`` gets ``_dp{rank}``; tcp moves the port up by the rank (a port of 0 stays 0:
+    the OS picks each rank's); anything else (ipc) cannot be shared: ValueError."""
+    if not endpoint or rank == 0:
+        return endpoint
+    if "inproc" in endpoint:
+        return f"{endpoint}_dp{rank}"
+    if "tcp" in endpoint:
+        if ":" not in endpoint:
+            return endpoint
+        base, _, port = endpoint.rpartition(":")
+        if int(port) == 0:
+            return endpoint
+        return f"{base}:{int(port) + rank}"
+    raise ValueError(
+        f"kv events endpoint {endpoint!r} cannot be moved for data-parallel rank {rank} "
+        "(vLLM moves tcp ports and inproc names only)"
+    )
+
+
 def is_bind_endpoint(endpoint: str) -> bool:
     """vLLM's rule: wildcard, IPv6 ``::`` and ipc/inproc endpoints are bound; the rest
     are connected to (the subscriber binds those)."""
@@ -123,6 +145,18 @@ class KvEventsConfig:
     buffer_steps: int = BUFFER_STEPS
     hwm: int = HWM
     max_queue_size: int = MAX_QUEUE_SIZE
+
+    def for_rank(self, rank: int) -> KvEventsConfig:
+        """This config as data-parallel rank `rank`'s publisher takes it (endpoints moved
+        by ``offset_endpoint_port``; ValueError where vLLM's raises)."""
+        if rank == 0:
+            return self
+        replay = self.replay_endpoint
+        return replace(
+            self,
+            endpoint=offset_endpoint_port(self.endpoint, rank),
+            replay_endpoint=None if replay is None else offset_endpoint_port(replay, rank),
+        )
 
     def source(self, endpoint: str, replay_endpoint: str | None) -> dict[str, object]:
         """One entry of vLLM's GET /kv_event_sources, with the endpoints as resolved."""

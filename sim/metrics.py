@@ -1,11 +1,13 @@
 """Prometheus metrics under vLLM's names, on a registry owned by one app.
 
 A per-app CollectorRegistry (not the global one) lets tests and the embedded
-fleet run several sims in one process. Label children are resolved once here
-so the request path only calls ``inc``/``set``/``observe``.
+fleet run several sims in one process. Each family is registered once; each
+data-parallel rank gets its own label children (EngineMetrics).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -25,6 +27,12 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class SimMetrics:
+    """The registry, each family once, and one EngineMetrics per data-parallel rank.
+
+    vLLM's API server exports every per-engine series once per engine core, told apart
+    by the ``engine`` label (``engine="0"``, ``engine="1"``, ...): one page, one
+    HELP/TYPE per family, samples for all ranks."""
+
     def __init__(
         self,
         model_name: str,
@@ -32,91 +40,131 @@ class SimMetrics:
         spec_positions: int = 0,
         block_size: int = 16,
         cache_blocks: int = 4096,
+        engines: int = 1,
     ) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = r = CollectorRegistry()
         labels = ("model_name", "engine")
-        values = (model_name, "0")
-        r = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, labels, registry=r).labels(*values)
+            return Gauge(name, doc, labels, registry=r)
 
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, labels, registry=r).labels(*values)
+        def counter(name: str, doc: str, *extra: str) -> Counter:
+            return Counter(name, doc, (*labels, *extra), registry=r)
 
-        self.running = gauge("vllm:num_requests_running", "Requests in model execution batches.")
-        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be processed.")
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter(
-            "vllm:generation_tokens", "Number of generation tokens processed."
-        )
-        self.cache_queries = counter(
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-        )
-        self.cache_hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
-        )
-        success = Counter(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            (*labels, "finished_reason"),
-            registry=r,
-        )
-        self.success = {reason: success.labels(*values, reason) for reason in FINISHED_REASONS}
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            labels,
-            buckets=_TTFT_BUCKETS,
-            registry=r,
-        ).labels(*values)
-        self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            labels,
-            buckets=_E2E_BUCKETS,
-            registry=r,
-        ).labels(*values)
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
 
-        # vLLM publishes its cache config as an info-style gauge fixed at 1; routers
-        # read block_size from it (KV block size must match across a spec pair).
-        Gauge(
+        fam = _Families(
+            running=gauge("vllm:num_requests_running", "Requests in model execution batches."),
+            waiting=gauge("vllm:num_requests_waiting", "Requests waiting to be processed."),
+            kv_usage=gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent."),
+            prompt_tokens=counter("vllm:prompt_tokens", "Number of prefill tokens processed."),
+            generation_tokens=counter(
+                "vllm:generation_tokens", "Number of generation tokens processed."
+            ),
+            cache_queries=counter(
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+            ),
+            cache_hits=counter(
+                "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+            ),
+            success=counter(
+                "vllm:request_success", "Count of successfully processed requests.",
+                "finished_reason",
+            ),  # fmt: skip
+            ttft=histogram(
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                _TTFT_BUCKETS,
+            ),
+            e2e=histogram(
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                _E2E_BUCKETS,
+            ),
+            spec=_SpecFamilies(r, labels) if spec_positions > 0 else None,
+        )
+        # vLLM publishes its cache config as an info-style gauge fixed at 1, per engine;
+        # routers read block_size from it (KV block size must match across a spec pair).
+        cache_info = Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
             ("block_size", "enable_prefix_caching", "num_gpu_blocks", "engine"),
             registry=r,
-        ).labels(str(block_size), str(cache_blocks > 0), str(cache_blocks), "0").set(1)
-
-        # Only a sim configured as a speculative target exports these (like vLLM).
-        self.spec: SpecMetrics | None = None
-        if spec_positions > 0:
-            self.spec = SpecMetrics(r, labels, values, spec_positions)
+        )
+        self.engines: tuple[EngineMetrics, ...] = tuple(
+            EngineMetrics(fam, (model_name, str(rank)), spec_positions)
+            for rank in range(max(1, engines))
+        )
+        for rank in range(len(self.engines)):
+            info = (str(block_size), str(cache_blocks > 0), str(cache_blocks), str(rank))
+            cache_info.labels(*info).set(1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-class SpecMetrics:
-    def __init__(
-        self, r: CollectorRegistry, labels: tuple[str, ...], values: tuple[str, ...], positions: int
-    ) -> None:
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, labels, registry=r).labels(*values)
+class _SpecFamilies:
+    """Only a sim configured as a speculative target exports these (like vLLM)."""
+
+    def __init__(self, r: CollectorRegistry, labels: tuple[str, ...]) -> None:
+        def counter(name: str, doc: str, *extra: str) -> Counter:
+            return Counter(name, doc, (*labels, *extra), registry=r)
 
         self.drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
         self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
         self.accepted = counter(
             "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
         )
-        per_pos = Counter(
+        self.per_pos = counter(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Accepted tokens per draft position.",
-            (*labels, "position"),
-            registry=r,
+            "position",
         )
-        self.per_pos = [per_pos.labels(*values, str(i)) for i in range(positions)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Families:
+    running: Gauge
+    waiting: Gauge
+    kv_usage: Gauge
+    prompt_tokens: Counter
+    generation_tokens: Counter
+    cache_queries: Counter
+    cache_hits: Counter
+    success: Counter
+    ttft: Histogram
+    e2e: Histogram
+    spec: _SpecFamilies | None
+
+
+class EngineMetrics:
+    """One engine's label children, resolved once so the request path only calls
+    ``inc``/``set``/``observe``."""
+
+    def __init__(self, fam: _Families, values: tuple[str, str], spec_positions: int) -> None:
+        self.running = fam.running.labels(*values)
+        self.waiting = fam.waiting.labels(*values)
+        self.kv_usage = fam.kv_usage.labels(*values)
+        self.prompt_tokens = fam.prompt_tokens.labels(*values)
+        self.generation_tokens = fam.generation_tokens.labels(*values)
+        self.cache_queries = fam.cache_queries.labels(*values)
+        self.cache_hits = fam.cache_hits.labels(*values)
+        self.success = {reason: fam.success.labels(*values, reason) for reason in FINISHED_REASONS}
+        self.ttft = fam.ttft.labels(*values)
+        self.e2e = fam.e2e.labels(*values)
+        self.spec: SpecMetrics | None = None
+        if fam.spec is not None:
+            self.spec = SpecMetrics(fam.spec, values, spec_positions)
+
+
+class SpecMetrics:
+    def __init__(self, fam: _SpecFamilies, values: tuple[str, str], positions: int) -> None:
+        self.drafts = fam.drafts.labels(*values)
+        self.draft_tokens = fam.draft_tokens.labels(*values)
+        self.accepted = fam.accepted.labels(*values)
+        self.per_pos = [fam.per_pos.labels(*values, str(i)) for i in range(positions)]
 
     def add(self, counts: SpecCounts) -> None:
         self.drafts.inc(counts.drafts)

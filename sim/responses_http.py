@@ -56,7 +56,9 @@ async def create(request: web.Request) -> web.StreamResponse:
     )
     if not state.responses.enabled:
         req = replace(req, store=False)  # vLLM ignores store without its store variable
-    return await serve_run(request, ResponsesRun(state, req, faults), req.gen.stream)
+    # vLLM's Responses path never reads X-data-parallel-rank: always balanced.
+    engine = state.engine_for(request, pinnable=False)
+    return await serve_run(request, ResponsesRun(state, engine, req, faults), req.gen.stream)
 
 
 async def retrieve(request: web.Request) -> web.Response:

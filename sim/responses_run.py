@@ -29,17 +29,20 @@ from sim.responses_api import ResponsesRequest
 from sim.run import _FLUSH_EVERY, Run, _cut
 
 if TYPE_CHECKING:
+    from sim.engine import EngineRank
     from sim.server import SimState
 
 
 class ResponsesRun(Run):
-    def __init__(self, state: SimState, req: ResponsesRequest, faults: FaultSpec) -> None:
+    def __init__(
+        self, state: SimState, engine: EngineRank, req: ResponsesRequest, faults: FaultSpec
+    ) -> None:
         meta = r.Meta(
             id=req.response_id, created=int(time.time()), model=state.cfg.limits.model,
             fingerprint=state.fingerprint, chat=True, return_token_ids=False,
             include_usage=False,
         )  # fmt: skip
-        super().__init__(state, req.gen, faults, meta)
+        super().__init__(state, engine, req.gen, faults, meta)
         self.rreq = req
         self.item_id = "msg_" + os.urandom(8).hex()
 

@@ -30,6 +30,7 @@ from sim.scoring import prompt_logprobs
 from sim.tools import ToolCallPlan, ToolStream
 
 if TYPE_CHECKING:
+    from sim.engine import EngineRank
     from sim.kvcache import KvSeq
     from sim.server import SimState
 
@@ -41,8 +42,12 @@ class Dropped(Exception):
 
 
 class Run:
-    def __init__(self, state: SimState, req: GenRequest, faults: FaultSpec, meta: r.Meta) -> None:
-        self.state = state
+    def __init__(
+        self, state: SimState, engine: EngineRank, req: GenRequest, faults: FaultSpec,
+        meta: r.Meta,
+    ) -> None:
+        self.state = state  # shared: model, tokenizer, config, response store, timing log
+        self.engine = engine  # the rank serving it: cache, slots, queues, metrics
         self.req = req
         self.faults = faults
         self.meta = meta
@@ -84,21 +89,21 @@ class Run:
 
     # -- lifecycle -----------------------------------------------------------
     def begin(self) -> None:
-        st, m = self.state, self.state.metrics
-        st.running_requests += 1
-        st.running_seqs += self.req.n
-        m.running.set(st.running_requests)
+        st, eng, m = self.state, self.engine, self.engine.metrics
+        eng.running_requests += 1
+        eng.running_seqs += self.req.n
+        m.running.set(eng.running_requests)
         prompt = self.req.prompt_ids
         m.prompt_tokens.inc(len(prompt))
         # Each choice is a sequence with its own blocks (the prompt's are shared).
-        self._kv = [st.cache.open(prompt, s.token_ids) for s in self.seqs]
+        self._kv = [eng.cache.open(prompt, s.token_ids) for s in self.seqs]
         lookup = self._kv[0].lookup
         self._kv_usage()
         m.cache_queries.inc(lookup.query_tokens)
         if lookup.hit_tokens:
             m.cache_hits.inc(lookup.hit_tokens)
         self.cached_tokens = lookup.hit_tokens
-        cells = st.cells
+        cells = eng.cells
         if cells is not None:
             need = len(prompt) * self.req.n
             fits = cells.take(need)
@@ -111,10 +116,10 @@ class Run:
             self._prefill_s += self._step_delay()
 
     def end(self) -> None:
-        st, m = self.state, self.state.metrics
-        st.running_requests -= 1
-        st.running_seqs -= self.req.n
-        m.running.set(st.running_requests)
+        st, eng, m = self.state, self.engine, self.engine.metrics
+        eng.running_requests -= 1
+        eng.running_seqs -= self.req.n
+        m.running.set(eng.running_requests)
         generated = sum(len(s.token_ids) for s in self.seqs)
         if generated:
             m.generation_tokens.inc(generated)
@@ -129,14 +134,14 @@ class Run:
             kv.close()
         self._kv = []
         self._kv_usage()
-        if st.cells is not None:
-            st.cells.give(self._cells)
+        if eng.cells is not None:
+            eng.cells.give(self._cells)
             self._cells = 0
 
     def _kv_usage(self) -> None:
-        cache = self.state.cache
+        cache = self.engine.cache
         if cache.capacity:
-            self.state.metrics.kv_usage.set(cache.usage)
+            self.engine.metrics.kv_usage.set(cache.usage)
 
     def _stepped(self) -> None:
         """After each decode step: the first token's timing, and the blocks it filled."""
@@ -150,12 +155,12 @@ class Run:
     async def _prefill(self) -> None:
         if self._prefill_s > 0:
             now = asyncio.get_running_loop().time()
-            await asyncio.sleep(self.state.prefill.admit(now, self._prefill_s))
+            await asyncio.sleep(self.engine.prefill.admit(now, self._prefill_s))
 
     def _exceeded(self) -> bool:
         """Before a decode step: whether the shared context has no cell for it, or overflowed
         since this run began (which failed every sequence being processed)."""
-        cells = self.state.cells
+        cells = self.engine.cells
         if cells is None:
             return False
         if cells.epoch != self._epoch or not cells.take(1):
@@ -164,13 +169,13 @@ class Run:
         return False
 
     def _step_delay(self) -> float:
-        return self.state.cfg.cost.decode_step_seconds(self.state.running_seqs)
+        return self.state.cfg.cost.decode_step_seconds(self.engine.running_seqs)
 
     def _first_token(self) -> None:
         if not self.ttft_recorded:
             self.ttft_recorded = True
             ttft = time.perf_counter() - self.t0
-            self.state.metrics.ttft.observe(ttft)
+            self.engine.metrics.ttft.observe(ttft)
             if self.state.timing is not None:
                 self.state.timing.write(timing.record(self.req.prompt_ids, ttft))
 
@@ -185,7 +190,7 @@ class Run:
         if k is not None:
             scored = prompt_logprobs(self.state.model, self.req.prompt_ids, k)
             self._prompt_logprobs = r.prompt_logprobs(scored, self.state.tokenizer.texts)
-        tight = self.state.cfg.cost.decode_ms_per_step <= 0 and self.state.cells is None
+        tight = self.state.cfg.cost.decode_ms_per_step <= 0 and self.engine.cells is None
         if not self._check_faults and tight:
             # Nothing to pace or inject: generate each choice in one tight loop.
             for seq in self.seqs:

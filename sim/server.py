@@ -6,7 +6,6 @@ per-request lifecycle (sim.run), and one error shape for every failure.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -18,11 +17,11 @@ import orjson
 from aiohttp import web
 
 from sim import responses as r
-from sim.cells import SharedCells
+from sim.balancer import RANK_HEADER, LeastLoaded, header_rank
 from sim.chat_template import TemplateError, parse_messages, render
-from sim.costmodel import CostParams, PrefillQueue
+from sim.costmodel import CostParams
+from sim.engine import EngineRank
 from sim.faults import NO_FAULTS, FaultSpec, FaultSpecError, parse_fault_spec
-from sim.kv_events import open_cache
 from sim.kv_wire import KvEventsConfig
 from sim.metrics import CONTENT_TYPE, SimMetrics
 from sim.model import ModelConfig, ToyModel
@@ -76,10 +75,15 @@ class SimConfig:
     # The running sequences share this many context cells, as llama-server's slots do; an
     # overflow fails them all in-band (sim.cells). 0 = no shared limit (vLLM preempts).
     kv_cells: int = 0
+    # Engine cores behind the one API server, as vLLM's --data-parallel-size with its
+    # internal load balancer: each rank has its own cache, scheduler, metrics children and
+    # KV-event publisher (sim.engine); X-data-parallel-rank pins a request (sim.balancer).
+    data_parallel_size: int = 1
 
 
 class SimState:
-    """Everything one sim server owns; created inside the running loop."""
+    """Everything one sim server owns; created inside the running loop. The engine
+    state lives in `engines` (one EngineRank per data-parallel rank); the rest is shared."""
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
@@ -89,26 +93,37 @@ class SimState:
         )
         self.vocab_hash = self.tokenizer.vocab_hash()
         self.model = ToyModel(cfg.model, self.tokenizer)
-        self.cache, self.kv_events = open_cache(
-            cfg.cost.cache_blocks, cfg.cost.block_size, cfg.kv_events
-        )
+        size = max(1, cfg.data_parallel_size)
         self.metrics = SimMetrics(
             cfg.limits.model,
             spec_positions=cfg.spec.num_tokens,
             block_size=cfg.cost.block_size,
             cache_blocks=cfg.cost.cache_blocks,
+            engines=size,
         )
+        self.engines: list[EngineRank] = []
+        try:
+            for rank in range(size):
+                self.engines.append(EngineRank(rank, cfg, self.metrics.engines[rank]))
+        except BaseException:  # a later rank's publisher failed: close the earlier ones
+            self.close()
+            raise
+        self.balancer = LeastLoaded(size)
         self.fingerprint = f"sim-{cfg.model.seed}"
         self.created = int(time.time())
-        self.running_requests = 0
-        self.running_seqs = 0  # sequences decoding now; drives the batch slowdown
-        self.prefill = PrefillQueue()  # one card's compute: prefills take turns
-        self.cells = SharedCells(cfg.kv_cells) if cfg.kv_cells > 0 else None
-        self.waiting = 0
-        self.slots = asyncio.Semaphore(max(1, cfg.max_num_seqs))
         # Unbuffered appends: a SIGKILLed sim keeps every line it wrote (benchmarks kill them).
         self.responses = ResponseStore(cfg.responses_store)
         self.timing = open(cfg.timing_log, "ab", buffering=0) if cfg.timing_log else None  # noqa: SIM115
+
+    def engine_for(self, request: web.Request, *, pinnable: bool = True) -> EngineRank:
+        """The rank that serves this request: the one its X-data-parallel-rank header
+        names (where vLLM reads it: `pinnable`), else the least loaded."""
+        pinned = header_rank(request.headers.get(RANK_HEADER)) if pinnable else None
+        return self.engines[self.balancer.pick([e.load for e in self.engines], pinned)]
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.close()
 
 
 STATE = web.AppKey("sim_state", SimState)
@@ -230,13 +245,14 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
         include_reasoning=req.include_reasoning,
         tools=chat and req.tool is not None,
     )
-    return await serve_run(request, Run(state, req, faults, meta), req.stream)
+    engine = state.engine_for(request)
+    return await serve_run(request, Run(state, engine, req, faults, meta), req.stream)
 
 
 async def serve_run(request: web.Request, run: Run, stream: bool) -> web.StreamResponse:
-    """Admit, generate (streamed or not), account: one generation's life on this server."""
-    state = run.state
-    await admit(state)
+    """Admit, generate (streamed or not), account: one generation's life on its engine."""
+    engine = run.engine
+    await engine.admit()
     run.begin()
     try:
         if stream:
@@ -250,21 +266,7 @@ async def serve_run(request: web.Request, run: Run, stream: bool) -> web.StreamR
         return web.Response(status=499)
     finally:
         run.end()
-        state.slots.release()
-
-
-async def admit(state: SimState) -> None:
-    """Wait for a slot (max_num_seqs); waiting requests show in num_requests_waiting."""
-    if not state.slots.locked():
-        await state.slots.acquire()  # does not suspend when a slot is free
-        return
-    state.waiting += 1
-    state.metrics.waiting.set(state.waiting)
-    try:
-        await state.slots.acquire()
-    finally:
-        state.waiting -= 1
-        state.metrics.waiting.set(state.waiting)
+        engine.release()
 
 
 def request_faults(request: web.Request, state: SimState) -> FaultSpec:
