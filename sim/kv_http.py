@@ -34,7 +34,8 @@ def sources(state: SimState) -> dict[str, dict[str, object]]:
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
-    # Every rank resets (vLLM calls the utility on all engines); success only if all did.
+    # Every rank resets: vLLM's DP client calls the utility on all engines and answers
+    # all(results) (v1/engine/core_client.py reset_prefix_cache_async).
     done = [engine.cache.reset() for engine in request.app[STATE].engines]
     return ok({"success": all(done)})
 
