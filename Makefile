@@ -38,4 +38,5 @@ engines:
 
 # The sim's KV-event wire format is checked against vLLM's own decoder there too.
 test-real: $(STAMP) engines
-	$(PY) -m pytest -m real tests/real tests/integration/test_sim_kv_events.py $(ARGS)
+	$(PY) -m pytest -m real tests/real tests/integration/test_sim_kv_events.py \
+		tests/integration/test_sim_data_parallel.py $(ARGS)

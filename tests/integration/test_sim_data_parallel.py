@@ -40,6 +40,9 @@ from tests.integration.test_sim_kv_events import (
 
 RANK = "X-data-parallel-rank"
 JSON = {"Content-Type": "application/json"}
+# What the sim binds, as vLLM would: vLLM binds an endpoint with "::" in it (or a wildcard,
+# which would listen on every address), and an IPv4-mapped loopback binds 127.0.0.1 alone.
+BIND = "tcp://[::ffff:127.0.0.1]"
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -47,7 +50,7 @@ def dp_sim(*extra: str, size: int = 2) -> Part:
     """A DP sim publishing on port-0 binds (each rank gets its own ports)."""
     return kv_sim(
         "--data-parallel-size", str(size),
-        "--kv-events-endpoint", "tcp://*:0",
+        "--kv-events-endpoint", f"{BIND}:0",
         "--kv-events-replay-endpoint", "tcp://127.0.0.1:0", *extra,
     )  # fmt: skip
 
@@ -148,7 +151,7 @@ def test_each_rank_reports_its_own_bound_endpoints(dp: Part) -> None:
     assert sorted(src) == ["0", "1"]
     ends = [src[r][k] for r in ("0", "1") for k in ("endpoint", "replay_endpoint")]
     assert len(set(ends)) == 4 and not any(e.endswith(":0") for e in ends)
-    assert all(src[r]["endpoint"].startswith("tcp://0.0.0.0:") for r in ("0", "1"))
+    assert all(src[r]["endpoint"].startswith("tcp://127.0.0.1:") for r in ("0", "1")), src
     # Rank 0's lines as a single engine prints them; rank 1's carry its rank.
     assert dp.announced == {
         "KV_EVENTS": src["0"]["endpoint"], "KV_REPLAY": src["0"]["replay_endpoint"],
@@ -168,14 +171,14 @@ def test_one_rank_reports_only_rank_0() -> None:
 
 def test_fixed_ports_move_up_by_the_rank(ctx: Ctx) -> None:
     pub, replay = free_port_pair(), free_port_pair()
-    p = kv_sim("--data-parallel-size", "2", "--kv-events-endpoint", f"tcp://*:{pub}",
+    p = kv_sim("--data-parallel-size", "2", "--kv-events-endpoint", f"{BIND}:{pub}",
                "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{replay}")  # fmt: skip
     try:
         src = sources(p)
         assert (src["0"]["endpoint"], src["0"]["replay_endpoint"]) == (
-            f"tcp://*:{pub}", f"tcp://127.0.0.1:{replay}")  # fmt: skip
+            f"{BIND}:{pub}", f"tcp://127.0.0.1:{replay}")  # fmt: skip
         assert (src["1"]["endpoint"], src["1"]["replay_endpoint"]) == (
-            f"tcp://*:{pub + 1}", f"tcp://127.0.0.1:{replay + 1}")  # fmt: skip
+            f"{BIND}:{pub + 1}", f"tcp://127.0.0.1:{replay + 1}")  # fmt: skip
         # Rank 1 really publishes there.
         sub = Subscriber(ctx, {**src["1"], "endpoint": f"tcp://127.0.0.1:{pub + 1}"})
         served(p, list(range(30, 38)), rank="1")
@@ -332,7 +335,7 @@ def test_an_in_process_dp_sim_reports_every_ranks_endpoints() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     cfg = config_from_args(parser.parse_args([
-        *FAST_SIM, "--data-parallel-size", "3", "--kv-events-endpoint", "tcp://*:0",
+        *FAST_SIM, "--data-parallel-size", "3", "--kv-events-endpoint", f"{BIND}:0",
     ]))  # fmt: skip
 
     async def go() -> tuple[dict[str, Any], int]:
