@@ -63,6 +63,24 @@ def parse_load(
     return EngineLoad(totals[running], totals[waiting], totals.get(kv), now)
 
 
+def engine_ranks(text: str, kind: BackendKind) -> frozenset[int]:
+    """The data-parallel ranks a /metrics page has load series for (vLLM labels each engine
+    core's `engine`); empty when it says nothing of ranks."""
+    names = GAUGES.get(kind)
+    if names is None:
+        return frozenset()
+    ranks: set[int] = set()
+    try:
+        for family in text_string_to_metric_families(_only(text, names[:1])):
+            for sample in family.samples:
+                engine = sample.labels.get("engine", "")
+                if sample.name == names[0] and engine.isdigit():
+                    ranks.add(int(engine))
+    except ValueError:
+        return frozenset()
+    return frozenset(ranks)
+
+
 def _only(text: str, names: Iterable[str]) -> str:
     """The lines of `text` about `names` (their samples, HELP and TYPE). vLLM's page is
     ~50 KB of histograms: parsing all of it took ~13 ms per reading, and at four readings a

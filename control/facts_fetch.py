@@ -1,4 +1,5 @@
-"""Read a backend's facts over HTTP (`GET /server_info`), for binding, gating and refresh."""
+"""Read a backend's facts over HTTP (`GET /server_info`), for binding, gating and refresh,
+its context length (`GET /v1/models`) and its /metrics page (load, data-parallel ranks)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,20 @@ async def fetch_facts(
         return facts_from_server_info(body)
     except FactsError as exc:
         raise FactsError(f"facts: {backend.id}: {exc}") from exc
+
+
+async def fetch_metrics_page(
+    session: aiohttp.ClientSession, backend: Backend, timeout: float
+) -> str | None:
+    """The engine's /metrics page; None when it does not answer with one."""
+    try:
+        async with session.get(
+            backend.url + "/metrics",
+            headers=backend.call_headers(os.environ),
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            if resp.status != 200:
+                return None
+            return await resp.text()
+    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+        return None

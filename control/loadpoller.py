@@ -5,33 +5,15 @@ lacks the gauges, has no reading: routing then counts only what Baton sent it.""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 
 import aiohttp
 
-from baton.model import Backend
 from control.config import LoadSettings
 from control.engineload import GAUGES, parse_load
+from control.facts_fetch import fetch_metrics_page
 from control.registry import Registry
-
-
-async def read_page(
-    session: aiohttp.ClientSession, backend: Backend, timeout: float
-) -> str | None:
-    """The engine's /metrics page; None when it does not answer with one."""
-    try:
-        async with session.get(
-            backend.url + "/metrics",
-            headers=backend.call_headers(os.environ),
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as resp:
-            if resp.status != 200:
-                return None
-            return await resp.text()
-    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
-        return None
 
 
 async def run_load_poller(
@@ -47,7 +29,7 @@ async def run_load_poller(
         # One page per engine: the ranks of a data-parallel one share its url and its page.
         engines = {b.url: b for b in reversed(backends)}
         pages = dict(zip(engines, await asyncio.gather(
-            *(read_page(session, b, settings.timeout) for b in engines.values())
+            *(fetch_metrics_page(session, b, settings.timeout) for b in engines.values())
         ), strict=True))  # fmt: skip
         for b in backends:
             page = pages[b.url]

@@ -12,8 +12,9 @@ import aiohttp
 
 from baton.model import PROBE_PATH, Backend
 from control.config import ProbeSettings
+from control.engineload import engine_ranks
 from control.facts import Facts
-from control.facts_fetch import fetch_facts, fetch_max_model_len
+from control.facts_fetch import fetch_facts, fetch_max_model_len, fetch_metrics_page
 from control.registry import Registry
 
 
@@ -42,16 +43,51 @@ async def run_prober(
     session: aiohttp.ClientSession,
 ) -> None:
     facts = FactsRefresher(registry, session)
+    ranks = RankCheck(session)
     while True:
         backends = [b.backend for b in registry.snapshot.backends]
         results = await asyncio.gather(
             *(probe_once(session, b, settings.timeout) for b in backends)
         )
+        results = await ranks.check(backends, results, settings.timeout)
         for backend, failure in zip(backends, results, strict=True):
             registry.probe_result(backend.id, not failure, failure)
         await facts.refresh(backends, [not f for f in results])
         jitter = settings.interval * settings.jitter * (2 * rng.random() - 1)
         await asyncio.sleep(max(0.05, settings.interval + jitter))
+
+
+class RankCheck:
+    """A data-parallel rank the engine does not run would fail every request with vLLM's 400
+    ("data_parallel_rank R is out of range"): such a backend fails its probe instead, with the
+    ranks the engine does run. Checked on its engine's /metrics page each time it comes up
+    (an engine restarted with fewer ranks is caught), not on every probe."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+        self._runs: set[str] = set()  # ranked backends whose rank the engine was seen to run
+
+    async def check(
+        self, backends: list[Backend], failures: list[str], timeout: float
+    ) -> list[str]:
+        """`failures` with a reason added for each backend up whose rank the engine lacks."""
+        due = [i for i, (b, f) in enumerate(zip(backends, failures, strict=True))
+               if not f and b.data_parallel_rank is not None
+               and b.id not in self._runs]  # fmt: skip
+        self._runs &= {b.id for b, f in zip(backends, failures, strict=True) if not f}
+        pages = await asyncio.gather(
+            *(fetch_metrics_page(self._session, backends[i], timeout) for i in due)
+        )
+        out = list(failures)
+        for i, page in zip(due, pages, strict=True):
+            b = backends[i]
+            ranks = engine_ranks(page, b.kind) if page is not None else frozenset()
+            if not ranks or b.data_parallel_rank in ranks:
+                self._runs.add(b.id)  # it runs it, or its page cannot say: trust the config
+                continue
+            out[i] = (f"data_parallel_rank {b.data_parallel_rank}: the engine runs ranks "
+                      f"{', '.join(map(str, sorted(ranks)))}")  # fmt: skip
+        return out
 
 
 class FactsRefresher:

@@ -158,3 +158,12 @@ def test_a_rank_added_at_run_time_that_is_taken_is_refused(tmp_path: Path) -> No
         table = f.baton("backends", "list").stdout.splitlines()
         assert "RANK" in table[0]
         assert [line.split()[0] for line in table[1:]] == ["dp-r0", "dp-r1"]
+        # A rank the engine does not run (a typo) is down, saying which ranks it runs, rather
+        # than routed to and refused by the engine on every request.
+        beyond = f.baton("backends", "add", "beyond", "--url", url, "--model", MODEL,
+                         "--data-parallel-rank", "5")  # fmt: skip
+        assert beyond.returncode == 0, beyond.stderr
+        why = "data_parallel_rank 5: the engine runs ranks 0, 1"
+        assert wait_until(lambda: why in str(f.backends()["beyond"]["reason"]), 10)
+        assert f.backends()["beyond"]["state"] != "healthy"
+        assert {f.backends()[b]["state"] for b in ("dp-r0", "dp-r1")} == {"healthy"}

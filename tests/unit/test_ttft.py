@@ -11,7 +11,14 @@ import pytest
 
 from baton.model import BackendId, BackendKind, Reason, RequestShape, RouteRequest
 from control.config import make_backend
-from control.engineload import EngineLoad, LoadView, Readings, outside_of, parse_load
+from control.engineload import (
+    EngineLoad,
+    LoadView,
+    Readings,
+    engine_ranks,
+    outside_of,
+    parse_load,
+)
 from control.policy import make_policy
 from control.policy.base import Prediction, RoutingView
 from control.prefill import Predicted, PrefillRates, Rates
@@ -50,6 +57,10 @@ def test_a_data_parallel_rank_reads_its_own_engine_cores_series_only() -> None:
     both = VLLM_PAGE + 'vllm:num_requests_waiting{engine="1",model_name="m"} 4.0\n'
     assert parse_load(both, BackendKind.VLLM, 1.0, rank=1) == EngineLoad(1.0, 4.0, None, 1.0)
     assert parse_load(both, BackendKind.VLLM, 1.0, rank=2) is None  # a rank it does not run
+    # The ranks it runs, from the running gauge's engine labels (control's rank check).
+    assert engine_ranks(VLLM_PAGE, BackendKind.VLLM) == {0, 1}
+    assert engine_ranks(SGLANG_PAGE, BackendKind.SGLANG) == frozenset()  # it says nothing
+    assert engine_ranks("not a page {", BackendKind.VLLM) == frozenset()
 
 
 def test_a_real_vllm_page_is_read_for_its_three_gauges_only() -> None:
