@@ -13,7 +13,6 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
@@ -27,6 +26,7 @@ from tests.integration.harness import (
     start_sim,
     wait_until,
 )
+from tests.integration.test_kv_routing import chat, route_of
 
 pytestmark = pytest.mark.timeout(120)
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 12}
@@ -65,22 +65,8 @@ def dp_fleet(tmp_path: Path, *sim_args: str, control_extra: str = "") -> Iterato
             p.stop(grace=3)
 
 
-def route_of(f: Fleet, request_id: str) -> dict[str, Any]:
-    (row,) = json.loads(f.baton("events", "--kind", "route", "--request-id", request_id,
-                                "--json").stdout)  # fmt: skip
-    return row
-
-
 def rank_hits(f: Fleet, rank: int) -> float:
     return metric(f.sims["dp"].ready, "vllm:prefix_cache_hits_total", f'engine="{rank}"')
-
-
-def chat(c: openai.OpenAI, messages: list[dict[str, str]]) -> tuple[str, str]:
-    raw = c.chat.completions.with_raw_response.create(
-        model=MODEL, messages=messages, temperature=0, max_tokens=12, stream=True
-    )  # type: ignore[call-overload]
-    text = "".join(ch.choices[0].delta.content or "" for ch in raw.parse() if ch.choices)
-    return raw.headers["x-request-id"], text
 
 
 def test_a_continuation_reaches_the_rank_that_holds_its_blocks(tmp_path: Path) -> None:

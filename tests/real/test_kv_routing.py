@@ -9,6 +9,7 @@ Run: .venv/bin/pytest -m real tests/real/test_kv_routing.py"""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,20 +59,32 @@ def backends(fleet: Fleet) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in json.loads(out.stdout)}
 
 
-def hits(engine: Engine) -> float:
-    return metric(engine.url, "vllm:prefix_cache_hits_total")
+def hits(engine: Engine, rank: int | None = None) -> float:
+    """vLLM's own prefix-cache hits (of one data-parallel rank: its `engine` label)."""
+    labels = "" if rank is None else f'engine="{rank}"'
+    return metric(engine.url, "vllm:prefix_cache_hits_total", labels)
 
 
-def rank_hits(engine: Engine, rank: int) -> float:
-    return metric(engine.url, "vllm:prefix_cache_hits_total", f'engine="{rank}"')
+def baton_config(kind: str, pool: Pool, path: Path) -> tuple[Path, Callable[[str], float]]:
+    """Control's config for two replicas, or for the two ranks of one data-parallel vLLM;
+    and each backend's own prefix-cache hits by its id."""
+    if kind == "replicas":
+        engines = {e.name: e for e in pool.get("k0", "k1")}
+        return config(path, list(engines.values())), lambda bid: hits(engines[bid])
+    [engine] = pool.get("d0")
+    return dp_config(path, engine), lambda bid: hits(engine, int(bid.rsplit("-r", 1)[1]))
 
 
-def test_a_continuation_goes_where_vllm_says_its_blocks_are(pool: Pool, tmp_path: Path) -> None:
-    engines = pool.get("k0", "k1")
-    control = start_control(config(tmp_path / "control.toml", engines))
+@pytest.mark.parametrize("kind", ["replicas", "data-parallel"])
+def test_a_continuation_goes_where_vllm_says_its_blocks_are(
+    pool: Pool, tmp_path: Path, kind: str
+) -> None:
+    path, hits_of = baton_config(kind, pool, tmp_path / "control.toml")
+    control = start_control(path)
     shim = start_shim(control.ready)
     fleet = Fleet({}, control, shim, [control, shim])
     try:
+        # Each engine's (each rank's: port + rank) own event stream is indexed apart.
         assert wait_until(lambda: all(r["kv_index"] == "live" for r in backends(fleet).values()),
                           60, 0.5)  # fmt: skip
         c = sdk(fleet.base_url)
@@ -82,9 +95,12 @@ def test_a_continuation_goes_where_vllm_says_its_blocks_are(pool: Pool, tmp_path
         )  # type: ignore[call-overload]
         reply = "".join(ch.choices[0].delta.content or "" for ch in raw.parse() if ch.choices)
         home = serving(admin, raw.headers["x-request-id"])
-        # vLLM published the blocks it stored: control's index of that replica holds them.
+        other = next(b for b in backends(fleet) if b != home)
+        # vLLM published the blocks it stored: control's index of that backend holds them,
+        # and the other's none (on one data-parallel engine: the rank Baton named stored them).
         assert wait_until(lambda: backends(fleet)[home]["kv_blocks"] >= 2, 30, 0.2)
-        before = {e.name: hits(e) for e in engines}
+        assert backends(fleet)[other]["kv_blocks"] == 0
+        before = {b: hits_of(b) for b in (home, other)}
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "more"}]
         for _ in range(3):
             raw = c.chat.completions.with_raw_response.create(
@@ -93,55 +109,12 @@ def test_a_continuation_goes_where_vllm_says_its_blocks_are(pool: Pool, tmp_path
             list(raw.parse())
             rows = admin.events(kind="route", request_id=raw.headers["x-request-id"])
             assert rows[0]["backend_id"] == home and rows[0]["reason"] == "predicted", rows
-        after = {e.name: hits(e) for e in engines}
+        after = {b: hits_of(b) for b in (home, other)}
         admin.close()
-        other = next(e.name for e in engines if e.name != home)
+        # vLLM served them there (on a rank: by X-data-parallel-rank), where its cache hit.
         assert after[home] - before[home] >= 3 * 2 * 128, (before, after)
         assert after[other] == before[other]
-    finally:
-        shim.stop(grace=3)
-        control.stop(grace=3)
-
-
-def test_a_continuation_goes_to_the_data_parallel_rank_that_holds_its_blocks(
-    pool: Pool, tmp_path: Path
-) -> None:
-    [engine] = pool.get("d0")
-    control = start_control(dp_config(tmp_path / "control.toml", engine))
-    shim = start_shim(control.ready)
-    fleet = Fleet({}, control, shim, [control, shim])
-    try:
-        # Each rank's own event stream (port + rank) is indexed apart.
-        assert wait_until(lambda: all(r["kv_index"] == "live" for r in backends(fleet).values()),
-                          60, 0.5)  # fmt: skip
-        c = sdk(fleet.base_url)
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
-        admin = AdminClient(fleet.control.ready, timeout=30.0)
-        raw = c.chat.completions.with_raw_response.create(
-            model=MODEL, messages=messages, temperature=0, max_tokens=16, stream=True
-        )  # type: ignore[call-overload]
-        reply = "".join(ch.choices[0].delta.content or "" for ch in raw.parse() if ch.choices)
-        home = serving(admin, raw.headers["x-request-id"])
-        rank = int(home.rsplit("-r", 1)[1])
-        # The rank Baton named stored the blocks: its stream says so, the other's does not.
-        assert wait_until(lambda: backends(fleet)[home]["kv_blocks"] >= 2, 30, 0.2)
-        other = f"{engine.name}-r{1 - rank}"
-        assert backends(fleet)[other]["kv_blocks"] == 0
-        before = [rank_hits(engine, r) for r in range(DP_RANKS)]
-        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "more"}]
-        for _ in range(3):
-            raw = c.chat.completions.with_raw_response.create(
-                model=MODEL, messages=messages, temperature=0, max_tokens=8, stream=True
-            )  # type: ignore[call-overload]
-            list(raw.parse())
-            rows = admin.events(kind="route", request_id=raw.headers["x-request-id"])
-            assert rows[0]["backend_id"] == home and rows[0]["reason"] == "predicted", rows
-        after = [rank_hits(engine, r) for r in range(DP_RANKS)]
-        admin.close()
-        # vLLM served them on that rank (X-data-parallel-rank), where its cache hit.
-        assert after[rank] - before[rank] >= 3 * 2 * 128, (before, after)
-        assert after[1 - rank] == before[1 - rank]
-        # Each rank's engine load is its own series: both read, neither the page's sum.
+        # Each backend's engine load was read (a rank's: its own series on the shared page).
         assert all(r["engine"] != "-" for r in backends(fleet).values())
     finally:
         shim.stop(grace=3)
