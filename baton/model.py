@@ -91,8 +91,8 @@ class Backend:
 
     def call_headers(self, environ: Mapping[str, str]) -> dict[str, str]:
         """What every call to the backend carries: its own key from the caller's environment,
-        never a client's (none when it has none, or the variable is unset here), and the rank
-        of a data-parallel engine's rank."""
+        never a client's (none when it has none, or the variable is unset here); and for one
+        rank of a data-parallel engine, that rank, which vLLM then serves the call on."""
         key = environ.get(self.api_key_env, "") if self.api_key_env else ""
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         if self.data_parallel_rank is not None:
