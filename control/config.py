@@ -205,6 +205,52 @@ def make_backend(
 MAX_DATA_PARALLEL_RANK = 4096  # far past any fleet's; a typo'd huge rank fails here, not per call
 
 
+def data_parallel_ranks(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """A backend table as the backends it declares: itself, or with `data_parallel_size = N`
+    (the engine's --data-parallel-size) one per rank, `ID-rR` with `data_parallel_rank = R`
+    and its KV-event endpoints moved as vLLM moves each rank's (port + R; vLLM refuses an
+    ipc endpoint past rank 0), so the operator writes the engine's own settings once."""
+    if "data_parallel_size" not in raw:
+        return [raw]
+    if not isinstance(raw["id"], str) or not raw["id"]:
+        raise ConfigError("backend id must be a non-empty string")
+    where = f"backend {raw['id']!r}"
+    size, rest = raw["data_parallel_size"], {k: v for k, v in raw.items()
+                                             if k != "data_parallel_size"}  # fmt: skip
+    if (not isinstance(size, int) or isinstance(size, bool)
+            or not 1 <= size <= MAX_DATA_PARALLEL_RANK):  # fmt: skip
+        raise ConfigError(f"{where}: data_parallel_size must be an integer in "
+                          f"1..{MAX_DATA_PARALLEL_RANK}, got {size!r}")  # fmt: skip
+    if "data_parallel_rank" in rest:
+        raise ConfigError(f"{where}: data_parallel_size declares every rank; "
+                          "data_parallel_rank names one (give one or the other)")  # fmt: skip
+    out = []
+    for rank in range(size):
+        one = {**rest, "id": f"{raw['id']}-r{rank}", "data_parallel_rank": rank}
+        for key in ("kv_events", "kv_events_replay"):
+            if one.get(key):
+                one[key] = _rank_endpoint(one[key], rank, f"{where}: {key}")
+        out.append(one)
+    sockets = [one[k] for one in out for k in ("kv_events", "kv_events_replay") if one.get(k)]
+    if len(sockets) != len(set(sockets)):
+        raise ConfigError(f"{where}: its ranks' kv_events and kv_events_replay ports "
+                          f"overlap (rank R uses each port + R): set them {size} or more "
+                          "apart")  # fmt: skip
+    return out
+
+
+def _rank_endpoint(endpoint: Any, rank: int, where: str) -> Any:
+    """Rank `rank`'s endpoint, as vLLM's publisher moves it (offset_endpoint_port)."""
+    if rank == 0:
+        return endpoint  # make_backend validates it
+    tcp = _ZMQ_TCP.fullmatch(endpoint) if isinstance(endpoint, str) else None
+    if tcp is None:
+        raise ConfigError(f"{where}: with data_parallel_size, give the engine's "
+                          "tcp://HOST:PORT (vLLM moves it by each rank; it refuses to move an "
+                          f"ipc endpoint past rank 0), got {endpoint!r}")  # fmt: skip
+    return f"tcp://{tcp[1]}:{int(tcp[2]) + rank}"
+
+
 def check_ranks(backends: Sequence[Backend]) -> None:
     """No two backends are one rank of one data-parallel engine (Backend.clashes_with)."""
     for i, a in enumerate(backends):
@@ -225,7 +271,7 @@ _PARSER_EXAMPLE = {"reasoning_parser": "deepseek_r1", "tool_parser": "hermes"}
 
 _BACKEND_KEYS = frozenset(
     {"id", "url", "model", "kind", "role", "api_key_env", "reasoning_parser", "tool_parser",
-     "kv_events", "kv_events_replay", "data_parallel_rank"}
+     "kv_events", "kv_events_replay", "data_parallel_rank", "data_parallel_size"}
 )  # fmt: skip
 
 
@@ -243,7 +289,7 @@ def parse(data: dict[str, Any]) -> Config:
         missing = {"id", "url", "model"} - set(raw)
         if missing:
             raise ConfigError(f"backends[{i}]: missing {sorted(missing)}")
-        backends.append(make_backend(**raw))
+        backends += [make_backend(**one) for one in data_parallel_ranks(raw)]
     ids = [b.id for b in backends]
     if len(ids) != len(set(ids)):
         raise ConfigError("backend ids must be unique")

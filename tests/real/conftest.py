@@ -86,12 +86,13 @@ def kv_events(name: str) -> tuple[str, str]:
 # it refuses to do for ipc, and binds only a wildcard or an address with "::" in it: an
 # IPv4-mapped loopback binds 127.0.0.1 alone. Control connects to tcp://127.0.0.1:PORT + R.
 DP_RANKS = 2
-DP_PUB, DP_REPLAY = free_ports(DP_RANKS), free_ports(DP_RANKS)
+DP_PUB = free_ports(2 * DP_RANKS)  # the ranks' event ports, then their replay ports
+DP_REPLAY = DP_PUB + DP_RANKS
 
 
-def dp_kv_events(rank: int) -> tuple[str, str]:
-    """Rank `rank` of d0's (events, replay) endpoints, as control connects to them."""
-    return f"tcp://127.0.0.1:{DP_PUB + rank}", f"tcp://127.0.0.1:{DP_REPLAY + rank}"
+def dp_kv_events() -> tuple[str, str]:
+    """d0's (events, replay) endpoints as control connects to rank 0's (rank R's: port + R)."""
+    return f"tcp://127.0.0.1:{DP_PUB}", f"tcp://127.0.0.1:{DP_REPLAY}"
 
 
 def dp_kv_events_args() -> tuple[str, ...]:

@@ -42,13 +42,12 @@ def config(path: Path, engines: list[Engine]) -> Path:
 
 
 def dp_config(path: Path, engine: Engine) -> Path:
-    """One backend per rank of the data-parallel `engine`, all on its one url."""
-    lines = list(HEAD)
-    for r in range(DP_RANKS):
-        pub, replay = dp_kv_events(r)
-        lines += ["[[backends]]", f'id = "{engine.name}-r{r}"', f'url = "{engine.url}"',
-                  f'model = "{engine.model}"', 'kind = "vllm"', f"data_parallel_rank = {r}",
-                  f'kv_events = "{pub}"', f'kv_events_replay = "{replay}"', ""]  # fmt: skip
+    """The data-parallel `engine` as its own flags say it (data_parallel_size): control makes
+    one backend per rank, `d0-rR`, on its one url, each with its rank's event ports."""
+    pub, replay = dp_kv_events()
+    lines = [*HEAD, "[[backends]]", f'id = "{engine.name}"', f'url = "{engine.url}"',
+             f'model = "{engine.model}"', 'kind = "vllm"', f"data_parallel_size = {DP_RANKS}",
+             f'kv_events = "{pub}"', f'kv_events_replay = "{replay}"', ""]  # fmt: skip
     path.write_text("\n".join(lines))
     return path
 

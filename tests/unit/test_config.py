@@ -132,6 +132,43 @@ def test_a_rank_that_is_not_one_engine_core_is_refused(
         parse({"backends": backends})
 
 
+def test_data_parallel_size_declares_every_rank_with_the_ports_vllm_gives_them() -> None:
+    # The engine's own settings, once: vllm serve --data-parallel-size 3 with events on
+    # tcp://*:5557 and replay on tcp://*:5567 (vLLM moves each rank's ports by its rank).
+    dp = {**BASE, "id": "node0", "data_parallel_size": 3, "kv_events": "tcp://10.0.0.7:5557",
+          "kv_events_replay": "tcp://10.0.0.7:5567"}  # fmt: skip
+    got = parse({"backends": [dp]}).backends
+    assert [(b.id, b.data_parallel_rank, b.kv_events, b.kv_events_replay) for b in got] == [
+        (f"node0-r{r}", r, f"tcp://10.0.0.7:{5557 + r}", f"tcp://10.0.0.7:{5567 + r}")
+        for r in range(3)
+    ]
+    assert {b.url for b in got} == {BASE["url"]}
+    assert parse({"backends": [dp]}).routing == "ttft"  # a fleet publishing KV events
+    plain = parse({"backends": [{**BASE, "data_parallel_size": 2}]}).backends
+    assert [(b.id, b.data_parallel_rank, b.kv_events) for b in plain] == [("a-r0", 0, ""),
+                                                                         ("a-r1", 1, "")]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"data_parallel_size": 0}, "data_parallel_size must be an integer in 1..4096"),
+        ({"data_parallel_size": "2"}, "data_parallel_size must be an integer"),
+        ({"data_parallel_size": 2, "data_parallel_rank": 1}, "give one or the other"),
+        # vLLM refuses to move an ipc endpoint past rank 0: the engine would not start.
+        ({"data_parallel_size": 2, "kv_events": "ipc:///run/kv"}, "tcp://HOST:PORT .* ipc"),
+        # Rank 1's events would be rank 0's replay socket.
+        ({"data_parallel_size": 2, "kv_events": "tcp://h:5557",
+          "kv_events_replay": "tcp://h:5558"}, "ports overlap .* 2 or more apart"),
+    ],
+)
+def test_a_data_parallel_size_that_cannot_be_the_engines_is_refused(
+    extra: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse({"backends": [{**BASE, **extra}]})
+
+
 def test_a_rank_is_vllms() -> None:
     with pytest.raises(ConfigError, match="data_parallel_rank is vLLM's"):
         parse({"backends": [{**BASE, "kind": "sglang", "data_parallel_rank": 0}]})
