@@ -17,6 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from scripts.engines.replicas import free_ports
 from tests.integration.harness import (
     MODEL,
     Fleet,
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.timeout(120)
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 12}
 RANKS = 2
 # vLLM binds an endpoint with "::" in it; an IPv4-mapped loopback binds 127.0.0.1 alone.
-BIND = "tcp://[::ffff:127.0.0.1]:0"
+BIND = "tcp://[::ffff:127.0.0.1]"
 
 
 def rank_of(backend_id: str) -> int:
@@ -41,19 +42,21 @@ def rank_of(backend_id: str) -> int:
 
 @contextmanager
 def dp_fleet(tmp_path: Path, *sim_args: str, control_extra: str = "") -> Iterator[Fleet]:
+    """The engine as its own flags say it, once (`data_parallel_size`): control declares the
+    backends dp-r0 and dp-r1, each with its rank's event ports (port + R, as vLLM moves
+    them)."""
+    pub = free_ports(2 * RANKS)  # the ranks' event ports, then their replay ports
+    replay = pub + RANKS
     sim = start_sim("--data-parallel-size", str(RANKS), "--kv-block-size", "8",
-                    "--kv-events-endpoint", BIND, "--kv-events-replay-endpoint", BIND,
-                    *sim_args)  # fmt: skip
+                    "--kv-events-endpoint", f"{BIND}:{pub}",
+                    "--kv-events-replay-endpoint", f"{BIND}:{replay}", *sim_args)  # fmt: skip
     parts = [sim]
     try:
         lines = ['routing = "ttft"', control_extra, "[probes]", "interval = 0.2",
-                 "timeout = 0.5", ""]  # fmt: skip
-        for r in range(RANKS):
-            tail = "" if r == 0 else f"_DP{r}"
-            lines += ["[[backends]]", f'id = "dp-r{r}"', f'url = "{sim.ready}"',
-                      f'model = "{MODEL}"', f"data_parallel_rank = {r}",
-                      f'kv_events = "{sim.announced["KV_EVENTS" + tail]}"',
-                      f'kv_events_replay = "{sim.announced["KV_REPLAY" + tail]}"', ""]  # fmt: skip
+                 "timeout = 0.5", "", "[[backends]]", 'id = "dp"', f'url = "{sim.ready}"',
+                 f'model = "{MODEL}"', f"data_parallel_size = {RANKS}",
+                 f'kv_events = "tcp://127.0.0.1:{pub}"',
+                 f'kv_events_replay = "tcp://127.0.0.1:{replay}"', ""]  # fmt: skip
         (tmp_path / "control.toml").write_text("\n".join(lines))
         control = start_control(tmp_path / "control.toml")
         parts.append(control)

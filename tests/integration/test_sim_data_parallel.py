@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.procs import Part
+from scripts.engines.replicas import free_ports
 from sim.__main__ import add_arguments, config_from_args
 from sim.server import STATE, start_server
 from tests.integration.harness import FAST_SIM, http, wait_until
@@ -108,20 +108,6 @@ def running(sim: Part) -> dict[str, float]:
     return per_engine(sim, "vllm:num_requests_running")
 
 
-def free_port_pair() -> int:
-    """A port P with P + 1 free too (rank 1 binds P + 1)."""
-    for _ in range(50):
-        with closing(socket.socket()) as a, closing(socket.socket()) as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return int(port)
-    raise AssertionError("no free port pair")
-
-
 @pytest.fixture
 def ctx() -> Iterator[Ctx]:
     c: Ctx = zmq.Context()
@@ -170,7 +156,8 @@ def test_one_rank_reports_only_rank_0() -> None:
 
 
 def test_fixed_ports_move_up_by_the_rank(ctx: Ctx) -> None:
-    pub, replay = free_port_pair(), free_port_pair()
+    pub = free_ports(4)  # two ranks' event ports, then their replay ports
+    replay = pub + 2
     p = kv_sim("--data-parallel-size", "2", "--kv-events-endpoint", f"{BIND}:{pub}",
                "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{replay}")  # fmt: skip
     try:
