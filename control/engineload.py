@@ -10,10 +10,11 @@ vLLM: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_u
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from baton.model import BackendId, BackendKind
 
@@ -44,19 +45,15 @@ def parse_load(
     """The reading in a /metrics page (summed over label sets: one engine may export per
     model or per engine index); None when the page lacks the running/waiting gauges. With
     `rank`, only that data-parallel rank's series (vLLM labels each engine core's `engine`)."""
-    engine = None if rank is None else str(rank)
     names = GAUGES.get(kind)
-    if names is None:
+    samples = _samples(text, names) if names is not None else None
+    if names is None or samples is None:
         return None
-    wanted = set(names)
+    engine = None if rank is None else str(rank)
     totals: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(_only(text, names)):
-            for sample in family.samples:
-                if sample.name in wanted and engine in (None, sample.labels.get("engine")):
-                    totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
-    except ValueError:
-        return None  # not a Prometheus text page
+    for sample in samples:
+        if engine in (None, sample.labels.get("engine")):
+            totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
     running, waiting, kv = names
     if running not in totals or waiting not in totals:
         return None
@@ -67,18 +64,19 @@ def engine_ranks(text: str, kind: BackendKind) -> frozenset[int]:
     """The data-parallel ranks a /metrics page has load series for (vLLM labels each engine
     core's `engine`); empty when it says nothing of ranks."""
     names = GAUGES.get(kind)
-    if names is None:
-        return frozenset()
-    ranks: set[int] = set()
+    samples = _samples(text, names[:1]) if names is not None else None
+    return frozenset(int(e) for s in samples or ()
+                     if (e := s.labels.get("engine", "")).isdigit())  # fmt: skip
+
+
+def _samples(text: str, names: Sequence[str]) -> list[Sample] | None:
+    """The samples of `names` in a /metrics page; None when it is not a Prometheus text page."""
+    wanted = set(names)
     try:
-        for family in text_string_to_metric_families(_only(text, names[:1])):
-            for sample in family.samples:
-                engine = sample.labels.get("engine", "")
-                if sample.name == names[0] and engine.isdigit():
-                    ranks.add(int(engine))
+        return [sample for family in text_string_to_metric_families(_only(text, names))
+                for sample in family.samples if sample.name in wanted]  # fmt: skip
     except ValueError:
-        return frozenset()
-    return frozenset(ranks)
+        return None
 
 
 def _only(text: str, names: Iterable[str]) -> str:

@@ -6,10 +6,27 @@ from __future__ import annotations
 import os
 
 import aiohttp
+import orjson
 
 from baton.model import Backend
 from control.exceptions import FactsError
 from control.facts import FACTS_PATH, Facts, facts_from_server_info
+
+
+async def _get(
+    session: aiohttp.ClientSession, backend: Backend, path: str, timeout: float
+) -> tuple[int, str]:
+    """One GET of the engine with its own headers: (status, body text). Raises what aiohttp
+    and the timeout raise (callers say what a silent engine means to them)."""
+    async with session.get(
+        backend.url + path,
+        headers=backend.call_headers(os.environ),
+        timeout=aiohttp.ClientTimeout(total=timeout),
+    ) as resp:
+        return resp.status, await resp.text()
+
+
+_UNANSWERED = (aiohttp.ClientError, TimeoutError, UnicodeDecodeError)
 
 
 async def fetch_max_model_len(
@@ -18,13 +35,9 @@ async def fetch_max_model_len(
     """The engine's context length for the backend's model from its `GET /v1/models` (vLLM
     and SGLang say `max_model_len`); None when it does not say."""
     try:
-        async with session.get(
-            backend.url + "/v1/models",
-            headers=backend.call_headers(os.environ),
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as resp:
-            body = await resp.json(content_type=None) if resp.status == 200 else None
-    except (aiohttp.ClientError, TimeoutError, ValueError):
+        status, text = await _get(session, backend, "/v1/models", timeout)
+        body = orjson.loads(text) if status == 200 else None
+    except (*_UNANSWERED, orjson.JSONDecodeError):
         return None
     data = body.get("data") if isinstance(body, dict) else None
     models = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
@@ -39,16 +52,15 @@ async def fetch_facts(
 ) -> Facts:
     """Raises FactsError naming the backend when it can't say (no endpoint, down, junk)."""
     try:
-        async with session.get(
-            backend.url + FACTS_PATH,
-            headers=backend.call_headers(os.environ),
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as resp:
-            if resp.status != 200:
-                raise FactsError(f"facts: {backend.id} answered {FACTS_PATH} with {resp.status}")
-            body = await resp.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        status, text = await _get(session, backend, FACTS_PATH, timeout)
+    except _UNANSWERED as exc:
         raise FactsError(f"facts: {backend.id} unreachable ({type(exc).__name__})") from exc
+    if status != 200:
+        raise FactsError(f"facts: {backend.id} answered {FACTS_PATH} with {status}")
+    try:
+        body = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        body = None
     if not isinstance(body, dict):
         raise FactsError(f"facts: {backend.id} sent no JSON object")
     try:
@@ -62,13 +74,7 @@ async def fetch_metrics_page(
 ) -> str | None:
     """The engine's /metrics page; None when it does not answer with one."""
     try:
-        async with session.get(
-            backend.url + "/metrics",
-            headers=backend.call_headers(os.environ),
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as resp:
-            if resp.status != 200:
-                return None
-            return await resp.text()
-    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+        status, text = await _get(session, backend, "/metrics", timeout)
+    except _UNANSWERED:
         return None
+    return text if status == 200 else None
