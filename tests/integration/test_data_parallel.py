@@ -27,10 +27,9 @@ from tests.integration.harness import (
     start_sim,
     wait_until,
 )
-from tests.integration.test_kv_routing import chat, route_of
+from tests.integration.test_kv_routing import SYSTEM, chat, route_of
 
 pytestmark = pytest.mark.timeout(120)
-SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 12}
 RANKS = 2
 # vLLM binds an endpoint with "::" in it; an IPv4-mapped loopback binds 127.0.0.1 alone.
 BIND = "tcp://[::ffff:127.0.0.1]"

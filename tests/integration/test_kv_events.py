@@ -9,12 +9,10 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import pytest
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
@@ -138,13 +136,6 @@ def blocks(first: int, n: int, parent: int | None) -> BlockStored:
     tokens = [t for h in range(first, first + n) for t in [h] * BS]
     return BlockStored(list(range(first, first + n)), parent, tokens, BS, None, "GPU", None,
                        extra_keys=[None] * n, group_idx=0)  # fmt: skip
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def start(tmp_path: Path, pub: Publisher, replay: bool = True) -> Part:

@@ -19,7 +19,6 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
-import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.procs import Part
@@ -106,13 +105,6 @@ def held(sim: Part, rank: str | None = None) -> Iterator[None]:
 
 def running(sim: Part) -> dict[str, float]:
     return per_engine(sim, "vllm:num_requests_running")
-
-
-@pytest.fixture
-def ctx() -> Iterator[Ctx]:
-    c: Ctx = zmq.Context()
-    yield c
-    c.destroy(linger=0)
 
 
 @pytest.fixture(scope="module")

@@ -172,13 +172,6 @@ def stores(events: list[Any], first_token: int) -> list[BlockStored]:
     return [e for e in events if isinstance(e, BlockStored) and e.token_ids[0] == first_token]
 
 
-@pytest.fixture
-def ctx() -> Iterator[Ctx]:
-    c: Ctx = zmq.Context()
-    yield c
-    c.destroy(linger=0)  # closes what a failed test left open
-
-
 @pytest.fixture(scope="module")
 def sim() -> Iterator[Part]:
     p = bound_sim()
