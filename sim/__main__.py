@@ -80,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--reasoning", action="store_true",
                    help="<think>/</think> tokens, a template opening <think>, and chat "
                         "responses split like vLLM's --reasoning-parser deepseek_r1")
+    m.add_argument("--think-special", action="store_true",
+                   help="with --reasoning: the think tags are special tokens (streams skip "
+                        "their text, the parser still goes by their ids; /detokenize spells them)")
     m.add_argument("--think-tokens", type=int, default=32, metavar="N",
                    help="with --reasoning: </think> comes at or after N tokens of thinking")
     m.add_argument("--tool-calls", action="store_true",
@@ -182,6 +185,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         api_key=args.api_key,
         byte_level=args.byte_level,
         reasoning=args.reasoning,
+        think_special=args.think_special,
         tool_calls=args.tool_calls,
         responses_store=args.responses_store,
         responses_delete=args.responses_delete,
@@ -226,6 +230,8 @@ def _check_ranges(args: argparse.Namespace) -> None:
         raise SystemExit("--responses-store must be >= 0 and --embedding-dim >= 1")
     if args.loop_after_len < 0 or args.loop_period < 0:
         raise SystemExit("--loop-after-len and --loop-period must be >= 0")
+    if args.think_special and not args.reasoning:
+        raise SystemExit("--think-special needs --reasoning")
     if not 0 <= args.think_tokens <= MAX_THINK_TOKENS:
         raise SystemExit(f"--think-tokens must be in [0, {MAX_THINK_TOKENS}]")
     if not 0 <= args.tool_call_after <= MAX_TOOL_CALL_AFTER:

@@ -156,6 +156,8 @@ class Sequence:
 
     def _next_id(self) -> int:
         p = self._params
+        if p.allowed_token_ids:
+            return self._allowed_id(p.allowed_token_ids)
         allow_eos = not p.ignore_eos and len(self.token_ids) >= p.min_tokens
         if self._tool is not None:
             forced = self._tool.next(self._h, len(self.token_ids), allow_eos=allow_eos)
@@ -169,6 +171,12 @@ class Sequence:
             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, allow_eos=allow_eos,
             loop=loop,
         )
+
+    def _allowed_id(self, allowed: Seq[int]) -> int:
+        """vLLM's allowed_token_ids masks every other logit: the toy model's best-ranked
+        allowed candidate, else the lowest allowed id (the toy model ranks only a few)."""
+        ranked = self._model.candidates(self._h, self._last, 8, allow_eos=EOS in allowed).ids
+        return next((t for t in ranked if t in allowed), min(allowed))
 
     def step(self) -> TokenEvent:
         if self.finish_reason is not None:
@@ -193,7 +201,7 @@ class Sequence:
         """
         if (
             self._rng is not None or self._stops or self._params.min_tokens or self._model.loops
-            or self._tool is not None
+            or self._tool is not None or self._params.allowed_token_ids
         ):
             while self.finish_reason is None:
                 self.step()

@@ -70,6 +70,8 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0  # EOS and stop strings are suppressed before this many outputs
     include_stop_str_in_output: bool = False
+    # vLLM's allowed_token_ids: every other token (EOS included) is masked out.
+    allowed_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +127,7 @@ def parse_chat(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRe
         max_tokens = _opt(body, "max_tokens", int, None)
     role = "assistant" if add_gen else messages[-1].role
     req = _finish(body, "chat", prompt_ids, max_tokens, limits, role=role)
+    _check_allowed(req, tok)
     include_reasoning = _opt(body, "include_reasoning", bool, True)
     if not include_reasoning:
         req = replace(req, include_reasoning=False)
@@ -186,6 +189,7 @@ def parse_completion(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) ->
     prompt_ids = prompt_to_ids(body.get("prompt"), tok, add_special)
     max_tokens = _opt(body, "max_tokens", int, None)
     req = _finish(body, "completion", prompt_ids, max_tokens, limits)
+    _check_allowed(req, tok)
     k = _opt(body, "prompt_logprobs", int, None)
     if k is None:
         return req
@@ -252,6 +256,7 @@ def _finish(
         ignore_eos=_opt(body, "ignore_eos", bool, False),
         min_tokens=_opt(body, "min_tokens", int, 0),
         include_stop_str_in_output=_opt(body, "include_stop_str_in_output", bool, False),
+        allowed_token_ids=_allowed(body.get("allowed_token_ids")),
     )
     if params.temperature < 0:
         raise bad_request("'temperature' must be >= 0", "temperature")
@@ -275,6 +280,21 @@ def _finish(
         role=role,
         stream_interval=max(interval or 1, limits.stream_interval),
     )
+
+
+def _allowed(value: object) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(type(t) is int and t >= 0 for t in value):
+        raise bad_request(
+            "'allowed_token_ids' must be a non-empty list of token ids", "allowed_token_ids"
+        )
+    return tuple(value)
+
+
+def _check_allowed(req: GenRequest, tok: Tokenizer) -> None:
+    if not tok.valid_ids(req.params.allowed_token_ids):
+        raise bad_request("allowed_token_ids contains out-of-vocab token id", "allowed_token_ids")
 
 
 def _max_tokens(requested: int | None, prompt_len: int, limits: Limits) -> int:

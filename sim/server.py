@@ -60,6 +60,9 @@ class SimConfig:
     # <think>/</think> tokens, a template opening "<think>", and chat responses
     # parsed like vLLM's --reasoning-parser deepseek_r1 (see sim.reasoning).
     reasoning: bool = False
+    # With reasoning: the think tags are special tokens, so every stream (skip_special_tokens,
+    # vLLM's default) drops their text, while the parser still goes by their ids.
+    think_special: bool = False
     # <tool_call>/</tool_call> tokens; a chat request offering tools (tool_choice
     # auto) makes a tool call, parsed like vLLM's --enable-auto-tool-choice
     # --tool-call-parser hermes (see sim.tools). Other requests are unchanged.
@@ -89,7 +92,7 @@ class SimState:
         self.cfg = cfg
         self.tokenizer = build_tokenizer(
             cfg.tokenizer_variant, byte_level=cfg.byte_level, reasoning=cfg.reasoning,
-            tool_calls=cfg.tool_calls,
+            tool_calls=cfg.tool_calls, think_special=cfg.think_special,
         )
         self.vocab_hash = self.tokenizer.vocab_hash()
         self.model = ToyModel(cfg.model, self.tokenizer)

@@ -20,7 +20,10 @@ it is a different vocabulary (and ``vocab_hash``).
 ``reasoning=True`` adds two *added* tokens after the merges, ``<think>`` and
 ``</think>`` (DeepSeek-R1 style): encode() maps their strings to them like the
 specials, but they are not special, so ``skip_special_tokens`` keeps their
-text in decoded output.
+text in decoded output. With ``think_special=True`` they are special tokens
+instead (as some reasoning models' tokenizers mark them): the same ids, but
+``skip_special_tokens`` decoding (every stream's) drops their text, while a
+plain decode (/detokenize) still spells them.
 
 ``tool_calls=True`` adds ``<tool_call>`` and ``</tool_call>`` the same way
 (Hermes / Qwen style), after the think tokens when both are on. A vocabulary
@@ -220,12 +223,8 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
         """Ids -> text; partial UTF-8 becomes U+FFFD."""
-        pieces = self.pieces
-        if skip_special_tokens:
-            raw = b"".join(pieces[i] for i in ids if not BOS <= i < FIRST_MERGE_ID)
-        else:
-            raw = b"".join(pieces[i] for i in ids)
-        return raw.decode("utf-8", errors="replace")
+        pieces = self.visible if skip_special_tokens else self.pieces
+        return b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")
 
     def visible_bytes(self, ids: Iterable[int]) -> bytes:
         """The bytes ``decode(ids, skip_special_tokens=True)`` decodes."""
@@ -263,7 +262,7 @@ class Tokenizer:
 
 def build_tokenizer(
     variant: int = 0, *, byte_level: bool = False, reasoning: bool = False,
-    tool_calls: bool = False,
+    tool_calls: bool = False, think_special: bool = False,
 ) -> Tokenizer:
     merges, pieces = _build_merges(variant, byte_level)
     merge_end = len(pieces)
@@ -283,7 +282,10 @@ def build_tokenizer(
         t: i for t, i in added.items() if t not in SPECIAL_TOKENS
     }
     texts = tuple(p.decode("utf-8", errors="replace") for p in pieces)
-    visible = tuple(b"" if BOS <= i < FIRST_MERGE_ID else p for i, p in enumerate(pieces))
+    special = set(range(BOS, FIRST_MERGE_ID))
+    if think_special and think_start is not None and think_end is not None:
+        special |= {think_start, think_end}
+    visible = tuple(b"" if i in special else p for i, p in enumerate(pieces))
     whole = tuple(_whole_text(p) for p in visible)
     return Tokenizer(
         merges=merges, pieces=tuple(pieces), texts=texts, _cache={}, visible=visible,

@@ -19,6 +19,7 @@ from dataplane.failover import Failure
 from dataplane.resume import detok
 from dataplane.resume.plan import ResumePlan, plan_resume, tokens_allowed
 from dataplane.resume.progress import ChoiceProgress
+from dataplane.resume.reasoning import segments
 from dataplane.resume.resumed import ChoiceResume, Downstream, ResumedStream
 from dataplane.resume.seam import HeldText, SeamCheck
 from dataplane.resume.sidecheck import SideCheck
@@ -233,7 +234,16 @@ class Resumer:
         return await detok.settled(functools.partial(self._decode, backend), ids)
 
     async def _decode(self, backend: Backend, ids: list[int]) -> str:
-        """The new engine's own text for `ids`."""
+        """The new engine's text for `ids` as a stream shows it: /detokenize spells every
+        token, so think tags whose text the stream skips (special) are cut out first."""
+        markers = self._stitcher.markers
+        skipped = markers.skipped if markers is not None else frozenset()
+        if not skipped.intersection(ids):
+            return await self._detokenize(backend, ids)
+        parts = [await self._detokenize(backend, part) for part in segments(ids, skipped)]
+        return "".join(parts)
+
+    async def _detokenize(self, backend: Backend, ids: list[int]) -> str:
         return await detokenize(
             self._session, backend, self._client.model, ids, self._timeouts.connect
         )

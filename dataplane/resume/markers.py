@@ -1,11 +1,21 @@
 """Each model's think tags as token ids, asked of an engine once per shim and kept: a
-resume follows the reasoning/content split by these ids (dataplane/reasoning.py)."""
+resume follows the reasoning/content split by these ids (reasoning.py).
+
+Two questions per tag, each answered by the engine itself:
+- its id: /tokenize of the tag's text, which must be one token;
+- what a stream shows for it: a one-token /v1/completions whose only allowed token is the
+  tag (vLLM's allowed_token_ids), decoded as streams are by default (skip_special_tokens):
+  the tag's text when it is an ordinary added token (DeepSeek-R1, Qwen3), "" when the
+  tokenizer marks it special. That answer also proves the id is the tag's.
+Any other answer, or an engine that refuses the question, leaves the model unfollowed, and
+a reasoning stream on it is refused a resume, explicitly."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+from typing import Any
 
 import aiohttp
 import orjson
@@ -46,23 +56,52 @@ class MarkerCache:
         return markers
 
     async def _ask(self, backend: Backend, tags: tuple[str, str]) -> Markers | None:
-        start, end = [await self._one_id(backend, tag) for tag in tags]
-        if start is None or end is None:
+        ids = [await self._one_id(backend, tag) for tag in tags]
+        if None in ids:
             log.warning("%s: %s's tags %s are not single tokens there; its reasoning will not "
                         "be resumed", backend.id, backend.reasoning_parser, tags)  # fmt: skip
             return None
-        return Markers(start, end, tags[1])
+        start, end = (int(t) for t in ids)  # type: ignore[arg-type]
+        shown = [await self._shown(backend, tag_id, start) for tag_id in (start, end)]
+        special = {text == "" for text in shown}  # both tags of one kind, or neither is kept
+        if any(text not in ("", tag) for text, tag in zip(shown, tags, strict=True)) or len(
+            special
+        ) > 1:
+            log.warning("%s: generating %s's tags %s shows %s; its reasoning will not be "
+                        "resumed", backend.id, backend.reasoning_parser, tags, shown)  # fmt: skip
+            return None
+        return Markers(start, end, tags[0], tags[1], special=special.pop())
 
-    async def _one_id(self, backend: Backend, text: str) -> int | None:
-        body = {"model": backend.model, "prompt": text, "add_special_tokens": False}
-        async with self._session.post(
-            backend.url + "/tokenize",
+    def _post(self, backend: Backend, path: str, body: dict[str, object]) -> Any:
+        return self._session.post(
+            backend.url + path,
             data=orjson.dumps(body),
             headers={"Content-Type": "application/json", **backend.call_headers(os.environ)},
             timeout=aiohttp.ClientTimeout(total=LOOKUP_TIMEOUT_S),
-        ) as resp:
+        )
+
+    async def _one_id(self, backend: Backend, text: str) -> int | None:
+        body = {"model": backend.model, "prompt": text, "add_special_tokens": False}
+        async with self._post(backend, "/tokenize", body) as resp:
             if resp.status != 200:
                 raise ValueError(f"/tokenize answered {resp.status}")
             tokens = orjson.loads(await resp.read()).get("tokens")
         ok = isinstance(tokens, list) and len(tokens) == 1 and type(tokens[0]) is int
         return tokens[0] if ok else None
+
+    async def _shown(self, backend: Backend, tag_id: int, prompt_id: int) -> str | None:
+        """The text a default-decoded stream shows when the engine generates `tag_id`; None
+        when it did not generate that token."""
+        body = {
+            "model": backend.model, "prompt": [prompt_id], "max_tokens": 1, "temperature": 0,
+            "allowed_token_ids": [tag_id], "return_token_ids": True,
+        }  # fmt: skip
+        async with self._post(backend, "/v1/completions", body) as resp:
+            if resp.status != 200:
+                raise ValueError(f"/v1/completions with allowed_token_ids answered {resp.status}")
+            answer = orjson.loads(await resp.read())
+        choice = (answer.get("choices") or [{}])[0]
+        text, ids = choice.get("text"), choice.get("token_ids")
+        if not isinstance(text, str) or (ids is not None and ids != [tag_id]):
+            return None
+        return text

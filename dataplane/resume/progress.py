@@ -49,12 +49,14 @@ class ChoiceProgress:
     stop_reason: str | int | None = None
     tool_call: bool = False
     # Reasoning (dataplane/reasoning.py): the delta field it came in ("" = none seen yet),
-    # whether it is still open, and whether its end tag's token was generated while its
-    # text has not come yet. `pieces` hold the engine's raw text, tag included, as a
-    # resume's /v1/completions would decode it; the reply (content) starts at reply_start.
+    # whether it is still open, and whether its end tag's token was generated while the
+    # text around it has not come yet. `pieces` hold the engine's raw text, the tag's as
+    # the stream shows it ("" for a skipped special tag), as a resume's /v1/completions
+    # would decode it; the reply (content) starts at reply_start.
     reasoning_field: str = ""
     reasoning: bool = False
     end_pending: bool = False
+    end_at: int = 0  # with end_pending: the end tag's index among token_ids
     reply_start: int = 0
     # Structure in the stream that no resume can keep (a parser Baton cannot follow): why.
     unfollowed: str = ""

@@ -5,9 +5,16 @@ the way vLLM's think-tag parsers (deepseek_r1) do it:
 
 - whether reasoning is open when generation starts: the prompt's last think tag is the
   start tag, or there is none (vLLM `is_reasoning_end` on the prompt ids, negated);
-- reasoning goes on until the end tag's token is generated; that token's text is dropped,
-  the text before it in the same delta is reasoning and the text after it is content;
+- reasoning goes on until the end tag's token is generated; the text of the tokens before
+  it is reasoning, the text of the tokens after it is content, the tag's own text is
+  dropped;
 - after it everything is content.
+
+The switch is decided by the end tag's id alone, never by its text: a tokenizer may mark
+the tags special, and then a stream decoded with skip_special_tokens (vLLM's default)
+never shows their text at all (`Markers.special`). Baton holds every id, so it knows where
+the tag is; where the text of one chunk must be cut around a tag whose text is not there,
+the caller finds the cut from the ids (resumed.py).
 
 Only parsers listed in THINK_TAGS are followed; a stream from any other parser that shows
 reasoning is refused a resume, explicitly, rather than re-labelled."""
@@ -16,8 +23,9 @@ reasoning is refused a resume, explicitly, rather than re-labelled."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 # vLLM --reasoning-parser names whose rules are the ones above, with their tags.
 THINK_TAGS: dict[str, tuple[str, str]] = {"deepseek_r1": ("<think>", "</think>")}
@@ -27,11 +35,30 @@ REASONING_FIELDS = ("reasoning", "reasoning_content")
 
 @dataclass(frozen=True, slots=True)
 class Markers:
-    """One model's think tags as token ids (learned from its engine's /tokenize)."""
+    """One model's think tags as token ids (learned from its engine, markers.py), and the
+    text each shows in a stream: the tag's own, or "" where a special tag is skipped."""
 
     start_id: int
     end_id: int
+    start_text: str
     end_text: str
+    # The engine's tokenizer marks the tags special: skip_special_tokens drops their text.
+    special: bool = False
+
+    def shown(self, body: Mapping[str, Any]) -> Markers:
+        """These tags as a stream for request `body` decodes them: a special tag's text is
+        "" unless the request turns skip_special_tokens off."""
+        if self.special and body.get("skip_special_tokens", True) is not False:
+            return replace(self, start_text="", end_text="")
+        return self
+
+    @property
+    def skipped(self) -> frozenset[int]:
+        """The tags whose text a stream does not show (after shown())."""
+        return frozenset(
+            t for t, text in ((self.start_id, self.start_text), (self.end_id, self.end_text))
+            if not text
+        )  # fmt: skip
 
 
 def open_after(prompt_ids: Sequence[int], m: Markers) -> bool:
@@ -45,9 +72,37 @@ def open_after(prompt_ids: Sequence[int], m: Markers) -> bool:
 
 
 def split(raw: str, m: Markers) -> tuple[str, str] | None:
-    """(reasoning, content) of text in which the end tag's token was generated; None while
-    the tag's text has not come yet (held back with bytes before it)."""
+    """(reasoning, content) of text in which the end tag's token was generated, cut where
+    the tag's text is; None while the tag's text has not come yet (held back with bytes
+    before it). Only for a tag that shows its text (m.end_text)."""
     at = raw.find(m.end_text)
     if at < 0:
         return None
     return raw[:at], raw[at + len(m.end_text) :]
+
+
+def unmangle(thought: str, content: str) -> str | None:
+    """The text of one chunk that vLLM's parser split around an end tag whose text the
+    stream skipped, or None when it cannot be told. vLLM cuts at delta_text.find(tag), which
+    is -1 there, so it sends reasoning = text[:-1] and content = text[len(tag) - 1:] (for
+    "</think>": text[7:]): the last character doubles as content's, and content is empty
+    when the text is shorter than the tag."""
+    skip = len(THINK_TAGS["deepseek_r1"][1]) - 1
+    if len(thought) >= skip and content:
+        return thought + content[-1]
+    if not thought and not content:
+        return ""
+    return None
+
+
+def segments(ids: Sequence[int], skipped: frozenset[int]) -> list[list[int]]:
+    """`ids` cut at every token in `skipped` (dropped): decoding each part apart and joining
+    them gives what a stream shows, where a plain decode (an engine's /detokenize) would
+    spell the skipped tags."""
+    out: list[list[int]] = [[]]
+    for t in ids:
+        if t in skipped:
+            out.append([])
+        else:
+            out[-1].append(t)
+    return [part for part in out if part]

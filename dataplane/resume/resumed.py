@@ -136,7 +136,13 @@ class ResumedStream:
             engine_finish = finish
             if stops is not None:
                 text, finish, stop_reason = _apply_stops(stops, text, finish, stop_reason)
-            out = stitcher.resumed_chunk(p, text, ids, finish, stop_reason, settled=settled)
+            cut = None
+            end_at = stitcher.needs_cut(p, ids, text)
+            if end_at is not None:
+                cut = await self._thinking_cut(backend, p, ids, end_at, text)
+            out = stitcher.resumed_chunk(
+                p, text, ids, finish, stop_reason, settled=settled, cut=cut
+            )
             if out:
                 await self._send(out, result, detected)
             if finish:
@@ -157,6 +163,29 @@ class ResumedStream:
             return "", False
         resolved = await self._resolve(backend, held, finish, ch.get("stop_reason"))
         return (resolved, True) if resolved is not None else ("", False)
+
+    async def _thinking_cut(
+        self, backend: Backend, p: ChoiceProgress, ids: list[int], end_at: int, text: str
+    ) -> int:
+        """How much of a resumed chunk's `text` comes before the end tag at generated index
+        `end_at`, whose text the stream skips (Stitcher.needs_cut): the text of the ids before
+        the tag, decoded from the last character boundary before it, less what the client
+        has of it. Raises StreamFailed (REFUSED) when the ids' text does not lead up to the
+        chunk's: the split could not be kept faithfully."""
+        generated = p.token_ids + ids
+        at, text_at = 0, 0
+        if p.settles:
+            at, text_at = next(((a, t) for a, t in reversed(p.settled) if a <= end_at), (0, 0))
+        before = await self._decode(backend, generated[at:end_at])
+        sent = p.text[text_at:]
+        part = before[len(sent) :] if before.startswith(sent) else None
+        if part is None or not text.startswith(part):
+            raise StreamFailed(
+                Failure.REFUSED,
+                "the end of thinking could not be placed in the resumed text: "
+                f"its ids decode to {before[-16:]!r} where the stream has {(sent + text)[-16:]!r}",
+            )
+        return len(part)
 
     async def _send(self, out: bytes, result: ChoiceResume, detected: float) -> None:
         if result.gap_ms == 0.0:

@@ -50,6 +50,7 @@ def expected_choices(client: ClientRequest) -> int:
 class Stitcher:
     def __init__(self, client: ClientRequest, *, strip_ids: bool) -> None:
         self.chat = client.endpoint is Endpoint.CHAT
+        self._body = client.body
         self.strip_ids = strip_ids
         options = client.body.get("stream_options") or {}
         self.want_usage = bool(options.get("include_usage"))
@@ -80,8 +81,10 @@ class Stitcher:
 
     def follow_reasoning(self, parser: str, markers: Markers | None) -> None:
         """The first backend runs reasoning parser `parser` ("" = none); `markers`: its
-        think tags, None when Baton cannot follow that parser."""
-        self._parser, self.markers = parser, markers if self.chat else None
+        think tags, None when Baton cannot follow that parser. Kept as this request's
+        streams show them (a special tag's text is skipped unless the client said not to)."""
+        self._parser = parser
+        self.markers = markers.shown(self._body) if self.chat and markers is not None else None
 
     def unfinished(self) -> list[ChoiceProgress]:
         return [p for p in self.choices.values() if not p.finished]
@@ -144,7 +147,8 @@ class Stitcher:
 
     def _raw(self, p: ChoiceProgress, delta: dict[str, Any], ids: Sequence[int]) -> str:
         """A parsed delta's text as the engine generated it (reasoning, the end tag's text
-        if its token is here, content), keeping track of where reasoning ends."""
+        as the stream shows it if its token is here, content), keeping track of where
+        reasoning ends: by the tags' ids, whatever their text."""
         content = delta.get("content") or ""
         thought = ""
         for key in REASONING_FIELDS:
@@ -159,29 +163,78 @@ class Stitcher:
                 else "the backend streams reasoning but names no reasoning_parser"
             )
         m = self.markers
-        if m is not None and p.reasoning and m.end_id in ids:
+        if m is None:
+            return thought + content
+        if len(ids) == 1 and ids[0] == m.start_id:
+            return m.start_text  # the tag alone: the parser sends no text for it
+        if p.reasoning and m.end_id in ids:
             p.reasoning = False
-            p.reply_start = p.text_len + len(thought) + len(m.end_text)
-            return thought + m.end_text + content
+            if m.end_text or len(ids) == 1:
+                p.reply_start = p.text_len + len(thought) + len(m.end_text)
+                return thought + m.end_text + content
+            # Merged with other tokens, its text skipped: vLLM's parser cut the chunk where
+            # it did not find the tag. The client has what it sent; the raw text is rebuilt.
+            raw = reasoning.unmangle(thought, content)
+            if raw is None:
+                p.unfollowed = (
+                    "the engine's reasoning parser dropped text where thinking ended "
+                    "(a special think tag merged into a chunk)"
+                )
+                raw = thought + content
+            p.reply_start = p.text_len + len(raw) - len(content)
+            return raw
         if content and p.reasoning:
             # Content while reasoning looked open: the engine's parser knows better.
             p.reasoning = False
             p.reply_start = p.text_len + len(thought)
         return thought + content
 
-    def _delta(self, p: ChoiceProgress, raw: str, ids: Sequence[int]) -> dict[str, Any]:
+    def needs_cut(self, p: ChoiceProgress, ids: Sequence[int], raw: str) -> int | None:
+        """For a resumed chunk about to be shaped (not yet in `p`): when its text must be
+        cut where the end tag's token stands and the tag's text (skipped) cannot show
+        where, the tag's index among the choice's generated ids, for the caller to find the
+        cut from the ids (the text of those before it); else None."""
+        m = self.markers
+        if m is None or not p.reasoning or m.end_text or not raw:
+            return None
+        if p.end_pending:
+            return p.end_at
+        if m.end_id in ids:
+            return len(p.token_ids) + list(ids).index(m.end_id)
+        return None
+
+    def _delta(
+        self, p: ChoiceProgress, raw: str, ids: Sequence[int], cut: int | None
+    ) -> dict[str, Any]:
         """A resumed chunk's raw text as the first backend's parser would have sent it.
-        Called after p.add(raw, ids)."""
+        Called after p.add(raw, ids). `cut`: how much of `raw` comes before the end tag,
+        when its text is skipped (needs_cut)."""
         m = self.markers
         if m is None or not p.reasoning:
             return {"content": raw} if raw else {}
         field = p.reasoning_field or REASONING_FIELDS[0]
-        if m.end_id in ids:
+        if m.end_id in ids and not p.end_pending:
             p.end_pending = True
-        cut = reasoning.split(raw, m) if p.end_pending else None
-        if cut is None:
+            p.end_at = len(p.token_ids) - len(ids) + list(ids).index(m.end_id)
+        if p.end_pending and not raw and not m.end_text and p.settled[-1][0] == p.end_at:
+            # A skipped tag at a character boundary: all reasoning is out, the rest is content.
+            p.reasoning = p.end_pending = False
+            p.reply_start = p.text_len
+            return {}
+        if not p.end_pending or not raw:
             return {field: raw} if raw else {}
-        thought, content = cut
+        if m.end_text:
+            parts = reasoning.split(raw, m)
+        elif cut is not None:
+            parts = raw[:cut], raw[cut:]
+        else:
+            # No cut found from ids (a chunk shaped without them): the tag's place among
+            # this chunk's ids says which side its text is on.
+            first = bool(ids) and ids[0] == m.end_id and p.end_at == len(p.token_ids) - len(ids)
+            parts = ("", raw) if first else (raw, "")
+        if parts is None:
+            return {field: raw}
+        thought, content = parts
         p.reasoning = p.end_pending = False
         p.reply_start = p.text_len - len(content)
         delta: dict[str, Any] = {}
@@ -217,13 +270,15 @@ class Stitcher:
         stop_reason: str | int | None = None,
         *,
         settled: bool = False,
+        cut: int | None = None,
     ) -> bytes:
         """A resumed chunk: recorded in the choice's progress, then shaped for the client
-        (chunk()). `settled`: Baton decoded the text itself, so it covers every id."""
+        (chunk()). `settled`: Baton decoded the text itself, so it covers every id. `cut`:
+        where the text meets the end of thinking, when needs_cut() asked for it."""
         p.add(text, ids, settled=settled)
         if finish:
             p.end(finish, stop_reason)
-        return self.chunk(p.index, text, ids, finish, stop_reason)
+        return self.chunk(p.index, text, ids, finish, stop_reason, cut=cut)
 
     def ended_at_limit(self, p: ChoiceProgress, held_text: str = "") -> bytes:
         """A choice that had all its max_tokens before the failure, only its finish lost:
@@ -239,6 +294,8 @@ class Stitcher:
         ids: list[int],
         finish: str | None = None,
         stop_reason: str | int | None = None,
+        *,
+        cut: int | None = None,
     ) -> bytes:
         """A chunk in the client's format, as if the first backend had sent it; b"" when it
         would carry nothing the client wants (no text, no finish, ids it did not ask for;
@@ -246,7 +303,7 @@ class Stitcher:
         comes through here: it keeps the reasoning state."""
         choice: dict[str, Any] = {"index": index}
         if self.chat:
-            choice["delta"] = delta = self._delta(self.choice(index), text, ids)
+            choice["delta"] = delta = self._delta(self.choice(index), text, ids, cut)
             empty = not delta
         else:
             choice["text"] = text

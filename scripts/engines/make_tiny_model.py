@@ -2,7 +2,7 @@
 
 Run with the engine venv's python (it has torch and transformers):
 `make_tiny_model.py OUT_DIR [VARIANT]`, VARIANT one of tiny (the default), tiny-bytes,
-tiny-think.
+tiny-think, tiny-think-special, tiny-wide.
 
 All three share the recipe (see ../shared/research/backends.md):
 - head_dim 32: vLLM's CPU attention needs head_dim >= 32 and a multiple of 16.
@@ -33,6 +33,10 @@ The variants differ in what greedy decoding can emit:
   right after. A second head attends (through a big query-key product) to any </think>
   already in the context, and the row reads that as a large penalty: it never comes twice.
   Without <|bos|> (a raw completion prompt) </think> comes first.
+- tiny-think-special: tiny-think with <think> and </think> added as SPECIAL tokens (as some
+  reasoning models' tokenizers mark them): the same weights and ids, but with
+  skip_special_tokens (vLLM's default) a stream never shows the tags' text, while vLLM's
+  parser still splits by their ids and /detokenize (no skipping) still spells them.
 """
 
 from __future__ import annotations
@@ -114,7 +118,7 @@ def byte_vocab() -> dict[str, int]:
     return {mapping[b]: b for b in range(256)}
 
 
-def tokenizer(think: bool = False) -> PreTrainedTokenizerFast:
+def tokenizer(think: bool = False, special: bool = False) -> PreTrainedTokenizerFast:
     vocab = byte_vocab()
     for i, tok in enumerate(SPECIALS):
         vocab[tok] = 256 + i
@@ -123,14 +127,15 @@ def tokenizer(think: bool = False) -> PreTrainedTokenizerFast:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
     if think:
-        # Not special: skip_special_tokens keeps their text (DeepSeek-R1 style).
-        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK])
+        # Not special: skip_special_tokens keeps their text (DeepSeek-R1 style); special:
+        # it drops it (the decoder skips them, as tokenizers' DecodeStream in vLLM does).
+        tok.add_tokens([AddedToken(t, special=special, normalized=False) for t in THINK])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|bos|>",
         eos_token="<|eos|>",
         pad_token="<|pad|>",
-        additional_special_tokens=SPECIALS[3:],
+        additional_special_tokens=SPECIALS[3:] + (THINK if special else []),
         chat_template=THINK_TEMPLATE if think else CHAT_TEMPLATE,
         add_bos_token=False,  # the chat template writes <|bos|> itself
     )
@@ -140,7 +145,9 @@ def tokenizer(think: bool = False) -> PreTrainedTokenizerFast:
     if think:
         ids = fast.encode("<think>a</think>b")
         assert ids == [263, 97, 264, 98], ids
-        assert fast.decode(ids, skip_special_tokens=True) == "<think>a</think>b"
+        shown = "ab" if special else "<think>a</think>b"
+        assert fast.decode(ids, skip_special_tokens=True) == shown
+        assert fast.decode(ids) == "<think>a</think>b"
     return fast
 
 
@@ -221,8 +228,8 @@ def build_bytes(model_dir: Path) -> None:
     save(model, fast, model_dir)
 
 
-def build_think(model_dir: Path) -> None:
-    fast = tokenizer(think=True)
+def build_think(model_dir: Path, special: bool = False) -> None:
+    fast = tokenizer(think=True, special=special)
     think_end = fast.convert_tokens_to_ids("</think>")
     bos = fast.convert_tokens_to_ids("<|bos|>")
     model = random_model(THINK_VOCAB)
@@ -281,6 +288,7 @@ VARIANTS: dict[str, Callable[[Path], None]] = {
     "tiny": build_tiny,
     "tiny-bytes": build_bytes,
     "tiny-think": build_think,
+    "tiny-think-special": lambda d: build_think(d, special=True),
     "tiny-wide": build_wide,
 }
 

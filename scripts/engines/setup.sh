@@ -8,6 +8,7 @@
 #   model/tiny.gguf   the same weights for llama-server, by llama.cpp's own converter
 #   model/tiny-bytes/ (+ .gguf) the same recipe emitting any byte: split and invalid UTF-8
 #   model/tiny-think/ with non-special <think>/</think> tokens, for --reasoning-parser deepseek_r1
+#   model/tiny-think-special/ the same weights, its tags special tokens (text skipped)
 #   model/tiny-wide/  the tiny recipe wider, with a 16k context: bench/kv_routing.py --real
 #   router-venv/      sglang-router 0.3.2, the peer bench/kv_routing.py --real runs beside
 #                     Baton (its own environment; only with the named step `router`)
@@ -91,6 +92,7 @@ model() {
   one_model tiny "$TINY_VERSION" gguf
   one_model tiny-bytes "$BYTES_VERSION" gguf
   one_model tiny-think "$THINK_VERSION"  # served by vLLM only (--reasoning-parser deepseek_r1)
+  one_model tiny-think-special "$THINK_VERSION"  # the same, its tags special tokens
   one_model tiny-wide "$WIDE_VERSION"    # vLLM only: bench/kv_routing.py --real
 }
 

@@ -57,7 +57,10 @@ async def _serve(target: str, arm: Arm, ready: asyncio.Future[str]) -> None:
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
-        k = arm.take() if request.path.endswith(("/completions",)) and body else None
+        # A generation the tests stream, not the shim's one-token question of what an engine
+        # shows for a think tag (dataplane/resume/markers.py: allowed_token_ids).
+        generation = request.path.endswith("/completions") and body and not _is_probe(body)
+        k = arm.take() if generation else None
         if k is not None:
             headers["X-Sim-Fault"] = f"die-after={k}"
         garble = k is None and _is_resume(body) and arm.take_garble()
@@ -97,6 +100,13 @@ async def _serve(target: str, arm: Arm, ready: asyncio.Future[str]) -> None:
     finally:
         await session.close()
         await runner.cleanup()
+
+
+def _is_probe(body: bytes) -> bool:
+    try:
+        return "allowed_token_ids" in orjson.loads(body)
+    except (orjson.JSONDecodeError, TypeError):
+        return False
 
 
 def _is_resume(body: bytes) -> bool:

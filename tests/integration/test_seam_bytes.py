@@ -6,6 +6,7 @@ stream must equal an uninterrupted one byte for byte, with no seam marked verifi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from clients.procs import Part
 from tests.integration.cutproxy import Arm, cut_proxies
 from tests.integration.harness import (
     MODEL,
+    http,
     start_control,
     start_shim,
     start_sim,
@@ -45,6 +47,14 @@ class BytesFleet:
 
     def client(self, mode: str) -> openai.OpenAI:
         return sdk(self.shims[mode].ready + "/v1")
+
+    def ref_think_end(self) -> int:
+        """The </think> token's id, as the reference engine's tokenizer has it."""
+        body = json.dumps({"prompt": "</think>", "add_special_tokens": False}).encode()
+        status, data = http("POST", self.ref.ready + "/tokenize", body)
+        assert status == 200, data
+        (end,) = json.loads(data)["tokens"]
+        return int(end)
 
     def settled(self, failovers: int) -> None:
         """Wait until control has heard of `failovers` failovers and re-admitted every
@@ -287,12 +297,18 @@ def test_tools_in_the_request_get_an_explicit_error_not_relabelled_content(
 
 
 THINK = (*BYTES, "--reasoning", "--think-tokens", "12")
+MERGED = 3  # tokens per chunk (the request's stream_interval) in the merged cases
 
 
-@pytest.fixture(scope="module")
-def rf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BytesFleet]:
-    tmp = tmp_path_factory.mktemp("reasoning")
-    with seam_fleet(tmp, THINK, 'reasoning_parser = "deepseek_r1"') as f:
+@pytest.fixture(scope="module", params=["plain", "special"])
+def rf(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BytesFleet]:
+    """Think tags as ordinary added tokens (DeepSeek-R1, Qwen3: streams show their text) or
+    as special tokens (streams skip their text; the parser goes by their ids)."""
+    flags = THINK if request.param == "plain" else (*THINK, "--think-special")
+    tmp = tmp_path_factory.mktemp(f"reasoning-{request.param}")
+    with seam_fleet(tmp, flags, 'reasoning_parser = "deepseek_r1"') as f:
         yield f
 
 
@@ -312,23 +328,53 @@ def parsed(c: openai.OpenAI, **kw: Any) -> tuple[str, str, list[Any]]:
     return thought, content, chunks
 
 
+def token_ids(chunks: Sequence[Any]) -> list[int]:
+    return [t for ch in chunks if ch.choices
+            for t in (ch.choices[0].model_extra or {}).get("token_ids") or []]  # fmt: skip
+
+
+@pytest.mark.parametrize("per_chunk", [1, MERGED])
 @pytest.mark.parametrize("mode", ["parallel", "inline"])
 def test_reasoning_and_content_survive_a_cut_at_every_position(
-    rf: BytesFleet, mode: str
+    rf: BytesFleet, mode: str, per_chunk: int
 ) -> None:
-    want_thought, want_content, ref_chunks = parsed(
-        sdk(rf.ref.ready + "/v1"), extra_body={"return_token_ids": True}
-    )
-    assert want_thought and want_content  # the model reasons, then answers
-    ids = [t for ch in ref_chunks if ch.choices
-           for t in (ch.choices[0].model_extra or {}).get("token_ids") or []]  # fmt: skip
+    """Cut after every token, the end tag's own position and those either side of it
+    included: the client's reasoning and content are those of an uninterrupted stream, the
+    switch at the end tag's id whatever the tag's kind.
+
+    The reference for a cut before the end tag reached the client is the split by ids (an
+    uninterrupted stream of one token a chunk, where the tag comes alone). After it, the
+    client has the engine's own chunk holding the tag: vLLM's parser cuts a merged chunk
+    whose special tag shows no text at text.find(tag) == -1, and Baton relays what the
+    engine sent (the sim does as vLLM), so the reference is the uninterrupted merged
+    stream."""
+    interval = {"stream_interval": per_chunk} if per_chunk > 1 else {}
+    ref = sdk(rf.ref.ready + "/v1")
+    by_ids = parsed(ref, extra_body={"return_token_ids": True})
+    as_sent = parsed(ref, extra_body={"return_token_ids": True, **interval})
+    assert by_ids[0] and by_ids[1]  # the model reasons, then answers
+    ids = token_ids(by_ids[2])
+    assert token_ids(as_sent[2]) == ids
+    end = rf.ref_think_end()
+    think_at = ids.index(end)  # the end tag's place among the generated tokens
+    assert 0 < think_at < len(ids) - 4
     before = len(rf.admin.events(kind="failover", limit=10_000))
+    landed = set()
     for k in range(1, len(ids)):
         rf.settled(before + k - 1)
         rf.arm.set(k)
-        thought, content, _ = parsed(rf.client(mode))
+        thought, content, _ = parsed(rf.client(mode), extra_body=interval or None)
         assert rf.arm.fired.is_set()
-        assert (thought, content) == (want_thought, want_content), f"cut after {k} tokens"
-    rf.settled(before + len(ids) - 1)
+        rf.settled(before + k)
+        event = rf.admin.events(kind="failover", limit=10_000)[before + k - 1]
+        sent = int(event["tokens_sent"])
+        want = by_ids if sent <= think_at else as_sent
+        assert (thought, content) == want[:2], f"cut after {k} tokens ({sent} sent): {event}"
+        landed.add("before" if sent < think_at else "on" if sent == think_at + 1 else
+                   "after" if sent > think_at else "just before")  # fmt: skip
     seams = [e["seam"] for e in rf.admin.events(kind="failover", limit=10_000)[before:]]
     assert "divergent" not in seams, seams
+    # One token a chunk, the cuts land on each side of the tag and on it; merged chunks
+    # land where a chunk ends.
+    assert landed >= ({"before", "just before", "on", "after"} if per_chunk == 1 else
+                      {"before", "after"}), landed  # fmt: skip

@@ -11,7 +11,8 @@ in front of the replicas it names.
 | l0, l1, l2 | llama-server | tiny.gguf |
 | b0, b1 | vLLM | tiny-bytes (split and invalid UTF-8) |
 | lb0, lb1, lb2 | llama-server | tiny-bytes.gguf |
-| t0, t1 | vLLM `--reasoning-parser deepseek_r1` | tiny-think (<think>...</think>) |
+| t0, t1 | vLLM `--reasoning-parser deepseek_r1` | tiny-think (<think>...</think>, not special) |
+| s0, s1 | vLLM `--reasoning-parser deepseek_r1` | tiny-think-special (the tags special tokens) |
 | e0 | vLLM `--runner pooling --convert embed` | tiny, as an embedding model |
 | k0, k1 | vLLM with KV-cache events on ipc sockets (`KV_EVENTS`) | tiny |
 | d0 | vLLM `--data-parallel-size 2` (two engine cores, one API server), KV events on tcp | tiny |
@@ -57,6 +58,7 @@ def _specs() -> dict[str, Spec]:
         ("v", "tiny", ()),
         ("b", "tiny-bytes", ()),
         ("t", "tiny-think", REASONING),
+        ("s", "tiny-think-special", REASONING),
     ]
     for prefix, model, args in vllm:
         for i in range(2):

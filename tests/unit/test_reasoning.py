@@ -12,7 +12,8 @@ from dataplane.resume.stitch import Stitcher
 from dataplane.validate import ClientRequest, Endpoint
 
 START, END = 300, 301
-M = Markers(START, END, "</think>")
+M = Markers(START, END, "<think>", "</think>")
+SPECIAL = Markers(START, END, "<think>", "</think>", special=True)
 PROMPT = [1, 2, START]  # the template opened the assistant turn with <think>
 
 
@@ -117,3 +118,76 @@ def test_tools_in_the_request_refuse_a_resume() -> None:
     none = {**body, "tool_choice": "none"}
     plan_resume(ClientRequest(Endpoint.CHAT, none, "m", True, True), s.choices[0],
                 token_path=True, seam_tokens=0)  # fmt: skip
+
+
+def special_stitcher(**body: object) -> Stitcher:
+    client = chat()
+    client.body.update(body)
+    s = Stitcher(client, strip_ids=True)
+    s.follow_reasoning("deepseek_r1", SPECIAL)
+    first(s, {"role": "assistant", "content": ""}, [], prompt_token_ids=PROMPT)
+    return s
+
+
+def test_a_special_tag_shows_no_text_unless_the_client_keeps_special_tokens() -> None:
+    shown = SPECIAL.shown({})
+    assert (shown.start_text, shown.end_text) == ("", "") and shown.skipped == {START, END}
+    kept = SPECIAL.shown({"skip_special_tokens": False})
+    assert kept.end_text == "</think>" and not kept.skipped
+    assert M.shown({}) == M and not M.shown({}).skipped  # an ordinary added token: kept
+
+
+def test_first_stream_with_a_special_tag_is_tracked_without_its_text() -> None:
+    s = special_stitcher()
+    p = s.choices[0]
+    first(s, {"reasoning": "hm"}, [10])
+    first(s, {}, [END])  # the tag alone: an empty delta
+    first(s, {"content": "yes"}, [11])
+    # The raw text is what /v1/completions streams: no tag text (skip_special_tokens).
+    assert p.text == "hmyes" and p.reply == "yes" and not p.reasoning
+
+
+def test_vllms_split_of_a_merged_chunk_with_a_skipped_tag_is_undone_in_the_raw_text() -> None:
+    # vLLM cuts at text.find("</think>") == -1: reasoning = text[:-1], content = text[7:].
+    text = "abcdefghij"  # the tokens before the tag gave "abcde", after it "fghij"
+    s = special_stitcher()
+    first(s, {"reasoning": text[:-1], "content": text[7:]}, [10, 11, END, 12, 13])
+    p = s.choices[0]
+    assert p.text == text and not p.reasoning and not p.unfollowed
+    assert p.reply == text[7:]  # what the client has as content, for the next turn's pin
+    short = special_stitcher()
+    first(short, {"reasoning": "abc"}, [10, END, 12])  # "abcd": the last character lost
+    assert "dropped text" in short.choices[0].unfollowed
+
+
+def test_resumed_raw_text_with_a_skipped_tag_is_cut_where_the_ids_say() -> None:
+    s = special_stitcher()
+    first(s, {"reasoning": "so"}, [10])
+    p = s.choices[0]
+    # One token a chunk: the tag alone carries no text and ends the reasoning.
+    outs = []
+    for raw, ids in (("me", [12]), ("", [END]), ("ok", [13])):
+        assert s.needs_cut(p, ids, raw) is None
+        outs.append(s.resumed_chunk(p, raw, ids))
+    assert delta(outs[0]) == {"reasoning": "me"} and outs[1] == b""
+    assert delta(outs[2]) == {"content": "ok"} and p.reply == "ok"
+    # Merged: the caller finds the cut from the ids before the tag.
+    s2 = special_stitcher()
+    q = s2.choices[0]
+    first(s2, {"reasoning": "so"}, [10])
+    assert s2.needs_cut(q, [12, END, 13], "meok") == 2  # the tag is generated token 2
+    out = s2.resumed_chunk(q, "meok", [12, END, 13], cut=2)
+    assert delta(out) == {"reasoning": "me", "content": "ok"} and q.reply == "ok"
+    # The tag first or last in its chunk needs no cut: its side is known.
+    s3 = special_stitcher()
+    r = s3.choices[0]
+    assert s3.needs_cut(r, [END, 13], "ok") == 0
+    assert delta(s3.resumed_chunk(r, "ok", [END, 13], cut=0)) == {"content": "ok"}
+    # A tag whose token came while the text was held back: the text that follows is cut.
+    s4 = special_stitcher()
+    t = s4.choices[0]
+    assert s4.resumed_chunk(t, "", [0xE4, END]) == b""
+    assert t.reasoning and t.end_pending and s4.needs_cut(t, [14], "\ufffdx") == 1
+    assert delta(s4.resumed_chunk(t, "\ufffdx", [14], cut=1)) == {
+        "reasoning": "\ufffd", "content": "x",
+    }  # fmt: skip
