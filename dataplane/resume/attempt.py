@@ -68,6 +68,10 @@ class Resumer:
     async def start(self, backend: Backend, p: ChoiceProgress, *, exact: bool) -> Started:
         """Plan and open one resume request. Raises Refused or AttemptFailed. The plans are
         taken from `p` as it is now, before any resumed token is added to it."""
+        if p.lost is not None:  # first: the plan is made from the whole raw text
+            first, end, _ = p.lost
+            chunk = await self._decode(backend, p.token_ids[first:end])
+            self._stitcher.lost_character(p, chunk)
         token_path = backend.kind in TOKEN_KINDS
         m = self._settings.seam_tokens
         plan = plan_resume(self._client, p, token_path=token_path, seam_tokens=m, exact=exact)

@@ -57,6 +57,10 @@ class ChoiceProgress:
     reasoning: bool = False
     end_pending: bool = False
     end_at: int = 0  # with end_pending: the end tag's index among token_ids
+    # A chunk whose last character vLLM's parser lost (a special end tag merged with other
+    # tokens, text shorter than the tag): its tokens [first, end) and where in the text the
+    # character belongs. Stitcher.lost_character puts it back before a resume.
+    lost: tuple[int, int, int] | None = None
     reply_start: int = 0
     # Structure in the stream that no resume can keep (a parser Baton cannot follow): why.
     unfollowed: str = ""

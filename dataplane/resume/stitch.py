@@ -176,11 +176,10 @@ class Stitcher:
             # it did not find the tag. The client has what it sent; the raw text is rebuilt.
             raw = reasoning.unmangle(thought, content)
             if raw is None:
-                p.unfollowed = (
-                    "the engine's reasoning parser dropped text where thinking ended "
-                    "(a special think tag merged into a chunk)"
-                )
-                raw = thought + content
+                # Its last character never reached the client: a resume asks the engine
+                # for it first (lost_character), so the raw text Baton keeps stays whole.
+                raw = thought
+                p.lost = (len(p.token_ids), len(p.token_ids) + len(ids), p.text_len + len(raw))
             p.reply_start = p.text_len + len(raw) - len(content)
             return raw
         if content and p.reasoning:
@@ -188,6 +187,23 @@ class Stitcher:
             p.reasoning = False
             p.reply_start = p.text_len + len(thought)
         return thought + content
+
+    def lost_character(self, p: ChoiceProgress, text: str) -> None:
+        """The text of the chunk whose last character vLLM's parser lost (p.lost), decoded
+        from its ids: that character goes back into the raw text Baton keeps (the client
+        never had it, so the reply, its content, still starts after it)."""
+        assert p.lost is not None  # noqa: S101 - the caller checks
+        _, _, at = p.lost
+        missing = text[-1:]
+        whole = p.text
+        p.pieces[:] = [whole[:at] + missing + whole[at:]]
+        p.text_len += len(missing)
+        p.settled = type(p.settled)(
+            ((n, t + len(missing) if t > at else t) for n, t in p.settled), p.settled.maxlen
+        )
+        if p.reply_start >= at:
+            p.reply_start += len(missing)
+        p.lost = None
 
     def needs_cut(self, p: ChoiceProgress, ids: Sequence[int], raw: str) -> int | None:
         """For a resumed chunk about to be shaped (not yet in `p`): when its text must be

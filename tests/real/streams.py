@@ -43,7 +43,9 @@ class Streamed:
     case: Case
     request_id: str = ""
     texts: dict[str, str] = field(default_factory=dict)  # delta field -> its text
-    ids: list[int] = field(default_factory=list)  # token ids (direct streams only)
+    ids: list[int] = field(default_factory=list)  # token ids (direct streams, or asked for)
+    # Chat only: each chunk's token ids and its text per delta field.
+    chunks: list[tuple[list[int], dict[str, str]]] = field(default_factory=list)
     stream_ids: set[str] = field(default_factory=set)
     finish: str | None = None
     completion_tokens: int | None = None
@@ -88,13 +90,16 @@ def _read(raw: Any, out: Streamed, on_chunk: Callable[[int], None] | None) -> St
                 out.completion_tokens = chunk.usage.completion_tokens
             for ch in chunk.choices:
                 extra = ch.model_extra or {}
-                out.ids += extra.get("token_ids") or []
+                ids = extra.get("token_ids") or []
+                out.ids += ids
                 if out.case.endpoint == "chat":
                     delta = ch.delta
                     fields = {"content": delta.content, **(delta.model_extra or {})}
-                    for name in CHAT_FIELDS:
-                        if isinstance(fields.get(name), str) and fields[name]:
-                            out.texts[name] = out.texts.get(name, "") + fields[name]
+                    texts = {n: fields[n] for n in CHAT_FIELDS
+                             if isinstance(fields.get(n), str) and fields[n]}  # fmt: skip
+                    for name, text in texts.items():
+                        out.texts[name] = out.texts.get(name, "") + text
+                    out.chunks.append((ids, texts))
                 elif ch.text:
                     out.texts["text"] = out.texts.get("text", "") + ch.text
                 out.finish = ch.finish_reason or out.finish
@@ -108,7 +113,7 @@ def _read(raw: Any, out: Streamed, on_chunk: Callable[[int], None] | None) -> St
 def direct(engine: Engine, case: Case, tokens: int) -> Streamed:
     """An uninterrupted greedy stream straight on one engine, no Baton, with its token ids."""
     raw = _request(
-        sdk(engine.url + "/v1"), engine.model, case, tokens, extra_body={"return_token_ids": True}
+        sdk(engine.url + "/v1"), engine.model, case, tokens, {"return_token_ids": True}
     )
     out = _read(raw, Streamed(case), None)
     assert not out.error, out.error
@@ -186,6 +191,7 @@ def kill_round(
     tokens: int,
     *,
     vllm: bool,
+    extra_body: dict[str, Any] | None = None,
 ) -> Round:
     """All `cases` streamed at once through Baton; once every stream has its first chunk and
     the first has KILL_AFTER, the replica serving the first is SIGKILLed (its process group),
@@ -218,7 +224,7 @@ def kill_round(
                 kill()
 
         try:
-            raw = _request(client, model, cases[i], tokens)
+            raw = _request(client, model, cases[i], tokens, extra_body)
             outs[i].request_id = raw.headers.get("x-request-id", "")
             return _read(raw, outs[i], on_chunk)
         finally:
@@ -235,15 +241,34 @@ def kill_round(
 
 
 def failovers(fleet: Fleet, r: Round) -> dict[str, dict[str, Any]]:
-    """The failover event of each stream of the round the kill landed in, by request id:
-    every stream routed to the victim, or routed by the shim alone (it may have been)."""
+    """The failover event of each stream of the round the kill landed in, by request id,
+    once control holds every failover the shim has counted: the shim counts one when its
+    seam verdict is known (a parallel check lands after its stream ends) and reports it to
+    control, buffered while control was unreachable (a busy machine makes the shim route
+    alone for a while), so waiting on those two states misses none."""
     if not r.victim:
         return {}
+    found: list[dict[str, Any]] = []
+
+    def landed() -> bool:
+        pending = _shim_metric(fleet, "baton_shim_seam_checks_pending")
+        counted = _shim_metric(fleet, "baton_shim_failovers_total")
+        found[:] = events(fleet, "failover")
+        return pending == 0 and len(found) >= counted and all(e.get("seam") for e in found)
+
+    assert wait_until(landed, timeout=90, interval=0.5), f"failover events: {found}"
     out: dict[str, dict[str, Any]] = {}
-    for s in r.streams:
-        if r.served[s.request_id] not in (r.victim, ""):
-            continue
-        if failed_over(fleet, s.request_id, timeout=15 if r.served[s.request_id] else 3):
-            out[s.request_id] = failover_event(fleet, s.request_id)
+    for e in found:
+        assert e["request_id"] not in out, f"two failovers of one stream: {found}"
+        out[str(e["request_id"])] = e
     print(f"served: {r.served}; victim {r.victim}; failed over: {list(out)}")
     return out
+
+
+def _shim_metric(fleet: Fleet, name: str) -> float:
+    """A shim metric, 0 while it has no sample yet (a counter with labels has none before
+    its first increment)."""
+    try:
+        return metric(fleet.shim.ready, name)
+    except AssertionError:
+        return 0.0

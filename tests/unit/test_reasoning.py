@@ -155,9 +155,15 @@ def test_vllms_split_of_a_merged_chunk_with_a_skipped_tag_is_undone_in_the_raw_t
     p = s.choices[0]
     assert p.text == text and not p.reasoning and not p.unfollowed
     assert p.reply == text[7:]  # what the client has as content, for the next turn's pin
+    # "abcd" shorter than the tag: vLLM sends reasoning "abc" and no content, the "d" is
+    # lost to the client. A resume first decodes the chunk and puts it back in the raw text.
     short = special_stitcher()
-    first(short, {"reasoning": "abc"}, [10, END, 12])  # "abcd": the last character lost
-    assert "dropped text" in short.choices[0].unfollowed
+    first(short, {"reasoning": "abc"}, [10, END, 12])
+    first(short, {"content": "e"}, [13])
+    q = short.choices[0]
+    assert q.lost == (0, 3, 3) and q.text == "abce" and q.reply == "e"
+    short.lost_character(q, "abcd")  # what the engine decodes [10, END, 12] to
+    assert q.lost is None and q.text == "abcde" and q.reply == "e" and not q.unfollowed
 
 
 def test_resumed_raw_text_with_a_skipped_tag_is_cut_where_the_ids_say() -> None:
