@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 
 from aiohttp import web
@@ -17,11 +18,14 @@ from dataplane import workers
 from dataplane.app import make_app
 from dataplane.exceptions import ControlRefused
 from dataplane.failover import RetryBudget
+from dataplane.frontdoor import Door
+from dataplane.handlers import HEALTH
 from dataplane.lifecycle import INFLIGHT, Stopping
 from dataplane.limits import API_KEYS_ENV, Limits, load_keys
 from dataplane.settings import ProxySettings, ResumeSettings, ShimSettings, Timeouts
 
 log = logging.getLogger("baton.shim")
+
 
 DEFAULTS = Limits()
 CONTROL_TLS_CA_ENV = "BATON_CONTROL_TLS_CA"
@@ -105,7 +109,8 @@ def _add_limits(parser: argparse.ArgumentParser) -> None:
         "--max-streams",
         type=int,
         default=DEFAULTS.max_streams,
-        help="concurrent streaming responses per shim; more get a 429 with Retry-After",
+        help="generation requests in flight per shim (streamed or not); more get a 429 with "
+        "Retry-After before their body is read, and /health/ready says 503",
     )
     limits.add_argument(
         "--api-keys-file",
@@ -233,32 +238,45 @@ async def _serve(args: argparse.Namespace) -> int:
     except ControlRefused as exc:
         log.error("%s", exc)
         raise SystemExit(f"baton shim: {exc}") from None
-    site = web.TCPSite(
-        runner, host or "127.0.0.1", int(port), backlog=1024, reuse_port=args.reuse_port or None
-    )
-    await site.start()
-    bound = runner.addresses[0][1]
+    listener = _listen(host or "127.0.0.1", int(port), args.reuse_port)
+    bound = listener.getsockname()[1]
+    door = Door(listener, runner.server, app[HEALTH].view)
+    await door.spawn()
     print(f"SHIM READY http://{host or '127.0.0.1'}:{bound}", flush=True)
-    stopping = Stopping()
     loop = asyncio.get_running_loop()
+    stopping = Stopping()
     if os.environ.get(workers.WORKER_ENV):
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor forwards a SIGTERM
     else:
         loop.add_signal_handler(signal.SIGINT, stopping.signalled)
     loop.add_signal_handler(signal.SIGTERM, stopping.signalled)
     await stopping.stop.wait()
-    await _drain(runner, app, args.shutdown_grace, stopping.hurry)
+    try:
+        await _drain(runner, app, args.shutdown_grace, stopping.hurry, door)
+    finally:
+        await door.close()  # new connections are refused from here on
     await runner.cleanup()
     return 0
 
 
+def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """The shim's listening socket, as aiohttp's TCPSite would make it (the front door owns
+    it rather than the event loop)."""
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server(
+        (host, port), family=family, backlog=1024, reuse_port=reuse_port
+    )
+
+
 async def _drain(
-    runner: web.AppRunner, app: web.Application, grace: float, hurry: asyncio.Event
+    runner: web.AppRunner, app: web.Application, grace: float, hurry: asyncio.Event, door: Door
 ) -> None:
-    """Stop accepting (new connections are refused), let the requests in flight finish
-    within `grace`, then end the rest explicitly (lifecycle.py)."""
-    for site in list(runner.sites):
-        await site.stop()
+    """Readiness says 503 at once (a load balancer stops sending work) while liveness stays
+    200; a new request gets a 503 (handlers.request_limits); the requests in flight finish
+    within `grace`, then the rest are ended explicitly (lifecycle.py)."""
+    app[HEALTH].draining = True
+    door.write()
     if runner.server is not None:
         runner.server.pre_shutdown()  # idle keep-alive connections close; busy ones after
     inflight = app[INFLIGHT]

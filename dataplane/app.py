@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -13,6 +14,7 @@ from aiohttp import web
 from baton.model import Backend
 from baton.tracing import tracing_from_env
 from dataplane.handlers import (
+    HEALTH,
     LIMITS,
     MAX_BODY,
     METRICS,
@@ -25,6 +27,7 @@ from dataplane.handlers import (
     openai_errors,
     request_limits,
 )
+from dataplane.health import Health
 from dataplane.lifecycle import graceful, install
 from dataplane.limits import StreamSlots
 from dataplane.link import ControlLink
@@ -46,7 +49,15 @@ def make_app(settings: ShimSettings) -> web.Application:
     install(app)
     app[MAX_BODY] = settings.max_body_bytes
     app[LIMITS] = settings.limits
-    app[SLOTS] = StreamSlots(settings.limits)
+    slots = app[SLOTS] = StreamSlots(settings.limits)
+
+    links: list[ControlLink] = []  # the control link, once the app has started
+
+    def routable() -> bool:  # read by the health thread: a list and a flag
+        return bool(links) and links[0].has_snapshot
+
+    cap = settings.limits.max_streams
+    app[HEALTH] = Health(lambda: slots.in_use, cap, routable, time.monotonic)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         oracle = ControlLink(
@@ -59,6 +70,7 @@ def make_app(settings: ShimSettings) -> web.Application:
         async with _session(settings) as session, _session(settings) as resumes:
             await oracle.start()
             app[ORACLE] = oracle
+            links.append(oracle)
             metrics = ShimMetrics(oracle.link_stats)
             app[METRICS] = metrics
             tracing = tracing_from_env("baton-shim")

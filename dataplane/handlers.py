@@ -14,6 +14,8 @@ from baton.model import Reason
 from baton.tracing import SpanKind, Tracing
 from dataplane.errors import ErrorKind, OpenAIError
 from dataplane.exceptions import ControlUnavailable
+from dataplane.health import PATHS as HEALTH_PATHS
+from dataplane.health import Health
 from dataplane.limits import Limits, StreamSlots, check_head, check_request
 from dataplane.metrics import ShimMetrics
 from dataplane.oracle import Routing
@@ -32,6 +34,8 @@ TRACING = web.AppKey("tracing", Tracing)
 LIMITS = web.AppKey("limits", Limits)
 SLOTS = web.AppKey("stream_slots", StreamSlots)
 STORED = web.AppKey("stored", StoredResponses)
+HEALTH = web.AppKey("health", Health)
+GENERATING_PATHS = frozenset(e.value for e in Endpoint if e.generates)
 
 
 def error_response(err: OpenAIError) -> web.Response:
@@ -67,14 +71,7 @@ async def _answer(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
             ) from None
         client = parse_request(raw, endpoint, app[MAX_BODY])
         check_request(app[LIMITS], client)
-        if not client.stream:
-            return await _route_and_serve(request, client, raw)
-        slots = app[SLOTS]
-        slots.acquire()
-        try:
-            return await _route_and_serve(request, client, raw)
-        finally:
-            slots.release()
+        return await _route_and_serve(request, client, raw)
     except OpenAIError as err:
         return error_response(err)
 
@@ -157,7 +154,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.Response(text="ok")
+    """The probes on a connection the front door handed over (a keep-alive one that asked
+    something else first): the same answers as the front door's (health.py)."""
+    answer = request.app[HEALTH].answer(request.path)
+    return web.Response(body=answer.body, status=answer.status, content_type="text/plain")
 
 
 @web.middleware
@@ -177,20 +177,34 @@ async def openai_errors(request: web.Request, handler):  # type: ignore[no-untyp
 
 @web.middleware
 async def request_limits(request: web.Request, handler):  # type: ignore[no-untyped-def]
-    """Header size, API key and declared body size, before the body is read."""
+    """Header size, API key, declared body size and the in-flight cap, before the body is
+    read: a request refused for load costs no parsing and no routing."""
+    app = request.app
+    generating = request.method == "POST" and request.path in GENERATING_PATHS
     try:
+        if app[HEALTH].draining and request.path not in HEALTH_PATHS:
+            raise OpenAIError(
+                ErrorKind.SHUTTING_DOWN, "the shim is shutting down; retry on another"
+            )
         check_head(
-            request.app[LIMITS],
+            app[LIMITS],
             request.method,
             request.raw_path,
             request.raw_headers,
             request.headers.get("Authorization"),
             request.content_length,
-            request.app[MAX_BODY],
+            app[MAX_BODY],
         )
+        if generating:
+            app[SLOTS].acquire()
     except OpenAIError as err:
         return error_response(err)
-    return await handler(request)
+    if not generating:
+        return await handler(request)
+    try:
+        return await handler(request)
+    finally:
+        app[SLOTS].release()
 
 
 def _post(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -212,5 +226,6 @@ def add_routes(app: web.Application) -> None:
         if not endpoint.generates:
             app.router.add_post(endpoint.value, _post(endpoint))
     app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
+    for path in HEALTH_PATHS:
+        app.router.add_get(path, health)
     app.router.add_get("/metrics", metrics)

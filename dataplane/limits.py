@@ -2,8 +2,9 @@
 before any work is done for it. Each refusal is an OpenAIError, so clients get the JSON
 shape and the status their SDK maps to the right exception (401, 413, 429, 431, 400).
 
-Checked in order of cost: headers and keys (middleware, before the body is read), the
-declared body size, then the message count once the body is parsed, and the stream slots."""
+Checked in order of cost: headers and keys, the declared body size and the in-flight cap
+(middleware, before the body is read: a shed request costs no parsing and no routing), then
+the message count once the body is parsed."""
 
 from __future__ import annotations
 
@@ -22,14 +23,16 @@ API_KEYS_ENV = "BATON_API_KEYS"
 # parser cannot hand it to us) and the connection is closed.
 PARSER_BACKSTOP = 4
 # Paths anyone may call with no key: load balancer health checks and Prometheus scrapes.
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/metrics"})
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_header_bytes: int = 32 * 1024  # request line + all header lines
     max_messages: int = 4096  # chat messages per request
-    max_streams: int = 1024  # concurrent streaming responses per shim process
+    # Generation requests (chat, completions, responses; streamed or not) in flight per shim
+    # process: the in-flight cap. More get a 429 before their body is read.
+    max_streams: int = 1024
     retry_after: int = 1  # seconds, sent with a 429
     # sha256 of each accepted key; empty = no keys required. Digests, so the set lookup's
     # timing says nothing about a key, and no key sits in memory in the clear.
@@ -115,8 +118,9 @@ def check_request(limits: Limits, client: ClientRequest) -> None:
 
 
 class StreamSlots:
-    """Concurrent streaming responses on this shim. Not a lock: one event loop owns it, and
-    acquire/release never await, so a plain counter is exact."""
+    """Generation requests in flight on this shim (the in-flight cap). Not a lock: one event
+    loop owns it, and acquire/release never await, so a plain counter is exact (the health
+    thread only reads it)."""
 
     def __init__(self, limits: Limits) -> None:
         self._limits = limits
@@ -128,7 +132,7 @@ class StreamSlots:
             raise OpenAIError(
                 ErrorKind.TOO_MANY_STREAMS,
                 f"this shim is serving its limit of {self._limits.max_streams} concurrent "
-                "streams; retry shortly",
+                "requests; retry shortly",
                 headers={"Retry-After": str(self._limits.retry_after)},
             )
         self.in_use += 1

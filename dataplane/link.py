@@ -107,6 +107,12 @@ class ControlLink:
         return self._fleet
 
     @property
+    def has_snapshot(self) -> bool:
+        """Whether a request could be routed now: control has sent a snapshot (routing goes
+        on from it while control is unreachable)."""
+        return self._first_snapshot.is_set()
+
+    @property
     def degraded(self) -> bool:
         return not self._up.is_set()
 

@@ -1,6 +1,7 @@
 """A shim's lifecycle through real processes: SIGTERM stops it gracefully (in-flight streams
-finish, new connections are refused, the process exits 0); streams still running at the
-deadline end with an explicit error event; `--workers N` shares one port."""
+finish, readiness says 503 at once while liveness stays 200, a new request gets a 503, the
+process exits 0 and then nothing listens); streams still running at the deadline end with an
+explicit error event; `--workers N` shares one port."""
 
 from __future__ import annotations
 
@@ -61,8 +62,18 @@ def test_sigterm_lets_the_stream_in_flight_finish(tmp_path: Path) -> None:
         # (idle it closes within ~0.1 s of SIGTERM).
         conn, events = open_stream(f.shim.ready, 300)
         seen = [next(events) for _ in range(3)]
+        base = f.shim.ready
+        assert request("GET", base + "/health/ready") == (200, b"ready")
         f.shim.proc.send_signal(signal.SIGTERM)
-        assert wait_until(lambda: refused(f.shim.ready), 5)  # no new connections...
+        # Readiness flips (a load balancer stops sending work), liveness does not (nobody
+        # should kill a process that is finishing its streams), new work is turned away...
+        assert wait_until(lambda: request("GET", base + "/health/ready")[0] == 503, 5)
+        assert request("GET", base + "/health/ready") == (503, b"not ready: draining")
+        assert request("GET", base + "/health/live") == (200, b"ok")
+        assert request("GET", base + "/health") == (200, b"ok")
+        status, body = request("POST", base + "/v1/completions", b'{"model": "m"}',
+                               {"Content-Type": "application/json"})  # fmt: skip
+        assert status == 503 and json.loads(body)["error"]["code"] == "shim_shutting_down"
         assert f.shim.alive  # ...while the stream goes on:
         after = next(events)  # it still yields tokens
         assert "error" not in json.loads(after), after
@@ -74,6 +85,7 @@ def test_sigterm_lets_the_stream_in_flight_finish(tmp_path: Path) -> None:
         assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
         assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["text"]) > 150
         assert f.shim.proc.wait(10) == 0
+        assert refused(base)  # gone: nothing listens on its port
 
 
 def test_streams_past_the_grace_end_with_an_error_event(tmp_path: Path) -> None:

@@ -202,7 +202,9 @@ def open_stream(base: str) -> tuple[http.client.HTTPConnection, http.client.HTTP
     return conn, resp
 
 
-def test_streams_past_the_limit_get_429_with_retry_after_until_one_ends(tmp_path: Path) -> None:
+def test_requests_past_the_in_flight_cap_get_429_before_their_body_is_read(
+    tmp_path: Path,
+) -> None:
     # Slow decoding, so the open streams stay open while the test looks.
     slow = [("--decode-ms-per-step", "50")]
     with fleet(tmp_path, n=1, per_sim=slow, shim_args=("--max-streams", "2")) as f:
@@ -212,11 +214,18 @@ def test_streams_past_the_limit_get_429_with_retry_after_until_one_ends(tmp_path
         assert status == 429 and headers.get("Retry-After") == "1"
         assert_openai_error(body, "too_many_concurrent_streams")
         assert body["error"]["type"] == "rate_limit_error"
-        # The SDK sees its RateLimitError; non-streaming requests are not streams.
+        # The SDK sees its RateLimitError; a request that does not stream holds an engine
+        # slot as well, so it counts too.
         c = openai.OpenAI(base_url=f.base_url, api_key="unused", max_retries=0, timeout=30)
         with pytest.raises(openai.RateLimitError):
             c.chat.completions.create(**CHAT, stream=True)  # type: ignore[call-overload]
-        assert post(base, CHAT)[0] == 200
+        assert post(base, CHAT)[0] == 429
+        # Shed before the body is parsed: a body that is not even JSON gets the 429, not the
+        # 400 it would get once read. Calls that generate nothing are not held back.
+        status, _, _ = http_full("POST", base + "/v1/chat/completions", b"{not json")
+        assert status == 429
+        assert http_full("GET", base + "/v1/models")[0] == 200
+        assert http_full("GET", base + "/health/ready")[1].startswith(b"not ready: at its")
 
         # A client that goes away gives its slot back.
         conn, resp = streams.pop()

@@ -37,9 +37,9 @@ TAG = "</think>"
 SEAM = 4  # the shim's seam overlap (tokens): a kill this close after the tag regenerates it
 # Where each case's </think> comes among the generated tokens, and its chunking: one
 # replica's streams are cut at about the same token, so the tags spread around it.
-PLACES = [(t, interval) for t in range(6, 40, 3) for interval in (None, 3)]
+PLACES = [(t, interval) for t in range(5, 42, 2) for interval in (None, 3)]
 AFTER = 40  # tokens of content after the latest tag
-ROUNDS = 4  # kill rounds at most: more only while some landing has not been seen
+ROUNDS = 6  # kill rounds at most: more only while some landing has not been seen
 
 
 def truth(ids: Sequence[int]) -> dict[str, str]:
