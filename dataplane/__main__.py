@@ -240,11 +240,11 @@ async def _serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"baton shim: {exc}") from None
     listener = _listen(host or "127.0.0.1", int(port), args.reuse_port)
     bound = listener.getsockname()[1]
-    door = Door(listener, runner.server, app[HEALTH].view)
+    stopping = Stopping()
+    door = Door(listener, runner.server, app[HEALTH].view, on_lost=stopping.signalled)
     await door.spawn()
     print(f"SHIM READY http://{host or '127.0.0.1'}:{bound}", flush=True)
     loop = asyncio.get_running_loop()
-    stopping = Stopping()
     if os.environ.get(workers.WORKER_ENV):
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor forwards a SIGTERM
     else:

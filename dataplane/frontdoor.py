@@ -213,7 +213,17 @@ class Door:
     """The shim's handle on its front door: the process, the state block it reads, and the
     connections it passes (served by `server` on the running loop)."""
 
-    def __init__(self, listener: socket.socket, server: Any, view: Callable[[], View]) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        server: Any,
+        view: Callable[[], View],
+        on_lost: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`on_lost`: called if the front door exits on its own (the port is closed then,
+        so the shim should stop: its streams finish, and a supervisor starts a new one)."""
+        self._on_lost = on_lost
+        self._closing = False
         self._listener = listener
         self._server = server
         self._view = view
@@ -231,7 +241,9 @@ class Door:
         Raises RuntimeError if it does not come up."""
         self.write()
         fds = (self._listener.fileno(), self._theirs.fileno(), self._memfd)
-        self._proc = subprocess.Popen(
+        # On this thread, the loop's: the front door's death signal follows the thread that
+        # forked it, which must live as long as the shim.
+        self._proc = subprocess.Popen(  # noqa: ASYNC220 - a fork, not a wait
             [sys.executable, "-m", "dataplane.frontdoor", *map(str, fds)], pass_fds=fds
         )
         self._theirs.close()
@@ -267,6 +279,9 @@ class Door:
                 fds = []
             if not fds:
                 loop.remove_reader(self._ours.fileno())  # the front door is gone
+                if not self._closing:
+                    log.error("the front door exited: no new connections reach this shim")
+                    self._on_lost()
                 return
             for fd in fds:
                 sock = socket.socket(fileno=fd)
@@ -282,6 +297,7 @@ class Door:
 
     async def close(self) -> None:
         """Close the door: the front door process exits and the port stops listening."""
+        self._closing = True
         if self._beat is not None:
             self._beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
