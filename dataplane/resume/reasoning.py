@@ -90,9 +90,7 @@ def unmangle(thought: str, content: str) -> str | None:
     skip = len(THINK_TAGS["deepseek_r1"][1]) - 1
     if len(thought) >= skip and content:
         return thought + content[-1]
-    if not thought and not content:
-        return ""
-    return None
+    return None  # content empty: the text's last character (if it had one) never came
 
 
 def segments(ids: Sequence[int], skipped: frozenset[int]) -> list[list[int]]:

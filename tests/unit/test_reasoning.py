@@ -164,6 +164,15 @@ def test_vllms_split_of_a_merged_chunk_with_a_skipped_tag_is_undone_in_the_raw_t
     assert q.lost == (0, 3, 3) and q.text == "abce" and q.reply == "e"
     short.lost_character(q, "abcd")  # what the engine decodes [10, END, 12] to
     assert q.lost is None and q.text == "abcde" and q.reply == "e" and not q.unfollowed
+    # One character before the tag: vLLM sends nothing at all for the chunk (measured on
+    # vLLM 0.32: [52, 264], text "4", came as an empty delta); it too comes back.
+    one = special_stitcher()
+    first(one, {}, [14, END])
+    first(one, {"content": "x"}, [15])
+    r = one.choices[0]
+    assert r.lost == (0, 2, 0) and r.text == "x" and r.reply == "x" and not r.reasoning
+    one.lost_character(r, "4")
+    assert r.text == "4x" and r.reply == "x"
 
 
 def test_resumed_raw_text_with_a_skipped_tag_is_cut_where_the_ids_say() -> None:
