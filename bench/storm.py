@@ -293,29 +293,40 @@ def _cpu_per_request(base: str, pid: int, concurrency: int, want: str) -> float:
 
 
 def _shed_cpu(base: str, pid: int, cap: int) -> float:
-    """Hold every slot with long streams, then measure a storm that can only be shed."""
-    long_body = {**BODY, "max_tokens": 8000}  # ~16 s at 2 ms a step: past both runs
+    """Hold every slot with long requests that do not stream (they cost the shim nothing
+    while the engine works), then measure a storm that can only be shed."""
+    long_body = orjson.dumps({**BODY, "stream": False, "max_tokens": 8000})  # ~16 s each
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+
+    def saturated() -> bool:
+        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+        conn.request("GET", "/health/ready")
+        body = conn.getresponse().read()
+        conn.close()
+        return body.startswith(b"not ready: at its in-flight cap")
 
     async def hold_and_storm() -> float:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             holders = [
-                await session.post(base + "/v1/chat/completions", data=orjson.dumps(long_body),
-                                   headers=HEADERS)
+                asyncio.ensure_future(session.post(
+                    base + "/v1/chat/completions", data=long_body, headers=HEADERS))
                 for _ in range(cap)
             ]  # fmt: skip
             try:
-                # The held streams cost CPU too: their share is measured alone first, over
-                # the same time, and taken off.
-                before = cpu_seconds(pid)
-                await asyncio.sleep(4.0)
-                held = cpu_seconds(pid) - before
+                deadline = time.monotonic() + 30
+                while not await asyncio.to_thread(saturated):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the shim never reached its cap")
+                    await asyncio.sleep(0.1)
                 before = cpu_seconds(pid)
                 shed = await asyncio.to_thread(_run_storm_process, base, 64, 4.0, 4000)
-                spent = cpu_seconds(pid) - before - held
+                spent = cpu_seconds(pid) - before
+                if set(shed["outcomes"]) != {"shed"}:
+                    raise RuntimeError(f"a shed-only storm got {shed['outcomes']}")
             finally:
                 for h in holders:
-                    h.close()
-        return round(1e6 * spent / max(1, int(shed["outcomes"].get("shed", 0))), 1)
+                    h.cancel()
+        return round(1e6 * spent / max(1, int(shed["outcomes"]["shed"])), 1)
 
     return asyncio.run(hold_and_storm())
 
