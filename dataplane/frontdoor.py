@@ -272,12 +272,12 @@ class Door:
         loop = asyncio.get_running_loop()
         for _ in range(64):
             try:
-                _, fds, _, _ = socket.recv_fds(self._ours, 64, 64)
+                msg, fds, _, _ = socket.recv_fds(self._ours, 64, 64)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
-                fds = []
-            if not fds:
+                msg, fds = b"", []
+            if not msg:
                 loop.remove_reader(self._ours.fileno())  # the front door is gone
                 if not self._closing:
                     log.error("the front door exited: no new connections reach this shim")

@@ -56,13 +56,13 @@ class MarkerCache:
         return markers
 
     async def _ask(self, backend: Backend, tags: tuple[str, str]) -> Markers | None:
-        ids = [await self._one_id(backend, tag) for tag in tags]
+        ids = await asyncio.gather(*(self._one_id(backend, tag) for tag in tags))
         if None in ids:
             log.warning("%s: %s's tags %s are not single tokens there; its reasoning will not "
                         "be resumed", backend.id, backend.reasoning_parser, tags)  # fmt: skip
             return None
         start, end = (int(t) for t in ids)  # type: ignore[arg-type]
-        shown = [await self._shown(backend, tag_id, start) for tag_id in (start, end)]
+        shown = await asyncio.gather(*(self._shown(backend, t, start) for t in (start, end)))
         special = {text == "" for text in shown}  # both tags of one kind, or neither is kept
         if any(text not in ("", tag) for text, tag in zip(shown, tags, strict=True)) or len(
             special

@@ -36,8 +36,9 @@ THINK_END = 264  # the </think> token's id in both tiny-think vocabularies
 TAG = "</think>"
 SEAM = 4  # the shim's seam overlap (tokens): a kill this close after the tag regenerates it
 # Where each case's </think> comes among the generated tokens, and its chunking: one
-# replica's streams are cut at about the same token, so the tags spread around it.
-PLACES = [(t, interval) for t in range(5, 42, 2) for interval in (None, 3)]
+# replica's streams are cut at about the same token, so the tags spread around it. Where
+# that is varies from round to round (1 to 75 tokens seen here): the tags span that range.
+PLACES = [(t, interval) for t in range(5, 90, 2) for interval in (None, 3)]
 AFTER = 40  # tokens of content after the latest tag
 ROUNDS = 6  # kill rounds at most: more only while some landing has not been seen
 
