@@ -37,6 +37,7 @@ log = logging.getLogger("baton.shim.frontdoor")
 WAIT_S = 10.0
 MAX_HEAD = 8192
 START_S = 30.0  # a cold interpreter on a busy machine
+RECHECK_S = 0.005  # how soon a connection that said too little yet is looked at again
 _METHODS = (b"GET ", b"HEAD ")
 _REASONS = {200: "OK", 503: "Service Unavailable"}
 _PR_SET_PDEATHSIG = 1
@@ -87,6 +88,10 @@ class _Door:
         self._state = state
         self._sel = selectors.DefaultSelector()
         self._waiting: dict[socket.socket, float] = {}  # undecided connections -> deadline
+        # Undecided ones that said too little yet, out of the selector until a recheck: what
+        # they sent stays unread (peeked), so the selector would call them ready at once,
+        # again and again, and the door would spin.
+        self._parked: dict[socket.socket, float] = {}
         self._outbox: collections.deque[socket.socket] = collections.deque()
         self._open = True
 
@@ -97,7 +102,10 @@ class _Door:
         self._sel.register(self._listener, selectors.EVENT_READ)
         self._sel.register(self._shim, selectors.EVENT_READ)
         while self._open:
-            for key, events in self._sel.select(timeout=0.5):
+            timeout = 0.5
+            if self._parked:
+                timeout = max(0.0, min(0.5, min(self._parked.values()) - time.monotonic()))
+            for key, events in self._sel.select(timeout=timeout):
                 fileobj = key.fileobj
                 assert isinstance(fileobj, socket.socket)  # noqa: S101 - only sockets here
                 sock = fileobj
@@ -108,6 +116,9 @@ class _Door:
                 else:
                     self._look(sock)
             now = time.monotonic()
+            for sock in [s for s, due in self._parked.items() if due <= now]:
+                del self._parked[sock]
+                self._sel.register(sock, selectors.EVENT_READ)  # look again
             for sock in [s for s, due in self._waiting.items() if due <= now]:
                 self._pass(sock)
 
@@ -137,6 +148,8 @@ class _Door:
             return
         kind, head, path, head_only = classify(data)
         if kind == "wait":
+            self._sel.unregister(sock)
+            self._parked[sock] = time.monotonic() + RECHECK_S
             return
         if kind == "other":
             self._pass(sock)
@@ -150,7 +163,8 @@ class _Door:
         sock.close()
 
     def _forget(self, sock: socket.socket) -> None:
-        self._sel.unregister(sock)
+        if self._parked.pop(sock, None) is None:
+            self._sel.unregister(sock)
         del self._waiting[sock]
 
     def _pass(self, sock: socket.socket) -> None:
