@@ -66,8 +66,10 @@ def run(args: argparse.Namespace) -> int:
             die_with_parent=True,
         )
         children.append(control)
-        if not has_backends:
-            _start_fleet(args, control.ready, children, tokens.get(ADMIN_ENV))
+        # Every part is started before this process opens a gRPC channel: a fork beside
+        # gRPC's threads can abort in the child (seen once: "epoll_wait error: Bad file
+        # descriptor", a sim's exit -6), and gRPC's threads outlive a closed channel.
+        sims = _start_sims(args, children) if not has_backends else []
         shim = Part(
             "shim",
             ["dataplane", "--control", control.ready, "--listen", args.listen],
@@ -76,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
             die_with_parent=True,
         )
         children.append(shim)
+        if sims:
+            _register(args, control.ready, sims, tokens.get(ADMIN_ENV))
         print(
             f"Baton is up. OpenAI base URL: {shim.ready}/v1   (control: {control.ready})",
             flush=True,
@@ -155,24 +159,23 @@ def ensure_token_file(data_dir: Path, name: str = TOKEN_FILE) -> str:
     return token
 
 
-def _start_fleet(
-    args: argparse.Namespace, control: str, children: list[Part], token: str | None
+def _start_sims(args: argparse.Namespace, children: list[Part]) -> list[Part]:
+    sims = []
+    for i in range(args.sim):
+        sim = Part(
+            f"sim-{i}",
+            ["sim", "--listen", "127.0.0.1:0", "--model", args.sim_model, "--chip-seed", str(i)],
+            timeout=args.ready_timeout,
+            die_with_parent=True,
+        )
+        children.append(sim)
+        sims.append(sim)
+    return sims
+
+
+def _register(
+    args: argparse.Namespace, control: str, sims: list[Part], token: str | None
 ) -> None:
     with AdminClient(control, token=token or "") as admin:
-        for i in range(args.sim):
-            sim = Part(
-                f"sim-{i}",
-                [
-                    "sim",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--model",
-                    args.sim_model,
-                    "--chip-seed",
-                    str(i),
-                ],
-                timeout=args.ready_timeout,
-                die_with_parent=True,
-            )
-            children.append(sim)
+        for i, sim in enumerate(sims):
             admin.add_backend(f"sim-{i}", sim.ready, args.sim_model, "vllm", "serve")

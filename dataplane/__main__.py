@@ -233,16 +233,18 @@ async def _serve(args: argparse.Namespace) -> int:
         max_field_size=line_limit,
         max_headers=max(128, settings.limits.max_header_bytes // 32),
     )
+    listener = _listen(host or "127.0.0.1", int(port), args.reuse_port)
+    bound = listener.getsockname()[1]
+    stopping = Stopping()
+    door = Door(listener, app[HEALTH].view, on_lost=stopping.signalled)
+    await door.spawn()  # before runner.setup() opens the control channel (gRPC): see spawn
     try:
         await runner.setup()
     except ControlRefused as exc:
         log.error("%s", exc)
+        await door.close()
         raise SystemExit(f"baton shim: {exc}") from None
-    listener = _listen(host or "127.0.0.1", int(port), args.reuse_port)
-    bound = listener.getsockname()[1]
-    stopping = Stopping()
-    door = Door(listener, runner.server, app[HEALTH].view, on_lost=stopping.signalled)
-    await door.spawn()
+    door.serve(runner.server)
     print(f"SHIM READY http://{host or '127.0.0.1'}:{bound}", flush=True)
     loop = asyncio.get_running_loop()
     if os.environ.get(workers.WORKER_ENV):

@@ -230,7 +230,6 @@ class Door:
     def __init__(
         self,
         listener: socket.socket,
-        server: Any,
         view: Callable[[], View],
         on_lost: Callable[[], None] = lambda: None,
     ) -> None:
@@ -239,7 +238,7 @@ class Door:
         self._on_lost = on_lost
         self._closing = False
         self._listener = listener
-        self._server = server
+        self._server: Any = None  # the HTTP server connections go to (serve())
         self._view = view
         self._memfd = os.memfd_create("baton-shim-health")
         os.ftruncate(self._memfd, BLOCK_SIZE)
@@ -252,7 +251,8 @@ class Door:
     async def spawn(self, timeout: float = START_S) -> None:
         """Start the front door (the listener is its from now on) and the heartbeat; returns
         once it is up (a connection that came before would wait for its start, ~0.1 s).
-        Raises RuntimeError if it does not come up."""
+        Raises RuntimeError if it does not come up. Called before the shim opens its gRPC
+        channel: a fork beside gRPC's threads can abort in the child."""
         self.write()
         fds = (self._listener.fileno(), self._theirs.fileno(), self._memfd)
         # On this thread, the loop's: the front door's death signal follows the thread that
@@ -270,8 +270,13 @@ class Door:
             up = b""
         if up != b"r":
             raise RuntimeError(f"the front door did not start within {timeout} s")
-        loop.add_reader(self._ours.fileno(), self._receive)
         self._beat = asyncio.create_task(self._heartbeat())
+
+    def serve(self, server: Any) -> None:
+        """From now on the connections the front door passes go to `server` (aiohttp's
+        web.Server, a protocol factory); until then they wait in the Unix socket."""
+        self._server = server
+        asyncio.get_running_loop().add_reader(self._ours.fileno(), self._receive)
 
     def write(self) -> None:
         """The state block as it is now (also at once on a drain)."""
