@@ -171,20 +171,28 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-def grpc_health_probe(target: str, samples: list[float], stop: threading.Event) -> None:
-    """control's gRPC health Check, every 20 ms, on one channel (as a grpc_health_probe)."""
-    import grpc  # noqa: PLC0415 - only the bench's control probe needs it
+def grpc_health_probe(
+    target: str, samples: list[float], stop: threading.Event, failed: list[str] | None = None
+) -> None:
+    """control's gRPC health Check, every 20 ms, on one channel (as a grpc_health_probe):
+    each answer's latency into `samples` (a failed Check counts 5 s there), and what was
+    wrong with any answer that was not SERVING into `failed`."""
+    import grpc  # noqa: PLC0415 - only the control probe needs it
     from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: PLC0415
 
+    failed = failed if failed is not None else []
     with grpc.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while not stop.is_set():
             start = time.monotonic()
             try:
-                stub.Check(health_pb2.HealthCheckRequest(), timeout=5)  # type: ignore[attr-defined]
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=5)  # type: ignore[attr-defined]
                 samples.append(time.monotonic() - start)
-            except grpc.RpcError:
+                if reply.status != health_pb2.HealthCheckResponse.SERVING:
+                    failed.append(f"status {reply.status}")
+            except grpc.RpcError as exc:
                 samples.append(5.0)
+                failed.append(str(exc.code()))
             stop.wait(0.02)
 
 

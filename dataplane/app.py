@@ -53,7 +53,7 @@ def make_app(settings: ShimSettings) -> web.Application:
 
     links: list[ControlLink] = []  # the control link, once the app has started
 
-    def routable() -> bool:  # read by the health thread: a list and a flag
+    def routable() -> bool:  # a request could be routed now: control sent a snapshot
         return bool(links) and links[0].has_snapshot
 
     cap = settings.limits.max_streams

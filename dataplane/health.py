@@ -18,7 +18,7 @@ idle process is scheduled at once when it wakes (the same bench: p99 ~11 ms for 
   to route from; 200 otherwise. A load balancer then stops sending work and nobody kills the
   process.
 
-The state block is a few numbers in shared memory, written by the shim's loop (StateWriter)
+The state block is a few numbers in shared memory, written by the shim's loop (frontdoor.Door.write)
 and read by the front door: a probe needs no more than a moment's truth."""
 
 # baton: pure

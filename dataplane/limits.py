@@ -120,7 +120,7 @@ def check_request(limits: Limits, client: ClientRequest) -> None:
 class StreamSlots:
     """Generation requests in flight on this shim (the in-flight cap). Not a lock: one event
     loop owns it, and acquire/release never await, so a plain counter is exact (the health
-    thread only reads it)."""
+    heartbeat reads it on the same loop)."""
 
     def __init__(self, limits: Limits) -> None:
         self._limits = limits

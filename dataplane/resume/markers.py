@@ -56,21 +56,20 @@ class MarkerCache:
         return markers
 
     async def _ask(self, backend: Backend, tags: tuple[str, str]) -> Markers | None:
-        ids = await asyncio.gather(*(self._one_id(backend, tag) for tag in tags))
-        if None in ids:
+        start, end = await asyncio.gather(*(self._one_id(backend, tag) for tag in tags))
+        if start is None or end is None:
             log.warning("%s: %s's tags %s are not single tokens there; its reasoning will not "
                         "be resumed", backend.id, backend.reasoning_parser, tags)  # fmt: skip
             return None
-        start, end = (int(t) for t in ids)  # type: ignore[arg-type]
         shown = await asyncio.gather(*(self._shown(backend, t, start) for t in (start, end)))
-        special = {text == "" for text in shown}  # both tags of one kind, or neither is kept
-        if any(text not in ("", tag) for text, tag in zip(shown, tags, strict=True)) or len(
-            special
-        ) > 1:
+        # Each shows its text or nothing, and both alike: the tags are of one kind.
+        kept = [text == tag for text, tag in zip(shown, tags, strict=True)]
+        skipped = [text == "" for text in shown]
+        if not (all(kept) or all(skipped)):
             log.warning("%s: generating %s's tags %s shows %s; its reasoning will not be "
                         "resumed", backend.id, backend.reasoning_parser, tags, shown)  # fmt: skip
             return None
-        return Markers(start, end, tags[0], tags[1], special=special.pop())
+        return Markers(start, end, tags[0], tags[1], special=all(skipped))
 
     def _post(self, backend: Backend, path: str, body: dict[str, object]) -> Any:
         return self._session.post(

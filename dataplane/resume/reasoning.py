@@ -81,14 +81,13 @@ def split(raw: str, m: Markers) -> tuple[str, str] | None:
     return raw[:at], raw[at + len(m.end_text) :]
 
 
-def unmangle(thought: str, content: str) -> str | None:
-    """The text of one chunk that vLLM's parser split around an end tag whose text the
+def unmangle(thought: str, content: str, tag: str) -> str | None:
+    """The text of one chunk that vLLM's parser split around the end tag `tag` whose text the
     stream skipped, or None when it cannot be told. vLLM cuts at delta_text.find(tag), which
     is -1 there, so it sends reasoning = text[:-1] and content = text[len(tag) - 1:] (for
     "</think>": text[7:]): the last character doubles as content's, and content is empty
     when the text is shorter than the tag."""
-    skip = len(THINK_TAGS["deepseek_r1"][1]) - 1
-    if len(thought) >= skip and content:
+    if len(thought) >= len(tag) - 1 and content:
         return thought + content[-1]
     return None  # content empty: the text's last character (if it had one) never came
 

@@ -17,7 +17,7 @@ from dataplane.failover import Failure
 from dataplane.resume import reasoning
 from dataplane.resume.chunks import FAILED_FINISH, parse_chunk
 from dataplane.resume.progress import ChoiceProgress
-from dataplane.resume.reasoning import REASONING_FIELDS, Markers
+from dataplane.resume.reasoning import REASONING_FIELDS, THINK_TAGS, Markers
 from dataplane.sse import DONE_EVENT, sse
 from dataplane.validate import ClientRequest, Endpoint
 
@@ -174,7 +174,7 @@ class Stitcher:
                 return thought + m.end_text + content
             # Merged with other tokens, its text skipped: vLLM's parser cut the chunk where
             # it did not find the tag. The client has what it sent; the raw text is rebuilt.
-            raw = reasoning.unmangle(thought, content)
+            raw = reasoning.unmangle(thought, content, THINK_TAGS[self._parser][1])
             if raw is None:
                 # Its last character never reached the client: a resume asks the engine
                 # for it first (lost_character), so the raw text Baton keeps stays whole.

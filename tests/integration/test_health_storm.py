@@ -16,11 +16,9 @@ import threading
 import time
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.storm import Probe, percentile
+from bench.storm import Probe, grpc_health_probe, percentile
 from tests.integration.harness import fleet
 
 # Alone: other tests' processes beside it would be load it did not make (make test runs it last).
@@ -33,17 +31,6 @@ STORM = 10 * CAP  # concurrent clients
 SECONDS = 6.0
 
 
-def grpc_checks(target: str, out: list[float], stop: threading.Event) -> None:
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while not stop.is_set():
-            start = time.monotonic()
-            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
-            assert reply.status == health_pb2.HealthCheckResponse.SERVING
-            out.append(time.monotonic() - start)
-            stop.wait(0.02)
-
-
 def test_probes_answer_fast_through_a_storm_and_every_request_ends_well(tmp_path: Path) -> None:
     sims = ("--decode-ms-per-step", "2", "--max-num-seqs", str(SEQS))
     with fleet(tmp_path, n=SIMS, sim_args=sims, shim_args=("--max-streams", str(CAP))) as f:
@@ -54,8 +41,11 @@ def test_probes_answer_fast_through_a_storm_and_every_request_ends_well(tmp_path
         m_host, m_port = metrics_at.rsplit(":", 1)
         scrape = Probe(m_host, int(m_port), "/metrics")
         checks: list[float] = []
+        not_serving: list[str] = []
         stop = threading.Event()
-        checker = threading.Thread(target=grpc_checks, args=(f.control.ready, checks, stop))
+        checker = threading.Thread(
+            target=grpc_health_probe, args=(f.control.ready, checks, stop, not_serving)
+        )
         for probe in (live, ready, scrape):
             probe.start()
         checker.start()
@@ -98,6 +88,7 @@ def test_probes_answer_fast_through_a_storm_and_every_request_ends_well(tmp_path
         back = [s[0] for s in ready.samples if s[0] > ended and s[1] == 200]
         assert back and back[0] - ended < 1.0, (ended, ready.samples[-20:])
         # Control under the same storm (every shim request is routed there).
+        assert not not_serving, not_serving
         for name, values in (("gRPC health", checks), ("metrics", scrape.latencies())):
             assert values, name
             p99 = percentile(values, 0.99)
