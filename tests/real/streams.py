@@ -183,6 +183,11 @@ class Round:
     served: dict[str, str] = field(default_factory=dict)  # request id -> first replica
 
 
+# When a round's kill may land, judged on the streams as the client has them so far: the
+# streams (their ids grow as chunks arrive) and which of them the victim replica serves.
+KillWhen = Callable[[Sequence[Streamed], Sequence[bool]], bool]
+
+
 def kill_round(
     pool: Pool,
     fleet: Fleet,
@@ -192,10 +197,19 @@ def kill_round(
     *,
     vllm: bool,
     extra_body: dict[str, Any] | None = None,
+    kill_when: KillWhen | None = None,
 ) -> Round:
     """All `cases` streamed at once through Baton; once every stream has its first chunk and
     the first has KILL_AFTER, the replica serving the first is SIGKILLed (its process group),
-    if it is still generating (vLLM; llama-server is killed regardless)."""
+    if it is still generating (vLLM; llama-server is killed regardless).
+
+    With `kill_when`, the kill waits on the streams' state instead: once every stream has
+    its first chunk, the replica serving the first is the victim, and it is killed at the
+    first chunk after which `kill_when` holds (never, if the streams end first). Where the
+    streams stand when a kill lands depends on how an engine batches and on the machine's
+    speed, so a test that needs kills at given token positions says what it needs here."""
+    if kill_when is not None:
+        return _kill_on_state(pool, fleet, model, cases, tokens, kill_when, extra_body)
     client = sdk(fleet.base_url)
     admin = AdminClient(fleet.control.ready, timeout=30.0)
     # A first request opens the shim's route stream to control (and admin connects now,
@@ -234,6 +248,72 @@ def kill_round(
     try:
         with ThreadPoolExecutor(len(cases)) as ex:
             result.streams = list(ex.map(one, range(len(cases))))
+        result.served = {s.request_id: serving(admin, s.request_id) for s in result.streams}
+    finally:
+        admin.close()
+    return result
+
+
+def _kill_on_state(
+    pool: Pool,
+    fleet: Fleet,
+    model: str,
+    cases: Sequence[Case],
+    tokens: int,
+    kill_when: KillWhen,
+    extra_body: dict[str, Any] | None,
+) -> Round:
+    client = sdk(fleet.base_url)
+    admin = AdminClient(fleet.control.ready, timeout=30.0)
+    warm = _request(client, model, cases[0], 1)  # opens the shim's route stream to control
+    _read(warm, Streamed(cases[0]), None)
+    outs = [Streamed(c) for c in cases]
+    changed = threading.Condition()
+    firsts = [False] * len(cases)
+    done = [False] * len(cases)
+    result = Round([])
+
+    def kill() -> None:
+        with changed:
+            if not changed.wait_for(lambda: all(firsts), 120):
+                return
+        # Every stream has been routed: one read of the route events says who serves which.
+        routes = {str(e["request_id"]): str(e["backend_id"])
+                  for e in admin.events(kind="route", limit=10_000)}  # fmt: skip
+        name = routes.get(outs[0].request_id, "")
+        if not name:
+            return  # routed by the shim alone: which replica serves it is unknown
+        on_victim = [routes.get(o.request_id) == name for o in outs]
+        engine = pool.replicas.engines[name]
+        with changed:
+            ok = changed.wait_for(
+                lambda: all(done) or kill_when(outs, on_victim), 300
+            )
+            if not ok or all(done):
+                return
+            engine.kill(signal.SIGKILL)  # under the lock: no chunk callback runs in between
+            result.victim = name
+
+    def one(i: int) -> Streamed:
+        def on_chunk(n: int) -> None:
+            with changed:
+                firsts[i] = True
+                changed.notify_all()
+
+        try:
+            raw = _request(client, model, cases[i], tokens, extra_body)
+            outs[i].request_id = raw.headers.get("x-request-id", "")
+            return _read(raw, outs[i], on_chunk)
+        finally:
+            with changed:
+                firsts[i] = done[i] = True  # a stream that failed must not hold the kill up
+                changed.notify_all()
+
+    try:
+        with ThreadPoolExecutor(len(cases) + 1) as ex:
+            killer = ex.submit(kill)
+            result.streams = list(ex.map(one, range(len(cases))))
+            killer.result()
         result.served = {s.request_id: serving(admin, s.request_id) for s in result.streams}
     finally:
         admin.close()

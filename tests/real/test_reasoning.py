@@ -21,7 +21,8 @@ Run: .venv/bin/pytest -m real tests/real/test_reasoning.py"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +36,17 @@ pytestmark = [pytest.mark.real, pytest.mark.timeout(1200)]
 THINK_END = 264  # the </think> token's id in both tiny-think vocabularies
 TAG = "</think>"
 SEAM = 4  # the shim's seam overlap (tokens): a kill this close after the tag regenerates it
-# Where each case's </think> comes among the generated tokens, and its chunking: one
-# replica's streams are cut at about the same token, so the tags spread around it. Where
-# that is varies from round to round (1 to 75 tokens seen here): the tags span that range.
+# Where each case's </think> comes among the generated tokens, and its chunking. Where a
+# replica's streams stand when it is killed depends on how vLLM admits and batches them and
+# on the machine (1 to 125 tokens in, seen here and in CI), so the kill waits on the
+# streams' state (kill_when) and the tags spread over the whole range.
 PLACES = [(t, interval) for t in range(5, 90, 2) for interval in (None, 3)]
 AFTER = 40  # tokens of content after the latest tag
 ROUNDS = 6  # kill rounds at most: more only while some landing has not been seen
+# How far the client's count of a stream's tokens may trail what the shim had sent when the
+# engine died (chunks in flight): a kill meant to land "on" waits for a stream at most this
+# far past its tag, so that what the shim sent is within SEAM of it.
+LAG = SEAM - 2
 
 
 def truth(ids: Sequence[int]) -> dict[str, str]:
@@ -86,6 +92,36 @@ def landing(sent: int, think_at: int) -> str:
     return "on" if sent <= think_at + SEAM else "after"
 
 
+def kill_when(
+    think_at: dict[Case, int], seen: set[tuple[str, bool]]
+) -> Callable[[Sequence[Streamed], Sequence[bool]], bool]:
+    """When to kill: once the victim's streams, as the client has them, hold a stream for
+    each landing not seen yet, one of them of each chunking not seen yet. A stream counts
+    as "on" from one token past its tag to LAG past it (the shim may have sent up to LAG
+    more), "before" while the shim cannot have reached its tag, "after" once the client
+    itself is past the overlap."""
+    want = {"before", "on", "after"} - {w for w, _ in seen}
+    kinds = {False, True} - {m for _, m in seen}
+    want = want or {"on"}  # every landing seen (merged or not missing): aim at the tag
+
+    def where(s: Streamed) -> str:
+        d = len(s.ids) - think_at[s.case]
+        if d <= -LAG - 1:
+            return "before"
+        if 1 <= d <= LAG:
+            return "on"
+        return "after" if d > SEAM else ""
+
+    def ready(streams: Sequence[Streamed], on_victim: Sequence[bool]) -> bool:
+        now = {(where(s), s.case.stream_interval is not None)
+               for s, v in zip(streams, on_victim, strict=True) if v and not s.finish}  # fmt: skip
+        if not want <= {w for w, _ in now}:
+            return False
+        return not kinds or any(m in kinds for w, m in now if w in want)
+
+    return ready
+
+
 @pytest.mark.parametrize(
     "prefix,model,special", [("t", "tiny-think", False), ("s", "tiny-think-special", True)]
 )
@@ -116,9 +152,12 @@ def test_vllm_reasoning_killed_before_on_and_after_the_end_tag(
         }:  # fmt: skip
             break
         engines = pool.get(*names)
+        # Shuffled: the order vLLM admits streams in must not follow where their tags are.
+        order = random.Random(n).sample(cases, len(cases))
         with baton(tmp_path / f"round{n}", engines) as fleet:
-            r = kill_round(pool, fleet, model, cases, tokens, vllm=True,
-                           extra_body={"return_token_ids": True})  # fmt: skip
+            r = kill_round(pool, fleet, model, order, tokens, vllm=True,
+                           extra_body={"return_token_ids": True},
+                           kill_when=kill_when(think_at, seen))  # fmt: skip
             evs = failovers(fleet, r)
         if r.victim:
             pool.revive(r.victim)
