@@ -4,7 +4,7 @@ _exceptions.py). services/errors.py maps each to the gRPC status an admin or a s
     ControlPlaneError
     ├── ConfigError           a config file, a saved fleet or an admin's backend spec is
     │                         invalid (INVALID_ARGUMENT; at start, control exits saying why)
-    ├── FactsError            a backend's /server_info does not carry the facts a pair needs
+    ├── FactsError            a backend's engine does not tell the facts a pair needs
     └── RegistryError         the registry refuses a change
         ├── BackendExists     add: the id is taken (ALREADY_EXISTS)
         ├── BackendNotFound   no backend has the id (NOT_FOUND)

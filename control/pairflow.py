@@ -16,7 +16,7 @@ from typing import Any
 from baton.model import Backend, BackendId, Pairing, PairState, RequestShape, Role, Verdict
 from control.events import EventKind
 from control.exceptions import PairExists, PairNotFound, PairRefused
-from control.facts import Facts, pair_violations
+from control.facts import Facts, describe, pair_violations
 from control.pairs import DEFAULT_DRAFT_TOKENS, Pair, PairTable, gate
 from control.registry import Registry
 
@@ -72,7 +72,7 @@ class PairFlow:
             raise PairExists(f"draft {d.id!r} is already bound; unbind it first")
         violations = pair_violations(draft, target)
         if violations:
-            raise PairRefused("; ".join(f"{v.invariant}: {v.detail}" for v in violations))
+            raise PairRefused(describe(violations))
         reg.set_facts(d.id, draft)
         reg.set_facts(t.id, target)
         pair = self._pairs.put(
@@ -112,15 +112,19 @@ class PairFlow:
         if draft is None or facts is None or not reg.routable(pair.draft_id):
             return None
         target = reg.facts.get(pair.target_id)
-        if target is not None and (broken := pair_violations(facts, target)):
+        if target is None:
+            return None  # it came back and could not say: fail closed, target alone
+        if broken := pair_violations(facts, target):
             # The target was re-read since (it came back with another config): never serve
             # through it; move the draft to a target that still matches.
-            why = "; ".join(f"{v.invariant}: {v.detail}" for v in broken)
+            why = describe(broken)
             self._pair_event(pair, "reject", reason=why)
             self._rebind(pair, exclude=pair.target_id, why=why)
             return None
-        greedy = shape.greedy if shape.sets_temperature else facts.sampling.temperature == 0
-        if not greedy:
+        # The router sets every sampling parameter on the pair's calls (baton/sampling.py):
+        # a request that leaves its temperature to the engine's generation config asks for
+        # something the pair cannot know, so the target alone serves it.
+        if not (shape.sets_temperature and shape.greedy):
             return None
         return Pairing(pair.id, draft, pair.num_draft_tokens, pair.params_hash,
                        pair.gate_pending, facts.eos_token_id)  # fmt: skip
@@ -155,10 +159,16 @@ class PairFlow:
             return self._standing(pair, target_id, baseline, observed)
         if target is not None:
             self._registry.set_facts(target_id, target, known_only=False)
+        draft = self._registry.facts.get(pair.draft_id)
+        broken = pair_violations(draft, target) if draft and target else []
         same = target is not None and target.params_hash == pair.params_hash
         verdict, reason = gate(baseline, observed, same)
-        if target is None:
-            reason = "facts unavailable from the new target (fail closed)"
+        if target is None or draft is None:
+            verdict, reason = Verdict.REJECT, "facts unavailable (fail closed)"
+        elif broken:
+            # The new target's engine is not the draft's kind of engine: whatever its
+            # acceptance, its scores do not verify the draft's ids.
+            verdict, reason = Verdict.REJECT, f"{describe(broken)} (acceptance {observed:.2f})"
         if verdict is not Verdict.REJECT:
             pair = self._pairs.judged(pair, verdict, reason, observed)
             self._pair_event(pair, verdict.value, reason=reason, observed=observed,

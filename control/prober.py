@@ -93,8 +93,8 @@ class RankCheck:
 class FactsRefresher:
     """Pairs are re-bound only to targets whose facts match the draft's, so control keeps
     every backend's facts: read when it first answers a probe and again each time it comes
-    back (a restarted replica may have another generation config). A backend without
-    /server_info is asked again only after a while."""
+    back (a restarted replica may have another tokenizer or block size). A backend that
+    cannot tell them is asked again only after a while."""
 
     RETRY_S = 30.0
 
@@ -128,5 +128,7 @@ class FactsRefresher:
         for b, result, length in zip(due, read, lengths, strict=True):
             if isinstance(result, Facts):
                 self._registry.set_facts(b.id, result)
+            else:
+                self._registry.forget_facts(b.id)
             if length is not None:
                 self._registry.set_max_model_len(b.id, length)

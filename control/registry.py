@@ -62,7 +62,7 @@ class Registry:
         self.placement = Placement(pins, sessions, owners)
         # Each engine's own load (engineload.py), and Baton's routes to it since that reading.
         self._readings = Readings()
-        # Facts read from each backend (GET /server_info); absent until read.
+        # Facts read from each backend's engine (control/facts_fetch.py); absent until read.
         self._facts: dict[BackendId, Facts] = {}
         self._facts_view: Mapping[BackendId, Facts] = MappingProxyType(self._facts)
         self._model_len: dict[BackendId, int] = {}  # from each engine's /v1/models
@@ -231,6 +231,11 @@ class Registry:
         gate stores what it just read from a target, which may have been removed meanwhile."""
         if not known_only or backend_id in self._backends:
             self._facts[BackendId(backend_id)] = facts
+
+    def forget_facts(self, backend_id: str) -> None:
+        """The backend came back and could not tell its facts: what it said before its
+        restart no longer stands (a pair fails closed until they are read again)."""
+        self._facts.pop(BackendId(backend_id), None)
 
     # -- load: which backend each in-flight request holds ---------------------------------
 

@@ -25,6 +25,7 @@ from sim.protocol import Limits
 from sim.responses_store import DEFAULT_CAPACITY
 from sim.server import STATE, SimConfig, start_server
 from sim.specdecode import SpecConfig
+from sim.tokenizer import FIRST_MERGE_ID
 from sim.tools import MAX_TOOL_CALL_AFTER
 
 
@@ -69,13 +70,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="act as a draft of the model with this --model-seed: its argmax equals "
                         "the target's at a fraction P of positions (1.0 = the plain model)")
     m.add_argument("--tokenizer-variant", type=int, default=0, metavar="N",
-                   help="non-zero: a different vocabulary (and vocab_hash)")
+                   help="non-zero: a different vocabulary")
+    m.add_argument("--tokenizer-drop-merge", type=int, default=None, metavar="ID",
+                   help="the same vocabulary without the merge that makes token ID (it stays "
+                        "in the vocabulary, unreachable): a tokenizer that differs by one merge")
     m.add_argument("--loop-after-len", type=int, default=0, metavar="T",
                    help="degenerate model: loop once the history has T tokens (with --loop-period)")
     m.add_argument("--loop-period", type=int, default=0, metavar="L",
                    help="degenerate model: the argmax is history[-L] (0 = off)")
     m.add_argument("--byte-level", action="store_true",
-                   help="byte-level BPE vocabulary (own vocab_hash); the model emits multi-byte "
+                   help="byte-level BPE vocabulary (its own); the model emits multi-byte "
                         "characters, characters split across tokens and invalid UTF-8")
     m.add_argument("--reasoning", action="store_true",
                    help="<think>/</think> tokens, a template opening <think>, and chat "
@@ -164,8 +168,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             default_max_tokens=args.default_max_tokens,
             default_temperature=args.default_temperature,
             default_top_p=args.default_top_p,
-            # -1 and 0 both mean "off"; one spelling keeps /server_info (and the
-            # router's sampling-params hash) from telling equal configs apart.
+            # -1 and 0 both mean "off": one spelling.
             default_top_k=max(args.default_top_k, 0),
             default_seed=args.default_seed,
             stream_interval=args.stream_interval,
@@ -181,6 +184,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_num_seqs=args.max_num_seqs,
         spec=SpecConfig(num_tokens=args.num_speculative_tokens, acceptance=args.spec_acceptance),
         tokenizer_variant=args.tokenizer_variant,
+        tokenizer_drop_merge=args.tokenizer_drop_merge,
         timing_log=args.timing_log,
         api_key=args.api_key,
         byte_level=args.byte_level,
@@ -228,6 +232,8 @@ def _check_ranges(args: argparse.Namespace) -> None:
         raise SystemExit("--default-top-k must be -1, 0 (off) or at least 1")
     if args.responses_store < 0 or args.embedding_dim < 1:
         raise SystemExit("--responses-store must be >= 0 and --embedding-dim >= 1")
+    if args.tokenizer_drop_merge is not None and args.tokenizer_drop_merge < FIRST_MERGE_ID:
+        raise SystemExit(f"--tokenizer-drop-merge must name a merge's token (>= {FIRST_MERGE_ID})")
     if args.loop_after_len < 0 or args.loop_period < 0:
         raise SystemExit("--loop-after-len and --loop-period must be >= 0")
     if args.think_special and not args.reasoning:

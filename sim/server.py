@@ -38,7 +38,7 @@ from sim.protocol import (
 from sim.responses_store import DEFAULT_CAPACITY, ResponseStore
 from sim.run import Dropped, Run
 from sim.specdecode import SpecConfig
-from sim.tokenizer import EOS, Tokenizer, build_tokenizer
+from sim.tokenizer import Tokenizer, build_tokenizer
 
 FAULT_HEADER = "X-Sim-Fault"
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -53,6 +53,7 @@ class SimConfig:
     max_num_seqs: int = 256
     spec: SpecConfig = SpecConfig()
     tokenizer_variant: int = 0
+    tokenizer_drop_merge: int | None = None
     timing_log: str = ""  # append one JSON line per request's first token (benchmarks)
     api_key: str = ""  # like vLLM's --api-key: /v1/* needs "Authorization: Bearer KEY"
     # A byte-level BPE vocabulary whose model emits multi-byte (and invalid) UTF-8.
@@ -93,8 +94,8 @@ class SimState:
         self.tokenizer = build_tokenizer(
             cfg.tokenizer_variant, byte_level=cfg.byte_level, reasoning=cfg.reasoning,
             tool_calls=cfg.tool_calls, think_special=cfg.think_special,
+            drop_merge=cfg.tokenizer_drop_merge,
         )
-        self.vocab_hash = self.tokenizer.vocab_hash()
         self.model = ToyModel(cfg.model, self.tokenizer)
         size = max(1, cfg.data_parallel_size)
         self.metrics = SimMetrics(
@@ -144,7 +145,6 @@ def create_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/version", version)
-    app.router.add_get("/server_info", server_info)
     app.router.add_get("/metrics", metrics)
     from sim import kv_http, pooling_http, responses_http  # they use this module's state
 
@@ -311,7 +311,12 @@ async def tokenize(request: web.Request) -> web.Response:
         ids = prompt_to_ids(body["prompt"], state.tokenizer, add_special is not False)
     else:
         raise bad_request("'prompt' (a string) or 'messages' is required")
-    return ok({"count": len(ids), "max_model_len": state.cfg.limits.max_model_len, "tokens": ids})
+    out: dict[str, Any] = {
+        "count": len(ids), "max_model_len": state.cfg.limits.max_model_len, "tokens": ids
+    }
+    if body.get("return_token_strs") is True:  # vLLM's: each token as its vocabulary entry
+        out["token_strs"] = [state.tokenizer.texts[i] for i in ids]
+    return ok(out)
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -349,30 +354,6 @@ async def models(request: web.Request) -> web.Response:
 
 async def version(request: web.Request) -> web.Response:
     return ok({"version": "sim"})
-
-
-async def server_info(request: web.Request) -> web.Response:
-    """Facts a router checks before pairing backends (vLLM has a dev endpoint of this name)."""
-    state = request.app[STATE]
-    cfg = state.cfg
-    lim = cfg.limits
-    return ok(
-        {
-            "model": lim.model,
-            "max_model_len": lim.max_model_len,
-            "vocab_size": state.tokenizer.vocab_size,
-            "vocab_hash": state.vocab_hash,
-            "block_size": cfg.cost.block_size,
-            "eos_token_id": EOS,
-            "default_sampling_params": {
-                "temperature": lim.default_temperature,
-                "top_p": lim.default_top_p,
-                "top_k": lim.default_top_k,
-                "seed": lim.default_seed,
-            },
-            "draft_agree_rate": cfg.model.draft_agree_rate,
-        }
-    )
 
 
 async def metrics(request: web.Request) -> web.Response:

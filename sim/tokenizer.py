@@ -8,7 +8,8 @@ the retokenization drift that makes text-level resume unfaithful (DESIGN §4).
 A non-zero ``variant`` leaves out every 16th merge target (which ones depends
 on the variant), so ids and pieces shift: a different vocabulary with a
 different ``vocab_hash``, for testing that pairs refuse mismatched tokenizers.
-Variants equal mod 16 are the same vocabulary.
+Variants equal mod 16 are the same vocabulary. ``drop_merge`` keeps the vocabulary and
+leaves out the one merge that makes a given token: a tokenizer one merge apart.
 
 ``byte_level=True`` adds merges for multi-byte UTF-8 fragments, the way a
 byte-level BPE (Llama 3, Qwen) has them: whole characters as one token ("é",
@@ -262,9 +263,15 @@ class Tokenizer:
 
 def build_tokenizer(
     variant: int = 0, *, byte_level: bool = False, reasoning: bool = False,
-    tool_calls: bool = False, think_special: bool = False,
+    tool_calls: bool = False, think_special: bool = False, drop_merge: int | None = None,
 ) -> Tokenizer:
     merges, pieces = _build_merges(variant, byte_level)
+    if drop_merge is not None:
+        if drop_merge not in merges.values():
+            raise ValueError(f"no merge makes token {drop_merge}")
+        # The piece stays in the vocabulary; no rule makes it any more (nor any merge that
+        # would take it as an input), so text that was cut into it is cut otherwise.
+        merges = {pair: i for pair, i in merges.items() if i != drop_merge}
     merge_end = len(pieces)
     added = dict(SPECIAL_TOKENS)
     think_start = think_end = tool_call_start = tool_call_end = None

@@ -24,7 +24,7 @@ STATUS_FOR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (PairNotFound, grpc.StatusCode.NOT_FOUND),
     (PairExists, grpc.StatusCode.ALREADY_EXISTS),
-    # A pairing that breaks an invariant: the message names it (vocab_hash, block_size, ...).
+    # A pairing that breaks an invariant: the message names it (tokenizer, block_size, ...).
     (PairRefused, grpc.StatusCode.FAILED_PRECONDITION),
 )
 

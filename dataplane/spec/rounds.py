@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 
 from baton.model import Backend, Pairing
+from baton.sampling import pair_params
 from dataplane.engine import detokenize, post_json
 from dataplane.exceptions import AttemptFailed, DraftFailed
 from dataplane.failover import Failure
@@ -62,11 +63,12 @@ class Rounds:
     async def _complete(
         self, backend: Backend, prompt: list[int], n: int, prompt_logprobs: int | None = None
     ) -> dict[str, Any]:
+        # Every sampling parameter, so that no engine default enters (baton/sampling.py).
         body: dict[str, Any] = {
+            **pair_params(backend.kind),
             "model": backend.model,
             "prompt": prompt,
             "max_tokens": n,
-            "temperature": 0,
             "return_token_ids": True,
         }
         if prompt_logprobs is not None:

@@ -2,7 +2,7 @@
 
 Run with the engine venv's python (it has torch and transformers):
 `make_tiny_model.py OUT_DIR [VARIANT]`, VARIANT one of tiny (the default), tiny-bytes,
-tiny-think, tiny-think-special, tiny-wide.
+tiny-think, tiny-think-special, tiny-wide, tiny-merge, tiny-added.
 
 All three share the recipe (see ../shared/research/backends.md):
 - head_dim 32: vLLM's CPU attention needs head_dim >= 32 and a multiple of 16.
@@ -37,6 +37,9 @@ The variants differ in what greedy decoding can emit:
   reasoning models' tokenizers mark them): the same weights and ids, but with
   skip_special_tokens (vLLM's default) a stream never shows the tags' text, while vLLM's
   parser still splits by their ids and /detokenize (no skipping) still spells them.
+- tiny-merge and tiny-added: tiny's weights behind a tokenizer one merge ("h" "e", and the
+  token "he" it makes) or one added token ("<|extra|>") apart, for speculative pairs that
+  must be refused (their ids mean other text, or a text is cut otherwise).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch  # type: ignore[import-not-found]  # the engine venv has it, .venv not
 from tokenizers import (  # type: ignore[import-not-found]
@@ -118,11 +122,18 @@ def byte_vocab() -> dict[str, int]:
     return {mapping[b]: b for b in range(256)}
 
 
-def tokenizer(think: bool = False, special: bool = False) -> PreTrainedTokenizerFast:
+def tokenizer(
+    think: bool = False, special: bool = False, merge: tuple[str, str] | None = None,
+    added: str | None = None,
+) -> PreTrainedTokenizerFast:
     vocab = byte_vocab()
     for i, tok in enumerate(SPECIALS):
         vocab[tok] = 256 + i
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    merges = []
+    if merge is not None:  # tiny-merge: one merge (and the token it makes) more
+        vocab[merge[0] + merge[1]] = len(vocab)
+        merges.append(merge)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
@@ -130,6 +141,8 @@ def tokenizer(think: bool = False, special: bool = False) -> PreTrainedTokenizer
         # Not special: skip_special_tokens keeps their text (DeepSeek-R1 style); special:
         # it drops it (the decoder skips them, as tokenizers' DecodeStream in vLLM does).
         tok.add_tokens([AddedToken(t, special=special, normalized=False) for t in THINK])
+    if added is not None:  # tiny-added: one added (not special) token more
+        tok.add_tokens([AddedToken(added, special=False, normalized=False)])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|bos|>",
@@ -201,6 +214,17 @@ def reserve(model: LlamaForCausalLM, dims: list[int]) -> None:
 
 def build_tiny(model_dir: Path) -> None:
     fast = tokenizer()
+    model = random_model(VOCAB)
+    with torch.no_grad():
+        only_rows(model, ASCII)
+    save(model, fast, model_dir)
+
+
+def build_altered(model_dir: Path, **change: Any) -> None:
+    """tiny's weights (the same seed) behind a tokenizer one merge or one added token
+    apart: vLLM serves it like tiny, and only the tokenizer tells them apart."""
+    fast = tokenizer(**change)
+    assert len(fast) == len(tokenizer()) + 1 <= VOCAB, len(fast)
     model = random_model(VOCAB)
     with torch.no_grad():
         only_rows(model, ASCII)
@@ -290,6 +314,8 @@ VARIANTS: dict[str, Callable[[Path], None]] = {
     "tiny-think": build_think,
     "tiny-think-special": lambda d: build_think(d, special=True),
     "tiny-wide": build_wide,
+    "tiny-merge": lambda d: build_altered(d, merge=("h", "e")),
+    "tiny-added": lambda d: build_altered(d, added="<|extra|>"),
 }
 
 

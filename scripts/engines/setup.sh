@@ -10,6 +10,8 @@
 #   model/tiny-think/ with non-special <think>/</think> tokens, for --reasoning-parser deepseek_r1
 #   model/tiny-think-special/ the same weights, its tags special tokens (text skipped)
 #   model/tiny-wide/  the tiny recipe wider, with a 16k context: bench/kv_routing.py --real
+#   model/tiny-merge/, model/tiny-added/  tiny behind a tokenizer one merge or one added
+#                     token apart (speculative pairs that must be refused)
 #   router-venv/      sglang-router 0.3.2, the peer bench/kv_routing.py --real runs beside
 #                     Baton (its own environment; only with the named step `router`)
 # and, system-wide, Debian's `prometheus` (tests/real/test_dashboard.py runs its own process).
@@ -21,7 +23,7 @@ PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 VLLM_VERSION=0.32.0
 LLAMA_CPP_PYTHON=0.3.36   # its sdist vendors the llama.cpp source and converter we use
 # A model's version: bump it when make_tiny_model.py changes that model, and it is rebuilt.
-TINY_VERSION=2 BYTES_VERSION=1 THINK_VERSION=2 WIDE_VERSION=1
+TINY_VERSION=2 BYTES_VERSION=1 THINK_VERSION=2 WIDE_VERSION=1 ALTERED_VERSION=1
 SGLANG_ROUTER=0.3.2
 SRC="$CACHE/src/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
 mkdir -p "$CACHE/src" "$CACHE/bin" "$CACHE/model" "$CACHE/logs"
@@ -94,6 +96,8 @@ model() {
   one_model tiny-think "$THINK_VERSION"  # served by vLLM only (--reasoning-parser deepseek_r1)
   one_model tiny-think-special "$THINK_VERSION"  # the same, its tags special tokens
   one_model tiny-wide "$WIDE_VERSION"    # vLLM only: bench/kv_routing.py --real
+  one_model tiny-merge "$ALTERED_VERSION"  # tiny behind a tokenizer one merge apart
+  one_model tiny-added "$ALTERED_VERSION"  # tiny behind a tokenizer one added token apart
 }
 
 # A benchmark-only peer, in its own venv (never in Baton's dependencies).

@@ -719,35 +719,35 @@ def test_prompt_logprobs_refusals(sim: SimProcess) -> None:
     assert status == 400 and err["error"]["param"] == "prompt_logprobs"
 
 
-def test_server_info_reports_the_facts_pairs_are_validated_against(
-    sim: SimProcess, draft: SimProcess
-) -> None:
-    info = orjson.loads(get(f"{sim.url}/server_info")[1])
+def test_pair_facts_are_published_where_and_as_vllm_publishes_them(sim: SimProcess) -> None:
+    """No invented endpoint: vLLM 0.32 has no /server_info outside its dev mode, so a
+    router reads the facts from /tokenize, /detokenize, /metrics and /v1/models."""
+    assert get(f"{sim.url}/server_info")[0] == 404
     tok = build_tokenizer()
-    assert info == {
-        "model": "toy",
-        "max_model_len": 8192,
-        "vocab_size": tok.vocab_size,
-        "vocab_hash": tok.vocab_hash(),
-        "block_size": 16,
-        "eos_token_id": EOS,
-        "default_sampling_params": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None},
-        "draft_agree_rate": 1.0,
-    }
-    assert orjson.loads(get(f"{draft.url}/server_info")[1])["draft_agree_rate"] == DRAFT_RATE
+    ask = {"prompt": "hello world", "add_special_tokens": False, "return_token_strs": True}
+    status, got = post(f"{sim.url}/tokenize", ask)
+    assert status == 200 and got["tokens"] == tok.encode("hello world")
+    assert got["token_strs"] == [tok.texts[i] for i in got["tokens"]]
+    assert "".join(got["token_strs"]) == "hello world"
+    assert "token_strs" not in post(f"{sim.url}/tokenize", {"prompt": "hi"})[1]
+    status, got = post(f"{sim.url}/detokenize", {"tokens": [EOS, tok.vocab_size - 1]})
+    assert status == 200 and got["prompt"].startswith("<|eos|>")
+    status, err = post(f"{sim.url}/detokenize", {"tokens": [tok.vocab_size]})
+    assert status == 400 and err["error"]["param"] == "tokens"  # past the vocabulary
     text = get(f"{sim.url}/metrics")[1].decode()
     assert metric(text, "vllm:cache_config_info", block_size="16") == 1
+    (card,) = orjson.loads(get(f"{sim.url}/v1/models")[1])["data"]
+    assert card["max_model_len"] == 8192 and card["root"] == "toy"
 
 
-def test_generation_config_and_tokenizer_variant_show_in_facts_and_behaviour(
-    sim: SimProcess,
-) -> None:
+def test_generation_config_and_tokenizer_variant_show_in_behaviour(sim: SimProcess) -> None:
     p = SimProcess(
         "--tokenizer-variant", "1", "--block-size", "32", "--default-temperature", "0.7",
         "--default-top-p", "0.9", "--default-top-k", "40", "--default-seed", "7",
     )
     try:
-        info = orjson.loads(get(f"{p.url}/server_info")[1])
+        ids = post(f"{p.url}/tokenize", {"prompt": "Once upon a time, the fleet"})[1]["tokens"]
+        metrics = get(f"{p.url}/metrics")[1].decode()
         body: dict[str, Any] = {"prompt": "Once upon", "max_tokens": 30}
         omitted = [post(f"{p.url}/v1/completions", body)[1] for _ in range(2)]
         explicit = post(
@@ -757,11 +757,9 @@ def test_generation_config_and_tokenizer_variant_show_in_facts_and_behaviour(
         greedy = post(f"{p.url}/v1/completions", {**body, "temperature": 0})[1]
     finally:
         p.close()
-    plain = orjson.loads(get(f"{sim.url}/server_info")[1])
-    assert info["vocab_hash"] != plain["vocab_hash"] and info["block_size"] == 32
-    assert info["default_sampling_params"] == {
-        "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 7
-    }
+    plain = post(f"{sim.url}/tokenize", {"prompt": "Once upon a time, the fleet"})[1]["tokens"]
+    assert ids != plain  # another vocabulary cuts the same text otherwise
+    assert metric(metrics, "vllm:cache_config_info", block_size="32") == 1
     texts = [r["choices"][0]["text"] for r in (*omitted, explicit, greedy)]
     assert texts[0] == texts[1] == texts[2]  # omitted fields take the server defaults
     assert texts[3] != texts[0]  # an explicit temperature 0 wins: greedy, not sampled

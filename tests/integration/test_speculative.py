@@ -31,9 +31,12 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.timeout(120)
 
 AGREE = ("--draft-agree-rate", "0.4")
-# A replica whose generation config samples: its greedy argmax also happens to agree with the
-# draft everywhere (it is the draft's model), so its acceptance spikes like the incident's.
-SPIKY = ("--default-temperature", "0.7", *AGREE)
+# A replica that is the draft's own model (its argmax agrees with the draft everywhere, so its
+# acceptance spikes like the incident's) on an engine whose facts differ from the draft's.
+SPIKY = {
+    "block_size": (*AGREE, "--block-size", "32"),
+    "tokenizer": (*AGREE, "--tokenizer-drop-merge", "300"),  # one merge fewer
+}
 PROMPTS = [
     "The fleet of engines",
     "Once upon a time, a router",
@@ -178,9 +181,11 @@ def test_pair_output_is_byte_identical_to_the_target_alone(
 @pytest.mark.parametrize(
     ("draft", "invariant"),
     [
-        ((*AGREE, "--tokenizer-variant", "3"), "vocab_hash"),
+        ((*AGREE, "--tokenizer-variant", "3"), "tokenizer"),  # merges left out: fewer ids
+        # The same ids and texts, one merge fewer ("ne", which the probe corpus never cuts
+        # into: only the vocabulary sweep sees it).
+        ((*AGREE, "--tokenizer-drop-merge", "300"), "tokenizer"),
         ((*AGREE, "--block-size", "32"), "block_size"),
-        ((*AGREE, "--default-temperature", "0.7"), "params_hash"),
     ],
 )
 def test_bind_refuses_each_broken_invariant_by_name(
@@ -191,6 +196,25 @@ def test_bind_refuses_each_broken_invariant_by_name(
         assert out.returncode != 0
         assert "FAILED_PRECONDITION" in out.stderr and invariant in out.stderr, out.stderr
         assert f.pairs() == {}
+
+
+def test_engine_defaults_do_not_enter_the_pair(tmp_path: Path) -> None:
+    """The draft's generation config samples (temperature 0.7 when a request leaves it
+    out): the router sets every sampling parameter on the pair's calls, so the pair binds
+    and serves the target's own greedy output; a request that leaves its temperature to
+    the engine is served by the target alone."""
+    with spec_fleet(tmp_path, [()], draft=(*AGREE, "--default-temperature", "0.7")) as f:
+        f.ok("pairs", "bind", "d", "t0")
+        t0 = f.fleet.sims["t0"]
+        for prompt in PROMPTS[:2]:
+            assert through(f.fleet.base_url, prompt, 40, chat=False, stream=True) == direct(
+                t0, prompt, 40
+            )
+        assert wait_until(lambda: f.pairs()["d"]["rounds"] > 0)
+        rounds = f.pairs()["d"]["rounds"]
+        client = openai.OpenAI(base_url=f.fleet.base_url, api_key="x", max_retries=0)
+        client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=40)
+        assert f.pairs()["d"]["rounds"] == rounds  # no temperature: not the pair's to serve
 
 
 def test_a_serving_backend_cannot_be_bound_as_a_draft(tmp_path: Path) -> None:
@@ -219,11 +243,16 @@ def stream_until_killed(
     return "".join(text)
 
 
-def test_incident_replay_params_mismatch_is_rejected_never_served(tmp_path: Path) -> None:
-    """DESIGN §6: the bound target dies; the only survivor samples with other params and its
-    acceptance spikes. The gate rejects the pairing on the probe round (nothing it verified
-    is emitted); once a matching target is back the draft is re-paired with it."""
-    with spec_fleet(tmp_path, [(), SPIKY, ()]) as f:
+@pytest.mark.parametrize("invariant", list(SPIKY))
+def test_incident_replay_a_survivor_with_other_facts_is_rejected_never_served(
+    tmp_path: Path, invariant: str
+) -> None:
+    """DESIGN §6: the bound target dies; the only survivor runs on an engine whose facts
+    differ from the draft's (another block size, a tokenizer one merge apart) and its
+    acceptance spikes. The gate rejects the pairing on the probe round, naming the fact
+    (nothing it verified is emitted); once a matching target is back the draft is
+    re-paired with it."""
+    with spec_fleet(tmp_path, [(), SPIKY[invariant], ()]) as f:
         f.ok("backends", "drain", "t1")
         f.ok("backends", "drain", "t2")
         f.ok("pairs", "bind", "d", "t0")
@@ -259,7 +288,7 @@ def test_incident_replay_params_mismatch_is_rejected_never_served(tmp_path: Path
         events = f.pair_events()
         rejects = [e for e in events if e["action"] == "reject" and e["target"] == "t1"]
         assert rejects, events
-        assert "params_hash" in rejects[0]["reason"]
+        assert rejects[0]["reason"].startswith(f"{invariant}: "), rejects[0]
         assert rejects[0]["observed"] - baseline > 0.25  # the spike the incident trusted
         # Never accepted, never served: no accept/probation verdict for t1.
         assert not [
@@ -348,3 +377,36 @@ def test_a_client_leaving_mid_stream_ends_the_rounds_and_frees_its_load(tmp_path
         assert wait_until(lambda: f.ok("status")["in_flight"] == 0)
         rounds = f.pairs()["d"]["rounds"]
         assert 0 < rounds < 2000 // 4  # it stopped drafting well before max_tokens
+
+
+def test_a_target_restarted_with_another_tokenizer_is_caught_before_it_serves_the_pair(
+    tmp_path: Path,
+) -> None:
+    """Facts are read anew when a backend rejoins: the bound target comes back on its
+    address with a tokenizer one merge apart, and the next request that would use the
+    pair rejects the pairing (naming the tokenizer) and is served by the target alone."""
+    with spec_fleet(tmp_path, [()]) as f:
+        f.ok("pairs", "bind", "d", "t0")
+        old = f.fleet.sims["t0"]
+        assert through(f.fleet.base_url, PROMPTS[0], 30, chat=False, stream=False) == direct(
+            old, PROMPTS[0], 30
+        )
+        address = old.ready.removeprefix("http://")
+        old.proc.kill()
+        old.proc.wait()
+        assert wait_until(lambda: f.fleet.backends()["t0"]["state"] != "healthy")
+        new = start_sim("--decode-ms-per-step", "2", "--tokenizer-drop-merge", "300",
+                        "--listen", address)  # fmt: skip
+        f.fleet.parts.append(new)
+        assert wait_until(lambda: f.fleet.backends()["t0"]["state"] == "healthy")
+
+        def rejected() -> list[dict[str, Any]]:
+            return [e for e in f.pair_events() if e["action"] == "reject"]
+
+        # The prober re-reads the facts as the backend rejoins; a request arriving first
+        # still meets the gate's fresh read, so either way nothing is served by the pair.
+        got = through(f.fleet.base_url, PROMPTS[1], 30, chat=False, stream=True)
+        assert got == direct(new, PROMPTS[1], 30)
+        assert wait_until(lambda: bool(rejected()))
+        assert rejected()[0]["reason"].startswith("tokenizer: "), rejected()
+        assert f.pairs()["d"]["state"] == "detached"

