@@ -7,6 +7,7 @@ import asyncio
 import os
 import random
 import time
+from collections.abc import Callable
 
 import aiohttp
 
@@ -41,8 +42,9 @@ async def run_prober(
     settings: ProbeSettings,
     rng: random.Random,
     session: aiohttp.ClientSession,
+    wants_facts: Callable[[Backend], bool] = lambda _: True,
 ) -> None:
-    facts = FactsRefresher(registry, session)
+    facts = FactsRefresher(registry, session, wants_facts)
     ranks = RankCheck(session)
     while True:
         backends = [b.backend for b in registry.snapshot.backends]
@@ -98,37 +100,55 @@ class FactsRefresher:
 
     RETRY_S = 30.0
 
-    def __init__(self, registry: Registry, session: aiohttp.ClientSession) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        session: aiohttp.ClientSession,
+        wanted: Callable[[Backend], bool],
+    ) -> None:
         self._registry = registry
         self._session = session
+        # Reading facts costs the engine a vocabulary sweep and a one-token completion:
+        # only backends a pair may need are read.
+        self._wanted = wanted
         self._was_up: dict[str, bool] = {}
-        self._tried: dict[str, float] = {}
+        self._tried: dict[str, float] = {}  # when each backend's facts were last read
+        self._asked: dict[str, float] = {}  # when each one's context length was last asked
+        self._lengths: set[str] = set()  # backends whose context length is known
 
     async def refresh(self, backends: list[Backend], up: list[bool]) -> None:
         now = time.monotonic()
+        answering = [b for b, ok in zip(backends, up, strict=True) if ok]
+        rejoined = [b for b in answering if not self._was_up.get(b.id, False)]
+        # A context length the engine did not say is asked again after a while too.
+        ask_length = [b for b in answering if b in rejoined or (
+            b.id not in self._lengths and now - self._asked.get(b.id, -1e9) > self.RETRY_S)]
         due = [
             b
-            for b, ok in zip(backends, up, strict=True)
-            if ok
-            and (
-                not self._was_up.get(b.id, False)
-                or (b.id not in self._registry.facts
-                    and now - self._tried.get(b.id, -1e9) > self.RETRY_S)
-            )
+            for b in answering
+            if self._wanted(b)
+            and (b in rejoined
+                 or (b.id not in self._registry.facts
+                     and now - self._tried.get(b.id, -1e9) > self.RETRY_S))
         ]  # fmt: skip
         self._was_up = {b.id: ok for b, ok in zip(backends, up, strict=True)}
-        if not due:
-            return
+        for b in rejoined:
+            if not self._wanted(b):
+                self._registry.forget_facts(b.id)  # a pair wanting it later reads it anew
         for b in due:
             self._tried[b.id] = now
-        read = await asyncio.gather(
-            *(fetch_facts(self._session, b) for b in due), return_exceptions=True
+        for b in ask_length:
+            self._asked[b.id] = now
+        read, lengths = await asyncio.gather(
+            asyncio.gather(*(fetch_facts(self._session, b) for b in due), return_exceptions=True),
+            asyncio.gather(*(fetch_max_model_len(self._session, b) for b in ask_length)),
         )
-        lengths = await asyncio.gather(*(fetch_max_model_len(self._session, b) for b in due))
-        for b, result, length in zip(due, read, lengths, strict=True):
+        for b, result in zip(due, read, strict=True):
             if isinstance(result, Facts):
                 self._registry.set_facts(b.id, result)
             else:
                 self._registry.forget_facts(b.id)
+        for b, length in zip(ask_length, lengths, strict=True):
             if length is not None:
+                self._lengths.add(b.id)
                 self._registry.set_max_model_len(b.id, length)

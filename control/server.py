@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from baton.model import Backend, BackendId
+from baton.model import Backend, BackendId, Role
 from baton.tracing import tracing_from_env
 from baton.v1 import admin_pb2, admin_pb2_grpc, routing_pb2, routing_pb2_grpc
 from control.affinity import PinTable
@@ -172,7 +172,8 @@ class ControlPlane:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._tasks.append(
             asyncio.create_task(
-                run_prober(self.registry, self._config.probes, self._rng, self._http)
+                run_prober(self.registry, self._config.probes, self._rng, self._http,
+                           self._wants_facts)  # fmt: skip
             )
         )
         if self._config.load.interval > 0:
@@ -204,6 +205,13 @@ class ControlPlane:
         site = web.TCPSite(self._metrics_runner, host or "127.0.0.1", int(port))
         await site.start()
         return int(self._metrics_runner.addresses[0][1])
+
+    def _wants_facts(self, backend: Backend) -> bool:
+        """Whether a pair may need this backend's facts: a draft, a configured pair's
+        target, or a backend of a model some pair serves (the draft may be re-bound to it)."""
+        if backend.role is Role.DRAFT or any(s.target == backend.id for s in self._pending_pairs):
+            return True
+        return any(p.model == backend.model for p in self.pairs)
 
     async def _bind_pending_pairs(self) -> None:
         """Bind each pending pair once control has read both backends' facts (the prober's

@@ -9,13 +9,17 @@ Run: .venv/bin/pytest -m real tests/real/test_pairs.py"""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.harness import Fleet, wait_until
+from clients.client import AdminClient
+from scripts.engines.replicas import Engine
+from tests.integration.harness import Fleet, http, wait_until
 from tests.real.conftest import OTHER_BLOCK_SIZE, Pool, baton, sdk
+from tests.real.streams import KILL_AFTER, decode
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
 
@@ -98,3 +102,72 @@ def test_llama_server_facts_are_read_and_the_pair_refused_for_its_api(
         assert "engine: draft is openai, target is openai" in out.stderr, out.stderr
         for other in ("tokenizer: ", "block_size: ", "facts: "):
             assert other not in out.stderr, out.stderr
+
+
+def greedy_ids(engine: Engine, prompt: str | list[int], tokens: int) -> tuple[list[int], list[int]]:
+    """(prompt ids, generated ids) of the engine's own greedy completion."""
+    body = {"model": engine.model, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+            "return_token_ids": True}  # fmt: skip
+    status, raw = http("POST", engine.url + "/v1/completions", json.dumps(body).encode(),
+                       {"Content-Type": "application/json"})  # fmt: skip
+    assert status == 200, raw
+    choice = json.loads(raw)["choices"][0]
+    return list(choice["prompt_token_ids"]), list(choice["token_ids"])
+
+
+@pytest.mark.parametrize(
+    ("survivor", "verdict"),
+    [("k0", "accept"), ("pb", f"block_size: 128 != {OTHER_BLOCK_SIZE}")],
+    ids=["facts-match", "other-block-size"],
+)
+def test_gate_incident_on_real_vllm(
+    pool: Pool, tmp_path: Path, survivor: str, verdict: str
+) -> None:
+    """DESIGN §6's incident with real processes: a pair is bound and serving; its target is
+    SIGKILLed mid-stream and control re-pairs the draft with the only survivor. Where the
+    survivor's facts match, the probe round is judged and accepted and the pair serves on;
+    where they do not (another KV block size), the re-pair is rejected naming the fact and
+    the stream goes on target-only. Either way the client's text is exactly what it is
+    owed: the bound target's greedy output up to the cut, then the survivor's own greedy
+    continuation of those ids."""
+    draft, target, other = pool.get(DRAFT, "v1", survivor)
+    with baton(tmp_path, [draft, target, other], roles={DRAFT: "draft"}) as fleet:
+        assert wait_until(lambda: healthy(fleet, DRAFT, "v1", survivor), timeout=60)
+        ok(fleet, "backends", "drain", survivor)  # the stream starts on the bound target
+        ok(fleet, "pairs", "bind", DRAFT, "v1", "-k", "4")
+        client = sdk(fleet.base_url)
+        for prompt in PROMPTS:  # the paired baseline, on the bound target
+            client.completions.create(model=target.model, prompt=prompt, max_tokens=24,
+                                      temperature=0)  # fmt: skip
+        assert ok(fleet, "pairs", "list")[0]["rounds"] > 0
+        prompt, tokens = PROMPTS[0] * 4, 1200
+        prompt_ids, want = greedy_ids(target, prompt, tokens)
+        text: list[str] = []
+        with AdminClient(fleet.control.ready) as admin:
+            kw: dict[str, Any] = dict(model=target.model, prompt=prompt, max_tokens=tokens)
+            stream = client.completions.create(temperature=0, stream=True, **kw)
+            for n, chunk in enumerate(stream):
+                text += [c.text for c in chunk.choices]
+                if n == KILL_AFTER:
+                    admin.undrain_backend(survivor)
+                    target.kill(signal.SIGKILL)
+        pool.revive("v1")
+        evs = [e for e in ok(fleet, "events", "--kind", "failover")
+               if e["from_backend"] == "v1"]  # fmt: skip
+        assert [(e["to_backend"], e["outcome"]) for e in evs] == [(survivor, "resumed")], evs
+        cut = int(evs[0]["tokens_sent"])
+        assert 0 < cut < tokens
+        _, tail = greedy_ids(other, prompt_ids + want[:cut], tokens - cut)
+        assert "".join(text) == decode(want[:cut] + tail), f"cut after {cut} tokens"
+        pair_events = [e for e in ok(fleet, "events", "--kind", "pair")
+                       if e["target"] == survivor]  # fmt: skip
+        actions = [e["action"] for e in pair_events]
+        if verdict == "accept":
+            assert "accept" in actions and "reject" not in actions, pair_events
+            pair = ok(fleet, "pairs", "list")[0]
+            assert pair["target"] == survivor and pair["state"] == "active", pair
+        else:
+            (reject,) = [e for e in pair_events if e["action"] == "reject"]
+            assert reject["reason"].startswith(verdict), reject
+            assert not {"accept", "probation", "active"} & set(actions), pair_events
+            assert ok(fleet, "pairs", "list")[0]["state"] == "detached"
