@@ -172,7 +172,6 @@ class Pairing:
     num_draft_tokens: int
     params_hash: str
     gate_required: bool = False
-    eos_token_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

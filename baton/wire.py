@@ -204,7 +204,6 @@ def pairing_to_pb(p: Pairing) -> routing_pb2.SpecPairing:
         num_draft_tokens=p.num_draft_tokens,
         params_hash=p.params_hash,
         gate_required=p.gate_required,
-        eos_token_id=p.eos_token_id,
     )
 
 
@@ -241,7 +240,6 @@ def pairing_from_pb(p: routing_pb2.SpecPairing) -> Pairing:
         p.num_draft_tokens,
         p.params_hash,
         p.gate_required,
-        p.eos_token_id if p.HasField("eos_token_id") else None,
     )
 
 

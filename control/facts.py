@@ -8,7 +8,6 @@ a replica restarted with another tokenizer must not keep the facts of the one be
   engine's own /detokenize and /tokenize, and over a fixed probe corpus (see `Sweep`).
 - **The KV block size**, where the engine reports one (vLLM's `cache_config_info`,
   SGLang's `page_size`); llama-server has no paged cache and reports none.
-- **The end of sequence**: the id the engine stops on, found by asking it.
 - **Sampling**: not read at all. The router sets every sampling parameter on each call it
   makes for a pair (baton/sampling.py), so an engine's generation-config defaults never
   enter; the params hash is the hash of what the router sends.
@@ -44,12 +43,6 @@ PROBE_CORPUS: tuple[str, ...] = (
     "<s></s><|endoftext|><|im_start|><|im_end|><|eot_id|><|begin_of_text|>"
     "<|end_of_text|><think></think><|bos|><|eos|><|end|><eos><bos><pad><unk>",
 )
-# Texts an engine's end of sequence is commonly spelled with: each that is one token is
-# asked whether the engine stops on it.
-EOS_CANDIDATES: tuple[str, ...] = (
-    "</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eos|>",
-    "<eos>", "<|end|>", "<end_of_turn>", "<|return|>", "[EOS]",
-)  # fmt: skip
 SWEEP_CHUNK = 512  # ids per /detokenize call of the vocabulary sweep
 MAX_VOCAB = 1 << 21  # no real tokenizer has more; a bound on the search for the end
 
@@ -78,7 +71,6 @@ class Facts:
     vocab_size: int  # the tokenizer's ids: 0 .. vocab_size - 1
     block_size: int | None  # None: the engine has no paged KV cache (llama-server)
     sampling: Sampling = field(default_factory=Sampling)
-    eos_token_id: int | None = None
     engine: str = "vllm"  # the backend's kind, whose API the pair's rounds speak
 
     @property

@@ -4,10 +4,9 @@ binding, gating and refresh), its context length (`GET /v1/models`) and its /met
 
 - vllm (and the sim): the tokenizer through /tokenize (return_token_strs) and /detokenize;
   the vocab size is the first id /detokenize cannot spell; the block size from /metrics
-  (`vllm:cache_config_info{block_size=...}`); the end of sequence by asking (`_eos`).
+  (`vllm:cache_config_info{block_size=...}`).
 - openai (llama-server): /tokenize (with_pieces) and /detokenize; the vocab size from
-  /v1/models `meta.n_vocab`; no block size (no paged KV cache); the end of sequence from
-  /props `eos_token`.
+  /v1/models `meta.n_vocab`; no block size (no paged KV cache).
 - sglang (from its documented endpoints, untested here): /tokenize and /detokenize
   (skip_special_tokens false), the vocab size as vllm, `page_size` from /get_server_info.
 """
@@ -22,10 +21,8 @@ import aiohttp
 import orjson
 
 from baton.model import Backend, BackendKind
-from baton.sampling import pair_params
 from control.exceptions import FactsError
 from control.facts import (
-    EOS_CANDIDATES,
     MAX_VOCAB,
     PROBE_CORPUS,
     SWEEP_CHUNK,
@@ -244,31 +241,6 @@ async def _block_size(engine: _Engine) -> int | None:
         raise engine.error(str(exc)) from exc
 
 
-async def _eos(engine: _Engine, separator: int) -> int | None:
-    """The id the engine ends a sequence on: llama-server names it in /props; vLLM and
-    SGLang are asked, for each common spelling that is one token, to generate only that
-    token (allowed_token_ids) and say whether that stopped them."""
-    if engine.kind is BackendKind.OPENAI:
-        text = (await engine.ok("GET", "/props")).get("eos_token")
-        if not isinstance(text, str) or not text:
-            return None
-        ids, _ = await engine.tokenize(text)
-        return ids[0] if len(ids) == 1 else None
-    for text in EOS_CANDIDATES:
-        ids, _ = await engine.tokenize(text)
-        if len(ids) != 1:
-            continue
-        body = {"model": engine.backend.model, "prompt": [separator], "max_tokens": 1,
-                "allowed_token_ids": ids, "return_token_ids": True,
-                **pair_params(engine.kind)}  # fmt: skip
-        answer = await engine.ok("POST", "/v1/completions", body)
-        choices = answer.get("choices")
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            if choices[0].get("finish_reason") == "stop":
-                return ids[0]
-    return None
-
-
 async def fetch_facts(
     session: aiohttp.ClientSession, backend: Backend, timeout: float = 30.0
 ) -> Facts:
@@ -282,6 +254,4 @@ async def fetch_facts(
 
 async def _read(engine: _Engine) -> Facts:
     sweep, block = await asyncio.gather(_sweep(engine), _block_size(engine))
-    eos = await _eos(engine, sweep.separator)
-    return Facts(sweep.fingerprint(), sweep.vocab_size, block, eos_token_id=eos,
-                 engine=engine.kind.value)  # fmt: skip
+    return Facts(sweep.fingerprint(), sweep.vocab_size, block, engine=engine.kind.value)

@@ -127,7 +127,7 @@ class PairFlow:
         if not (shape.sets_temperature and shape.greedy):
             return None
         return Pairing(pair.id, draft, pair.num_draft_tokens, pair.params_hash,
-                       pair.gate_pending, facts.eos_token_id)  # fmt: skip
+                       pair.gate_pending)  # fmt: skip
 
     def repair(self, pair_id: str, new_target_id: str, failed_id: str) -> Pairing | None:
         """A failover moved a spec request off its pair's target: the draft is paired with the
@@ -141,8 +141,7 @@ class PairFlow:
         if pair.target_id != target.id:
             pair = self._pairs.retarget(pair, target.id, f"failover from {failed_id}")
             self._pair_event(pair, "repair", previous=failed_id)
-        eos = f.eos_token_id if (f := reg.facts.get(pair.draft_id)) else None
-        return Pairing(pair.id, draft, pair.num_draft_tokens, pair.params_hash, True, eos)
+        return Pairing(pair.id, draft, pair.num_draft_tokens, pair.params_hash, True)
 
     def gate_pairing(
         self, pair_id: str, target_id: str, drafted: int, accepted: int, target: Facts | None

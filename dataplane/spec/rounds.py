@@ -1,9 +1,11 @@
 """A speculative round's calls to the engines, each a short non-streaming request: the
-draft's k tokens, the target's scores for context + draft with its own next token, the
-target alone when there is no usable draft, and the target's /tokenize and /detokenize."""
+draft's k tokens, the target's own next token after each prefix of the draft (k + 1
+one-token completions at once: plan.py says why), the target alone when there is no usable
+draft, and the target's /tokenize and /detokenize."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -37,18 +39,20 @@ class Rounds:
         draft_ids = _ints(proposal.get("token_ids"))
         if draft_ids is None:
             raise DraftFailed(Failure.GARBAGE, "draft sent no token_ids")
-        scored = await self._complete(target, ctx + draft_ids, 1, prompt_logprobs=1)
+        # The target's own next token after each prefix of the draft, all at once.
+        answers = await asyncio.gather(
+            *(self._complete(target, ctx + draft_ids[:i], 1) for i in range(len(draft_ids) + 1))
+        )
+        own = []
+        for answer in answers:
+            ids = _ints(answer.get("token_ids"))
+            if ids is None:
+                raise AttemptFailed(Failure.GARBAGE, "target sent no token_ids")
+            own.append((ids[0] if ids else None, answer.get("finish_reason")))
         try:
-            judged = judge(
-                draft_ids,
-                scored["prompt_logprobs"],
-                _ints(scored.get("token_ids")) or [],
-                scored.get("finish_reason"),
-                remaining,
-                pairing.eos_token_id,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise AttemptFailed(Failure.GARBAGE, f"scoring answer: {exc}") from None
+            judged = judge(draft_ids, own, remaining)
+        except ValueError as exc:
+            raise AttemptFailed(Failure.GARBAGE, f"target's answer: {exc}") from None
         return judged, len(draft_ids)
 
     async def target_only(self, ctx: list[int], target: Backend, remaining: int) -> Judged:
@@ -60,9 +64,7 @@ class Rounds:
         finish = choice.get("finish_reason")
         return Judged(0, tuple(ids[:remaining]), "stop" if finish == "stop" else "length")
 
-    async def _complete(
-        self, backend: Backend, prompt: list[int], n: int, prompt_logprobs: int | None = None
-    ) -> dict[str, Any]:
+    async def _complete(self, backend: Backend, prompt: list[int], n: int) -> dict[str, Any]:
         # Every sampling parameter, so that no engine default enters (baton/sampling.py).
         body: dict[str, Any] = {
             **pair_params(backend.kind),
@@ -71,8 +73,6 @@ class Rounds:
             "max_tokens": n,
             "return_token_ids": True,
         }
-        if prompt_logprobs is not None:
-            body["prompt_logprobs"] = prompt_logprobs
         answer = await self._post(backend, "/v1/completions", body)
         try:
             choice = answer["choices"][0]

@@ -175,7 +175,7 @@ class SpecServer:
             if answer.target is not None:
                 run.target = answer.target  # re-bound: its facts match; serve there
                 run.pairing = Pairing(pairing.pair_id, pairing.draft, pairing.num_draft_tokens,
-                                      pairing.params_hash, False, pairing.eos_token_id)  # fmt: skip
+                                      pairing.params_hash, False)  # fmt: skip
             else:
                 run.pairing = None
 

@@ -4,37 +4,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataplane.spec.plan import judge, repeated_ngram, spec_eligible
+import pytest
+
+from dataplane.spec.plan import Judged, judge, repeated_ngram, spec_eligible
 from dataplane.validate import ClientRequest, Endpoint
 
-EOS = 9
 
-
-def scores(ctx: int, argmax: list[int]) -> list[dict[str, Any] | None]:
-    """prompt_logprobs for `ctx` context tokens then the draft: rank-1 token per position."""
-    entries: list[dict[str, Any] | None] = [None] + [{"1": {"rank": 1}}] * (ctx - 1)
-    return entries + [{str(t): {"rank": 1, "logprob": 0.0}} for t in argmax]
+def own(*tokens: int | None, stop_at: int | None = None) -> list[tuple[int | None, str | None]]:
+    """The target's one-token answers after each prefix of the draft: its greedy token, and
+    "stop" at `stop_at` (its next token ends the sequence; vLLM may leave the id out)."""
+    return [(None, "stop") if i == stop_at else (t, "length") for i, t in enumerate(tokens)]
 
 
 def test_accepts_the_agreeing_prefix_then_takes_the_targets_own_token() -> None:
-    j = judge([5, 6, 7, 8], scores(3, [5, 6, 4, 8]), bonus=[3], bonus_finish="length",
-              remaining=100, eos=EOS)  # fmt: skip
+    j = judge([5, 6, 7, 8], own(5, 6, 4, 8, 3), remaining=100)
     assert j.accepted == 2 and j.emitted == (5, 6, 4) and j.finished is None
 
 
 def test_all_accepted_adds_the_bonus_token() -> None:
-    j = judge([5, 6], scores(2, [5, 6]), bonus=[7], bonus_finish="length", remaining=100, eos=EOS)
+    j = judge([5, 6], own(5, 6, 7), remaining=100)
     assert j.accepted == 2 and j.emitted == (5, 6, 7)
 
 
 def test_end_of_sequence_and_length_end_the_output() -> None:
-    assert judge([5], scores(1, [EOS]), [], None, 100, EOS).finished == "stop"
-    eos_drafted = judge([5, EOS, 6], scores(1, [5, EOS, 6]), [7], "length", 100, EOS)
-    assert eos_drafted.emitted == (5,) and eos_drafted.finished == "stop"
-    bonus_eos = judge([5], scores(1, [5]), [EOS], "stop", 100, EOS)
-    assert bonus_eos.emitted == (5,) and bonus_eos.finished == "stop"
-    capped = judge([5, 6, 7], scores(1, [5, 6, 7]), [8], "length", 2, EOS)
+    assert judge([5], own(None, None, stop_at=0), 100) == Judged(0, (), "stop")
+    drafted_past_the_end = judge([5, 6, 7], own(5, None, 1, 2, stop_at=1), 100)
+    assert drafted_past_the_end == Judged(1, (5,), "stop")
+    after_all = judge([5], own(5, None, stop_at=1), 100)
+    assert after_all.emitted == (5,) and after_all.finished == "stop"
+    capped = judge([5, 6, 7], own(5, 6, 7, 8), 2)
     assert capped.emitted == (5, 6) and capped.finished == "length"
+
+
+def test_answers_that_do_not_fit_the_draft_are_refused() -> None:
+    with pytest.raises(ValueError, match="3 target answers for a draft of 1"):
+        judge([5], own(5, 6, 7), 100)
+    with pytest.raises(ValueError, match="no token after 1"):
+        judge([5, 6], [(5, "length"), (None, "length"), (7, "length")], 100)
 
 
 def test_loops_are_detected_and_ordinary_text_is_not() -> None:
