@@ -1,7 +1,7 @@
 """What a backend says about itself that a speculative pair depends on (pure).
 
 Read from what real engines publish, per engine kind (control/facts_fetch.py does the
-HTTP), at bind time, at the gate and whenever a backend rejoins, never taken from config:
+HTTP), at bind time and whenever a backend rejoins, never taken from config:
 a replica restarted with another tokenizer must not keep the facts of the one before.
 
 - **The tokenizer's identity**: a fingerprint over the whole vocabulary, swept through the
@@ -58,10 +58,11 @@ class Sampling:
     params_hash: str = PAIR_PARAMS_HASH
 
 
-# The engine kinds whose API runs a speculative round: a completion by token ids that
-# returns the generated ids (return_token_ids) and scores the prompt (prompt_logprobs).
-# llama-server has neither (its logprobs cover generated tokens only); SGLang's OpenAI API
-# has no prompt_logprobs. Both are refused at bind rather than fail at every round.
+# The engine kinds whose API runs a speculative round: completions whose prompt is token ids
+# and whose answer carries the generated ids (vLLM's return_token_ids), so that the draft's
+# ids and the target's are compared as ids. llama-server's OpenAI API answers text only (its
+# ids come from its own /completion); SGLang's is untested here. Both are refused at bind
+# rather than fail at every round.
 ROUND_KINDS = frozenset({"vllm"})
 
 
@@ -145,7 +146,7 @@ def pair_violations(draft: Facts, target: Facts) -> list[Violation]:
     cannot = [f"{side} is {f.engine}" for side, f in (("draft", draft), ("target", target))
               if f.engine not in ROUND_KINDS]  # fmt: skip
     if cannot:
-        why = "a speculative round needs completions by token id with prompt_logprobs (vLLM)"
+        why = "a speculative round needs completions by token ids that return ids (vLLM)"
         found.append(Violation("engine", f"{', '.join(cannot)}: {why}"))
     if draft.tokenizer != target.tokenizer:
         size = (f"vocab_size {draft.vocab_size} != {target.vocab_size}"

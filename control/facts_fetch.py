@@ -32,8 +32,8 @@ from control.facts import (
     chunk_with_separator,
 )
 
-CALLS_AT_ONCE = 8  # the vocabulary sweep's concurrent calls to one engine
-FACTS_TIMEOUT = 5.0  # per call
+CALLS_AT_ONCE = 4  # the vocabulary sweep's concurrent calls to one engine
+FACTS_TIMEOUT = 15.0  # per call: a busy engine answers slowly, and a bind is rare
 
 
 async def _get(

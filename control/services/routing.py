@@ -161,9 +161,13 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         facts = None
         target = registry.snapshot.get(request.target_backend_id)
         if target is not None:
-            # Read now, not remembered: the replica may have restarted with another config.
-            with contextlib.suppress(FactsError):
-                facts = await self._read_facts(target.backend)
+            # The prober read them as the backend (re)joined, before it was routable again
+            # (a replica restarted with another tokenizer is read anew then); read them now
+            # only if it has none, within the shim's deadline or not at all (fail closed).
+            facts = registry.facts.get(target.backend.id)
+            if facts is None:
+                with contextlib.suppress(FactsError):
+                    facts = await self._read_facts(target.backend)
         with self._traced("baton.control.gate", request.traceparent, request.request_id):
             try:
                 result = self._router.pairs.gate_pairing(

@@ -92,8 +92,8 @@ def test_llama_server_facts_are_read_and_the_pair_refused_for_its_api(
     pool: Pool, tmp_path: Path
 ) -> None:
     """llama-server publishes what a bind needs (its tokenizer through /tokenize with pieces
-    and /detokenize, n_vocab, eos_token), so the facts of two replicas agree; its API has
-    no prompt_logprobs to verify a draft with, so the bind is refused for that alone."""
+    and /detokenize, n_vocab), so the facts of two replicas agree; its OpenAI API returns no
+    token ids to compare a draft's with, so the bind is refused for that alone."""
     engines = pool.get("l0", "l1")
     with baton(tmp_path, engines, roles={"l0": "draft"}) as fleet:
         assert wait_until(lambda: healthy(fleet, "l0", "l1"), timeout=60)
