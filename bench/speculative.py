@@ -720,6 +720,11 @@ def run(plan: Plan, json_path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if "--real" in args:  # real vLLM engines: bench/speculative_real.py
+        from bench import speculative_real
+
+        return speculative_real.main([a for a in args if a != "--real"])
     plan, json_path = parse_args(argv)
     try:
         return run(plan, json_path)

@@ -2,7 +2,8 @@
 
 Run with the engine venv's python (it has torch and transformers):
 `make_tiny_model.py OUT_DIR [VARIANT]`, VARIANT one of tiny (the default), tiny-bytes,
-tiny-think, tiny-think-special, tiny-wide, tiny-merge, tiny-added.
+tiny-think, tiny-think-special, tiny-wide, tiny-merge, tiny-added, spec-draft, spec-target-50,
+spec-target-80, spec-target-95.
 
 All three share the recipe (see ../shared/research/backends.md):
 - head_dim 32: vLLM's CPU attention needs head_dim >= 32 and a multiple of 16.
@@ -40,12 +41,26 @@ The variants differ in what greedy decoding can emit:
 - tiny-merge and tiny-added: tiny's weights behind a tokenizer one merge ("h" "e", and the
   token "he" it makes) or one added token ("<|extra|>") apart, for speculative pairs that
   must be refused (their ids mean other text, or a text is cut otherwise).
+- spec-draft and spec-target-50/80/95: a speculative pair whose greedy agreement is known
+  (SPEC_AGREEMENT), for measuring speculation at a given acceptance on real engines. The
+  draft is the tiny recipe at SPEC_HIDDEN wide, one layer (cheap per token). A target is the
+  draft (the same tokenizer, embeddings, layer, final norm and lm_head, bit for bit) plus
+  SPEC_EXTRA random layers after it (several times the draft's cost per token), whose writes
+  to the residual stream (o_proj, down_proj) are scaled by alpha: alpha 0 is the draft
+  itself, a larger alpha moves the target's argmax away from the draft's more often. The
+  build calibrates alpha (regula falsi) on SPEC_PROMPTS: the target's own greedy
+  continuation of each, then both models teacher-forced over it, counting the generated
+  positions where the draft's argmax is the target's (what a greedy speculative round
+  accepts, token by token); it prints alpha and the agreement, and fails unless it is within
+  SPEC_TOLERANCE of the goal. The same build gives the same alpha (a fixed seed, greedy).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +101,32 @@ THINK_TEMPLATE = CHAT_TEMPLATE.replace(
 # prefill costs what a cache saves (scripts/engines/README.md has the measured numbers), with
 # room for an agent's growing context.
 WIDE_HIDDEN, WIDE_LAYERS, WIDE_CONTEXT = 256, 2, 16384
+# spec-draft and spec-target-*: heads SPEC_HIDDEN // 32 (head_dim 32).
+SPEC_HIDDEN, SPEC_EXTRA = 512, 7
+SPEC_AGREEMENT = {"spec-target-50": 0.50, "spec-target-80": 0.80, "spec-target-95": 0.95}
+SPEC_TOLERANCE = 0.03  # what the build asserts; the search stops within SPEC_AIM
+SPEC_AIM = 0.01
+# Raw completion prompts (no chat template, as a speculative bench sends them), cut to one
+# length so they run as one batch; SPEC_STEPS greedy tokens of the target after each.
+SPEC_PROMPTS = [p[:40] for p in (
+    "The fleet of engines served every request",
+    "def resume(stream): return stream.tail()",
+    "Once upon a time, a router kept a stream alive",
+    "Speculative decoding drafts tokens cheaply",
+    "SELECT id, name FROM backends WHERE healthy",
+    "Dear team, the failover drill starts at noon",
+    "for (int i = 0; i < n; i++) { total += x[i]; }",
+    "<html><body><p>Tokens per second</p></body>",
+    "Kubernetes pods restart when their probes fail",
+    "import numpy as np\nx = np.zeros((3, 4)) + 1.5\n",
+    "1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377",
+    "The quick brown fox jumps over the lazy dog again",
+    "ERROR 2024-05-01 12:00:03 backend b7 timed out",
+    "Q: What is the capital of France?\nA: Paris.\nQ:",
+    "{\"model\": \"tiny\", \"max_tokens\": 64, \"stream\": true}",
+    "In the beginning the router had only one backend",
+)]  # fmt: skip
+SPEC_STEPS = 256
 ASCII = [10] + list(range(32, 127))
 BYTES = [9, 10] + list(range(32, 127)) + list(range(128, 256))
 LEADS = list(range(0xC2, 0xF5))  # bytes that start a 2-, 3- or 4-byte character
@@ -302,6 +343,83 @@ def build_think(model_dir: Path, special: bool = False) -> None:
     save(model, fast, model_dir)
 
 
+def spec_draft() -> LlamaForCausalLM:
+    model = random_model(VOCAB, hidden=SPEC_HIDDEN, layers=1, heads=SPEC_HIDDEN // 32)
+    with torch.no_grad():
+        only_rows(model, ASCII)
+    return model
+
+
+def build_spec_draft(model_dir: Path) -> None:
+    save(spec_draft(), tokenizer(), model_dir)
+
+
+def agreement(draft: LlamaForCausalLM, target: LlamaForCausalLM, prompts: torch.Tensor) -> float:
+    """The fraction of the target's own greedy tokens after `prompts` (a batch of one
+    length) that the draft's argmax, teacher-forced over the same context, also picks."""
+    n = prompts.shape[1]
+    with torch.no_grad():
+        out = target.generate(prompts, max_new_tokens=SPEC_STEPS, min_new_tokens=SPEC_STEPS,
+                              do_sample=False, pad_token_id=target.config.pad_token_id)  # fmt: skip
+        assert out.shape[1] == n + SPEC_STEPS, out.shape
+        want = target(out).logits[:, n - 1 : -1].argmax(-1)
+        # The cached decode and the full forward pass round differently; near-ties may differ.
+        assert (want == out[:, n:]).float().mean() > 0.99
+        got = draft(out).logits[:, n - 1 : -1].argmax(-1)
+        return float((got == want).float().mean())
+
+
+def build_spec_target(model_dir: Path, goal: float) -> None:
+    draft = spec_draft()
+    target = random_model(VOCAB, hidden=SPEC_HIDDEN, layers=1 + SPEC_EXTRA,
+                          heads=SPEC_HIDDEN // 32)  # fmt: skip
+    # The draft's tensors are the target's embeddings, layer 0, final norm and lm_head.
+    missing, unexpected = target.load_state_dict(draft.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("model.layers.") for k in missing), missing
+    writes = [w for layer in target.model.layers[1:]
+              for w in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight)]  # fmt: skip
+    base = [w.detach().clone() for w in writes]
+    draft.eval()
+    target.eval()
+    fast = tokenizer()
+    prompts = torch.tensor([fast.encode(p) for p in SPEC_PROMPTS])
+
+    def measure(alpha: float) -> float:
+        with torch.no_grad():
+            for w, b in zip(writes, base, strict=True):
+                w.copy_(b * alpha)
+        return agreement(draft, target, prompts)
+
+    # Agreement falls from 1 at alpha 0 (the draft itself) to ~0.06 at alpha 1 (the random
+    # layers at full strength), close to exp(-4 alpha) between: regula falsi (Illinois) on
+    # log agreement over alpha in [0, 1], alpha 1 taken as exp(-4) for the first guess.
+    lo, hi = (0.0, -math.log(goal)), (1.0, -4.0 - math.log(goal))  # (alpha, log(agr / goal))
+    best = (2.0, 0.0, 0.0)  # (|miss|, alpha, agreement)
+    side = 0
+    for _ in range(12):
+        alpha = hi[0] - hi[1] * (hi[0] - lo[0]) / (hi[1] - lo[1])
+        got = measure(alpha)
+        print(f"  alpha {alpha:.6g}: agreement {got:.4f}", flush=True)
+        best = min(best, (abs(got - goal), alpha, got))
+        if abs(got - goal) <= SPEC_AIM:
+            break
+        miss = math.log(max(got, 1e-6) / goal)
+        if miss > 0:  # too alike: alpha goes up
+            lo = (alpha, miss)
+            hi = (hi[0], hi[1] / 2) if side > 0 else hi
+            side = 1
+        else:
+            hi = (alpha, miss)
+            lo = (lo[0], lo[1] / 2) if side < 0 else lo
+            side = -1
+    if best[1] != alpha:
+        _, alpha, got = best
+        measure(alpha)
+    print(f"alpha {alpha:.6g}: greedy agreement {got:.4f} (goal {goal})")
+    assert abs(got - goal) <= SPEC_TOLERANCE, (alpha, got, goal)
+    save(target, fast, model_dir)
+
+
 def save(model: LlamaForCausalLM, fast: PreTrainedTokenizerFast, model_dir: Path) -> None:
     model_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(model_dir, safe_serialization=True)
@@ -316,6 +434,8 @@ VARIANTS: dict[str, Callable[[Path], None]] = {
     "tiny-wide": build_wide,
     "tiny-merge": lambda d: build_altered(d, merge=("h", "e")),
     "tiny-added": lambda d: build_altered(d, added="<|extra|>"),
+    "spec-draft": build_spec_draft,
+    **{name: partial(build_spec_target, goal=goal) for name, goal in SPEC_AGREEMENT.items()},
 }
 
 

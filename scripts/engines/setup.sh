@@ -12,6 +12,8 @@
 #   model/tiny-wide/  the tiny recipe wider, with a 16k context: bench/kv_routing.py --real
 #   model/tiny-merge/, model/tiny-added/  tiny behind a tokenizer one merge or one added
 #                     token apart (speculative pairs that must be refused)
+#   model/spec-draft/, model/spec-target-{50,80,95}/  a one-layer draft and targets built on
+#                     it whose greedy agreement with it is ~0.50/0.80/0.95 (bench/speculative_real.py)
 #   router-venv/      sglang-router 0.3.2, the peer bench/kv_routing.py --real runs beside
 #                     Baton (its own environment; only with the named step `router`)
 # and, system-wide, Debian's `prometheus` (tests/real/test_dashboard.py runs its own process).
@@ -23,7 +25,7 @@ PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 VLLM_VERSION=0.32.0
 LLAMA_CPP_PYTHON=0.3.36   # its sdist vendors the llama.cpp source and converter we use
 # A model's version: bump it when make_tiny_model.py changes that model, and it is rebuilt.
-TINY_VERSION=2 BYTES_VERSION=1 THINK_VERSION=2 WIDE_VERSION=1 ALTERED_VERSION=1
+TINY_VERSION=2 BYTES_VERSION=1 THINK_VERSION=2 WIDE_VERSION=1 ALTERED_VERSION=1 SPEC_VERSION=1
 SGLANG_ROUTER=0.3.2
 SRC="$CACHE/src/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
 mkdir -p "$CACHE/src" "$CACHE/bin" "$CACHE/model" "$CACHE/logs"
@@ -98,6 +100,10 @@ model() {
   one_model tiny-wide "$WIDE_VERSION"    # vLLM only: bench/kv_routing.py --real
   one_model tiny-merge "$ALTERED_VERSION"  # tiny behind a tokenizer one merge apart
   one_model tiny-added "$ALTERED_VERSION"  # tiny behind a tokenizer one added token apart
+  one_model spec-draft "$SPEC_VERSION"      # vLLM only: the speculative bench's draft
+  one_model spec-target-50 "$SPEC_VERSION"  # the draft plus scaled layers, agreement ~0.50
+  one_model spec-target-80 "$SPEC_VERSION"  # ~0.80
+  one_model spec-target-95 "$SPEC_VERSION"  # ~0.95
 }
 
 # A benchmark-only peer, in its own venv (never in Baton's dependencies).
