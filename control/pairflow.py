@@ -165,8 +165,8 @@ class PairFlow:
         if target is None or draft is None:
             verdict, reason = Verdict.REJECT, "facts unavailable (fail closed)"
         elif broken:
-            # The new target's engine is not the draft's kind of engine: whatever its
-            # acceptance, its scores do not verify the draft's ids.
+            # Whatever its acceptance, the new target's ids do not mean what the draft's do
+            # (or its engine cannot run a round): fail closed.
             verdict, reason = Verdict.REJECT, f"{describe(broken)} (acceptance {observed:.2f})"
         if verdict is not Verdict.REJECT:
             pair = self._pairs.judged(pair, verdict, reason, observed)

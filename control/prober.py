@@ -99,6 +99,9 @@ class FactsRefresher:
     cannot tell them is asked again only after a while."""
 
     RETRY_S = 30.0
+    # The probe loop waits for the reads (so a rejoining backend's facts are fresh before
+    # its second good probe readmits it): a hung engine may hold every probe up this long.
+    READ_S = 5.0
 
     def __init__(
         self,
@@ -108,8 +111,8 @@ class FactsRefresher:
     ) -> None:
         self._registry = registry
         self._session = session
-        # Reading facts costs the engine a vocabulary sweep and a one-token completion:
-        # only backends a pair may need are read.
+        # Reading facts costs the engine a vocabulary sweep: only backends a pair may need
+        # are read.
         self._wanted = wanted
         self._was_up: dict[str, bool] = {}
         self._tried: dict[str, float] = {}  # when each backend's facts were last read
@@ -140,7 +143,8 @@ class FactsRefresher:
         for b in ask_length:
             self._asked[b.id] = now
         read, lengths = await asyncio.gather(
-            asyncio.gather(*(fetch_facts(self._session, b) for b in due), return_exceptions=True),
+            asyncio.gather(*(fetch_facts(self._session, b, self.READ_S) for b in due),
+                           return_exceptions=True),  # fmt: skip
             asyncio.gather(*(fetch_max_model_len(self._session, b) for b in ask_length)),
         )
         for b, result in zip(due, read, strict=True):
