@@ -152,8 +152,14 @@ def test_gate_incident_on_real_vllm(
                     admin.undrain_backend(survivor)
                     target.kill(signal.SIGKILL)
         pool.revive("v1")
-        evs = [e for e in ok(fleet, "events", "--kind", "failover")
-               if e["from_backend"] == "v1"]  # fmt: skip
+        evs: list[dict[str, Any]] = []
+
+        def reported() -> bool:  # the shim reports a failover after the fact, off the stream
+            evs[:] = [e for e in ok(fleet, "events", "--kind", "failover")
+                      if e["from_backend"] == "v1"]  # fmt: skip
+            return bool(evs)
+
+        assert wait_until(reported, timeout=60), "no failover from the killed target"
         assert [(e["to_backend"], e["outcome"]) for e in evs] == [(survivor, "resumed")], evs
         cut = int(evs[0]["tokens_sent"])
         assert 0 < cut < tokens
