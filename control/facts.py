@@ -47,17 +47,6 @@ SWEEP_CHUNK = 512  # ids per /detokenize call of the vocabulary sweep
 MAX_VOCAB = 1 << 21  # no real tokenizer has more; a bound on the search for the end
 
 
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    """What a backend applies to the calls the router makes for a pair: the router's own
-    explicit parameters (baton/sampling.py), hashed. Every kind Baton speaks to takes all
-    of them, so on today's engines the hash is the router's; it stays a fact, checked at
-    bind and at the gate, so that an engine that could not take one of them (or a pair
-    bound under parameters the router no longer sends) never verifies a draft."""
-
-    params_hash: str = PAIR_PARAMS_HASH
-
-
 # The engine kinds whose API runs a speculative round: completions whose prompt is token ids
 # and whose answer carries the generated ids (vLLM's return_token_ids), so that the draft's
 # ids and the target's are compared as ids. llama-server's OpenAI API answers text only (its
@@ -71,12 +60,12 @@ class Facts:
     tokenizer: str  # "sha256:..." over the vocabulary sweep and the probe corpus
     vocab_size: int  # the tokenizer's ids: 0 .. vocab_size - 1
     block_size: int | None  # None: the engine has no paged KV cache (llama-server)
-    sampling: Sampling = field(default_factory=Sampling)
     engine: str = "vllm"  # the backend's kind, whose API the pair's rounds speak
-
-    @property
-    def params_hash(self) -> str:
-        return self.sampling.params_hash
+    # What the backend applies to the router's calls for a pair: the router's own explicit
+    # parameters (baton/sampling.py), hashed. Every kind Baton speaks to takes all of them,
+    # so today it is always the router's hash; it stays a fact, checked at bind and at the
+    # gate, so that an engine that could not take one of them never verifies a draft.
+    params_hash: str = PAIR_PARAMS_HASH
 
 
 @dataclass

@@ -9,7 +9,6 @@ from control.events import EventKind, EventQuery
 from control.exceptions import FactsError, PairExists, PairRefused
 from control.facts import (
     Facts,
-    Sampling,
     Sweep,
     block_size_from_metrics,
     chunk_with_separator,
@@ -22,7 +21,7 @@ from control.registry import Registry
 
 GREEDY = Facts("sha256:v", 300, 16)
 # The same engine, applying other sampling params than the pair was bound under.
-SAMPLING = Facts("sha256:v", 300, 16, Sampling("sha256:older"))
+SAMPLING = Facts("sha256:v", 300, 16, params_hash="sha256:older")
 OTHER_TOKENIZER = Facts("sha256:w", 300, 16)  # one merge apart: the same vocab size
 SHAPE = RequestShape("m", spec_eligible=True, greedy=True, sets_temperature=True)
 
@@ -102,7 +101,7 @@ def test_the_fingerprint_changes_with_any_text_any_cut_and_the_vocab_size() -> N
 
 
 def test_every_violation_is_named() -> None:
-    other = Facts("sha256:b", 301, 32, Sampling("sha256:older"))
+    other = Facts("sha256:b", 301, 32, params_hash="sha256:older")
     assert [v.invariant for v in pair_violations(GREEDY, other)] == [
         "tokenizer", "block_size", "params_hash",
     ]  # fmt: skip
