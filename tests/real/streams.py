@@ -50,6 +50,7 @@ class Streamed:
     finish: str | None = None
     completion_tokens: int | None = None
     error: str = ""  # what the SDK raised mid-stream
+    chunks_seen: int = 0
 
     @property
     def text(self) -> str:
@@ -103,6 +104,7 @@ def _read(raw: Any, out: Streamed, on_chunk: Callable[[int], None] | None) -> St
                 elif ch.text:
                     out.texts["text"] = out.texts.get("text", "") + ch.text
                 out.finish = ch.finish_reason or out.finish
+            out.chunks_seen = n + 1
             if on_chunk is not None:
                 on_chunk(n)
     except openai.APIError as err:
@@ -188,6 +190,12 @@ class Round:
 KillWhen = Callable[[Sequence[Streamed], Sequence[bool]], bool]
 
 
+def after_chunks(n: int) -> KillWhen:
+    """Kill once the first stream has n chunks (where it stands in tokens then depends on how
+    the engine batches: a test that needs given token positions says so in its own KillWhen)."""
+    return lambda streams, on_victim: streams[0].chunks_seen >= n
+
+
 def kill_round(
     pool: Pool,
     fleet: Fleet,
@@ -195,74 +203,15 @@ def kill_round(
     cases: Sequence[Case],
     tokens: int,
     *,
-    vllm: bool,
-    extra_body: dict[str, Any] | None = None,
     kill_when: KillWhen | None = None,
+    extra_body: dict[str, Any] | None = None,
 ) -> Round:
-    """All `cases` streamed at once through Baton; once every stream has its first chunk and
-    the first has KILL_AFTER, the replica serving the first is SIGKILLed (its process group),
-    if it is still generating (vLLM; llama-server is killed regardless).
-
-    With `kill_when`, the kill waits on the streams' state instead: once every stream has
-    its first chunk, the replica serving the first is the victim, and it is killed at the
-    first chunk after which `kill_when` holds (never, if the streams end first). Where the
-    streams stand when a kill lands depends on how an engine batches and on the machine's
-    speed, so a test that needs kills at given token positions says what it needs here."""
-    if kill_when is not None:
-        return _kill_on_state(pool, fleet, model, cases, tokens, kill_when, extra_body)
-    client = sdk(fleet.base_url)
-    admin = AdminClient(fleet.control.ready, timeout=30.0)
-    # A first request opens the shim's route stream to control (and admin connects now,
-    # not between a chunk and the kill).
-    warm = _request(client, model, cases[0], 1)
-    _read(warm, Streamed(cases[0]), None)
-    firsts = [threading.Event() for _ in cases]
-    result = Round([])
-
-    def kill() -> None:
-        for e in firsts:
-            e.wait(60)
-        name = serving(admin, outs[0].request_id)
-        if not name:
-            return  # routed by the shim alone: which replica serves it is unknown
-        engine = pool.replicas.engines[name]
-        if vllm and not generating(engine):
-            return  # it already had everything out: nothing to interrupt
-        engine.kill(signal.SIGKILL)
-        result.victim = name
-
-    def one(i: int) -> Streamed:
-        def on_chunk(n: int) -> None:
-            firsts[i].set()
-            if i == 0 and n == KILL_AFTER:
-                kill()
-
-        try:
-            raw = _request(client, model, cases[i], tokens, extra_body)
-            outs[i].request_id = raw.headers.get("x-request-id", "")
-            return _read(raw, outs[i], on_chunk)
-        finally:
-            firsts[i].set()  # a stream that failed must not hold the kill up
-
-    outs = [Streamed(c) for c in cases]
-    try:
-        with ThreadPoolExecutor(len(cases)) as ex:
-            result.streams = list(ex.map(one, range(len(cases))))
-        result.served = {s.request_id: serving(admin, s.request_id) for s in result.streams}
-    finally:
-        admin.close()
-    return result
-
-
-def _kill_on_state(
-    pool: Pool,
-    fleet: Fleet,
-    model: str,
-    cases: Sequence[Case],
-    tokens: int,
-    kill_when: KillWhen,
-    extra_body: dict[str, Any] | None,
-) -> Round:
+    """All `cases` streamed at once through Baton. Once every stream has its first chunk, the
+    replica serving the first is the victim, and its process group is SIGKILLed at the first
+    chunk after which `kill_when` holds (never, if the streams end first). The kill waits on
+    the streams' state, not on the clock: where they stand when it lands depends on how the
+    engine batches and on the machine's speed. By default: KILL_AFTER chunks into the first."""
+    when = kill_when or after_chunks(KILL_AFTER)
     client = sdk(fleet.base_url)
     admin = AdminClient(fleet.control.ready, timeout=30.0)
     warm = _request(client, model, cases[0], 1)  # opens the shim's route stream to control
@@ -286,9 +235,7 @@ def _kill_on_state(
         on_victim = [routes.get(o.request_id) == name for o in outs]
         engine = pool.replicas.engines[name]
         with changed:
-            ok = changed.wait_for(
-                lambda: all(done) or kill_when(outs, on_victim), 300
-            )
+            ok = changed.wait_for(lambda: all(done) or when(outs, on_victim), 300)
             if not ok or all(done):
                 return
             engine.kill(signal.SIGKILL)  # under the lock: no chunk callback runs in between

@@ -13,6 +13,7 @@ Run: .venv/bin/pytest -m real tests/real/test_bytes.py"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from tests.real.conftest import Pool, baton, sdk
 from tests.real.streams import (
     REPLACEMENT,
     Case,
+    KillWhen,
     Streamed,
     decode,
     direct,
@@ -49,10 +51,12 @@ CASES = [
     Case("completions", "def main():", stream_interval=20),
 ]
 # Two cases come 20 tokens per chunk (vLLM's stream_interval), as a loaded vLLM also merges
-# them: such chunks tell no character boundary, and a seam there must still be verified. The
-# first is the one whose replica is killed, KILL_AFTER chunks in: past 64 merged tokens.
+# them: such chunks tell no character boundary, and a seam there must still be verified.
 SEAM_TOKENS = ResumeSettings().seam_tokens  # the shims' default m
 ROUNDS = 3  # kill rounds at most: more only while no kill has landed mid-character
+# What the shim may have sent past what the client has parsed when the kill lands (chunks in
+# flight): a kill aims where the reference stays mid-character that many tokens on.
+LAG = 2
 
 
 def references(engines: list[Engine], cases: list[Case], tokens: int) -> dict[Case, Streamed]:
@@ -62,6 +66,24 @@ def references(engines: list[Engine], cases: list[Case], tokens: int) -> dict[Ca
     again = direct(engines[1], cases[0], tokens)
     assert again.text == refs[cases[0]].text, "the replicas disagree: settings differ"
     return refs
+
+
+def mid_character_kill(refs: dict[Case, Streamed]) -> KillWhen:
+    """Kill once a stream the victim serves, as the client has it (its token ids), stands
+    where the reference is mid-character for the next LAG tokens too, so that the resume is
+    primed mid-character though the shim sent a little more than the client read. Where a
+    stream stands after a given number of chunks depends on how a loaded engine merges them
+    (in CI a fifth chunk came 181 tokens in, past every character): so wait on the ids."""
+
+    def ready(streams: Sequence[Streamed], on_victim: Sequence[bool]) -> bool:
+        for s, v in zip(streams, on_victim, strict=True):
+            n = len(s.ids)
+            if v and not s.finish and n > SEAM_TOKENS:
+                if all(mid_character(refs[s.case], n + d) for d in range(LAG + 1)):
+                    return True
+        return False
+
+    return ready
 
 
 def assert_byte_model(refs: dict[Case, Streamed]) -> None:
@@ -110,7 +132,8 @@ def test_vllm_primed_mid_character_sends_the_prompt_text(pool: Pool) -> None:
 
 def test_vllm_bytes_killed_mid_stream_token_path(pool: Pool, tmp_path: Path) -> None:
     """Six concurrent streams (3 chat, 3 completions) over two vLLM replicas; the replica
-    serving the first is SIGKILLed after KILL_AFTER chunks, in each of up to ROUNDS rounds.
+    serving the first is SIGKILLed once a stream it serves is mid-character (as the client
+    has it), in each of up to ROUNDS rounds.
     Every stream is judged (byte-identical text, one stream, finish, usage); every one the
     kill landed in also by its failover event (token path, verified seam)."""
     engines = pool.get("b0", "b1")
@@ -122,7 +145,9 @@ def test_vllm_bytes_killed_mid_stream_token_path(pool: Pool, tmp_path: Path) -> 
             break
         engines = pool.get("b0", "b1")
         with baton(tmp_path / f"round{n}", engines) as fleet:
-            r = kill_round(pool, fleet, MODEL, CASES, TOKENS, vllm=True)
+            r = kill_round(pool, fleet, MODEL, CASES, TOKENS,
+                           extra_body={"return_token_ids": True},
+                           kill_when=mid_character_kill(refs))  # fmt: skip
             evs = failovers(fleet, r)
         if r.victim:
             pool.revive(r.victim)
@@ -133,6 +158,7 @@ def test_vllm_bytes_killed_mid_stream_token_path(pool: Pool, tmp_path: Path) -> 
             where = f"{s.case} (failover {ev})"
             assert s.text == ref.text, f"{where}: the stream differs from an uninterrupted run"
             assert s.texts.keys() == ref.texts.keys(), where
+            assert s.ids == ref.ids, f"{where}: other token ids"
             assert s.finish == "length", where
             assert len(s.stream_ids) == 1, f"{where}: the client must see one stream id"
             assert s.completion_tokens == TOKENS, where
@@ -183,7 +209,7 @@ def test_llama_bytes_killed_mid_stream_seam_is_honest(
         for attempt in range(3):
             engines = pool.get("lb0", "lb1", "lb2")  # the one killed last is back (0.1 s)
             with baton(tmp_path / f"s{i}-{attempt}", engines) as fleet:
-                r = kill_round(pool, fleet, MODEL, [case], LLAMA_TOKENS, vllm=False)
+                r = kill_round(pool, fleet, MODEL, [case], LLAMA_TOKENS)
                 (got,) = r.streams
                 ev = (
                     failover_event(fleet, got.request_id)

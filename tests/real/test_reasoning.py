@@ -159,7 +159,7 @@ def test_vllm_reasoning_killed_before_on_and_after_the_end_tag(
         # Shuffled: the order vLLM admits streams in must not follow where their tags are.
         order = random.Random(n).sample(cases, len(cases))
         with baton(tmp_path / f"round{n}", engines) as fleet:
-            r = kill_round(pool, fleet, model, order, tokens, vllm=True,
+            r = kill_round(pool, fleet, model, order, tokens,
                            extra_body={"return_token_ids": True},
                            kill_when=kill_when(think_at, seen))  # fmt: skip
             evs = failovers(fleet, r)
