@@ -204,13 +204,19 @@ def kill_round(
     tokens: int,
     *,
     kill_when: KillWhen | None = None,
+    freeze: bool = False,
     extra_body: dict[str, Any] | None = None,
 ) -> Round:
     """All `cases` streamed at once through Baton. Once every stream has its first chunk, the
     replica serving the first is the victim, and its process group is SIGKILLed at the first
     chunk after which `kill_when` holds (never, if the streams end first). The kill waits on
     the streams' state, not on the clock: where they stand when it lands depends on how the
-    engine batches and on the machine's speed. By default: KILL_AFTER chunks into the first."""
+    engine batches and on the machine's speed. By default: KILL_AFTER chunks into the first.
+
+    With `freeze`, `kill_when` is judged on a frozen engine (SIGSTOP, then until what it had
+    sent has all reached the client), so that the kill lands exactly where the client's
+    streams stand: the shim relays all an engine sends, and the client reads far behind a
+    fast engine, so an unfrozen kill lands wherever the engine has run ahead to."""
     when = kill_when or after_chunks(KILL_AFTER)
     client = sdk(fleet.base_url)
     admin = AdminClient(fleet.control.ready, timeout=30.0)
@@ -234,6 +240,10 @@ def kill_round(
             return  # routed by the shim alone: which replica serves it is unknown
         on_victim = [routes.get(o.request_id) == name for o in outs]
         engine = pool.replicas.engines[name]
+        if freeze:
+            if _freeze_until(engine, changed, outs, on_victim, done, when):
+                result.victim = name
+            return
         with changed:
             ok = changed.wait_for(lambda: all(done) or when(outs, on_victim), 300)
             if not ok or all(done):
@@ -265,6 +275,50 @@ def kill_round(
     finally:
         admin.close()
     return result
+
+
+QUIET = 0.3  # seconds without a chunk on a frozen engine: what it sent has all been read
+FREEZES = 60  # freeze-judge-thaw cycles at most in one round
+
+
+def _freeze_until(
+    engine: Engine,
+    changed: threading.Condition,
+    outs: Sequence[Streamed],
+    on_victim: Sequence[bool],
+    done: Sequence[bool],
+    when: KillWhen,
+) -> bool:
+    """Freeze the engine, let the client read all it had sent, and judge: kill it if `when`
+    holds, else thaw it until a stream it serves moves on, and again. Whether the client
+    has read all is told by a quiet spell: a spell too short only means the kill lands a
+    little further on, where the failover event (what the shim had sent) still tells."""
+
+    def chunks() -> int:
+        return sum(o.chunks_seen for o, v in zip(outs, on_victim, strict=True) if v)
+
+    def moved_on(seen: int) -> Callable[[], bool]:
+        return lambda: chunks() != seen or all(done)
+
+    for _ in range(FREEZES):
+        engine.kill(signal.SIGSTOP)
+        with changed:
+            for _ in range(100):  # bounded: a frozen engine sends nothing new
+                if not changed.wait_for(moved_on(chunks()), QUIET):
+                    break
+            if all(done):
+                engine.kill(signal.SIGCONT)
+                return False
+            if when(outs, on_victim):
+                engine.kill(signal.SIGKILL)  # under the lock: no chunk callback runs between
+                return True
+            seen = chunks()
+        engine.kill(signal.SIGCONT)
+        with changed:
+            if not changed.wait_for(moved_on(seen), 60):
+                return False
+    engine.kill(signal.SIGCONT)
+    return False
 
 
 def failovers(fleet: Fleet, r: Round) -> dict[str, dict[str, Any]]:

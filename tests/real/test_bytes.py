@@ -54,9 +54,6 @@ CASES = [
 # them: such chunks tell no character boundary, and a seam there must still be verified.
 SEAM_TOKENS = ResumeSettings().seam_tokens  # the shims' default m
 ROUNDS = 3  # kill rounds at most: more only while no kill has landed mid-character
-# What the shim may have sent past what the client has parsed when the kill lands (chunks in
-# flight): a kill aims where the reference stays mid-character that many tokens on.
-LAG = 2
 
 
 def references(engines: list[Engine], cases: list[Case], tokens: int) -> dict[Case, Streamed]:
@@ -69,19 +66,17 @@ def references(engines: list[Engine], cases: list[Case], tokens: int) -> dict[Ca
 
 
 def mid_character_kill(refs: dict[Case, Streamed]) -> KillWhen:
-    """Kill once a stream the victim serves, as the client has it (its token ids), stands
-    where the reference is mid-character for the next LAG tokens too, so that the resume is
-    primed mid-character though the shim sent a little more than the client read. Where a
-    stream stands after a given number of chunks depends on how a loaded engine merges them
-    (in CI a fifth chunk came 181 tokens in, past every character): so wait on the ids."""
+    """Kill once a stream the victim serves stands mid-character, as the client has it (its
+    token ids) with the engine frozen: then the resume is primed mid-character. Where a
+    stream stands after a given number of chunks depends on how fast the engine runs ahead
+    of the client (in CI a fifth chunk came 181 tokens in, past every character)."""
 
     def ready(streams: Sequence[Streamed], on_victim: Sequence[bool]) -> bool:
-        for s, v in zip(streams, on_victim, strict=True):
-            n = len(s.ids)
-            if v and not s.finish and n > SEAM_TOKENS:
-                if all(mid_character(refs[s.case], n + d) for d in range(LAG + 1)):
-                    return True
-        return False
+        return any(
+            v and not s.finish and len(s.ids) > SEAM_TOKENS
+            and mid_character(refs[s.case], len(s.ids))
+            for s, v in zip(streams, on_victim, strict=True)
+        )  # fmt: skip
 
     return ready
 
@@ -132,8 +127,8 @@ def test_vllm_primed_mid_character_sends_the_prompt_text(pool: Pool) -> None:
 
 def test_vllm_bytes_killed_mid_stream_token_path(pool: Pool, tmp_path: Path) -> None:
     """Six concurrent streams (3 chat, 3 completions) over two vLLM replicas; the replica
-    serving the first is SIGKILLed once a stream it serves is mid-character (as the client
-    has it), in each of up to ROUNDS rounds.
+    serving the first is SIGKILLed once a stream it serves is mid-character (judged with the
+    engine frozen), in each of up to ROUNDS rounds.
     Every stream is judged (byte-identical text, one stream, finish, usage); every one the
     kill landed in also by its failover event (token path, verified seam)."""
     engines = pool.get("b0", "b1")
@@ -147,7 +142,7 @@ def test_vllm_bytes_killed_mid_stream_token_path(pool: Pool, tmp_path: Path) -> 
         with baton(tmp_path / f"round{n}", engines) as fleet:
             r = kill_round(pool, fleet, MODEL, CASES, TOKENS,
                            extra_body={"return_token_ids": True},
-                           kill_when=mid_character_kill(refs))  # fmt: skip
+                           kill_when=mid_character_kill(refs), freeze=True)  # fmt: skip
             evs = failovers(fleet, r)
         if r.victim:
             pool.revive(r.victim)
