@@ -81,7 +81,8 @@ class Backend:
     reasoning_parser: str = ""
     tool_parser: str = ""
     # Where the engine publishes its KV-cache events (ZMQ PUB, control connects) and its
-    # replay socket for missed batches; "" = none. Control alone reads them (kvevents.py).
+    # replay socket for missed batches; "" = none. Control alone reads them
+    # (control/fleet/kv_subscribers.py).
     kv_events: str = ""
     kv_events_replay: str = ""
     # One rank of a data-parallel vLLM (`--data-parallel-size`, one API server for all ranks):

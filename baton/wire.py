@@ -1,7 +1,7 @@
 """The one border between the shared domain types (baton/model.py) and the generated *_pb2
 types, for every message both sides of the routing service exchange: control encodes what the
 shim decodes here, and the reverse. Control-only messages (admin answers, audit events, pins)
-are converted in control/services/convert.py."""
+are converted in control/api/convert.py."""
 
 from __future__ import annotations
 

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from baton.model import RequestShape, RouteRequest
-from control.config import make_backend
-from control.events import EventKind, EventLog
-from control.policy import make_policy
-from control.registry import Registry
-from control.routing import Outcome, Router
-from control.store import EventFile
+from control.audit.durable import EventFile
+from control.audit.log import EventKind, EventLog
+from control.backend_spec import make_backend
+from control.fleet.registry import Registry
+from control.routing.policy import make_policy
+from control.routing.router import Outcome, Router
 
 
 class NoEvents(EventLog):

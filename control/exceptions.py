@@ -1,5 +1,5 @@
 """Every exception the control plane raises on purpose, in one tree (the model is httpx's
-_exceptions.py). services/errors.py maps each to the gRPC status an admin or a shim sees:
+_exceptions.py). control/api/errors.py maps each to the gRPC status an admin or a shim sees:
 
     ControlPlaneError
     ├── ConfigError           a config file, a saved fleet or an admin's backend spec is

@@ -13,9 +13,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from baton.model import HealthState, Snapshot
-from control.kvindex import KvState
-from control.pairflow import PairFlow
-from control.registry import Registry
+from control.fleet.registry import Registry
+from control.pairs.flow import PairFlow
+from control.signals.kv.index import KvState
 
 # Route decisions take tens of microseconds; failover gaps a few milliseconds.
 ROUTE_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 50e-3)
@@ -30,7 +30,7 @@ class FleetCollector(Collector):
         self._now = now  # the clock the readings are stamped with
 
     def _engine_load(self, snap: Snapshot) -> Iterator[GaugeMetricFamily]:
-        """Each engine's own gauges at control's last reading (engineload.py)."""
+        """Each engine's own gauges at control's last reading (control/signals/engine_load.py)."""
         fams = {
             "running": GaugeMetricFamily("baton_engine_requests_running",
                                          "The engine's own running requests.", labels=["backend"]),

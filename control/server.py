@@ -20,26 +20,27 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from baton.model import Backend, BackendId, Role
 from baton.tracing import tracing_from_env
 from baton.v1 import admin_pb2, admin_pb2_grpc, routing_pb2, routing_pb2_grpc
-from control.affinity import PinTable
-from control.config import Config, PairSpec
-from control.events import EventKind, EventLog
+from control.api import auth
+from control.api.admin import AdminServicer
+from control.api.routing import RoutingServicer
+from control.audit.durable import EventFile
+from control.audit.log import EventKind, EventLog
+from control.config import Config
 from control.exceptions import RegistryError
-from control.facts import Facts
-from control.facts_fetch import fetch_facts
-from control.fleetdb import Configured, FleetDB, configured, fleet, shadowed
-from control.kvevents import KvSubscribers
-from control.loadpoller import run_load_poller
+from control.fleet.db import Configured, FleetDB, configured, fleet, shadowed
+from control.fleet.kv_subscribers import KvSubscribers
+from control.fleet.load_poller import run_load_poller
+from control.fleet.owners import OwnerTable
+from control.fleet.pins import PinTable
+from control.fleet.prober import run_prober
+from control.fleet.registry import Registry
 from control.metrics import ControlMetrics
-from control.owners import OwnerTable
-from control.pairflow import PairFlow
-from control.policy import SpillGuard, make_policy
-from control.prober import run_prober
-from control.registry import Registry
-from control.routing import Router
-from control.services import auth
-from control.services.admin import AdminServicer
-from control.services.routing import RoutingServicer
-from control.store import EventFile
+from control.pairs.flow import PairFlow
+from control.routing.policy import SpillGuard, make_policy
+from control.routing.router import Router
+from control.settings import PairSpec
+from control.signals.facts import Facts
+from control.signals.published import fetch_facts
 
 log = logging.getLogger("baton.control")
 

@@ -14,15 +14,21 @@ from aiohttp import web
 
 from baton import aio
 from baton.tokens import SHIM_ENV, SHIM_FILE_ENV, TokenError, shim_token
-from dataplane import workers
-from dataplane.app import make_app
+from dataplane.edge import workers
+from dataplane.edge.app import make_app
+from dataplane.edge.frontdoor import Door
+from dataplane.edge.handlers import HEALTH
+from dataplane.edge.lifecycle import INFLIGHT, Stopping
+from dataplane.edge.limits import API_KEYS_ENV, load_keys
 from dataplane.exceptions import ControlRefused
-from dataplane.failover import RetryBudget
-from dataplane.frontdoor import Door
-from dataplane.handlers import HEALTH
-from dataplane.lifecycle import INFLIGHT, Stopping
-from dataplane.limits import API_KEYS_ENV, Limits, load_keys
-from dataplane.settings import ProxySettings, ResumeSettings, ShimSettings, Timeouts
+from dataplane.settings import (
+    Limits,
+    ProxySettings,
+    ResumeSettings,
+    RetryBudget,
+    ShimSettings,
+    Timeouts,
+)
 
 log = logging.getLogger("baton.shim")
 
@@ -276,7 +282,7 @@ async def _drain(
 ) -> None:
     """Readiness says 503 at once (a load balancer stops sending work) while liveness stays
     200; a new request gets a 503 (handlers.request_limits); the requests in flight finish
-    within `grace`, then the rest are ended explicitly (lifecycle.py)."""
+    within `grace`, then the rest are ended explicitly (dataplane/edge/lifecycle.py)."""
     app[HEALTH].draining = True
     door.write()
     if runner.server is not None:

@@ -2,8 +2,8 @@
 _exceptions.py). Each says what failed and carries what its handler needs:
 
     ShimError
-    ├── OpenAIError (errors.py)   what the client is told: an OpenAI-shaped body and status
-    ├── BackendFailed             a backend failed us; `failure` is its class (failover.Failure)
+    ├── OpenAIError               what the client is told: an OpenAI-shaped body and status
+    ├── BackendFailed             a backend failed us; `failure` is its class (Failure)
     │   ├── AttemptFailed         before the response status arrived, or a one-shot call
     │   │                         (/tokenize, /detokenize, a speculative round)
     │   ├── StreamFailed          mid-stream: EOF before [DONE], a reset, a stall, garbage...
@@ -12,17 +12,107 @@ _exceptions.py). Each says what failed and carries what its handler needs:
     └── ControlError              the control plane
         ├── ControlUnavailable    it did not answer in time (the shim decides alone, or fails)
         ├── ControlRefused        UNAUTHENTICATED: this shim's token is not control's
-        └── StreamBroken          the RouteStream to it broke (routestream.py)
+        └── StreamBroken          the RouteStream to it broke (dataplane/link/routestream.py)
 
-Handlers catch the narrowest class they can act on; nothing catches ShimError wholesale."""
+Handlers catch the narrowest class they can act on; nothing catches ShimError wholesale.
+
+OpenAIError is what clients (the OpenAI SDKs) read: `{"error": {"message", "type", "param",
+"code"}}`, with the HTTP status they map to their own exception classes, so both must be
+right: one table below gives each kind its status."""
 
 # baton: pure
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from enum import StrEnum
+
+import orjson
+
+from dataplane.sse import DONE_EVENT
+
 
 class ShimError(Exception):
     pass
+
+
+class ErrorKind(StrEnum):
+    INVALID_JSON = "invalid_json"
+    INVALID_REQUEST = "invalid_request_error"
+    BODY_TOO_LARGE = "request_too_large"
+    MODEL_NOT_FOUND = "model_not_found"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    NO_BACKEND = "no_backend_available"
+    CONTROL_UNAVAILABLE = "control_plane_unavailable"
+    BACKEND_FAILED = "backend_failed"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    UNAUTHORIZED = "invalid_api_key"
+    HEADERS_TOO_LARGE = "request_header_fields_too_large"
+    TOO_MANY_STREAMS = "too_many_concurrent_streams"
+    SHUTTING_DOWN = "shim_shutting_down"
+    # A stored response's follow-up: its backend is gone, or no backend is known to hold it.
+    RESPONSE_OWNER_GONE = "response_owner_gone"
+    RESPONSE_NOT_FOUND = "response_not_found"
+
+
+# kind -> (HTTP status, OpenAI error `type`)
+STATUS: dict[ErrorKind, tuple[int, str]] = {
+    ErrorKind.INVALID_JSON: (400, "invalid_request_error"),
+    ErrorKind.INVALID_REQUEST: (400, "invalid_request_error"),
+    ErrorKind.BODY_TOO_LARGE: (413, "invalid_request_error"),
+    ErrorKind.MODEL_NOT_FOUND: (404, "invalid_request_error"),
+    ErrorKind.NOT_FOUND: (404, "invalid_request_error"),
+    ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
+    ErrorKind.NO_BACKEND: (503, "service_unavailable"),
+    ErrorKind.CONTROL_UNAVAILABLE: (503, "service_unavailable"),
+    ErrorKind.BACKEND_FAILED: (502, "server_error"),
+    ErrorKind.UPSTREAM_TIMEOUT: (504, "server_error"),
+    ErrorKind.UNAUTHORIZED: (401, "invalid_request_error"),
+    ErrorKind.HEADERS_TOO_LARGE: (431, "invalid_request_error"),
+    ErrorKind.TOO_MANY_STREAMS: (429, "rate_limit_error"),
+    ErrorKind.SHUTTING_DOWN: (503, "service_unavailable"),
+    ErrorKind.RESPONSE_OWNER_GONE: (404, "invalid_request_error"),
+    ErrorKind.RESPONSE_NOT_FOUND: (404, "invalid_request_error"),
+}
+
+
+class OpenAIError(ShimError):
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        param: str | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """`headers`: extra response headers (Retry-After with a 429)."""
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.param = param
+        self.headers = headers
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.kind][0]
+
+    def body(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": STATUS[self.kind][1],
+                "param": self.param,
+                "code": self.kind.value,
+            }
+        }
+
+    def json(self) -> bytes:
+        return orjson.dumps(self.body())
+
+    def sse(self) -> bytes:
+        """The same error as an SSE event, for streams whose headers are already sent."""
+        return b"data: " + self.json() + b"\n\n" + DONE_EVENT
 
 
 class BackendFailed(ShimError):

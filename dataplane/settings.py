@@ -7,8 +7,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dataplane.failover import RetryBudget
-from dataplane.limits import Limits
+# aiohttp's own parser limits sit this far above ours, as a backstop: anything between the two
+# gets our OpenAI-shaped 431; a single line past the backstop gets aiohttp's plain 400 (the
+# parser cannot hand it to us) and the connection is closed.
+PARSER_BACKSTOP = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_header_bytes: int = 32 * 1024  # request line + all header lines
+    max_messages: int = 4096  # chat messages per request
+    # Generation requests (chat, completions, responses; streamed or not) in flight per shim
+    # process: the in-flight cap. More get a 429 before their body is read.
+    max_streams: int = 1024
+    retry_after: int = 1  # seconds, sent with a 429
+    # sha256 of each accepted key; empty = no keys required. Digests, so the set lookup's
+    # timing says nothing about a key, and no key sits in memory in the clear.
+    key_digests: frozenset[bytes] = field(default_factory=frozenset)
+
+    @property
+    def parser_line_limit(self) -> int:
+        return max(8190, PARSER_BACKSTOP * self.max_header_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudget:
+    max_attempts: int = 3
+    max_seconds: float = 15.0
+
+    def allows(self, attempts_made: int, elapsed: float) -> bool:
+        return attempts_made < self.max_attempts and elapsed < self.max_seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +49,8 @@ class ResumeSettings:
     # parallel: stream from the exact prefix and verify the overlap in a side request;
     # inline: resume m tokens early and check them before sending (costs m decode steps).
     seam_mode: str = "parallel"
-    # Connections kept open to every routable backend for resumes (standby.py); 0 = none.
+    # Connections kept open to every routable backend for resumes (dataplane/upstream/standby.py); 0
+    # = none.
     standby_connections: int = 4
 
 

@@ -1,7 +1,7 @@
 """Pure SSE framing, both ways: split a byte stream into events, keeping each event's raw
 bytes so the relay can forward them untouched (no re-serialisation on the hot path), and
 frame an object or the end of a stream for the client. Reading an engine's stream off the
-network is engine.py's."""
+network is dataplane/upstream/engine.py's."""
 
 # baton: pure
 

@@ -17,14 +17,16 @@ import json
 import signal
 import sys
 
+from sim.config import SimConfig
 from sim.costmodel import CostParams
 from sim.faults import FaultSpecError, parse_fault_spec
 from sim.kv_wire import DEFAULT_TOPIC, KvEventsConfig, kv_events_from_json
 from sim.model import MAX_THINK_TOKENS, ModelConfig
 from sim.protocol import Limits
 from sim.responses_store import DEFAULT_CAPACITY
-from sim.server import STATE, SimConfig, start_server
+from sim.server import start_server
 from sim.specdecode import SpecConfig
+from sim.state import STATE
 from sim.tokenizer import FIRST_MERGE_ID
 from sim.tools import MAX_TOOL_CALL_AFTER
 

@@ -3,7 +3,7 @@
 ``vllm serve --data-parallel-size N`` runs one API server in front of N engine cores.
 Each core has its own KV cache (so its own prefix cache), its own scheduler (slots up
 to max_num_seqs, a waiting queue) and its own KV-event publisher; the tokenizer, model
-and HTTP surface are shared. sim.server's SimState holds the shared part and one
+and HTTP surface are shared. sim.state's SimState holds the shared part and one
 EngineRank per rank; sim.balancer picks the rank of each request.
 """
 
@@ -18,7 +18,7 @@ from sim.kv_events import open_cache
 from sim.metrics import EngineMetrics
 
 if TYPE_CHECKING:
-    from sim.server import SimConfig
+    from sim.config import SimConfig
 
 
 class EngineRank:

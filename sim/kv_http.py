@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from sim.server import STATE, SimState, ok
+from sim.http_common import ok
+from sim.state import STATE, SimState
 
 
 def add_routes(app: web.Application) -> None:

@@ -62,12 +62,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from random import Random
 
-from sim.tokenizer import EOS, FIRST_MERGE_ID, Tokenizer
+from sim.candidate_tables import (
+    TABLE_BITS,
+    TABLE_MASK,
+    continuation_weights,
+    multibyte_weights,
+    token_weights,
+    utf8_state,
+    weighted_table,
+)
+from sim.tokenizer import EOS, Tokenizer
 
 _MASK64 = (1 << 64) - 1
-_TABLE_BITS = 12
-_TABLE_SIZE = 1 << _TABLE_BITS
-_TABLE_MASK = _TABLE_SIZE - 1
 _EOS_BITS = 16
 _TIE_BITS = 24
 _SALT_SCORE = -7  # distinct tuple tags so the hashes below are independent
@@ -93,14 +99,6 @@ MAX_RANKED = _MAX_SAMPLE_CANDIDATES  # ranks beyond this are the flat tail
 # so sampling over the ranked candidates alone is the same distribution.
 _TAIL_LOGIT = -(MAX_RANKED + 10) * _RANK_GAP
 
-# Rough English letter frequencies (per mille) to make output look like text.
-_LETTER_WEIGHTS = {
-    "e": 127, "t": 91, "a": 82, "o": 75, "i": 70, "n": 67, "s": 63, "h": 61,
-    "r": 60, "d": 43, "l": 40, "c": 28, "u": 28, "m": 24, "w": 24, "f": 22,
-    "g": 20, "y": 20, "p": 19, "b": 15, "v": 10, "k": 8, "j": 2, "x": 2, "q": 1,
-    "z": 1,
-}
-
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
@@ -123,119 +121,6 @@ class Candidates:
     near_tie: bool
 
 
-def _weighted_table(weights: dict[int, float]) -> tuple[int, ...]:
-    """Spread ids over _TABLE_SIZE slots proportionally to weight (deterministic)."""
-    total = sum(weights.values())
-    table: list[int] = []
-    for tok, w in sorted(weights.items()):
-        table.extend([tok] * max(1, round(w / total * _TABLE_SIZE)))
-    while len(table) < _TABLE_SIZE:  # rounding may leave it short: wrap around
-        table.extend(table[: _TABLE_SIZE - len(table)])
-    table = table[:_TABLE_SIZE]
-    # Scatter with an odd multiplier (a permutation mod 2^k) so that the top-1
-    # and top-2 slots, read from different hash bits, are unrelated.
-    return tuple(table[(i * 2654435761) % _TABLE_SIZE] for i in range(_TABLE_SIZE))
-
-
-def _token_weights(tok: Tokenizer) -> dict[int, float]:
-    """ASCII candidates: letters, space, punctuation, digits and the ASCII merges."""
-    weights: dict[int, float] = {}
-    for ch, w in _LETTER_WEIGHTS.items():
-        weights[ord(ch)] = float(w)
-        weights[ord(ch.upper())] = w / 25
-    weights[ord(" ")] = 260.0
-    for ch in ",.'?!-":
-        weights[ord(ch)] = 6.0
-    for d in "0123456789":
-        weights[ord(d)] = 1.0
-    for i in range(FIRST_MERGE_ID, tok.merge_end):
-        if not tok.pieces[i].isascii():
-            continue  # byte-level merges: see _multibyte_weights
-        text = tok.texts[i]
-        if text.strip():  # skip pure-whitespace merges: they only make gaps
-            weights[i] = 12.0 if text.startswith(" ") else 9.0
-    return weights
-
-
-# Byte-level mode: share of the candidate mass at a character boundary that
-# goes to multi-byte pieces, by kind (of the ASCII mass).
-_WHOLE_SHARE = 0.16  # a whole character in one token ("é", "中", " é")
-_LEAD_SHARE = 0.09  # a lone lead byte (C3, E4, F0, ...): 1-3 continuation bytes owed
-_FRAGMENT_SHARE = 0.07  # a lead byte + some continuation bytes (E4 B8, F0 9F 98)
-_LONE_CONT_SHARE = 0.035  # a lone continuation byte: invalid UTF-8
-# After a lead byte / fragment: continuation bytes, else ASCII letters (invalid).
-_CONT_SHARE = 0.88
-_LEADS = (0xC3, 0xCE, 0xD0, 0xE2, 0xE4, 0xE6, 0xE7, 0xF0)
-_LONE_CONTS = (0x80, 0x8D, 0x94, 0x9C, 0xA9, 0xAD, 0xB8, 0xBC)
-
-
-def _owed(piece: bytes, owed: int = 0, bad: bool = False) -> tuple[int, bool]:
-    """UTF-8 state after ``piece``: (continuation bytes owed, text ends in U+FFFD).
-
-    Second-byte range rules (E0, ED, F0, F4) are ignored: the model only opens
-    sequences whose continuation bytes it picks validly (see _continuation_weights).
-    """
-    for b in piece:
-        if owed:
-            if 0x80 <= b <= 0xBF:
-                owed -= 1
-                if not owed:
-                    bad = False
-                continue
-            bad = True  # the open sequence is cut short: U+FFFD, then b starts afresh
-        if b < 0x80:
-            owed, bad = 0, False
-        elif 0xC2 <= b <= 0xDF:
-            owed = 1
-        elif 0xE0 <= b <= 0xEF:
-            owed = 2
-        elif 0xF0 <= b <= 0xF4:
-            owed = 3
-        else:
-            owed, bad = 0, True  # lone continuation byte, C0, C1, F5..FF
-    return owed, bad
-
-
-def _multibyte_weights(tok: Tokenizer, ascii_mass: float) -> dict[int, float]:
-    whole: list[int] = []
-    fragments: list[int] = []
-    spaced: list[int] = []
-    for i in range(FIRST_MERGE_ID, tok.merge_end):
-        piece = tok.pieces[i]
-        if piece.isascii():
-            continue
-        owed, bad = _owed(piece)
-        if owed:
-            (spaced if piece.startswith(b" ") else fragments).append(i)
-        elif not bad:
-            whole.append(i)
-    weights: dict[int, float] = {}
-
-    def spread(ids: Sequence[int], share: float) -> None:
-        for i in ids:
-            weights[i] = weights.get(i, 0.0) + share * ascii_mass / len(ids)
-
-    spread(whole, _WHOLE_SHARE)
-    spread(_LEADS, _LEAD_SHARE)
-    spread(fragments + spaced, _FRAGMENT_SHARE)
-    spread(_LONE_CONTS, _LONE_CONT_SHARE)
-    return weights
-
-
-def _continuation_weights(owed: int) -> dict[int, float]:
-    """Candidates when ``owed`` continuation bytes are still owed."""
-    # After a 4-byte lead (owed 3) the next byte must be 90..BF (F0's rule);
-    # 9F is the emoji block.
-    conts = range(0x90, 0xC0) if owed == 3 else range(0x80, 0xC0)
-    weights = {b: _CONT_SHARE / len(conts) for b in conts}
-    if owed == 3:
-        weights[0x9F] += _CONT_SHARE
-    letters = sum(_LETTER_WEIGHTS.values())
-    for ch, w in _LETTER_WEIGHTS.items():
-        weights[ord(ch)] = (1 - _CONT_SHARE) * w / letters
-    return weights
-
-
 class ToyModel:
     """Deterministic next-token oracle. Holds only immutable precomputed tables."""
 
@@ -252,18 +137,18 @@ class ToyModel:
     def __init__(self, config: ModelConfig, tokenizer: Tokenizer) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        weights = _token_weights(tokenizer)
+        weights = token_weights(tokenizer)
         if tokenizer.byte_level:
-            weights |= _multibyte_weights(tokenizer, sum(weights.values()))
+            weights |= multibyte_weights(tokenizer, sum(weights.values()))
         no_space = {t: w for t, w in weights.items() if not tokenizer.pieces[t].startswith(b" ")}
         # After a token ending in a space, never start with one: avoids "  " runs.
-        self._tables = (_weighted_table(weights), _weighted_table(no_space))
+        self._tables = (weighted_table(weights), weighted_table(no_space))
         self._space_end = tuple(p.endswith(b" ") for p in tokenizer.pieces)
         # Indexed by continuation bytes owed (byte-level mode only).
         self._cont_tables: tuple[tuple[int, ...], ...] = ()
         if tokenizer.byte_level:
             self._cont_tables = tuple(
-                _weighted_table(_continuation_weights(n)) if n else () for n in range(4)
+                weighted_table(continuation_weights(n)) if n else () for n in range(4)
             )
         self._think_start = tokenizer.think_start
         self._think_end = tokenizer.think_end
@@ -272,7 +157,7 @@ class ToyModel:
         self._utf8: tuple[tuple[int, ...], ...] = ()
         if tokenizer.byte_level or self._think_end is not None:
             self._utf8 = tuple(
-                tuple(_pack(*_owed(p, s & 3, bool(s & 4))) for s in range(8))
+                tuple(_pack(*utf8_state(p, s & 3, bool(s & 4))) for s in range(8))
                 for p in tokenizer.visible
             )
             self.start, self.advance = self._start_stateful, self._advance_stateful
@@ -382,11 +267,11 @@ class ToyModel:
         """
         x = hash((h, _SALT_SCORE)) & _MASK64
         table = self._table_for(h, last)
-        top1 = table[x & _TABLE_MASK]
-        slot = (x >> _TABLE_BITS) & _TABLE_MASK
+        top1 = table[x & TABLE_MASK]
+        slot = (x >> TABLE_BITS) & TABLE_MASK
         top2 = table[slot]
         while top2 == top1:
-            slot = (slot + 1) & _TABLE_MASK
+            slot = (slot + 1) & TABLE_MASK
             top2 = table[slot]
         tie = (x >> 40) < self._tie_cut
         if tie and hash((h, _SALT_CHIP, self.config.chip_seed)) & 1:
@@ -395,7 +280,7 @@ class ToyModel:
         seed = x
         while len(ids) < k:
             seed = hash((seed, len(ids)))
-            cand = table[seed & _TABLE_MASK]
+            cand = table[seed & TABLE_MASK]
             if cand not in ids:
                 ids.append(cand)
         if allow_eos and ((x >> 24) & 0xFFFF) < self._eos_cut:
@@ -427,12 +312,12 @@ class ToyModel:
         if allow_eos and ((x >> 24) & 0xFFFF) < self._eos_cut:
             return EOS
         table = self._table_for(h, last)
-        top1 = table[x & _TABLE_MASK]
+        top1 = table[x & TABLE_MASK]
         if (x >> 40) < self._tie_cut and hash((h, _SALT_CHIP, self.config.chip_seed)) & 1:
-            slot = (x >> _TABLE_BITS) & _TABLE_MASK
+            slot = (x >> TABLE_BITS) & TABLE_MASK
             top2 = table[slot]
             while top2 == top1:
-                slot = (slot + 1) & _TABLE_MASK
+                slot = (slot + 1) & TABLE_MASK
                 top2 = table[slot]
             return top2
         return top1

@@ -16,8 +16,9 @@ from typing import Any
 from aiohttp import web
 
 from sim import pooling as p
-from sim.protocol import ApiError, _opt, bad_request, check_model
-from sim.server import STATE, SimState, error_type, json_body, ok, request_faults
+from sim.http_common import error_type, json_body, ok, request_faults
+from sim.protocol import ApiError, bad_request, check_model, optional_field
+from sim.state import STATE, SimState
 from sim.tokenizer import BOS
 
 
@@ -65,7 +66,7 @@ async def embeddings(request: web.Request) -> web.Response:
         raise bad_request("the sim encodes float32 only", "embed_dtype")
     dim = state.cfg.embedding_dim
     dims = p.check_dimensions(body.get("dimensions"), state.cfg.limits.model, dim)
-    add_special = _opt(body, "add_special_tokens", bool, True)
+    add_special = optional_field(body, "add_special_tokens", bool, True)
     inputs = p.embedding_inputs(body.get("input"), state.tokenizer, add_special)
     for ids in inputs:
         _check_length(state, len(ids))

@@ -113,8 +113,8 @@ def parse_chat(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRe
         )
     try:
         messages = parse_messages(body.get("messages"))
-        add_gen = _opt(body, "add_generation_prompt", bool, True)
-        cont = _opt(body, "continue_final_message", bool, False)
+        add_gen = optional_field(body, "add_generation_prompt", bool, True)
+        cont = optional_field(body, "continue_final_message", bool, False)
         text = render(
             messages, add_generation_prompt=add_gen, continue_final_message=cont,
             open_think=tok.think_start is not None,
@@ -122,13 +122,13 @@ def parse_chat(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRe
     except TemplateError as e:
         raise bad_request(str(e), "messages") from None
     prompt_ids = tok.encode(text)
-    max_tokens = _opt(body, "max_completion_tokens", int, None)
+    max_tokens = optional_field(body, "max_completion_tokens", int, None)
     if max_tokens is None:
-        max_tokens = _opt(body, "max_tokens", int, None)
+        max_tokens = optional_field(body, "max_tokens", int, None)
     role = "assistant" if add_gen else messages[-1].role
-    req = _finish(body, "chat", prompt_ids, max_tokens, limits, role=role)
+    req = build_gen_request(body, "chat", prompt_ids, max_tokens, limits, role=role)
     _check_allowed(req, tok)
-    include_reasoning = _opt(body, "include_reasoning", bool, True)
+    include_reasoning = optional_field(body, "include_reasoning", bool, True)
     if not include_reasoning:
         req = replace(req, include_reasoning=False)
     if tok.tool_call_start is not None:  # tool-call mode; otherwise tools are ignored
@@ -185,12 +185,12 @@ def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
 
 def parse_completion(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRequest:
     check_model(body, limits)
-    add_special = _opt(body, "add_special_tokens", bool, True)
+    add_special = optional_field(body, "add_special_tokens", bool, True)
     prompt_ids = prompt_to_ids(body.get("prompt"), tok, add_special)
-    max_tokens = _opt(body, "max_tokens", int, None)
-    req = _finish(body, "completion", prompt_ids, max_tokens, limits)
+    max_tokens = optional_field(body, "max_tokens", int, None)
+    req = build_gen_request(body, "completion", prompt_ids, max_tokens, limits)
     _check_allowed(req, tok)
-    k = _opt(body, "prompt_logprobs", int, None)
+    k = optional_field(body, "prompt_logprobs", int, None)
     if k is None:
         return req
     if not 0 <= k <= MAX_PROMPT_LOGPROBS:
@@ -226,7 +226,7 @@ def prompt_to_ids(prompt: object, tok: Tokenizer, add_special_tokens: bool) -> l
     )
 
 
-def _finish(
+def build_gen_request(
     body: Mapping[str, Any],
     kind: Literal["chat", "completion"],
     prompt_ids: list[int],
@@ -234,7 +234,9 @@ def _finish(
     limits: Limits,
     role: str = "assistant",
 ) -> GenRequest:
-    stream = _opt(body, "stream", bool, False)
+    """The fields chat, completions and Responses requests share, checked against `limits`:
+    sampling, n, streaming, and the GenRequest they make with the prompt already parsed."""
+    stream = optional_field(body, "stream", bool, False)
     stream_options = body.get("stream_options")
     include_usage = False
     if stream_options is not None:
@@ -242,20 +244,20 @@ def _finish(
             raise bad_request("'stream_options' must be an object", "stream_options")
         if not stream:
             raise bad_request("Stream options can only be defined when stream=True.")
-        include_usage = _opt(stream_options, "include_usage", bool, False)
-    n = _opt(body, "n", int, 1)
+        include_usage = optional_field(stream_options, "include_usage", bool, False)
+    n = optional_field(body, "n", int, 1)
     if not 1 <= n <= 128:
         raise bad_request("'n' must be between 1 and 128", "n")
     params = SamplingParams(
         max_tokens=_max_tokens(max_tokens, len(prompt_ids), limits),
-        temperature=_opt(body, "temperature", float, limits.default_temperature),
-        top_p=_opt(body, "top_p", float, limits.default_top_p),
-        top_k=_opt(body, "top_k", int, limits.default_top_k),
-        seed=_opt(body, "seed", int, limits.default_seed),
+        temperature=optional_field(body, "temperature", float, limits.default_temperature),
+        top_p=optional_field(body, "top_p", float, limits.default_top_p),
+        top_k=optional_field(body, "top_k", int, limits.default_top_k),
+        seed=optional_field(body, "seed", int, limits.default_seed),
         stop=_stops(body.get("stop")),
-        ignore_eos=_opt(body, "ignore_eos", bool, False),
-        min_tokens=_opt(body, "min_tokens", int, 0),
-        include_stop_str_in_output=_opt(body, "include_stop_str_in_output", bool, False),
+        ignore_eos=optional_field(body, "ignore_eos", bool, False),
+        min_tokens=optional_field(body, "min_tokens", int, 0),
+        include_stop_str_in_output=optional_field(body, "include_stop_str_in_output", bool, False),
         allowed_token_ids=_allowed(body.get("allowed_token_ids")),
     )
     if params.temperature < 0:
@@ -266,7 +268,7 @@ def _finish(
         raise bad_request("'min_tokens' must be between 0 and max_tokens", "min_tokens")
     if params.top_k < -1:
         raise bad_request("'top_k' must be -1 (disable) or at least 1", "top_k")
-    interval = _opt(body, "stream_interval", int, None)
+    interval = optional_field(body, "stream_interval", int, None)
     if interval is not None and interval < 1:
         raise bad_request("'stream_interval' must be at least 1", "stream_interval")
     return GenRequest(
@@ -276,7 +278,7 @@ def _finish(
         n=n,
         stream=stream,
         include_usage=include_usage,
-        return_token_ids=_opt(body, "return_token_ids", bool, False),
+        return_token_ids=optional_field(body, "return_token_ids", bool, False),
         role=role,
         stream_interval=max(interval or 1, limits.stream_interval),
     )
@@ -329,7 +331,7 @@ def _stops(raw: object) -> tuple[str, ...]:
     raise bad_request("'stop' must be a string or a list of strings", "stop")
 
 
-def _opt(body: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
+def optional_field(body: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
     """Optional typed field; null means default. Rejects bools posing as numbers."""
     value = body.get(key)
     if value is None:

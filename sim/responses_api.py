@@ -24,7 +24,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.chat_template import Message, TemplateError, render
-from sim.protocol import ApiError, GenRequest, Limits, SamplingParams, _finish, _opt, bad_request
+from sim.protocol import (
+    ApiError,
+    GenRequest,
+    Limits,
+    SamplingParams,
+    bad_request,
+    build_gen_request,
+    optional_field,
+)
 from sim.tokenizer import Tokenizer
 
 _ROLES = ("user", "assistant", "system", "developer", "tool")
@@ -72,7 +80,7 @@ def parse_responses(
         raise bad_request("background mode is not supported by the sim", "background")
     if body.get("prompt") is not None:
         raise bad_request("prompt template is not supported", "prompt")  # vLLM's wording
-    instructions = _opt(body, "instructions", str, None)
+    instructions = optional_field(body, "instructions", str, None)
     new, cont = parse_input(body.get("input", _MISSING))
     messages = ([Message("system", instructions)] if instructions else []) + [*earlier, *new]
     if not messages:
@@ -92,15 +100,15 @@ def parse_responses(
         raise bad_request("'tools' must be a list", "tools")
     echo["tools"] = tools
     echo["tool_choice"] = body.get("tool_choice") or ("auto" if tools else "none")
-    echo["parallel_tool_calls"] = _opt(body, "parallel_tool_calls", bool, True)
+    echo["parallel_tool_calls"] = optional_field(body, "parallel_tool_calls", bool, True)
     return ResponsesRequest(
         gen=gen,
         messages=tuple(messages),
         prompt_text=text,
         response_id=response_id,
-        store=_opt(body, "store", bool, True),
-        previous_response_id=_opt(body, "previous_response_id", str, None),
-        enable_response_messages=_opt(body, "enable_response_messages", bool, False),
+        store=optional_field(body, "store", bool, True),
+        previous_response_id=optional_field(body, "previous_response_id", str, None),
+        enable_response_messages=optional_field(body, "enable_response_messages", bool, False),
         echo=echo,
     )
 
@@ -179,7 +187,7 @@ def _generation(body: Mapping[str, Any], prompt_ids: list[int], limits: Limits) 
             f"{limits.max_model_len}. Please reduce prompt.", "input",
         )  # fmt: skip
     room = limits.max_model_len - len(prompt_ids)
-    requested = _opt(body, "max_output_tokens", int, None)
+    requested = optional_field(body, "max_output_tokens", int, None)
     if requested is not None and requested < 1:
         raise bad_request(
             f"max_output_tokens must be at least 1, got {requested}.", "max_output_tokens"
@@ -187,7 +195,8 @@ def _generation(body: Mapping[str, Any], prompt_ids: list[int], limits: Limits) 
     max_tokens = min(limits.default_max_tokens if requested is None else requested, room)
     fields = ("temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "min_tokens",
               "include_stop_str_in_output", "stream")  # fmt: skip
-    gen = _finish({k: body[k] for k in fields if k in body}, "chat", prompt_ids, max_tokens, limits)
+    shared = {k: body[k] for k in fields if k in body}
+    gen = build_gen_request(shared, "chat", prompt_ids, max_tokens, limits)
     return gen
 
 

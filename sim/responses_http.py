@@ -17,9 +17,10 @@ from aiohttp import web
 
 from sim import responses_api as ra
 from sim.chat_template import Message
+from sim.http_common import error_type, garbage, json_body, ok, request_faults, serve_run
 from sim.protocol import ApiError, bad_request, check_model
 from sim.responses_run import ResponsesRun
-from sim.server import STATE, error_type, garbage, json_body, ok, request_faults, serve_run
+from sim.state import STATE
 
 
 def add_routes(app: web.Application) -> None:

@@ -26,11 +26,11 @@ from sim import responses as r
 from sim import responses_events as ev
 from sim.faults import FaultKind, FaultSpec
 from sim.responses_api import ResponsesRequest
-from sim.run import _FLUSH_EVERY, Run, _cut
+from sim.run import FLUSH_EVERY, Run, end_abruptly
 
 if TYPE_CHECKING:
     from sim.engine import EngineRank
-    from sim.server import SimState
+    from sim.state import SimState
 
 
 class ResponsesRun(Run):
@@ -82,7 +82,7 @@ class ResponsesRun(Run):
         paced = self.state.cfg.cost.decode_ms_per_step > 0
         step_no = 0
         while not seq.finished:
-            if step_no and (paced or len(buf) >= _FLUSH_EVERY):
+            if step_no and (paced or len(buf) >= FLUSH_EVERY):
                 await resp.write(b"".join(buf))
                 buf.clear()
                 if paced:
@@ -119,5 +119,5 @@ class ResponsesRun(Run):
             return True
         if kind is FaultKind.ERROR:
             self.outcome = "error"
-            _cut(request, FaultKind.DIE)
-        _cut(request, kind)
+            end_abruptly(request, FaultKind.DIE)
+        end_abruptly(request, kind)

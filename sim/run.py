@@ -32,9 +32,9 @@ from sim.tools import ToolCallPlan, ToolStream
 if TYPE_CHECKING:
     from sim.engine import EngineRank
     from sim.kvcache import KvSeq
-    from sim.server import SimState
+    from sim.state import SimState
 
-_FLUSH_EVERY = 64  # chunks buffered per write when nothing is paced
+FLUSH_EVERY = 64  # chunks buffered per write when nothing is paced
 
 
 class Dropped(Exception):
@@ -221,7 +221,7 @@ class Run:
                         self.outcome = "abort"
                         return _json(200, self._full_body())
                     else:
-                        _cut(request, kind)
+                        end_abruptly(request, kind)
                 seq.step()
                 self.emitted += 1
             self._stepped()
@@ -261,7 +261,7 @@ class Run:
                     await resp.write(b"".join(buf))
                     buf.clear()
                     await asyncio.sleep(self._step_delay())
-                elif len(buf) >= _FLUSH_EVERY:
+                elif len(buf) >= FLUSH_EVERY:
                     await resp.write(b"".join(buf))
                     buf.clear()
             step_no += 1
@@ -345,10 +345,10 @@ class Run:
                 out.append(r.sse(usage))
             await resp.write(b"".join(out) + r.DONE)
             return True
-        _cut(request, kind)
+        end_abruptly(request, kind)
 
 
-def _cut(request: web.Request, kind: FaultKind) -> NoReturn:
+def end_abruptly(request: web.Request, kind: FaultKind) -> NoReturn:
     """exit / die / reset: end the process or the connection right now."""
     if kind is FaultKind.EXIT:
         os._exit(1)

@@ -1,13 +1,13 @@
-"""What a client is told when control refuses a stored response's follow-up (routing.py's
-owner reasons): an OpenAI-shaped 404 that says where the response was, never a misleading
-"not found" from an engine that never had it."""
+"""What a client is told when control refuses a stored response's follow-up
+(control/routing/router.py's owner reasons): an OpenAI-shaped 404 that says where the response was,
+never a misleading "not found" from an engine that never had it."""
 
 # baton: pure
 
 from __future__ import annotations
 
 from baton.model import Decision, Reason
-from dataplane.errors import ErrorKind, OpenAIError
+from dataplane.exceptions import ErrorKind, OpenAIError
 
 OWNER_REASONS = frozenset({Reason.OWNER_GONE, Reason.OWNER_UNKNOWN})
 

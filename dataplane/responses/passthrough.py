@@ -15,15 +15,15 @@ import aiohttp
 import orjson
 
 from baton.model import Backend, FailoverOutcome, FailoverReport
-from dataplane.engine import read_events
 from dataplane.exceptions import ControlUnavailable, StreamFailed
-from dataplane.failover import Failure
-from dataplane.oracle import FailoverAudit, Ownership
+from dataplane.link.needs import FailoverAudit, Ownership
+from dataplane.relay.resume.reports import Reporter
+from dataplane.request import ClientRequest
 from dataplane.responses.request import replay_refusal, stored
-from dataplane.resume.reports import Reporter
 from dataplane.settings import ResumeSettings
 from dataplane.sse import ClientStream
-from dataplane.validate import ClientRequest
+from dataplane.upstream.engine import read_events
+from dataplane.upstream.failures import Failure
 
 log = logging.getLogger("baton.shim.responses")
 
@@ -39,14 +39,14 @@ class ResponsesRelay:
     def __init__(
         self,
         *,
-        oracle: PassthroughControl,
+        control: PassthroughControl,
         settings: ResumeSettings,
         out: ClientStream,
         request_id: str,
         client: ClientRequest,
         reporter: Reporter,
     ) -> None:
-        self._oracle = oracle
+        self._control = control
         self._settings = settings
         self._out = out
         self._rid = request_id
@@ -104,7 +104,7 @@ class ResponsesRelay:
 
     async def _own(self, backend: Backend, key: str) -> None:
         try:
-            await self._oracle.record_owner(self._rid, key, backend.id, self._client.model)
+            await self._control.record_owner(self._rid, key, backend.id, self._client.model)
         except ControlUnavailable as exc:
             log.warning("request %s: %s stored on %s, but control does not know (%s): a "
                         "follow-up will be refused", self._rid, key, backend.id, exc)  # fmt: skip

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dataplane.errors import ErrorKind, OpenAIError
+from dataplane.exceptions import ErrorKind, OpenAIError
 
 # Copied to the chat request unchanged: the sampling fields vLLM's Responses API accepts.
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",

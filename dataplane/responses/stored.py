@@ -13,12 +13,11 @@ import aiohttp
 from aiohttp import web
 
 from baton.model import Backend, RequestOutcome, RequestShape
-from dataplane.engine import call
-from dataplane.errors import ErrorKind, OpenAIError
-from dataplane.exceptions import AttemptFailed, ControlUnavailable
-from dataplane.oracle import Outcomes, Ownership, Routing
+from dataplane.exceptions import AttemptFailed, ControlUnavailable, ErrorKind, OpenAIError
+from dataplane.link.needs import Outcomes, Ownership, Routing
 from dataplane.responses.owners import refused
 from dataplane.settings import Timeouts
+from dataplane.upstream.engine import call
 
 log = logging.getLogger("baton.shim.responses")
 
@@ -29,10 +28,10 @@ class StoredControl(Routing, Outcomes, Ownership, Protocol):
 
 class StoredResponses:
     def __init__(
-        self, session: aiohttp.ClientSession, oracle: StoredControl, timeouts: Timeouts
+        self, session: aiohttp.ClientSession, control: StoredControl, timeouts: Timeouts
     ) -> None:
         self._session = session
-        self._oracle = oracle
+        self._control = control
         self._timeouts = timeouts
 
     async def serve(self, request: web.Request) -> web.Response:
@@ -48,14 +47,14 @@ class StoredResponses:
                 self._session, backend, request.method, path, self._timeouts
             )
         except AttemptFailed as failed:
-            await self._oracle.attempt_failed(rid, backend.id, failed.failure, failed.detail)
-            self._oracle.finished(RequestOutcome(rid, backend.id, "", False, 502))
+            await self._control.attempt_failed(rid, backend.id, failed.failure, failed.detail)
+            self._control.finished(RequestOutcome(rid, backend.id, "", False, 502))
             why = f"backend {backend.id}, which holds {key}, did not answer ({failed})"
             return _error(OpenAIError(ErrorKind.BACKEND_FAILED, why))
-        self._oracle.finished(RequestOutcome(rid, backend.id, "", status < 500, status))
+        self._control.finished(RequestOutcome(rid, backend.id, "", status < 500, status))
         if request.method == "DELETE" and status == 200:
             try:
-                await self._oracle.record_owner(rid, key, backend.id, "", released=True)
+                await self._control.record_owner(rid, key, backend.id, "", released=True)
             except ControlUnavailable as exc:
                 log.warning("request %s: %s deleted; control not told (%s)", rid, key, exc)
         headers = {"X-Request-Id": rid}
@@ -65,7 +64,7 @@ class StoredResponses:
         """The backend holding `key`, or OpenAIError saying why there is none."""
         shape = RequestShape(model="", owner_key=key, greedy=False, sets_temperature=False)
         try:
-            decision = await self._oracle.route(rid, shape)
+            decision = await self._control.route(rid, shape)
         except ControlUnavailable as exc:
             raise OpenAIError(ErrorKind.CONTROL_UNAVAILABLE, str(exc)) from None
         if not decision.backends:

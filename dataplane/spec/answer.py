@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from dataplane.errors import OpenAIError
+from dataplane.exceptions import OpenAIError
+from dataplane.request import ClientRequest, Endpoint
 from dataplane.sse import DONE_EVENT, sse
-from dataplane.validate import ClientRequest, Endpoint
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dataplane.validate import ClientRequest, token_limit
+from dataplane.request import ClientRequest, token_limit
 
 # Anything that changes the target's distribution or output shape beyond greedy text.
 _INELIGIBLE = (

@@ -12,12 +12,12 @@ import aiohttp
 
 from baton.model import Backend, Pairing
 from baton.sampling import pair_params
-from dataplane.engine import detokenize, post_json
 from dataplane.exceptions import AttemptFailed, DraftFailed
-from dataplane.failover import Failure
+from dataplane.request import ClientRequest, Endpoint
 from dataplane.settings import Timeouts
 from dataplane.spec.plan import Judged, judge
-from dataplane.validate import ClientRequest, Endpoint
+from dataplane.upstream.engine import detokenize, post_json
+from dataplane.upstream.failures import Failure
 
 
 class Rounds:

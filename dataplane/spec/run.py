@@ -17,9 +17,9 @@ from baton.model import (
     Seam,
     SpecStats,
 )
-from dataplane.shape import reply_hash
+from dataplane.prefix_chain import reply_hash
+from dataplane.request import ClientRequest, Endpoint
 from dataplane.spec.plan import repeated_ngram
-from dataplane.validate import ClientRequest, Endpoint
 
 
 @dataclass(slots=True)

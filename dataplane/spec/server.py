@@ -24,17 +24,21 @@ from baton.model import (
     Pairing,
     RequestShape,
 )
-from dataplane.errors import ErrorKind, OpenAIError
-from dataplane.exceptions import AttemptFailed, ControlUnavailable, DraftFailed
-from dataplane.failover import RetryBudget
-from dataplane.oracle import FailoverAdvice, FailoverAudit, Gate, Outcomes
-from dataplane.resume import detok
-from dataplane.settings import Timeouts
+from dataplane.exceptions import (
+    AttemptFailed,
+    ControlUnavailable,
+    DraftFailed,
+    ErrorKind,
+    OpenAIError,
+)
+from dataplane.link.needs import FailoverAdvice, FailoverAudit, Gate, Outcomes
+from dataplane.relay.resume import detok
+from dataplane.request import ClientRequest, token_limit
+from dataplane.settings import RetryBudget, Timeouts
 from dataplane.spec.answer import AnswerWriter
 from dataplane.spec.plan import Judged
 from dataplane.spec.rounds import Rounds
 from dataplane.spec.run import Move, SpecRun, failover_report, request_outcome
-from dataplane.validate import ClientRequest, token_limit
 
 log = logging.getLogger("baton.shim.spec")
 
@@ -48,11 +52,11 @@ class SpecServer:
     def __init__(
         self,
         session: aiohttp.ClientSession,
-        oracle: SpecControl,
+        control: SpecControl,
         timeouts: Timeouts,
         budget: RetryBudget,
     ) -> None:
-        self._oracle = oracle
+        self._control = control
         self._budget = budget
         self._rounds = Rounds(session, timeouts)
 
@@ -87,15 +91,15 @@ class SpecServer:
         except OpenAIError as err:
             self._moved(run, FailoverOutcome.EXHAUSTED, str(err))
             await writer.fail(err)
-            self._oracle.finished(request_outcome(run, ok=False))
+            self._control.finished(request_outcome(run, ok=False))
             return writer.response
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away: no more rounds, and control must stop counting it.
-            self._oracle.finished(request_outcome(run, ok=False))
+            self._control.finished(request_outcome(run, ok=False))
             raise
         self._moved(run, FailoverOutcome.RESUMED)  # a resume that ended without new text
         await writer.finish(finish, run.prompt_len, len(run.generated))
-        self._oracle.finished(request_outcome(run, ok=True))
+        self._control.finished(request_outcome(run, ok=True))
         return writer.response
 
     # -- rounds ----------------------------------------------------------------------------
@@ -131,7 +135,7 @@ class SpecServer:
         if not self._budget.allows(len(run.tried), time.monotonic() - run.started):
             raise OpenAIError(ErrorKind.BACKEND_FAILED, f"resume budget exhausted ({failed})")
         try:
-            decision = await self._oracle.failover(
+            decision = await self._control.failover(
                 run.request_id,
                 run.shape,
                 run.target.id,
@@ -163,7 +167,7 @@ class SpecServer:
             run.pairing = None
             return
         try:
-            answer = await self._oracle.gate_pairing(
+            answer = await self._control.gate_pairing(
                 run.request_id, pairing.pair_id, run.target.id, drafted, judged.accepted
             )
         except ControlUnavailable:
@@ -214,4 +218,4 @@ class SpecServer:
         """Report the pending failover, if one is (run.py's failover_report)."""
         move, run.moving = run.moving, None
         if move is not None:
-            self._oracle.report_failover(failover_report(run, move, outcome, detail))
+            self._control.report_failover(failover_report(run, move, outcome, detail))

@@ -58,7 +58,7 @@ async def _serve(target: str, arm: Arm, ready: asyncio.Future[str]) -> None:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         # A generation the tests stream, not the shim's one-token question of what an engine
-        # shows for a think tag (dataplane/resume/markers.py: allowed_token_ids).
+        # shows for a think tag (dataplane/relay/resume/markers.py: allowed_token_ids).
         generation = request.path.endswith("/completions") and body and not _is_probe(body)
         k = arm.take() if generation else None
         if k is not None:

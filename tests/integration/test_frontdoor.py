@@ -1,4 +1,4 @@
-"""The shim's front door (dataplane/frontdoor.py), a process of its own that owns the port:
+"""The shim's front door (dataplane/edge/frontdoor.py), a process of its own that owns the port:
 a request that arrives in pieces is told apart all the same (a probe answered there, anything
 else served by the shim, bytes untouched), and a client that dribbles its first bytes does
 not make the door spin while it waits for the rest."""

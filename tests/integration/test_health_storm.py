@@ -1,7 +1,7 @@
 """A shim that is only busy must not look dead: a storm of ten times what the fleet holds,
 through one shim on this machine with the load generator beside it, while probes poll as a
 kubelet does (a new connection each time). Liveness answers fast throughout (the front door
-answers it, dataplane/health.py), readiness says 503 while the shim is at its in-flight cap
+answers it, dataplane/edge/health.py), readiness says 503 while the shim is at its in-flight cap
 and 200 again soon after, every request is served or shed with a clean 429, and no stream
 that was admitted is cut. Control's gRPC health and metrics port are polled the same way.
 

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from baton.v1 import fleet_pb2, routing_pb2, routing_pb2_grpc
-from dataplane.routestream import RouteStream
+from dataplane.link.routestream import RouteStream
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from clients.procs import Part
 from scripts.engines.replicas import free_ports
 from sim.__main__ import add_arguments, config_from_args
-from sim.server import STATE, start_server
+from sim.server import start_server
+from sim.state import STATE
 from tests.integration.harness import FAST_SIM, http, wait_until
 from tests.integration.test_sim_kv_events import (
     BS,

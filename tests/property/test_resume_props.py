@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from baton.model import ResumePath, Seam
 from dataplane.exceptions import Refused
-from dataplane.resume.plan import plan_resume
-from dataplane.resume.progress import ChoiceProgress, overlap
-from dataplane.resume.seam import SeamCheck
-from dataplane.validate import ClientRequest, Endpoint
+from dataplane.relay.progress import ChoiceProgress, overlap
+from dataplane.relay.resume.plan import plan_resume
+from dataplane.relay.resume.seam import SeamCheck
+from dataplane.request import ClientRequest, Endpoint
 
 # A stream's chunks: token ids and the text released with them ("" = held back by the engine).
 chunks = st.lists(

@@ -14,13 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataplane.engine import read_events
 from dataplane.exceptions import StreamFailed
-from dataplane.failover import Failure
-from dataplane.resume.stitch import Stitcher
+from dataplane.relay.stitch import Stitcher
+from dataplane.request import ClientRequest, Endpoint
 from dataplane.settings import ResumeSettings
 from dataplane.sse import Event, SSEParser
-from dataplane.validate import ClientRequest, Endpoint
+from dataplane.upstream.engine import read_events
+from dataplane.upstream.failures import Failure
 from tests.property.strategies import json_values
 
 # Pieces SSE streams are made of, so random streams hit the interesting boundaries often.

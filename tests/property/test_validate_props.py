@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataplane.errors import OpenAIError
-from dataplane.exceptions import Refused
-from dataplane.resume.plan import plan_resume, static_refusal
-from dataplane.resume.progress import ChoiceProgress
-from dataplane.resume.stitch import Stitcher
-from dataplane.shape import shape_of
-from dataplane.validate import ClientRequest, Endpoint, parse_request
+from dataplane.edge.shape import shape_of
+from dataplane.edge.validate import parse_request
+from dataplane.exceptions import OpenAIError, Refused
+from dataplane.relay.progress import ChoiceProgress
+from dataplane.relay.resume.plan import plan_resume, static_refusal
+from dataplane.relay.stitch import Stitcher
+from dataplane.request import ClientRequest, Endpoint
 from tests.property.strategies import json_values, mutated_body, valid_body
 
 LIMIT = 64 * 1024

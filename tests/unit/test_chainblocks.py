@@ -1,11 +1,11 @@
-"""Which KV blocks a message prefix implies (control/chainblocks.py), learned from the shims'
-reports, and what the registry answers from it with the KV index."""
+"""Which KV blocks a message prefix implies (control/fleet/chainblocks.py), learned from the
+shims' reports, and what the registry answers from it with the KV index."""
 
 from __future__ import annotations
 
 from baton.blocks import block_keys
 from baton.model import PrefixBlocks, RequestShape
-from control.chainblocks import ChainBlocks
+from control.fleet.chainblocks import ChainBlocks
 
 PROMPT = list(range(100, 140))  # 40 tokens: 5 blocks of 8
 REPLY = list(range(500, 520))  # 20 more: the reply completes 2 blocks more (60 // 8 = 7)
@@ -38,9 +38,9 @@ def test_bounded_least_recently_used_first_out() -> None:
 
 def test_the_registry_credits_only_backends_whose_live_index_holds_the_blocks() -> None:
     from baton.model import BackendId
-    from control.config import make_backend
-    from control.kvindex import Stored
-    from control.registry import Registry
+    from control.backend_spec import make_backend
+    from control.fleet.registry import Registry
+    from control.signals.kv.index import Stored
 
     reg = Registry([make_backend(b, f"http://127.0.0.1:{i + 1}", "m") for i, b in
                     enumerate("ab")], clock=lambda: 1.0)  # fmt: skip

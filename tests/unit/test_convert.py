@@ -7,8 +7,8 @@ import pytest
 from baton import wire
 from baton.model import Backend, BackendId, BackendKind, Role
 from baton.v1 import fleet_pb2
-from control.config import make_backend
-from control.services import convert
+from control.api import convert
+from control.backend_spec import make_backend
 
 PARSED = Backend(BackendId("gpu-0"), "http://10.0.0.10:8000", "m", BackendKind.SGLANG,
                  Role.TARGET, "GPU0_KEY", "deepseek_r1", "hermes", "tcp://10.0.0.10:5557",

@@ -9,7 +9,7 @@ from baton.model import DATA_PARALLEL_RANK_HEADER, Backend, BackendId
 from clients import render
 from clients.client import BackendRow
 from control.exceptions import BackendExists
-from control.registry import Registry
+from control.fleet.registry import Registry
 
 URL = "http://10.0.0.7:8000"
 

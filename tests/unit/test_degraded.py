@@ -14,7 +14,7 @@ from baton.model import (
     Role,
     Snapshot,
 )
-from dataplane.degraded import DegradedRouter
+from dataplane.link.degraded import DegradedRouter
 
 H, DEM, DRN, DOWN = (
     HealthState.HEALTHY,

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import orjson
 
-from control.events import Event, EventKind, EventLog, EventQuery
-from control.store import EventFile
+from control.audit.durable import EventFile
+from control.audit.log import Event, EventKind, EventLog, EventQuery
 
 
 def test_events_survive_a_restart_and_numbering_carries_on(tmp_path: Path) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from baton.model import Backend, BackendId, BackendKind, Role
-from control.config import PairSpec
 from control.exceptions import ConfigError
-from control.fleetdb import SCHEMA_VERSION, Configured, FleetDB, configured, fleet, overlay
+from control.fleet.db import SCHEMA_VERSION, Configured, FleetDB, configured, fleet, overlay
+from control.settings import PairSpec
 
 
 def b(bid: str, port: int = 1, role: Role = Role.SERVE) -> Backend:

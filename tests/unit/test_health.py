@@ -1,12 +1,12 @@
-"""The probes' answers (health.py) and how the front door tells a probe from traffic by a
-connection's first bytes (frontdoor.classify), which it reads without taking them."""
+"""The probes' answers (dataplane/edge/health.py) and how the front door tells a probe from traffic
+by a connection's first bytes (frontdoor.classify), which it reads without taking them."""
 
 from __future__ import annotations
 
 import pytest
 
-from dataplane.frontdoor import MAX_HEAD, classify, response
-from dataplane.health import STALLED_S, Health, View, answer
+from dataplane.edge.frontdoor import MAX_HEAD, classify, response
+from dataplane.edge.health import STALLED_S, Health, View, answer
 
 NOW = 1000.0
 

@@ -5,8 +5,8 @@ import pytest
 from baton import wire
 from baton.model import Backend, BackendId, HealthState, Snapshot
 from control.exceptions import BackendExists, BackendNotFound
-from control.health import HealthPolicy
-from control.registry import Registry
+from control.fleet.registry import Registry
+from control.settings import HealthPolicy
 
 
 class FakeClock:
@@ -115,8 +115,8 @@ def test_route_events_off_keeps_the_other_events() -> None:
     import random
 
     from baton.model import RequestShape, RouteRequest
-    from control.policy import make_policy
-    from control.routing import Router
+    from control.routing.policy import make_policy
+    from control.routing.router import Router
 
     reg, clock = make("a")
     router = Router(

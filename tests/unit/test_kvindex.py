@@ -1,5 +1,5 @@
-"""The KV index (control/kvindex.py) as a table of events in, answers out, and Baton's block
-keys (baton/blocks.py); the registry's read method and its audit events."""
+"""The KV index (control/signals/kv/index.py) as a table of events in, answers out, and Baton's
+block keys (baton/blocks.py); the registry's read method and its audit events."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pytest
 
 from baton.blocks import ROOT, block_key, block_keys
 from baton.model import BackendId
-from control.config import make_backend
-from control.events import EventKind, EventQuery
-from control.kvindex import Cleared, Fed, KvIndex, KvState, Removed, Stored
-from control.kvwire import BlockStored, KVEventBatch, decode, to_events
-from control.registry import Registry
+from control.audit.log import EventKind, EventQuery
+from control.backend_spec import make_backend
+from control.fleet.registry import Registry
+from control.signals.kv.index import Cleared, Fed, KvIndex, KvState, Removed, Stored
+from control.signals.kv.wire import BlockStored, KVEventBatch, decode, to_events
 
 A, B = BackendId("a"), BackendId("b")
 BS = 4

@@ -1,4 +1,4 @@
-"""Ownership pins (control/owners.py) and the router's owner routes: a stored response's
+"""Ownership pins (control/fleet/owners.py) and the router's owner routes: a stored response's
 follow-up goes to the backend that holds it, or is refused saying where it was."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import random
 import pytest
 
 from baton.model import Reason, RequestShape, RouteRequest
-from control.config import make_backend
-from control.owners import OwnerTable
-from control.policy import make_policy
-from control.registry import Registry
-from control.routing import Router
+from control.backend_spec import make_backend
+from control.fleet.owners import OwnerTable
+from control.fleet.registry import Registry
+from control.routing.policy import make_policy
+from control.routing.router import Router
 
 
 def test_lookups_keep_a_pin_warm_and_the_least_recently_used_goes_first() -> None:

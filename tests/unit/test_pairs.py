@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 
 from baton.model import Backend, BackendId, PairState, RequestShape, Role, Verdict
-from control.events import EventKind, EventQuery
+from control.audit.log import EventKind, EventQuery
 from control.exceptions import FactsError, PairExists, PairRefused
-from control.facts import (
+from control.fleet.registry import Registry
+from control.pairs.flow import PairFlow
+from control.pairs.table import PROBATION_ROUNDS, gate
+from control.signals.facts import (
     Facts,
     Sweep,
     block_size_from_metrics,
@@ -15,9 +18,6 @@ from control.facts import (
     describe,
     pair_violations,
 )
-from control.pairflow import PairFlow
-from control.pairs import PROBATION_ROUNDS, gate
-from control.registry import Registry
 
 GREEDY = Facts("sha256:v", 300, 16)
 # The same engine, applying other sampling params than the pair was bound under.

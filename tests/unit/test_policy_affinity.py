@@ -18,9 +18,9 @@ from baton.model import (
     RouteRequest,
     Snapshot,
 )
-from control.affinity import Pin, PinMatch, PinTable
-from control.policy import RoutingView, make_policy
-from control.policy.adaptive import SpillGuard
+from control.fleet.pins import Pin, PinMatch, PinTable
+from control.routing.policy import RoutingView, make_policy
+from control.routing.policy.adaptive import SpillGuard
 
 H = HealthState
 

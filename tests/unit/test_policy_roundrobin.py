@@ -14,8 +14,8 @@ from baton.model import (
     RouteRequest,
     Snapshot,
 )
-from control.policy import RoutingView, make_policy
-from control.policy.roundrobin import RoundRobin
+from control.routing.policy import RoutingView, make_policy
+from control.routing.policy.roundrobin import RoundRobin
 
 
 def status(

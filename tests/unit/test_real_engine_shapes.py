@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import orjson
 
-from dataplane.resume.progress import ChoiceProgress
-from dataplane.resume.stitch import Stitcher
-from dataplane.validate import ClientRequest, Endpoint
+from dataplane.relay.progress import ChoiceProgress
+from dataplane.relay.stitch import Stitcher
+from dataplane.request import ClientRequest, Endpoint
 
 
 def completion_chunk(text: str, ids: list[int], prompt_ids: list[int] | None) -> bytes:

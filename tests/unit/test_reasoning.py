@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import orjson
 
-from dataplane.resume.plan import plan_resume
-from dataplane.resume.reasoning import Markers, open_after, split
-from dataplane.resume.stitch import Stitcher
-from dataplane.validate import ClientRequest, Endpoint
+from dataplane.relay.resume.plan import plan_resume
+from dataplane.relay.resume.reasoning import Markers, open_after, split
+from dataplane.relay.stitch import Stitcher
+from dataplane.request import ClientRequest, Endpoint
 
 START, END = 300, 301
 M = Markers(START, END, "<think>", "</think>")

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from dataplane.errors import OpenAIError
+from dataplane.exceptions import OpenAIError
 from dataplane.responses.events import ResponseEvents, skeleton
 from dataplane.responses.request import as_chat, check_responses, messages_of, replay_refusal
 from dataplane.sse import SSEParser

@@ -4,10 +4,10 @@ import pytest
 
 from baton.model import ResumePath, Seam
 from dataplane.exceptions import Refused
-from dataplane.resume.plan import plan_resume, static_refusal
-from dataplane.resume.progress import MAX_OVERLAP, ChoiceProgress, Held, overlap
-from dataplane.resume.seam import HeldText, SeamCheck
-from dataplane.validate import ClientRequest, Endpoint
+from dataplane.relay.progress import MAX_OVERLAP, ChoiceProgress, Held, overlap
+from dataplane.relay.resume.plan import plan_resume, static_refusal
+from dataplane.relay.resume.seam import HeldText, SeamCheck
+from dataplane.request import ClientRequest, Endpoint
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -238,7 +238,7 @@ def test_a_greedy_text_resume_starts_m_chunks_early_and_checks_them_by_text() ->
 
 
 def test_text_verdicts_of_a_side_check() -> None:
-    from dataplane.resume.sidecheck import text_verdict
+    from dataplane.relay.resume.sidecheck import text_verdict
 
     assert text_verdict("rld!", "rld!") is Seam.VERIFIED
     assert text_verdict("rl", "rld!") is Seam.UNCHECKED  # fewer chunks than tokens: no proof

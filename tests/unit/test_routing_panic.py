@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 
 from baton.model import BackendId, Reason, RequestShape, RouteRequest
-from control.config import make_backend
-from control.policy import make_policy
-from control.registry import Registry
-from control.routing import Router
+from control.backend_spec import make_backend
+from control.fleet.registry import Registry
+from control.routing.policy import make_policy
+from control.routing.router import Router
 
 
 def router() -> tuple[Router, Registry]:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from dataplane.request import ClientRequest, Endpoint
 from dataplane.spec.plan import Judged, judge, repeated_ngram, spec_eligible
-from dataplane.validate import ClientRequest, Endpoint
 
 
 def own(*tokens: int | None, stop_at: int | None = None) -> list[tuple[int | None, str | None]]:

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from dataplane.shape import prefix_chain, shape_of
+from dataplane.edge.shape import shape_of
+from dataplane.prefix_chain import prefix_chain
+from dataplane.request import ClientRequest, Endpoint
 from dataplane.sse import SSEParser
-from dataplane.validate import ClientRequest, Endpoint
 
 
 def test_events_split_across_arbitrary_chunk_boundaries() -> None:

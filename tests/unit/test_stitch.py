@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import orjson
 
-from dataplane.resume.stitch import Stitcher
-from dataplane.resume.stops import StopMatcher
-from dataplane.validate import ClientRequest, Endpoint
+from dataplane.relay.resume.stops import StopMatcher
+from dataplane.relay.stitch import Stitcher
+from dataplane.request import ClientRequest, Endpoint
 
 
 def client(endpoint: Endpoint = Endpoint.CHAT, **extra: object) -> ClientRequest:

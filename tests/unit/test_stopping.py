@@ -4,7 +4,7 @@ cut the in-flight streams' grace short; a later one does."""
 
 from __future__ import annotations
 
-from dataplane.lifecycle import REPEAT_S, Stopping
+from dataplane.edge.lifecycle import REPEAT_S, Stopping
 
 
 class Clock:

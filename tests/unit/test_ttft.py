@@ -1,6 +1,6 @@
 """Routing on predicted time to first token: the engines' own load read from their /metrics,
-the learned rates, and the policy's choices (control/engineload.py, prefill.py,
-policy/ttft.py)."""
+the learned rates, and the policy's choices (control/signals/engine_load.py,
+control/routing/prefill.py, control/routing/policy/ttft.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ from pathlib import Path
 import pytest
 
 from baton.model import BackendId, BackendKind, Reason, RequestShape, RouteRequest
-from control.config import make_backend
-from control.engineload import (
+from control.backend_spec import make_backend
+from control.fleet.registry import Registry
+from control.routing.policy import make_policy
+from control.routing.policy.base import Prediction, RoutingView
+from control.routing.prefill import Predicted, PrefillRates, Rates
+from control.signals.engine_load import (
     EngineLoad,
     LoadView,
     Readings,
@@ -19,10 +23,6 @@ from control.engineload import (
     outside_of,
     parse_load,
 )
-from control.policy import make_policy
-from control.policy.base import Prediction, RoutingView
-from control.prefill import Predicted, PrefillRates, Rates
-from control.registry import Registry
 
 VLLM_PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -240,7 +240,7 @@ def test_a_cold_burst_sharing_a_prefix_spreads_over_every_card() -> None:
 
 
 def test_without_a_live_index_the_pin_stands_in_for_the_cache() -> None:
-    from control.affinity import Pin, PinMatch
+    from control.fleet.pins import Pin, PinMatch
 
     pin = PinMatch(Pin(b"h", BackendId("c"), 2, 0.0, 0.0), 1)  # covers 2 of 3 messages
     rates = {BackendId(b): Rates(0.05, 20.0) for b in FLEET}

@@ -3,8 +3,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from dataplane.errors import ErrorKind, OpenAIError
-from dataplane.validate import Endpoint, parse_request
+from dataplane.edge.validate import parse_request
+from dataplane.exceptions import ErrorKind, OpenAIError
+from dataplane.request import Endpoint
 
 CHAT = Endpoint.CHAT
 COMP = Endpoint.COMPLETIONS

@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from sim.__main__ import add_arguments, config_from_args
+from sim.config import SimConfig
 from sim.metrics import SimMetrics
-from sim.server import SimConfig
 
 
 def config(*argv: str) -> SimConfig:

@@ -11,10 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sim.__main__ import add_arguments, config_from_args
 from sim.balancer import LeastLoaded, header_rank
+from sim.config import SimConfig
 from sim.kv_wire import KvEventsConfig, offset_endpoint_port
 from sim.metrics import SimMetrics
 from sim.protocol import ApiError
-from sim.server import SimConfig
 
 
 def config(*argv: str) -> SimConfig:

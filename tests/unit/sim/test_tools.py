@@ -16,12 +16,13 @@ import pytest
 
 from sim.__main__ import add_arguments, config_from_args
 from sim.chat_template import Message, render
+from sim.config import SimConfig
 from sim.costmodel import CostParams
 from sim.generation import Sequence
 from sim.model import ModelConfig, ToyModel
 from sim.protocol import ApiError, Limits, SamplingParams, parse_chat, parse_completion
 from sim.responses import ChoiceResult, Meta, full_response
-from sim.server import SimConfig, start_server
+from sim.server import start_server
 from sim.tokenizer import (
     EOS,
     THINK_END,

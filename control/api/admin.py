@@ -1,0 +1,228 @@
+"""AdminService: fleet management for operators (the `baton` CLI). Translation only."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+
+from baton import wire
+from baton.v1 import admin_pb2, admin_pb2_grpc
+from control.api import convert
+from control.api.errors import Context, abort_with
+from control.audit.log import Event, EventKind, EventQuery
+from control.backend_spec import make_backend
+from control.exceptions import ConfigError, FactsError, PairRefused, RegistryError
+from control.routing.router import Router
+from control.signals.facts import ReadFacts
+
+VERSION = "0.1.0"
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    def __init__(
+        self,
+        router: Router,
+        read_facts: ReadFacts,
+        *,
+        started: float | None = None,
+        on_changed: Callable[[], None] = lambda: None,
+    ) -> None:
+        # Called after each change an operator made (backends, drains, pairs): control
+        # persists its configuration there, off the routing path.
+        self._changed = on_changed
+        self._read_facts = read_facts
+        self._router = router
+        self._registry = router.registry
+        self._pairs = router.pairs
+        self._started = started if started is not None else time.monotonic()
+
+    async def ListBackends(
+        self, request: admin_pb2.ListBackendsRequest, context: Context
+    ) -> admin_pb2.ListBackendsResponse:
+        snap = self._registry.snapshot
+        load = self._registry.in_flight()
+        rows = [wire.status_to_pb(b, load) for b in snap.backends]
+        now = self._router.now()
+        for row in rows:
+            reading = self._registry.engine_load(row.backend.id)
+            if reading is not None:
+                row.engine_read = True
+                row.engine_running, row.engine_waiting = reading.running, reading.waiting
+                row.engine_kv_usage = -1.0 if reading.kv_usage is None else reading.kv_usage
+                row.engine_age_s = max(now - reading.read_at, 0.0)
+        kv = {str(b): convert.kv_status_to_pb(s) for b, s in self._registry.kv_status().items()}
+        return admin_pb2.ListBackendsResponse(
+            backends=rows, snapshot_version=snap.version, kv_index=kv
+        )
+
+    async def AddBackend(
+        self, request: admin_pb2.AddBackendRequest, context: Context
+    ) -> admin_pb2.AddBackendResponse:
+        try:
+            backend = make_backend(**convert.backend_fields_from_pb(request.backend))
+            status = self._registry.add(backend)
+        except (RegistryError, ConfigError) as exc:
+            await abort_with(context, exc)
+            raise  # unreachable: abort raises
+        self._changed()
+        return admin_pb2.AddBackendResponse(
+            backend=wire.status_to_pb(status, self._registry.in_flight()),
+            snapshot_version=self._registry.snapshot.version,
+        )
+
+    async def RemoveBackend(
+        self, request: admin_pb2.RemoveBackendRequest, context: Context
+    ) -> admin_pb2.RemoveBackendResponse:
+        try:
+            self._registry.remove(request.id)
+        except RegistryError as exc:
+            await abort_with(context, exc)
+        self._changed()
+        return admin_pb2.RemoveBackendResponse(snapshot_version=self._registry.snapshot.version)
+
+    async def DrainBackend(
+        self, request: admin_pb2.DrainBackendRequest, context: Context
+    ) -> admin_pb2.DrainBackendResponse:
+        try:
+            status = self._registry.drain(request.id, migrate=request.migrate)
+        except RegistryError as exc:
+            await abort_with(context, exc)
+            raise
+        self._changed()
+        return admin_pb2.DrainBackendResponse(
+            backend=wire.status_to_pb(status, self._registry.in_flight()),
+            snapshot_version=self._registry.snapshot.version,
+        )
+
+    async def UndrainBackend(
+        self, request: admin_pb2.UndrainBackendRequest, context: Context
+    ) -> admin_pb2.UndrainBackendResponse:
+        try:
+            status = self._registry.undrain(request.id)
+        except RegistryError as exc:
+            await abort_with(context, exc)
+            raise
+        self._changed()
+        return admin_pb2.UndrainBackendResponse(
+            backend=wire.status_to_pb(status, self._registry.in_flight()),
+            snapshot_version=self._registry.snapshot.version,
+        )
+
+    async def GetStatus(
+        self, request: admin_pb2.GetStatusRequest, context: Context
+    ) -> admin_pb2.GetStatusResponse:
+        snap = self._registry.snapshot
+        total: Counter[str] = Counter()
+        healthy: Counter[str] = Counter()
+        for b in snap.backends:
+            total[b.backend.model] += 1
+            healthy[b.backend.model] += b.routable
+        return admin_pb2.GetStatusResponse(
+            version=VERSION,
+            snapshot_version=snap.version,
+            routing_policy=self._router.policy.name,
+            models=[
+                admin_pb2.ModelStatus(model=m, backends=total[m], healthy=healthy[m])
+                for m in sorted(total)
+            ],
+            uptime_seconds=time.monotonic() - self._started,
+            in_flight=self._registry.in_flight_total(),
+        )
+
+    async def ListEvents(
+        self, request: admin_pb2.ListEventsRequest, context: Context
+    ) -> admin_pb2.ListEventsResponse:
+        events = self._registry.events.query(convert.event_query_from_pb(request))
+        return admin_pb2.ListEventsResponse(events=[convert.event_to_pb(e) for e in events])
+
+    async def ListPins(
+        self, request: admin_pb2.ListPinsRequest, context: Context
+    ) -> admin_pb2.ListPinsResponse:
+        placed = self._registry.placement  # each kind most recently used first
+        infos: list[admin_pb2.PinInfo] = []
+        if request.kind in ("", "response"):
+            infos += [convert.owned_to_pb(o) for o in reversed(list(placed.owners))]
+        if request.kind in ("", "session"):
+            infos += [convert.session_to_pb(p) for p in reversed(list(placed.sessions))]
+        if request.kind in ("", "prefix"):
+            infos += [convert.pin_to_pb(p) for p in reversed(list(placed.pins))]
+        chosen = [p for p in infos if not request.backend_id or p.backend_id == request.backend_id]
+        return admin_pb2.ListPinsResponse(pins=chosen[: request.limit or 100], total=len(chosen))
+
+    async def ClearPins(
+        self, request: admin_pb2.ClearPinsRequest, context: Context
+    ) -> admin_pb2.ClearPinsResponse:
+        # Prefix pins only: they are hints. An ownership pin is a fact about where a stored
+        # response lives; forgetting it would only turn its follow-ups into refusals.
+        cleared = self._registry.placement.clear_pins(request.backend_id)
+        self._registry.events.record(
+            EventKind.ADMIN, backend_id=request.backend_id, action="clear-pins", cleared=cleared
+        )
+        return admin_pb2.ClearPinsResponse(cleared=cleared)
+
+    async def BindPair(
+        self, request: admin_pb2.BindPairRequest, context: Context
+    ) -> admin_pb2.BindPairResponse:
+        reg = self._registry
+        try:
+            draft = reg.backend(request.draft_backend_id)
+            target = reg.backend(request.target_backend_id)
+            # Fail closed: the facts come from the two backends now, or there is no pair.
+            try:
+                draft_facts, target_facts = await asyncio.gather(
+                    self._read_facts(draft), self._read_facts(target)
+                )
+            except FactsError as exc:
+                raise PairRefused(str(exc)) from exc
+            pair = self._pairs.bind_pair(
+                draft.id, target.id, request.num_draft_tokens, draft_facts, target_facts
+            )
+        except RegistryError as exc:
+            await abort_with(context, exc)
+            raise
+        self._changed()
+        return admin_pb2.BindPairResponse(pair=convert.pair_to_pb(pair, self._pairs.baseline(pair)))
+
+    async def UnbindPair(
+        self, request: admin_pb2.UnbindPairRequest, context: Context
+    ) -> admin_pb2.UnbindPairResponse:
+        try:
+            self._pairs.unbind_pair(request.id)
+        except RegistryError as exc:
+            await abort_with(context, exc)
+        self._changed()
+        return admin_pb2.UnbindPairResponse()
+
+    async def ListPairs(
+        self, request: admin_pb2.ListPairsRequest, context: Context
+    ) -> admin_pb2.ListPairsResponse:
+        pairs = self._pairs
+        return admin_pb2.ListPairsResponse(
+            pairs=[convert.pair_to_pb(p, pairs.baseline(p)) for p in pairs]
+        )
+
+    async def WatchEvents(
+        self, request: admin_pb2.WatchEventsRequest, context: Context
+    ) -> AsyncIterator[admin_pb2.WatchEventsResponse]:
+        query = EventQuery(request.kind, request.request_id, request.backend_id)
+        # Bounded: a watcher that cannot keep up loses events (counted), control never waits.
+        queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=10_000)
+        dropped = 0
+
+        def on_event(event: Event) -> None:
+            nonlocal dropped
+            if query.matches(event):
+                try:
+                    queue.put_nowait(event)
+                except asyncio.QueueFull:
+                    dropped += 1
+
+        unsubscribe = self._registry.events.subscribe(on_event)
+        try:
+            while True:
+                event = await queue.get()
+                yield admin_pb2.WatchEventsResponse(event=convert.event_to_pb(event))
+        finally:
+            unsubscribe()

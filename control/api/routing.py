@@ -1,0 +1,220 @@
+"""RoutingService: what every shim calls per request. Translation only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AbstractContextManager, nullcontext
+
+from opentelemetry.trace import Span
+
+from baton import wire
+from baton.model import Decision, Snapshot
+from baton.tracing import OFF, SpanKind, Tracing
+from baton.v1 import routing_pb2, routing_pb2_grpc
+from control.api import convert
+from control.api.errors import Context, abort_with
+from control.audit.log import EventKind
+from control.exceptions import FactsError, RegistryError
+from control.metrics import ControlMetrics
+from control.routing.router import Outcome, Router
+from control.signals.facts import ReadFacts
+
+OK = routing_pb2.OUTCOME_OK
+
+
+class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
+    def __init__(
+        self,
+        router: Router,
+        metrics: ControlMetrics,
+        read_facts: ReadFacts,
+        tracing: Tracing = OFF,
+    ) -> None:
+        self._read_facts = read_facts
+        self._router = router
+        self._metrics = metrics
+        self._policy = router.policy.name
+        self._tracing = tracing
+
+    def _route(self, r: routing_pb2.RouteRequest) -> routing_pb2.RouteResponse:
+        started = time.perf_counter()
+        with self._traced("baton.control.route", r.traceparent, r.request_id) as span:
+            decision = self._router.route(convert.route_request_from_pb(r.request_id, r.shape))
+            if span is not None:
+                span.set_attribute("baton.reason", decision.reason.value)
+                span.set_attribute(
+                    "baton.backend", decision.backends[0].id if decision.backends else ""
+                )
+        self._metrics.route_seconds.observe(time.perf_counter() - started)
+        self._metrics.routes.labels(self._policy, decision.reason.value).inc()
+        return wire.route_response(decision)
+
+    def _traced(
+        self, name: str, traceparent: str, request_id: str
+    ) -> AbstractContextManager[Span | None]:
+        """A SERVER span, child of the shim's span whose context rode in the message."""
+        if not (self._tracing.enabled and traceparent):
+            return nullcontext(None)
+        return self._tracing.span(
+            name, SpanKind.SERVER, Tracing.context_from(traceparent), request_id=request_id
+        )
+
+    async def Route(
+        self, request: routing_pb2.RouteRequest, context: Context
+    ) -> routing_pb2.RouteResponse:
+        return self._route(request)
+
+    async def RouteStream(
+        self,
+        request_iterator: AsyncIterator[routing_pb2.RouteStreamRequest],
+        context: Context,
+    ) -> AsyncIterator[routing_pb2.RouteStreamResponse]:
+        async for msg in request_iterator:
+            if msg.outcomes:
+                self._finished(msg.outcomes)
+            results = [
+                routing_pb2.RouteResult(request_id=r.request_id, response=self._route(r))
+                for r in msg.routes
+            ]
+            results += [
+                routing_pb2.RouteResult(
+                    request_id=f.request_id, response=wire.route_response(self._failover(f))
+                )
+                for f in msg.failovers
+            ]
+            if results:
+                yield routing_pb2.RouteStreamResponse(results=results)
+
+    def _finished(self, outcomes: Iterable[routing_pb2.RequestOutcome]) -> None:
+        self._router.finished(
+            Outcome(
+                o.request_id,
+                o.backend_id,
+                o.outcome == OK,
+                o.reply_chain_hash,
+                o.message_count,
+                wire.spec_from_pb(o),
+                o.ttft_ms,
+                wire.blocks_from_pb(o),
+                o.prompt_tokens,
+            )
+            for o in outcomes
+        )
+
+    async def ReportAttemptFailure(
+        self, request: routing_pb2.ReportAttemptFailureRequest, context: Context
+    ) -> routing_pb2.ReportAttemptFailureResponse:
+        self._metrics.retries.labels(request.backend_id).inc()
+        self._router.attempt_failed(
+            request.request_id, request.backend_id, request.failure or "failure", request.detail
+        )
+        return routing_pb2.ReportAttemptFailureResponse()
+
+    async def ReportOutcomes(
+        self, request: routing_pb2.ReportOutcomesRequest, context: Context
+    ) -> routing_pb2.ReportOutcomesResponse:
+        self._finished(request.outcomes)
+        return routing_pb2.ReportOutcomesResponse()
+
+    async def Failover(
+        self, request: routing_pb2.FailoverRequest, context: Context
+    ) -> routing_pb2.FailoverResponse:
+        return wire.failover_response(self._failover(request))
+
+    def _failover(self, request: routing_pb2.FailoverRequest) -> Decision:
+        route_request = convert.route_request_from_pb(
+            request.request_id, request.shape, tuple(request.exclude_backend_ids)
+        )
+        with self._traced("baton.control.failover", request.traceparent, request.request_id):
+            return self._router.failover(
+                route_request,
+                request.failed_backend_id,
+                request.failure or "failure",
+                preferred=tuple(request.preferred_backend_ids),
+                pair_id=request.pair_id,
+            )
+
+    async def ReportFailover(
+        self, request: routing_pb2.ReportFailoverRequest, context: Context
+    ) -> routing_pb2.ReportFailoverResponse:
+        fields = convert.failover_fields(request)
+        self._metrics.failovers.labels(
+            str(fields["failure"]), str(fields["seam"]), str(fields["outcome"])
+        ).inc()
+        if fields["outcome"] == "resumed":
+            self._metrics.failover_gap.observe(request.gap_ms / 1000)
+        self._router.registry.events.record(
+            EventKind.FAILOVER,
+            request_id=request.request_id,
+            backend_id=request.from_backend_id,
+            **fields,
+        )
+        return routing_pb2.ReportFailoverResponse()
+
+    async def GatePairing(
+        self, request: routing_pb2.GatePairingRequest, context: Context
+    ) -> routing_pb2.GatePairingResponse:
+        registry = self._router.registry
+        facts = None
+        target = registry.snapshot.get(request.target_backend_id)
+        if target is not None:
+            # The prober read them as the backend (re)joined, before it was routable again
+            # (a replica restarted with another tokenizer is read anew then); read them now
+            # only if it has none, within the shim's deadline or not at all (fail closed).
+            facts = registry.facts.get(target.backend.id)
+            if facts is None:
+                with contextlib.suppress(FactsError):
+                    facts = await self._read_facts(target.backend)
+        with self._traced("baton.control.gate", request.traceparent, request.request_id):
+            try:
+                result = self._router.pairs.gate_pairing(
+                    request.pair_id,
+                    request.target_backend_id,
+                    request.drafted,
+                    request.accepted,
+                    facts,
+                )
+            except RegistryError as exc:
+                await abort_with(context, exc)
+                raise
+        self._metrics.pair_verdicts.labels(result.verdict.value).inc()
+        return convert.gate_response(result)
+
+    async def RecordOwnership(
+        self, request: routing_pb2.RecordOwnershipRequest, context: Context
+    ) -> routing_pb2.RecordOwnershipResponse:
+        if request.released:
+            self._router.release_owner(request.key)
+        elif request.key and request.backend_id:
+            self._router.record_owner(request.key, request.backend_id, request.model)
+        return routing_pb2.RecordOwnershipResponse()
+
+    async def WatchSnapshots(
+        self, request: routing_pb2.WatchSnapshotsRequest, context: Context
+    ) -> AsyncIterator[routing_pb2.WatchSnapshotsResponse]:
+        registry = self._router.registry
+        changed = asyncio.Event()
+        changed.set()  # send the current snapshot at once
+
+        # Only the newest snapshot matters to a watcher, so a flag (not a queue) is enough:
+        # a slow watcher skips versions instead of buffering them.
+        def on_publish(_: Snapshot) -> None:
+            changed.set()
+
+        unsubscribe = registry.subscribe(on_publish)
+        sent = request.after_version
+        try:
+            while True:
+                await changed.wait()
+                changed.clear()
+                snap = registry.snapshot
+                if snap.version > sent:
+                    sent = snap.version
+                    yield routing_pb2.WatchSnapshotsResponse(
+                        snapshot=wire.snapshot_to_pb(snap, registry.in_flight())
+                    )
+        finally:
+            unsubscribe()

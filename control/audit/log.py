@@ -1,0 +1,182 @@
+"""The audit log: every routing decision, failover, retry, health and admin change as a
+versioned event. Events carry ids, counts and hashes, never prompt text. Kept in a bounded ring
+in memory; readers query it or follow it live.
+
+Routing decisions are one per request, on control's hot path, so they are kept as plain tuples
+(`RouteRow`) and become `Event`s only when someone reads them: building an Event with a data
+dict per route, and serialising it on its own, cost control 10-15% of its routing throughput."""
+
+# baton: pure
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+SCHEMA_VERSION = 1
+
+
+class EventKind(StrEnum):
+    ROUTE = "route"
+    RETRY = "retry"
+    FAILOVER = "failover"
+    HEALTH = "health"
+    ADMIN = "admin"
+    PAIR = "pair"
+    KV = "kv"  # a backend's KV-cache index changed state (control/signals/kv/index.py)
+
+
+class Event(NamedTuple):
+    """Immutable like the frozen dataclasses elsewhere, but a tuple: one is made per routing
+    decision, and a frozen dataclass costs several times more to build."""
+
+    seq: int
+    time: float
+    kind: EventKind
+    request_id: str = ""
+    backend_id: str = ""
+    data: Mapping[str, Any] = {}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "v": SCHEMA_VERSION,
+            "seq": self.seq,
+            "time": self.time,
+            "kind": self.kind.value,
+            "request_id": self.request_id,
+            "backend_id": self.backend_id,
+            **self.data,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EventQuery:
+    kind: str = ""
+    request_id: str = ""
+    backend_id: str = ""
+    since: float = 0.0
+    limit: int = 1000
+
+    def matches(self, e: Event) -> bool:
+        return (
+            (not self.kind or e.kind == self.kind)
+            and (not self.request_id or e.request_id == self.request_id)
+            and (not self.backend_id or e.backend_id == self.backend_id)
+            and e.time >= self.since
+        )
+
+
+# A routing decision as stored: (seq, time, request_id, backend_id, *ROUTE_FIELDS).
+RouteRow = tuple[int, float, str, str, str, str, str, int, int, str]
+# `detail`: why, in the policy's words (ttft: the estimate and the runner-up); often "".
+ROUTE_FIELDS = ("reason", "policy", "model", "pin_depth", "snapshot", "detail")
+ROUTE_COLUMNS = ("seq", "time", "request_id", "backend_id", *ROUTE_FIELDS)
+Entry = Event | RouteRow  # what the ring and the durable sink hold
+
+Listener = Callable[[Event], None]
+Sink = Callable[[Entry], None]
+_new_tuple = tuple.__new__
+
+
+def route_event(row: RouteRow) -> Event:
+    data = dict(zip(ROUTE_FIELDS, row[4:], strict=True))
+    return Event(row[0], row[1], EventKind.ROUTE, row[2], row[3], data)
+
+
+def as_event(entry: Entry) -> Event:
+    # A RouteRow is a plain tuple; an Event is a tuple subclass.
+    return entry if isinstance(entry, Event) else route_event(entry)
+
+
+class EventLog:
+    """`sink` receives every new entry (the durable file); `restored` are events read back
+    from it at start, so numbering and queries carry on across restarts; listeners are live
+    followers and get Events."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        capacity: int = 100_000,
+        *,
+        sink: Sink | None = None,
+        restored: Iterable[Entry] = (),
+        durable: Callable[[], None] | None = None,
+    ) -> None:
+        # Called after every event but a routing decision: failovers, retries, health and
+        # admin changes are rare and are what an operator audits, so they reach the file at
+        # once (a SIGKILL loses none); decisions ride the periodic flush.
+        self._durable = durable
+        self._clock = clock
+        self._events: deque[Entry] = deque(restored, maxlen=capacity)
+        self._seq = self._events[-1][0] if self._events else 0
+        self._sink = sink
+        # A tuple, replaced on (un)subscribe, so record() iterates without copying.
+        self._listeners: tuple[Listener, ...] = ()
+
+    def record(
+        self, kind: EventKind, *, request_id: str = "", backend_id: str = "", **data: Any
+    ) -> Event:
+        self._seq += 1
+        # tuple.__new__ skips the NamedTuple's Python-level constructor: one event is made
+        # per routing decision, so this is on control's hot path.
+        event = _new_tuple(Event, (self._seq, self._clock(), kind, request_id, backend_id, data))
+        self._events.append(event)
+        if self._sink is not None:
+            self._sink(event)
+            if self._durable is not None:
+                self._durable()
+        for listener in self._listeners:
+            listener(event)
+        return event
+
+    def record_route(
+        self,
+        request_id: str,
+        backend_id: str,
+        reason: str,
+        policy: str,
+        model: str,
+        pin_depth: int,
+        snapshot: int,
+        detail: str = "",
+    ) -> None:
+        """A routing decision (see the module doc for why it is a row)."""
+        self._seq += 1
+        row = (self._seq, self._clock(), request_id, backend_id, reason, policy, model,
+               pin_depth, snapshot, detail)  # fmt: skip
+        self._events.append(row)
+        if self._sink is not None:
+            self._sink(row)
+        if self._listeners:
+            event = route_event(row)
+            for listener in self._listeners:
+                listener(event)
+
+    def query(self, q: EventQuery) -> list[Event]:
+        """The newest `limit` matching events, oldest first."""
+        found: list[Event] = []
+        skip_routes = bool(q.kind) and q.kind != EventKind.ROUTE
+        for entry in reversed(self._events):
+            if skip_routes and type(entry) is tuple:
+                continue
+            e = as_event(entry)
+            if q.matches(e):
+                found.append(e)
+                if len(found) >= q.limit:
+                    break
+        found.reverse()
+        return found
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        self._listeners = (*self._listeners, listener)
+
+        def unsubscribe() -> None:
+            self._listeners = tuple(x for x in self._listeners if x is not listener)
+
+        return unsubscribe
+
+    def __iter__(self) -> Iterator[Event]:
+        return map(as_event, self._events)

@@ -1,0 +1,44 @@
+"""Affinity: always follow the longest pinned prefix; spread what has none."""
+
+# baton: pure
+
+from __future__ import annotations
+
+from random import Random
+
+from baton.model import Decision, Reason, RouteRequest
+from baton.spread import Spreader, candidates, first
+from control.routing.policy.base import RoutingView
+
+
+class Affinity:
+    """Reads: the request's longest pinned prefix and the routable backends.
+    Returns: the pinned backend first when it is routable (pin-hit); when it is gone
+    (dead, drained, removed) the spread choice (repin); with no pin, the spread choice.
+    Ties: the spread counter. Known cost: a burst sharing a system prompt all follows the
+    first member's pin to one card (what `adaptive` avoids)."""
+
+    name = "affinity"
+    predicts = False
+
+    def __init__(self) -> None:
+        self._spread = Spreader()
+
+    def decide(
+        self, request: RouteRequest, view: RoutingView, *, rng: Random, now: float
+    ) -> Decision:
+        routable, refusal = candidates(request, view.snapshot)
+        if refusal is not None:
+            return refusal
+        ring = self._spread.ring(request.shape.model, routable)
+        version = view.snapshot.version
+        if view.pin is None:
+            return Decision(ring, Reason.SPREAD, version)
+        pinned = next(
+            (b.backend for b in routable if b.backend.id == view.pin.pin.backend_id), None
+        )
+        if pinned is None:
+            return Decision(
+                ring, Reason.REPIN, version, f"pinned {view.pin.pin.backend_id} is gone"
+            )
+        return Decision(first(pinned, ring), Reason.PIN_HIT, version)

@@ -1,0 +1,280 @@
+"""Control's per-request logic: look up the request's pin, ask the policy, account load and
+pins, take failure and outcome reports. Thin on purpose: the decision is the policy's, the
+fleet's state (load and pins included) is the registry's, the pairs' the pair flow's; the
+router only asks them, through their methods."""
+
+# baton: pure
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from random import Random
+
+from baton.model import (
+    BackendId,
+    Decision,
+    HealthState,
+    PrefixBlocks,
+    Reason,
+    RouteRequest,
+    SpecStats,
+)
+from baton.spread import prefer
+from control.audit.log import EventKind
+from control.fleet.pins import PinMatch
+from control.fleet.registry import Registry
+from control.pairs.flow import PairFlow
+from control.routing.policy import Policy, RoutingView
+from control.routing.policy.base import Prediction
+from control.routing.policy.ttft import estimate
+from control.routing.prefill import Predicted, PrefillRates
+
+# The failure class a shim reports when it moves a stream off a backend drained with --migrate.
+MIGRATE = "migrate"
+
+# Decisions that put the request where its pinned prefix already is.
+FOLLOWED_PIN = frozenset({Reason.PIN_HIT})
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    request_id: str
+    backend_id: str
+    ok: bool
+    reply_chain_hash: bytes = b""
+    message_count: int = 0
+    spec: SpecStats | None = None
+    ttft_ms: float = 0.0
+    blocks: PrefixBlocks | None = None
+    prompt_tokens: int = 0
+
+
+class Router:
+    def __init__(
+        self,
+        registry: Registry,
+        policy: Policy,
+        *,
+        rng: Random,
+        clock: Callable[[], float],
+        route_events: bool = True,
+        pairs: PairFlow | None = None,
+        stale_after: float = 3.0,
+    ) -> None:
+        """`pairs`: the control plane's one pair flow over `registry`; a router of its own
+        (tests, benchmarks) gets a fresh one."""
+        self._route_events = route_events
+        self.registry = registry
+        self.pairs = pairs if pairs is not None else PairFlow(registry)
+        self._events = registry.events
+        self.policy = policy
+        self._rng = rng
+        self._clock = clock
+        self._stale_after = stale_after  # an engine's load reading older than this is unused
+        self.prefill = PrefillRates()
+
+    def now(self) -> float:
+        """Control's clock, the one readings and pins are aged by."""
+        return self._clock()
+
+    def route(
+        self,
+        request: RouteRequest,
+        *,
+        reason: Reason | None = None,
+        preferred: Sequence[str] = (),
+    ) -> Decision:
+        now = self._clock()
+        reg = self.registry
+        if request.shape.owner_key:
+            return self._to_owner(request, now)
+        shape = request.shape
+        chain = shape.prefix_chain
+        match = self._pin(request, now)
+        predict = self._prediction(request, now) if self.policy.predicts else None
+        view = RoutingView(reg.snapshot, reg.in_flight(), match, predict)
+        decision = prefer(self.policy.decide(request, view, rng=self._rng, now=now), preferred)
+        if not decision.backends and decision.reason is Reason.NO_BACKEND:
+            decision = self._panic(request, decision)
+        if reason is not None and decision.backends:
+            decision = replace(decision, reason=reason)
+        if decision.backends:
+            if self.pairs and request.shape.spec_eligible:
+                pairing = self.pairs.pairing_for(decision.backends[0], request.shape)
+                if pairing is not None:
+                    decision = replace(decision, pairing=pairing)
+            primary = decision.backends[0].id
+            reg.acquire(request.request_id, primary, now)
+            if match is not None and decision.reason in FOLLOWED_PIN:
+                reg.placement.follow_pin(match, now)
+            # Wherever it goes, that backend's cache now holds this prefix.
+            reg.placement.pin_chain(chain, primary, now)
+            if shape.session:
+                reg.placement.pin_session(shape.session, primary, now)
+            if predict is not None and reason is None:
+                # A failover's resume is not the request's first token: nothing to learn.
+                _, uncached, _, outside = estimate(request, view, predict, primary)
+                backlog = self.prefill.backlog_tokens(primary, now)
+                guess = Predicted(primary, uncached, backlog, outside, shape.prompt_chars,
+                                  shape.model)  # fmt: skip
+                self.prefill.predicted(request.request_id, guess, now)
+        if self._route_events:
+            self._audit(request, decision, match)
+        return decision
+
+    def _pin(self, request: RouteRequest, now: float) -> PinMatch | None:
+        """The request's session pin (it covers the whole conversation), else its longest
+        pinned prefix."""
+        shape, reg = request.shape, self.registry
+        if shape.session:
+            match = reg.placement.session_pin(shape.session, now)
+            if match is not None:
+                return PinMatch(match.pin, max(len(shape.prefix_chain) - 1, 0))
+        return reg.placement.longest_pin(shape.prefix_chain, now) if shape.prefix_chain else None
+
+    def _prediction(self, request: RouteRequest, now: float) -> Prediction:
+        loads = self.registry.load_views(now, self._stale_after)
+        cached, prompt_tokens = self.registry.cached_tokens(request.shape)
+        return Prediction(
+            backlog_ms={bid: self.prefill.backlog_ms(bid, now) for bid in loads},
+            outside={bid: lv.outside() for bid, lv in loads.items()},
+            cached_tokens=cached,
+            rates={bid: self.prefill.rates(bid) for bid in loads},
+            prompt_tokens=prompt_tokens,
+            chars_per_token=self.prefill.chars_per_token(request.shape.model),
+        )
+
+    def _to_owner(self, request: RouteRequest, now: float) -> Decision:
+        """A follow-up of a stored object goes to the backend that holds it, or nowhere:
+        another engine would answer a misleading 404. No fallbacks: none holds it."""
+        key = request.shape.owner_key
+        reg = self.registry
+        version = reg.snapshot.version
+        owned = reg.placement.owner_of(key, now)
+        if owned is None:
+            why = (f"no backend is known to hold {key} (it was not stored through this "
+                   "fleet's router, or was deleted, or its ownership pin aged out)")  # fmt: skip
+            decision = Decision((), Reason.OWNER_UNKNOWN, version, why)
+        else:
+            status = reg.snapshot.get(owned.backend_id)
+            if status is not None and status.routable and owned.backend_id not in request.exclude:
+                reg.acquire(request.request_id, BackendId(owned.backend_id), now)
+                decision = Decision((status.backend,), Reason.OWNER, version)
+            else:
+                state = "removed" if status is None else status.health.state.value
+                why = f"{key} is stored on backend {owned.backend_id}, which is {state}"
+                decision = Decision((), Reason.OWNER_GONE, version, why)
+        if self._route_events:
+            self._audit(request, decision, None)
+        return decision
+
+    def record_owner(self, key: str, backend_id: str, model: str) -> None:
+        """A shim saw `backend_id` store `key` (before the client could learn the id)."""
+        self.registry.placement.record_owner(key, BackendId(backend_id), model, self._clock())
+
+    def release_owner(self, key: str) -> None:
+        """A shim saw `key` deleted on its owner."""
+        self.registry.placement.release_owner(key)
+
+    def _panic(self, request: RouteRequest, refused: Decision) -> Decision:
+        """No healthy backend serves the model: rather than refuse, try the ones health
+        demoted (first) or marked down, never drained ones (Envoy's panic routing). Health
+        lags the fleet: a replica restarted a moment ago serves before probes re-admit it,
+        and one that is really gone fails fast (connect refused) so the shim moves on."""
+        order = {HealthState.DEMOTED: 0, HealthState.DOWN: 1}
+        serving = [
+            s
+            for s in self.registry.snapshot.serving(request.shape.model)
+            if s.health.state in order and s.backend.id not in request.exclude
+        ]
+        if not serving:
+            return refused
+        serving.sort(key=lambda s: (order[s.health.state], -s.health.since))
+        return Decision(
+            tuple(s.backend for s in serving),
+            Reason.DEGRADED,
+            refused.snapshot_version,
+            f"panic: {refused.detail}; trying them anyway",
+        )
+
+    def _audit(self, request: RouteRequest, decision: Decision, match: PinMatch | None) -> None:
+        self._events.record_route(
+            request.request_id,
+            decision.backends[0].id if decision.backends else "",
+            decision.reason.value,
+            self.policy.name,
+            request.shape.model,
+            match.index + 1 if match else 0,
+            decision.snapshot_version,
+            decision.detail,
+        )
+
+    def attempt_failed(self, request_id: str, backend_id: str, failure: str, detail: str) -> None:
+        """Before the first byte: the shim retries on its next fallback."""
+        self._demote(request_id, backend_id, failure, detail)
+        self._events.record(
+            EventKind.RETRY,
+            request_id=request_id,
+            backend_id=backend_id,
+            failure=failure,
+            detail=detail,
+        )
+
+    def _demote(self, request_id: str, backend_id: str, failure: str, detail: str) -> None:
+        reason = f"{failure}: {detail}" if detail else failure
+        self.registry.report_failure(backend_id, reason)
+        self.registry.release(request_id)
+
+    def failover(
+        self,
+        request: RouteRequest,
+        failed_backend_id: str,
+        failure: str,
+        detail: str = "",
+        preferred: Sequence[str] = (),
+        pair_id: str = "",
+    ) -> Decision:
+        """A stream died mid-generation: demote its backend and pick another for the resume
+        (the first of `preferred`, the route's own remaining fallbacks, still routable). A
+        speculative request's draft is re-paired with the new backend, pending the gate."""
+        if failure == MIGRATE:
+            # A planned hand-over off a draining backend, not a fault: don't demote it.
+            self.registry.release(request.request_id)
+        else:
+            self._demote(request.request_id, failed_backend_id, failure, detail)
+        excluded = request.exclude | {BackendId(failed_backend_id)}
+        request = replace(request, exclude=excluded)
+        if pair_id:
+            # The pairing question is the gate's, not the policy's: route as target-only.
+            request = replace(request, shape=replace(request.shape, spec_eligible=False))
+        decision = self.route(request, reason=Reason.FAILOVER, preferred=preferred)
+        if pair_id and decision.backends:
+            pairing = self.pairs.repair(pair_id, decision.backends[0].id, failed_backend_id)
+            decision = replace(decision, pairing=pairing)
+        return decision
+
+    def finished(self, outcomes: Iterable[Outcome]) -> None:
+        now = self._clock()
+        for outcome in outcomes:
+            self.registry.release(outcome.request_id)
+            if outcome.ok and outcome.ttft_ms > 0:
+                self.prefill.observed(outcome.request_id, outcome.backend_id, outcome.ttft_ms,
+                                      outcome.prompt_tokens)  # fmt: skip
+            if outcome.ok and outcome.blocks is not None:
+                self.registry.placement.learn_blocks(
+                    outcome.blocks, outcome.reply_chain_hash, outcome.prompt_tokens
+                )
+            if (s := outcome.spec) is not None:
+                flags = [n for n, bad in (("repeated n-gram loop", s.repeated_ngram),
+                                          ("schema violation", s.schema_violation)) if bad]
+                self.pairs.spec_outcome(s.pair_id, s.target_id, s.rounds, s.drafted,
+                                        s.accepted, not flags, ", ".join(flags))  # fmt: skip
+            if outcome.ok and outcome.reply_chain_hash and outcome.backend_id:
+                # The next turn's prefix ends with this reply: pin it where it was generated.
+                self.registry.placement.pin_reply(
+                    outcome.reply_chain_hash,
+                    BackendId(outcome.backend_id),
+                    outcome.message_count + 1,
+                    now,
+                )

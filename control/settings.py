@@ -1,0 +1,70 @@
+"""The control plane's settings, one dataclass per config table ([probes], [health], [load],
+[affinity], [audit], [kv], [[pairs]]): what control/config.py reads from TOML and each part of
+control takes its own piece of, as dataplane/settings.py is for the shim."""
+
+# baton: pure
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    readmit_after: int = 2  # consecutive good probes to re-admit a demoted/down backend
+    down_after: int = 3  # consecutive failed probes to call a demoted backend down
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSettings:
+    interval: float = 2.0
+    timeout: float = 1.0
+    jitter: float = 0.2  # fraction of the interval, so probes of many backends don't align
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSettings:
+    """Reading each engine's own load gauges (control/signals/engine_load.py); interval 0 turns it
+    off."""
+
+    interval: float = 1.0
+    timeout: float = 1.0
+    stale_after: float = 3.0  # seconds; an older reading is not used for routing
+
+
+@dataclass(frozen=True, slots=True)
+class AffinitySettings:
+    pin_capacity: int = 100_000  # pins kept (LRU beyond)
+    pin_ttl: float = 1800.0  # seconds a pin lives without use
+    spill_factor: float = 2.0  # adaptive: spill when pinned in-flight > factor x mean + slack
+    spill_slack: int = 2
+    # Ownership pins (control/fleet/owners.py): which backend holds each stored Responses API
+    # response.
+    owner_capacity: int = 100_000
+    owner_ttl: float = 86_400.0  # seconds without use; keep it >= the engines' own store TTL
+
+
+@dataclass(frozen=True, slots=True)
+class AuditSettings:
+    # One event per routing decision. Off keeps failover, retry, health and admin events and
+    # saves the per-route cost (bench/events.py measures it).
+    route_events: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class KvSettings:
+    capacity: int = 1_000_000  # blocks indexed per backend (the oldest stored go beyond)
+    replay_timeout: float = 2.0  # seconds to wait for an engine's replay of missed batches
+    # ZMTP heartbeats on each subscription: a peer that answers none for `heartbeat_timeout`
+    # seconds is disconnected (a crashed host sends no FIN; an idle engine sends no events).
+    heartbeat: float = 1.0
+    heartbeat_timeout: float = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class PairSpec:
+    """A pair to bind once both backends have told control their facts (never from here)."""
+
+    draft: str
+    target: str
+    num_draft_tokens: int = 0

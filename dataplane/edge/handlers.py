@@ -1,0 +1,232 @@
+"""The shim's HTTP endpoints (OpenAI API surface). Parsing and policy live elsewhere;
+these functions only connect request → validate → route → proxy → response."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from baton.model import Reason
+from baton.tracing import SpanKind, Tracing
+from dataplane.edge.as_chat import as_chat_exchange
+from dataplane.edge.health import PATHS as HEALTH_PATHS
+from dataplane.edge.health import Health
+from dataplane.edge.limits import StreamSlots, check_head, check_request
+from dataplane.edge.proxy import Exchange, Proxy
+from dataplane.edge.shape import SESSION_HEADER, session_of, shape_of, with_session
+from dataplane.edge.validate import parse_request
+from dataplane.exceptions import ControlUnavailable, ErrorKind, OpenAIError
+from dataplane.link.needs import Routing
+from dataplane.metrics import ShimMetrics
+from dataplane.request import ClientRequest, Endpoint
+from dataplane.responses.owners import OWNER_REASONS, refused
+from dataplane.responses.stored import StoredResponses
+from dataplane.settings import Limits
+
+CONTROL = web.AppKey("control", Routing)
+PROXY = web.AppKey("proxy", Proxy)
+MAX_BODY = web.AppKey("max_body", int)
+METRICS = web.AppKey("metrics", ShimMetrics)
+TRACING = web.AppKey("tracing", Tracing)
+LIMITS = web.AppKey("limits", Limits)
+SLOTS = web.AppKey("stream_slots", StreamSlots)
+STORED = web.AppKey("stored", StoredResponses)
+HEALTH = web.AppKey("health", Health)
+GENERATING_PATHS = frozenset(e.value for e in Endpoint if e.generates)
+
+
+def error_response(err: OpenAIError) -> web.Response:
+    return web.Response(
+        body=err.json(), status=err.status, content_type="application/json", headers=err.headers
+    )
+
+
+async def _completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    metrics = request.app[METRICS]
+    metrics.in_flight.inc()
+    status = 499  # until answered: a client that goes away lands here
+    try:
+        with request.app[TRACING].span(f"POST {endpoint.value}", SpanKind.SERVER) as span:
+            resp = await _answer(request, endpoint)
+            status = resp.status
+            if span is not None:
+                span.set_attribute("http.response.status_code", status)
+        return resp
+    finally:
+        metrics.in_flight.dec()
+        metrics.count(metrics.requests, endpoint.value, str(status))
+
+
+async def _answer(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    app = request.app
+    try:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise OpenAIError(
+                ErrorKind.BODY_TOO_LARGE, f"request body exceeds the limit of {app[MAX_BODY]} bytes"
+            ) from None
+        client = parse_request(raw, endpoint, app[MAX_BODY])
+        check_request(app[LIMITS], client)
+        return await _route_and_serve(request, client, raw)
+    except OpenAIError as err:
+        return error_response(err)
+
+
+async def _route_and_serve(
+    request: web.Request, client: ClientRequest, raw: bytes
+) -> web.StreamResponse:
+    app = request.app
+    try:
+        ex = _exchange(client, raw, session_of(client, request.headers.get(SESSION_HEADER)))
+        started = time.perf_counter()
+        tracing = app[TRACING]
+        try:
+            with tracing.span(
+                "baton.route", SpanKind.CLIENT, request_id=ex.request_id, model=client.model
+            ) as span:
+                traceparent = tracing.traceparent() if span is not None else ""
+                decision = await app[CONTROL].route(ex.request_id, ex.shape, traceparent)
+                if span is not None:
+                    span.set_attribute("baton.reason", decision.reason.value)
+        except ControlUnavailable as exc:
+            raise OpenAIError(ErrorKind.CONTROL_UNAVAILABLE, str(exc)) from None
+        app[METRICS].route.observe(time.perf_counter() - started)
+        if not decision.backends:
+            if decision.reason in OWNER_REASONS:
+                raise refused(decision)
+            if decision.reason is Reason.UNKNOWN_MODEL:
+                raise OpenAIError(
+                    ErrorKind.MODEL_NOT_FOUND,
+                    f"The model `{client.model}` does not exist.",
+                    "model",
+                )
+            raise OpenAIError(ErrorKind.NO_BACKEND, decision.detail or "no backend available")
+        return await app[PROXY].serve(request, ex, decision)
+    except OpenAIError as err:
+        return error_response(err)
+
+
+def _exchange(client: ClientRequest, raw: bytes, session: str) -> Exchange:
+    rid = uuid.uuid4().hex
+    served = as_chat_exchange(client)
+    if served is None:
+        return Exchange(rid, client, raw, with_session(shape_of(client), session))
+    chat, chat_raw, events = served
+    return Exchange(rid, chat, chat_raw, with_session(shape_of(chat), session), responses=events)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, Endpoint.CHAT)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, Endpoint.COMPLETIONS)
+
+
+async def models(request: web.Request) -> web.Response:
+    fleet = request.app[CONTROL].fleet
+    created = int(time.time())
+    data: list[dict[str, object]] = []
+    for m in fleet.models:
+        entry: dict[str, object] = {"id": m, "object": "model", "created": created,
+                                    "owned_by": "baton"}  # fmt: skip
+        if m in fleet.model_lens:  # vLLM's field: the least any of the model's backends has
+            entry["max_model_len"] = fleet.model_lens[m]
+        data.append(entry)
+    return web.json_response({"object": "list", "data": data})
+
+
+async def stored_response(request: web.Request) -> web.Response:
+    """Retrieve, delete or cancel a stored response, on the backend that holds it."""
+    metrics = request.app[METRICS]
+    resp = await request.app[STORED].serve(request)
+    metrics.count(metrics.requests, Endpoint.RESPONSES.value + "/{id}", str(resp.status))
+    return resp
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def health(request: web.Request) -> web.Response:
+    """The probes on a connection the front door handed over (a keep-alive one that asked
+    something else first): the same answers as the front door's (dataplane/edge/health.py)."""
+    answer = request.app[HEALTH].answer(request.path)
+    return web.Response(body=answer.body, status=answer.status, content_type="text/plain")
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    """aiohttp's own 404/405 are plain text; OpenAI clients expect the JSON error shape."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return error_response(OpenAIError(ErrorKind.NOT_FOUND, f"no route for {request.path}"))
+    except web.HTTPMethodNotAllowed:
+        return error_response(
+            OpenAIError(
+                ErrorKind.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {request.path}"
+            )
+        )
+
+
+@web.middleware
+async def request_limits(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    """Header size, API key, declared body size and the in-flight cap, before the body is
+    read: a request refused for load costs no parsing and no routing."""
+    app = request.app
+    generating = request.method == "POST" and request.path in GENERATING_PATHS
+    try:
+        if app[HEALTH].draining and request.path not in HEALTH_PATHS:
+            raise OpenAIError(
+                ErrorKind.SHUTTING_DOWN, "the shim is shutting down; retry on another"
+            )
+        check_head(
+            app[LIMITS],
+            request.method,
+            request.raw_path,
+            request.raw_headers,
+            request.headers.get("Authorization"),
+            request.content_length,
+            app[MAX_BODY],
+        )
+        if generating:
+            app[SLOTS].acquire()
+    except OpenAIError as err:
+        return error_response(err)
+    if not generating:
+        return await handler(request)
+    try:
+        return await handler(request)
+    finally:
+        app[SLOTS].release()
+
+
+def _post(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await _completion(request, endpoint)
+
+    return handler
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post(Endpoint.CHAT.value, chat_completions)
+    app.router.add_post(Endpoint.COMPLETIONS.value, completions)
+    app.router.add_post(Endpoint.RESPONSES.value, _post(Endpoint.RESPONSES))
+    item = Endpoint.RESPONSES.value + "/{response_id}"
+    app.router.add_get(item, stored_response)
+    app.router.add_delete(item, stored_response)
+    app.router.add_post(item + "/cancel", stored_response)
+    for endpoint in Endpoint:
+        if not endpoint.generates:
+            app.router.add_post(endpoint.value, _post(endpoint))
+    app.router.add_get("/v1/models", models)
+    for path in HEALTH_PATHS:
+        app.router.add_get(path, health)
+    app.router.add_get("/metrics", metrics)

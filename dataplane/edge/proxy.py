@@ -1,0 +1,347 @@
+"""Send a validated request to the decision's backends in order until one answers, then
+relay its answer to the client: whole for plain requests, event by event for streams."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp import web
+
+from baton.model import Backend, Decision, PrefixBlocks, RequestOutcome, RequestShape
+from baton.tracing import Tracing
+from dataplane.exceptions import AttemptFailed, ControlUnavailable, ErrorKind, OpenAIError
+from dataplane.link.needs import Outcomes, Ownership
+from dataplane.metrics import ShimMetrics
+from dataplane.prefix_chain import reply_hash
+from dataplane.relay.answers import check_answer
+from dataplane.relay.prefixblocks import prefix_blocks
+from dataplane.relay.resume.markers import MarkerCache
+from dataplane.relay.resume.reports import Reporter
+from dataplane.relay.stream import RelayControl, StreamRelay, with_token_ids
+from dataplane.request import ClientRequest, Endpoint
+from dataplane.responses.events import ResponseEvents
+from dataplane.responses.passthrough import ResponsesRelay
+from dataplane.responses.request import stored
+from dataplane.responses.translate import ChatAsResponses
+from dataplane.settings import ProxySettings
+from dataplane.spec.server import SpecControl, SpecServer
+from dataplane.upstream import genai
+from dataplane.upstream.engine import classify_exception, open_attempt, settle
+from dataplane.upstream.failures import Failure, classify_status
+
+log = logging.getLogger("baton.shim")
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+class ProxyControl(RelayControl, SpecControl, Outcomes, Ownership, Protocol):
+    """What the proxy asks of control (and hands to the relay and the speculative server)."""
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One client request on its way through the proxy (lifecycle only, no wire objects)."""
+
+    request_id: str
+    client: ClientRequest
+    raw: bytes
+    shape: RequestShape
+    started: float = field(default_factory=time.monotonic)
+    first_byte: float | None = None
+    # A Responses request served as chat (dataplane/edge/as_chat.py): the client's events.
+    responses: ResponseEvents | None = None
+
+
+class Proxy:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        control: ProxyControl,
+        settings: ProxySettings,
+        metrics: ShimMetrics,
+        tracing: Tracing,
+        resumes: aiohttp.ClientSession,
+    ) -> None:
+        """`resumes`: the session failovers resume on, a pool of its own that
+        dataplane/upstream/standby.py keeps warm."""
+        self._resumes = resumes
+        self._metrics = metrics
+        self._tracing = tracing
+        self._session = session
+        self._control = control
+        self._settings = settings
+        self._background: set[asyncio.Task[None]] = set()
+        self._spec = SpecServer(session, control, settings.timeouts, settings.budget)
+        self._markers = MarkerCache(resumes)
+
+    async def serve(
+        self, request: web.Request, ex: Exchange, decision: Decision
+    ) -> web.StreamResponse:
+        if decision.pairing is not None:
+            try:
+                return await self._spec.serve(request, ex.request_id, ex.client, ex.shape,
+                                              decision)  # fmt: skip
+            except AttemptFailed as failed:
+                # Nothing reached the client: serve it the ordinary way.
+                log.info("request %s: speculative start failed (%s)", ex.request_id, failed)
+        last: AttemptFailed | None = None
+        for attempt, backend in enumerate(decision.backends):
+            if not self._settings.budget.allows(attempt, time.monotonic() - ex.started):
+                break
+            client = ex.client
+            with self._tracing.client_span(
+                genai.span_name(client.endpoint, client.model),
+                {**genai.request_attributes(client.endpoint, client.body, client.model, backend),
+                 "baton.backend": backend.id, "baton.attempt": attempt + 1},
+            ) as span:  # fmt: skip
+                try:
+                    return await self._attempt(request, ex, decision, attempt, backend)
+                except AttemptFailed as failed:
+                    last = failed
+                    self._report_failure(ex, backend, failed)
+                    if span is not None:
+                        span.set_attribute("baton.failure", str(failed.failure))
+                        span.set_attribute("error.type", str(failed.failure))
+        detail = f" (last: {last})" if last else ""
+        raise OpenAIError(ErrorKind.BACKEND_FAILED, f"no backend could serve the request{detail}")
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        ex: Exchange,
+        decision: Decision,
+        attempt: int,
+        backend: Backend,
+    ) -> web.StreamResponse:
+        """One backend: raises AttemptFailed while nothing has reached the client yet."""
+        upstream = await self._open(ex, backend)
+        settling = False  # handed to _settle: its connection goes back to the pool
+        try:
+            if ex.client.stream and upstream.status == 200:
+                if ex.client.endpoint is Endpoint.RESPONSES:
+                    return await self._relay_responses(request, ex, backend, upstream)
+                fallbacks = decision.backends[attempt + 1 :]
+                resp, settling = await self._relay_stream(
+                    request, ex, backend, upstream, fallbacks
+                )
+                return resp
+            return await self._relay_whole(ex, backend, upstream)
+        except (asyncio.CancelledError, ConnectionResetError):
+            # The client went away: closing the upstream (below) stops the generation,
+            # and control must not count the request as in flight any longer.
+            gone = RequestOutcome(ex.request_id, backend.id, ex.client.model, False, 499)
+            self._control.finished(gone)
+            raise
+        finally:
+            if not settling:
+                upstream.close()
+
+    async def _open(self, ex: Exchange, backend: Backend) -> aiohttp.ClientResponse:
+        body = with_token_ids(ex.client, backend, ex.raw)
+        upstream = await open_attempt(
+            self._session,
+            backend,
+            ex.client.endpoint.value,
+            body,
+            self._settings.timeouts,
+            self._tracing.headers() if self._tracing.enabled else None,
+        )
+        failure = classify_status(upstream.status)
+        if failure is not None:
+            upstream.close()
+            raise AttemptFailed(failure, f"status {upstream.status}")
+        return upstream
+
+    async def _relay_whole(
+        self, ex: Exchange, backend: Backend, upstream: aiohttp.ClientResponse
+    ) -> web.Response:
+        try:
+            body = await upstream.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise classify_exception(exc) from exc
+        reply = None
+        if upstream.status == 200:
+            # Nothing has reached the client yet: a garbled answer is retried on the next
+            # backend like any other failure, never relayed as a 200.
+            answer, reply = check_answer(ex.client, body)
+            if self._tracing.enabled:
+                self._tracing.annotate(genai.answer_attributes(answer))
+            if ex.client.endpoint is Endpoint.RESPONSES and stored(ex.client.body):
+                await self._own(ex, backend, answer)
+        elif self._tracing.enabled:
+            self._tracing.annotate({"error.type": str(upstream.status)})
+        self._finished(ex, backend, upstream.status, reply)
+        return web.Response(
+            body=body,
+            status=upstream.status,
+            headers={
+                "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                "X-Request-Id": ex.request_id,
+            },
+        )
+
+    async def _relay_stream(
+        self,
+        request: web.Request,
+        ex: Exchange,
+        backend: Backend,
+        upstream: aiohttp.ClientResponse,
+        fallbacks: tuple[Backend, ...],
+    ) -> tuple[web.StreamResponse, bool]:
+        """The response, and whether `upstream` was handed to _settle."""
+        first = await _first_piece(upstream)
+        resp = web.StreamResponse(
+            status=200, headers={**SSE_HEADERS, "X-Request-Id": ex.request_id}
+        )
+        await resp.prepare(request)
+        relay = StreamRelay(
+            session=self._resumes,
+            control=self._control,
+            timeouts=self._settings.timeouts,
+            settings=self._settings.resume,
+            resp=ChatAsResponses(resp, ex.responses) if ex.responses is not None else resp,
+            request_id=ex.request_id,
+            client=ex.client,
+            shape=ex.shape,
+            fallbacks=fallbacks,
+            background=self._background,
+            metrics=self._metrics,
+            markers=self._markers,
+            tracing=self._tracing,
+        )
+        try:
+            try:
+                complete = await relay.run(backend, upstream, first)
+            finally:
+                ex.first_byte = relay.first_byte
+            st = relay.stitcher
+            reply = st.choices[0].reply if complete and st.choices else None
+            served = relay.served_by or backend
+            first_choice = st.choices.get(0)
+            status = self._control.fleet.snapshot.get(served.id)
+            size = status.kv_block_size if status is not None else 0
+            blocks = prefix_blocks(ex.shape, size, first_choice) if complete else None
+            prompt_tokens = len(first_choice.prompt_ids or ()) if first_choice else 0
+            if self._tracing.enabled:
+                finishes = [c.finish_reason for c in st.choices.values()]
+                attrs = genai.result_attributes(st.ident.id, st.ident.model, finishes,
+                                                *st.token_counts())  # fmt: skip
+                self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
+            self._finished(ex, served, 200 if complete else 502, reply, blocks, prompt_tokens)
+            await resp.write_eof()
+            finished = relay.finished_upstreams()
+            self._settle(finished)
+        finally:
+            relay.close()
+        return resp, any(u is upstream for u in finished)
+
+    async def _relay_responses(
+        self,
+        request: web.Request,
+        ex: Exchange,
+        backend: Backend,
+        upstream: aiohttp.ClientResponse,
+    ) -> web.StreamResponse:
+        """An engine's own Responses stream (one that cannot be replayed elsewhere)."""
+        first = await _first_piece(upstream)
+        resp = web.StreamResponse(
+            status=200, headers={**SSE_HEADERS, "X-Request-Id": ex.request_id}
+        )
+        await resp.prepare(request)
+        relay = ResponsesRelay(
+            control=self._control,
+            settings=self._settings.resume,
+            out=resp,
+            request_id=ex.request_id,
+            client=ex.client,
+            reporter=Reporter(self._control, self._metrics, self._tracing, self._background),
+        )
+        try:
+            complete = await relay.run(backend, upstream, first)
+        finally:
+            ex.first_byte = relay.first_byte
+        if self._tracing.enabled:
+            attrs = genai.answer_attributes(relay.response)
+            self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
+        self._finished(ex, backend, 200 if complete else 502)
+        await resp.write_eof()
+        return resp
+
+    async def _own(self, ex: Exchange, backend: Backend, answer: dict[str, Any]) -> None:
+        """A stored response's id reaches control before it reaches the client."""
+        key = answer["id"]
+        try:
+            await self._control.record_owner(ex.request_id, key, backend.id, ex.client.model)
+        except ControlUnavailable as exc:
+            log.warning("request %s: %s stored on %s, but control does not know (%s)",
+                        ex.request_id, key, backend.id, exc)  # fmt: skip
+
+    def _settle(self, upstreams: list[aiohttp.ClientResponse]) -> None:
+        """Give finished upstream connections back to the pool, after the handler: a client
+        that hangs up after its [DONE] must not cancel it, nor wait for it."""
+        if not upstreams:
+            return
+        task = asyncio.create_task(_settle_all(upstreams))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _finished(
+        self,
+        ex: Exchange,
+        backend: Backend,
+        status: int,
+        reply: str | None = None,
+        blocks: PrefixBlocks | None = None,
+        prompt_tokens: int = 0,
+    ) -> None:
+        now = time.monotonic()
+        first = ex.first_byte or now
+        self._metrics.count(self._metrics.attempts, backend.id, "ok" if status < 500 else "failed")
+        self._metrics.ttft.observe(first - ex.started)
+        pin = reply is not None and ex.client.endpoint is Endpoint.CHAT
+        self._control.finished(
+            RequestOutcome(
+                ex.request_id,
+                backend.id,
+                ex.client.model,
+                status < 400,
+                status,
+                ttft_ms=(first - ex.started) * 1000,
+                total_ms=(now - ex.started) * 1000,
+                reply_chain_hash=reply_hash(ex.shape.prefix_chain, reply or "") if pin else b"",
+                message_count=ex.shape.message_count,
+                prompt_tokens=prompt_tokens,
+                blocks=blocks,
+            )
+        )
+
+    def _report_failure(self, ex: Exchange, backend: Backend, failed: AttemptFailed) -> None:
+        self._metrics.count(self._metrics.attempts, backend.id, failed.failure)
+        log.info("request %s: %s failed: %s", ex.request_id, backend.id, failed)
+        task = asyncio.create_task(
+            self._control.attempt_failed(ex.request_id, backend.id, failed.failure, failed.detail)
+        )
+        # Keep a reference until done so the report isn't garbage-collected mid-flight.
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+async def _first_piece(upstream: aiohttp.ClientResponse) -> bytes:
+    """Read before sending headers: a backend that dies before its first byte is still
+    retried invisibly, and the client gets a 200 from whoever answers."""
+    try:
+        first = await upstream.content.readany()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise classify_exception(exc) from exc
+    if not first:
+        raise AttemptFailed(Failure.DISCONNECT, "stream closed before its first byte")
+    return first
+
+
+async def _settle_all(upstreams: list[aiohttp.ClientResponse]) -> None:
+    await asyncio.gather(*(settle(u) for u in upstreams))

@@ -1,0 +1,75 @@
+"""Pure: a request's shape for control — sizes and keyed hashes (dataplane/prefix_chain.py),
+never prompt text."""
+
+# baton: pure
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from baton.model import RequestShape
+from dataplane.prefix_chain import DEFAULT_KEY, prefix_chain
+from dataplane.request import ClientRequest, Endpoint
+from dataplane.responses.request import messages_of
+from dataplane.spec.plan import sets_temperature, spec_eligible
+
+
+def _chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        # Non-text parts may carry "text": null (SDK dumps); only strings are text.
+        return sum(
+            len(t) for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str)
+        )
+    return 0
+
+
+def shape_of(req: ClientRequest, key: bytes = DEFAULT_KEY) -> RequestShape:
+    body = req.body
+    if not req.endpoint.generates:
+        # A one-shot call: nothing to pin, so no prefix to hash (control spreads it).
+        return RequestShape(model=req.model, greedy=False, sets_temperature=False)
+    if req.endpoint is Endpoint.COMPLETIONS:
+        # A completion prompt is one "message" for affinity purposes.
+        prompt = body["prompt"]
+        messages: list[Any] = [prompt]
+        turns: tuple[bool, ...] = (False,)
+        chars = len(prompt) if isinstance(prompt, str | list) else 0
+    else:
+        # A Responses request's messages hash as a chat request's do: the same prefix warms
+        # the same cache (input that is not plain messages hashes item by item).
+        chat = req.endpoint is Endpoint.CHAT
+        messages = body["messages"] if chat else messages_of(body) or list(body["input"])
+        turns = tuple(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+        chars = sum(_chars(m.get("content")) for m in messages if isinstance(m, dict))
+    return RequestShape(
+        model=req.model,
+        message_count=len(messages),
+        prefix_chain=prefix_chain(messages, key),
+        assistant_turns=turns,
+        prompt_chars=chars,
+        greedy=req.greedy,
+        stream=req.stream,
+        spec_eligible=spec_eligible(req),
+        sets_temperature=sets_temperature(req),
+        owner_key=body.get("previous_response_id") or "" if req.endpoint is Endpoint.RESPONSES
+        else "",
+    )
+
+
+# A client's explicit conversation key: vLLM's `session_id` body field, or this header.
+SESSION_HEADER = "x-session-id"
+MAX_SESSION_CHARS = 256
+
+
+def session_of(req: ClientRequest, header: str | None) -> str:
+    """The request's session key ("" when it names none, or names one too long to be one)."""
+    value = req.body.get("session_id")
+    key = value if isinstance(value, str) and value else (header or "")
+    return key if len(key) <= MAX_SESSION_CHARS else ""
+
+
+def with_session(shape: RequestShape, session: str) -> RequestShape:
+    return replace(shape, session=session) if session else shape

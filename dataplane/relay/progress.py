@@ -1,0 +1,155 @@
+"""What one choice of a stream has generated so far, as the client has it: token ids, text,
+where that text is known to end at a character boundary, and the recent chunks a seam
+overlap is chosen from. One writer: the stitcher (dataplane/relay/stitch.py), as it shapes each
+chunk the client gets, from the first stream and from resumed ones; everyone else only reads."""
+
+# baton: pure
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+RECENT_CHUNKS = 64  # per choice, for choosing the seam overlap; bounds memory
+# A seam check regenerates at most this many tokens (the overlap starts at a character
+# boundary, which may lie further back than m when chunks carry several tokens).
+MAX_OVERLAP = 64
+
+
+@dataclass(slots=True)
+class ChoiceProgress:
+    """What one choice has produced so far. Mutable; owned by one request's stitcher."""
+
+    index: int
+    prompt_ids: list[int] | None = None
+    token_ids: list[int] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)  # text sent to the client, in order
+    # Character boundaries the client's text is known to end at, newest last: (tokens, text
+    # length) after a one-token chunk that carried text. Byte-level engines (vLLM, the sim)
+    # release a token's text only once the bytes so far decode to whole characters, so after
+    # such a chunk nothing of those tokens is held back; a chunk of several tokens may hold
+    # its last ones back. (0, 0) is the start of the generation. A resume whose prompt ends
+    # at one of these behaves like a fresh request; past the last one the client may lack
+    # the text of some tokens (half a character), which Baton then derives itself.
+    settled: deque[tuple[int, int]] = field(
+        default_factory=lambda: deque([(0, 0)], maxlen=RECENT_CHUNKS)
+    )
+    # False with stop strings: the engine holds back text that could start one, so a chunk's
+    # text says nothing of where the client's text ends.
+    settles: bool = True
+    text_len: int = 0
+    # The texts of the latest chunks, newest last (the text path's overlap: one chunk is one
+    # token on the engines that stream without ids).
+    recent_text: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_CHUNKS))
+    content_chunks: int = 0  # token estimate where ids are unknown (text path)
+    # Text chunks without ids after some with ids: a text-path resume (a token-id engine
+    # failed over to one without ids); counted on top of the ids.
+    untracked_chunks: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    tool_call: bool = False
+    # Reasoning (dataplane/reasoning.py): the delta field it came in ("" = none seen yet),
+    # whether it is still open, and whether its end tag's token was generated while the
+    # text around it has not come yet. `pieces` hold the engine's raw text, the tag's as
+    # the stream shows it ("" for a skipped special tag), as a resume's /v1/completions
+    # would decode it; the reply (content) starts at reply_start.
+    reasoning_field: str = ""
+    reasoning: bool = False
+    end_pending: bool = False
+    end_at: int = 0  # with end_pending: the end tag's index among token_ids
+    # A chunk whose last character vLLM's parser lost (a special end tag merged with other
+    # tokens, text shorter than the tag): its tokens [first, end) and where in the text the
+    # character belongs. Stitcher.lost_character puts it back before a resume.
+    lost: tuple[int, int, int] | None = None
+    reply_start: int = 0
+    # Structure in the stream that no resume can keep (a parser Baton cannot follow): why.
+    unfollowed: str = ""
+
+    @property
+    def text(self) -> str:
+        if len(self.pieces) > 1:
+            self.pieces[:] = ["".join(self.pieces)]
+        return self.pieces[0] if self.pieces else ""
+
+    @property
+    def reply(self) -> str:
+        """The answer's content: what the next turn of the conversation sends back."""
+        return self.text[self.reply_start :]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def add(self, text: str, ids: list[int] | None, *, settled: bool = False) -> None:
+        """One chunk's text and ids, as the client got them. `settled`: the caller knows the
+        text covers every one of the ids (Baton decoded them itself)."""
+        if text:
+            self.pieces.append(text)
+            self.recent_text.append(text)
+            self.text_len += len(text)
+            self.content_chunks += 1
+            if not ids and self.token_ids:
+                self.untracked_chunks += 1
+        if ids:
+            self.token_ids.extend(ids)
+            if self.settles and (settled or (text and len(ids) == 1)):
+                self.settled.append((len(self.token_ids), self.text_len))
+
+    def end(self, finish: str, stop_reason: str | int | None = None, held_text: str = "") -> None:
+        """The choice's finish. `held_text`: text the client gets with it for tokens counted
+        already (what an engine held back for a stop string, released at the end)."""
+        if held_text:
+            self.pieces.append(held_text)
+        self.finish_reason, self.stop_reason = finish, stop_reason
+
+    @property
+    def generated(self) -> int:
+        if self.token_ids:
+            return len(self.token_ids) + self.untracked_chunks
+        return self.content_chunks
+
+    def held(self, *, from_start: bool = False) -> Held | None:
+        """The tokens since the last known character boundary and the client's text for
+        them, when the client may lack some of their text; None when it has all of it.
+        `from_start`: since the start of the generation (stop strings: an engine holds
+        back text without regard to boundaries)."""
+        if not self.token_ids:
+            return None
+        if from_start:
+            return Held(tuple(self.token_ids), self.text)
+        since = self.since_boundary()
+        return since if since.ids else None
+
+    def since_boundary(self) -> Held:
+        """The tokens since the last known character boundary and the client's text for
+        them, even none: what a resume whose prompt may end mid-character derives its text
+        from."""
+        at, text_at = self.settled[-1] if self.settles else (0, 0)
+        return Held(tuple(self.token_ids[at:]), self.text[text_at:])
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A resume's prompt ends past the last character boundary the client's text is known to
+    end at (or the engine held text back for a stop string). The resumed engine cannot be
+    trusted with the text there: vLLM, primed with a prompt that ends mid-character, sends
+    the whole prompt's text in its first chunk. So Baton derives it: the client gets
+    decode(ids + the new ids)[len(sent):] once that decodes to whole characters."""
+
+    ids: tuple[int, ...]  # generated since the boundary: in the resume's prompt already
+    sent: str  # what the client has of their text
+
+def overlap(progress: ChoiceProgress, m: int) -> tuple[int, str]:
+    """The fewest trailing tokens, at least m, that start at a known character boundary
+    (ChoiceProgress.settled), and the client's text since it: a resume that starts there
+    is primed like a fresh request, and must regenerate exactly those tokens and text.
+    (0, "") when no such boundary is recent enough."""
+    if m <= 0 or not progress.settles:
+        return 0, ""
+    total = len(progress.token_ids)
+    for at, text_at in reversed(progress.settled):
+        n = total - at
+        if n > MAX_OVERLAP:
+            break
+        if n >= m:
+            return n, progress.text[text_at:]
+    return 0, ""

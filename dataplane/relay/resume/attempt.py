@@ -1,0 +1,272 @@
+"""One choice's resume on one backend: plan it, open it (possibly before control has
+answered), relay its chunks through the seam check and the stop strings, and have the seam
+verified beside it when asked to (dataplane/relay/resume/sidecheck.py). StreamRelay
+(dataplane/relay/stream.py) decides when and where; this module does one attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from baton.model import Backend, BackendKind, ResumePath, Seam
+from dataplane.exceptions import AttemptFailed, Refused, StreamFailed
+from dataplane.relay.progress import ChoiceProgress
+from dataplane.relay.resume import detok
+from dataplane.relay.resume.plan import ResumePlan, plan_resume, tokens_allowed
+from dataplane.relay.resume.reasoning import segments
+from dataplane.relay.resume.resumed import ChoiceResume, Downstream, ResumedStream
+from dataplane.relay.resume.seam import HeldText, SeamCheck
+from dataplane.relay.resume.sidecheck import SideCheck
+from dataplane.relay.resume.stops import StopMatcher
+from dataplane.relay.stitch import Stitcher
+from dataplane.request import ClientRequest, Endpoint
+from dataplane.settings import ResumeSettings, Timeouts
+from dataplane.upstream.engine import detokenize, error_kind, open_attempt, resume_failure
+from dataplane.upstream.failures import Failure
+
+TOKEN_KINDS = frozenset({BackendKind.VLLM, BackendKind.SGLANG})
+
+
+@dataclass(slots=True)
+class Started:
+    """A resume request that is open: its plan, its response and, in parallel mode, the
+    plan of the seam check to run beside it."""
+
+    plan: ResumePlan
+    upstream: aiohttp.ClientResponse
+    check: ResumePlan | None
+
+
+class Resumer:
+    def __init__(
+        self,
+        *,
+        session: aiohttp.ClientSession,
+        timeouts: Timeouts,
+        settings: ResumeSettings,
+        client: ClientRequest,
+        stitcher: Stitcher,
+        downstream: Downstream,
+    ) -> None:
+        """`downstream`: the relay that owns the client's stream."""
+        self._down = downstream
+        self._session = session
+        self._timeouts = timeouts
+        self._settings = settings
+        self._client = client
+        self._stitcher = stitcher
+        self._side = SideCheck(session, self._decode, settings.max_resume_seconds)
+        self._stream = ResumedStream(
+            settings=settings, stitcher=stitcher, downstream=downstream,
+            decode=self._decode, settled_decode=self._settled_decode,
+        )  # fmt: skip
+
+    async def start(self, backend: Backend, p: ChoiceProgress, *, exact: bool) -> Started:
+        """Plan and open one resume request. Raises Refused or AttemptFailed. The plans are
+        taken from `p` as it is now, before any resumed token is added to it."""
+        if p.lost is not None:  # first: the plan is made from the whole raw text
+            first, end, _ = p.lost
+            chunk = await self._decode(backend, p.token_ids[first:end])
+            self._stitcher.lost_character(p, chunk)
+        token_path = backend.kind in TOKEN_KINDS
+        m = self._settings.seam_tokens
+        plan = plan_resume(self._client, p, token_path=token_path, seam_tokens=m, exact=exact)
+        check = None
+        if exact and self._settings.seam_mode == "parallel":
+            candidate = plan_resume(self._client, p, token_path=token_path, seam_tokens=m)
+            check = candidate if candidate.seam is Seam.VERIFIED else None
+        upstream = await self._open(backend, plan.endpoint, plan.body)
+        return Started(plan, upstream, check)
+
+    async def run(
+        self,
+        backend: Backend,
+        p: ChoiceProgress,
+        detected: float,
+        early: Started | None = None,
+    ) -> ChoiceResume:
+        """Resume `p` on `backend` to its end. `early`: a start() already open there (this
+        call owns it from now on)."""
+        result = ChoiceResume()
+        if tokens_left(self._client, p) == 0:
+            if early is not None:
+                early.upstream.close()
+            try:
+                await self.end_at_limit(p, backend)
+            except AttemptFailed as failed:
+                result.failure, result.detail = failed.failure, failed.detail
+                return result
+            result.detail = "max_tokens reached before the failure; finished without a resume"
+            return result
+        exact = self._settings.seam_mode == "parallel"
+        verify: asyncio.Task[Seam] | None = None
+        try:
+            while True:
+                try:
+                    started = early or await self.start(backend, p, exact=exact)
+                except Refused as why:
+                    result.failure, result.detail = Failure.REFUSED, str(why)
+                    return result
+                except AttemptFailed as failed:
+                    result.failure, result.detail = failed.failure, failed.detail
+                    return result
+                early = None
+                result.path = started.plan.path
+                verify = self._check_beside(backend, p, started, result, verify)
+                outcome, seam, held = await self._relay_one(backend, started, p, detected, result)
+                if outcome == "failed":
+                    return result
+                if outcome == "divergent":
+                    result.seam, exact = Seam.DIVERGENT, True
+                    continue
+                if held is not None and held.verdict is Seam.DIVERGENT:
+                    result.seam = Seam.DIVERGENT  # the side check's verdict cannot undo it
+                    if verify is not None:
+                        verify.cancel()
+                        verify = None
+                if verify is not None:
+                    # Reported when it lands; the client's stream need not wait for it.
+                    result.verdict, verify = verify, None
+                elif result.seam is None:
+                    result.seam = seam.verdict
+                return result
+        finally:
+            if verify is not None:  # the resume failed: its verdict no longer matters
+                verify.cancel()
+            if early is not None:  # never relayed
+                early.upstream.close()
+
+    def _check_beside(
+        self,
+        backend: Backend,
+        p: ChoiceProgress,
+        started: Started,
+        result: ChoiceResume,
+        verify: asyncio.Task[Seam] | None,
+    ) -> asyncio.Task[Seam] | None:
+        """Start the side check when this resume needs one (and none runs yet), or settle
+        the verdict it has without one. Returns the side check running."""
+        plan = started.plan
+        # An exact token resume at a character boundary passes the engine's text on:
+        # checked beside the stream against the ids' own text.
+        at_boundary = (
+            plan.path is ResumePath.TOKEN and plan.held is None and not plan.checks
+            and bool(p.token_ids)
+        )  # fmt: skip
+        if (started.check is not None or at_boundary) and verify is None:
+            base: Seam = plan.seam if plan.seam is not Seam.VERIFIED else Seam.UNCHECKED
+            if result.seam is not None:
+                base = result.seam  # a divergent try keeps its verdict
+            verify = asyncio.create_task(
+                self._side.verdict(backend, started.check, result, at_boundary, base)
+            )
+        elif result.seam is None and verify is None:  # a divergent try keeps its verdict
+            result.seam = plan.seam if plan.seam is not Seam.VERIFIED else None
+        if not at_boundary:
+            result.first_seen.set()  # nothing to watch
+        return verify
+
+    async def _relay_one(
+        self,
+        backend: Backend,
+        started: Started,
+        p: ChoiceProgress,
+        detected: float,
+        result: ChoiceResume,
+    ) -> tuple[str, SeamCheck, HeldText | None]:
+        """One resumed stream relayed with its inline seam check, Baton's stop strings and
+        the held text: ("failed" with the result's failure set, "divergent", "finished" or
+        "stopped"), the seam check and the held text."""
+        plan = started.plan
+        seam = SeamCheck(plan.overlap_ids, plan.overlap_text)
+        stop_strings = _stops(self._client) if plan.held is not None else []
+        include = bool(self._client.body.get("include_stop_str_in_output"))
+        stops = StopMatcher(stop_strings, include) if stop_strings else None
+        held = HeldText(plan.held) if plan.held is not None else None
+        outcome = ""
+        try:
+            outcome = await self._stream.relay(
+                backend, started.upstream, p, plan.endpoint, seam, held, stops, detected, result
+            )
+        except StreamFailed as failed:
+            result.failure, result.detail = failed.failure, str(failed)
+            outcome = "failed"
+        except AttemptFailed as failed:  # decoding the held tokens' text failed
+            result.failure, result.detail = failed.failure, failed.detail
+            outcome = "failed"
+        finally:
+            result.first_seen.set()
+            if outcome == "finished":  # its generation is over: keep the connection
+                self._down.keep(started.upstream)
+            else:
+                started.upstream.close()  # also stops a generation still running
+            result.ended.set()  # the engine is done with it: the side check may go now
+        return outcome, seam, held
+
+    async def end_at_limit(self, p: ChoiceProgress, backend: Backend | None = None) -> None:
+        """Every token the client asked for was sent, only the finish was lost: end the
+        choice with "length" as the engine would have (resuming would ask for max_tokens 0,
+        which engines refuse). The text a token-path engine held back for a possible stop
+        string is recovered through `backend`'s detokenizer; without a backend there must
+        be none (ends_here). Raises AttemptFailed."""
+        held = ""
+        stops = backend is not None and backend.kind in TOKEN_KINDS and bool(_stops(self._client))
+        pending = p.held(from_start=True) if stops else None
+        if backend is not None and pending is not None:
+            decoded = await self._settled_decode(backend, list(pending.ids))
+            held = HeldText(pending).resolve(decoded, True) or ""
+        await self._down.write(self._stitcher.ended_at_limit(p, held))
+
+    async def _open(
+        self, backend: Backend, endpoint: Endpoint, body: dict[str, object]
+    ) -> aiohttp.ClientResponse:
+        upstream = await open_attempt(
+            self._session, backend, endpoint.value, orjson.dumps(body), self._timeouts
+        )
+        status = upstream.status
+        if status == 200:
+            return upstream
+        why = await error_kind(upstream, self._timeouts.connect)
+        upstream.close()
+        raise AttemptFailed(resume_failure(status), f"resume answered {status}{why}")
+
+    async def _settled_decode(self, backend: Backend, ids: list[int]) -> str:
+        return await detok.settled(functools.partial(self._decode, backend), ids)
+
+    async def _decode(self, backend: Backend, ids: list[int]) -> str:
+        """The new engine's text for `ids` as a stream shows it: /detokenize spells every
+        token, so think tags whose text the stream skips (special) are cut out first."""
+        markers = self._stitcher.markers
+        skipped = markers.skipped if markers is not None else frozenset()
+        if not skipped.intersection(ids):
+            return await self._detokenize(backend, ids)
+        parts = [await self._detokenize(backend, part) for part in segments(ids, skipped)]
+        return "".join(parts)
+
+    async def _detokenize(self, backend: Backend, ids: list[int]) -> str:
+        return await detokenize(
+            self._session, backend, self._client.model, ids, self._timeouts.connect
+        )
+
+
+def tokens_left(client: ClientRequest, p: ChoiceProgress) -> int | None:
+    """Tokens the client still allows this choice (None: no limit). A text-path count
+    undercounts (a chunk can carry several tokens), so 0 here is never premature."""
+    return tokens_allowed(client.body, p.generated)
+
+
+def ends_here(client: ClientRequest, p: ChoiceProgress) -> bool:
+    """A choice that can be ended without a backend: all its tokens were sent, and no text
+    can be held back for a stop string (recovering that needs an engine's detokenizer)."""
+    return tokens_left(client, p) == 0 and not (_stops(client) and p.token_ids)
+
+
+def _stops(client: ClientRequest) -> list[str]:
+    stop = client.body.get("stop")
+    if isinstance(stop, str):
+        return [stop]
+    return list(stop or [])

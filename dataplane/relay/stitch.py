@@ -1,0 +1,378 @@
+"""Pure stream stitching: one client stream out of the first backend's stream and the
+resumed ones. Keeps the first stream's id/created/model/system_fingerprint, never sends a
+second role delta, removes fields the client did not ask for (the token ids requested for
+resume), converts resumed completion chunks to the client's format, runs stop strings
+across the seam and answers include_usage over the whole generation."""
+
+# baton: pure
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dataplane.relay.progress import ChoiceProgress
+from dataplane.relay.resume import reasoning
+from dataplane.relay.resume.reasoning import REASONING_FIELDS, THINK_TAGS, Markers
+from dataplane.request import ClientRequest, Endpoint
+from dataplane.sse import DONE_EVENT, sse
+from dataplane.upstream.chunks import FAILED_FINISH, parse_chunk
+from dataplane.upstream.failures import Failure
+
+# `,"token_ids":[1,2]` or `,"prompt_token_ids":[...]` as engines write them (never first key).
+TOKEN_FIELDS = re.compile(rb',\s*"(?:prompt_)?token_ids"\s*:\s*\[[\d,\s]*\]')
+
+
+@dataclass(slots=True)
+class Identity:
+    id: str = ""
+    created: int = 0
+    model: str = ""
+    system_fingerprint: str | None = None
+
+
+def _bare(ch: dict[str, Any]) -> bool:
+    """A chat choice with an empty delta ({}, not {"content": ""}) and no finish."""
+    return ch.get("delta") == {} and ch.get("finish_reason") is None and not ch.get("logprobs")
+
+
+def expected_choices(client: ClientRequest) -> int:
+    n = client.body.get("n") or 1
+    prompt = client.body.get("prompt")
+    if client.endpoint is Endpoint.COMPLETIONS and isinstance(prompt, list) and prompt:
+        if isinstance(prompt[0], str | list):
+            return n * len(prompt)  # a batch of prompts: n choices each
+    return int(n)
+
+
+class Stitcher:
+    def __init__(self, client: ClientRequest, *, strip_ids: bool) -> None:
+        self.chat = client.endpoint is Endpoint.CHAT
+        self._body = client.body
+        self.strip_ids = strip_ids
+        options = client.body.get("stream_options") or {}
+        self.want_usage = bool(options.get("include_usage"))
+        self.ident = Identity()
+        self.choices: dict[int, ChoiceProgress] = {}
+        self._prompt_ids: list[int] | None = None  # chat: top-level, shared by all choices
+        # With stop strings an engine holds text back, so chunks show no character boundary.
+        self._settles = not client.body.get("stop")
+        # The first backend's reasoning parser (follow_reasoning): its name, and its think
+        # tags when Baton can follow them across a resume.
+        self._parser = ""
+        self.markers: Markers | None = None
+        self.usage: dict[str, Any] | None = None
+        self.resumed = False
+        self.extra_prompt_tokens: int | None = None  # text path: learned from a resume's usage
+        # Every choice the client will get, so one that failed before its first chunk is
+        # known to be unfinished too.
+        for index in range(expected_choices(client)):
+            self.choice(index)
+
+    def choice(self, index: int) -> ChoiceProgress:
+        p = self.choices.get(index)
+        if p is None:
+            p = self.choices[index] = ChoiceProgress(
+                index, self._prompt_ids, settles=self._settles
+            )
+        return p
+
+    def follow_reasoning(self, parser: str, markers: Markers | None) -> None:
+        """The first backend runs reasoning parser `parser` ("" = none); `markers`: its
+        think tags, None when Baton cannot follow that parser. Kept as this request's
+        streams show them (a special tag's text is skipped unless the client said not to)."""
+        self._parser = parser
+        self.markers = markers.shown(self._body) if self.chat and markers is not None else None
+
+    def unfinished(self) -> list[ChoiceProgress]:
+        return [p for p in self.choices.values() if not p.finished]
+
+    # -- the first backend's stream ------------------------------------------------------
+
+    def original(self, data: bytes, raw: bytes) -> tuple[bytes | None, str | None]:
+        """One event of the first stream: (bytes for the client or None, failure or None)."""
+        obj, failure = parse_chunk(data, len(self.choices))
+        if obj is None:
+            return None, failure
+        if not self.ident.id:
+            self.ident = Identity(obj.get("id", ""), obj.get("created", 0), obj.get("model", ""))
+        if obj.get("system_fingerprint"):
+            self.ident.system_fingerprint = obj["system_fingerprint"]
+        # Present on the first chunk only; vLLM's later chunks may carry it as null.
+        if obj.get("prompt_token_ids") is not None:
+            self._prompt_ids = obj["prompt_token_ids"]
+            for p in self.choices.values():
+                p.prompt_ids = self._prompt_ids
+                if self.markers is not None:
+                    p.reasoning = reasoning.open_after(p.prompt_ids, self.markers)
+        choices = obj.get("choices") or []
+        if not choices and "usage" in obj:
+            self.usage = obj["usage"]
+            return (self._clean(obj, raw) if self.want_usage else None), None
+        tracked: str | None = None
+        for ch in choices:
+            tracked = self._track(ch) or tracked
+        if tracked is not None:
+            raw = b""  # _track edited the chunk: serialise the edited one
+        elif self.strip_ids and self.chat and all(_bare(ch) for ch in choices):
+            # A parser's skipped delta (a think or tool tag's token alone), sent only because
+            # Baton asked for ids: without them the engine sends no such chunk.
+            return None, None
+        return self._clean(obj, raw), tracked
+
+    def _track(self, ch: dict[str, Any]) -> str | None:
+        p = self.choice(ch.get("index", 0))
+        if ch.get("prompt_token_ids") is not None:  # vLLM: null after the first chunk
+            p.prompt_ids = ch["prompt_token_ids"]
+        ids = ch.get("token_ids")
+        if self.chat:
+            delta = ch.get("delta") or {}
+            if delta.get("tool_calls"):
+                p.tool_call = True
+            p.add(self._raw(p, delta, ids or ()), ids)
+        else:
+            p.add(ch.get("text") or "", ids)
+        finish = ch.get("finish_reason")
+        if finish in FAILED_FINISH:
+            # The text up to here is real; the finish is the engine's failure, not the answer.
+            ch["finish_reason"] = None
+            ch.pop("stop_reason", None)
+            return Failure.finish(finish)
+        if finish:
+            p.finish_reason = finish
+            p.stop_reason = ch.get("stop_reason")
+        return None
+
+    def _raw(self, p: ChoiceProgress, delta: dict[str, Any], ids: Sequence[int]) -> str:
+        """A parsed delta's text as the engine generated it (reasoning, the end tag's text
+        as the stream shows it if its token is here, content), keeping track of where
+        reasoning ends: by the tags' ids, whatever their text."""
+        content = delta.get("content") or ""
+        thought = ""
+        for key in REASONING_FIELDS:
+            value = delta.get(key)
+            if isinstance(value, str) and value:
+                thought, p.reasoning_field = value, key
+                break
+        if thought and self.markers is None and not p.unfollowed:
+            p.unfollowed = (
+                f"the reasoning of reasoning parser {self._parser!r} cannot be kept across a resume"
+                if self._parser
+                else "the backend streams reasoning but names no reasoning_parser"
+            )
+        m = self.markers
+        if m is None:
+            return thought + content
+        if len(ids) == 1 and ids[0] == m.start_id:
+            return m.start_text  # the tag alone: the parser sends no text for it
+        if p.reasoning and m.end_id in ids:
+            p.reasoning = False
+            if m.end_text or len(ids) == 1:
+                p.reply_start = p.text_len + len(thought) + len(m.end_text)
+                return thought + m.end_text + content
+            # Merged with other tokens, its text skipped: vLLM's parser cut the chunk where
+            # it did not find the tag. The client has what it sent; the raw text is rebuilt.
+            raw = reasoning.unmangle(thought, content, THINK_TAGS[self._parser][1])
+            if raw is None:
+                # Its last character never reached the client: a resume asks the engine
+                # for it first (lost_character), so the raw text Baton keeps stays whole.
+                raw = thought
+                p.lost = (len(p.token_ids), len(p.token_ids) + len(ids), p.text_len + len(raw))
+            p.reply_start = p.text_len + len(raw) - len(content)
+            return raw
+        if content and p.reasoning:
+            # Content while reasoning looked open: the engine's parser knows better.
+            p.reasoning = False
+            p.reply_start = p.text_len + len(thought)
+        return thought + content
+
+    def lost_character(self, p: ChoiceProgress, text: str) -> None:
+        """The text of the chunk whose last character vLLM's parser lost (p.lost), decoded
+        from its ids: that character goes back into the raw text Baton keeps (the client
+        never had it, so the reply, its content, still starts after it)."""
+        assert p.lost is not None  # noqa: S101 - the caller checks
+        _, _, at = p.lost
+        missing = text[-1:]
+        whole = p.text
+        p.pieces[:] = [whole[:at] + missing + whole[at:]]
+        p.text_len += len(missing)
+        p.settled = type(p.settled)(
+            ((n, t + len(missing) if t > at else t) for n, t in p.settled), p.settled.maxlen
+        )
+        if p.reply_start >= at:
+            p.reply_start += len(missing)
+        p.lost = None
+
+    def needs_cut(self, p: ChoiceProgress, ids: Sequence[int], raw: str) -> int | None:
+        """For a resumed chunk about to be shaped (not yet in `p`): when its text must be
+        cut where the end tag's token stands and the tag's text (skipped) cannot show
+        where, the tag's index among the choice's generated ids, for the caller to find the
+        cut from the ids (the text of those before it); else None."""
+        m = self.markers
+        if m is None or not p.reasoning or m.end_text or not raw:
+            return None
+        if p.end_pending:
+            return p.end_at
+        if m.end_id in ids:
+            return len(p.token_ids) + list(ids).index(m.end_id)
+        return None
+
+    def _delta(
+        self, p: ChoiceProgress, raw: str, ids: Sequence[int], cut: int | None
+    ) -> dict[str, Any]:
+        """A resumed chunk's raw text as the first backend's parser would have sent it.
+        Called after p.add(raw, ids). `cut`: how much of `raw` comes before the end tag,
+        when its text is skipped (needs_cut)."""
+        m = self.markers
+        if m is None or not p.reasoning:
+            return {"content": raw} if raw else {}
+        field = p.reasoning_field or REASONING_FIELDS[0]
+        if m.end_id in ids and not p.end_pending:
+            p.end_pending = True
+            p.end_at = len(p.token_ids) - len(ids) + list(ids).index(m.end_id)
+        if p.end_pending and not raw and not m.end_text and p.settled[-1][0] == p.end_at:
+            # A skipped tag at a character boundary: all reasoning is out, the rest is content.
+            p.reasoning = p.end_pending = False
+            p.reply_start = p.text_len
+            return {}
+        if not p.end_pending or not raw:
+            return {field: raw} if raw else {}
+        if m.end_text:
+            parts = reasoning.split(raw, m)
+        elif cut is not None:
+            parts = raw[:cut], raw[cut:]
+        else:
+            # No cut found from ids (a chunk shaped without them): the tag's place among
+            # this chunk's ids says which side its text is on.
+            first = bool(ids) and ids[0] == m.end_id and p.end_at == len(p.token_ids) - len(ids)
+            parts = ("", raw) if first else (raw, "")
+        if parts is None:
+            return {field: raw}
+        thought, content = parts
+        p.reasoning = p.end_pending = False
+        p.reply_start = p.text_len - len(content)
+        delta: dict[str, Any] = {}
+        if thought:
+            delta[field] = thought
+        if content:
+            delta["content"] = content
+        return delta
+
+    def _clean(self, obj: dict[str, Any], raw: bytes) -> bytes:
+        if raw and self.strip_ids:
+            # Cut the id arrays out of the bytes as they came: integer arrays can't hide in
+            # a JSON string (quotes are escaped there), and this is the per-token hot path.
+            cut = TOKEN_FIELDS.sub(b"", raw)
+            if b"token_ids" not in cut:
+                return cut
+        if not self.strip_ids:
+            return raw or sse(obj)
+        obj.pop("prompt_token_ids", None)
+        for ch in obj.get("choices") or ():
+            ch.pop("token_ids", None)
+            ch.pop("prompt_token_ids", None)
+        return sse(obj)
+
+    # -- resumed streams -----------------------------------------------------------------
+
+    def resumed_chunk(
+        self,
+        p: ChoiceProgress,
+        text: str,
+        ids: list[int],
+        finish: str | None = None,
+        stop_reason: str | int | None = None,
+        *,
+        settled: bool = False,
+        cut: int | None = None,
+    ) -> bytes:
+        """A resumed chunk: recorded in the choice's progress, then shaped for the client
+        (chunk()). `settled`: Baton decoded the text itself, so it covers every id. `cut`:
+        where the text meets the end of thinking, when needs_cut() asked for it."""
+        p.add(text, ids, settled=settled)
+        if finish:
+            p.end(finish, stop_reason)
+        return self.chunk(p.index, text, ids, finish, stop_reason, cut=cut)
+
+    def ended_at_limit(self, p: ChoiceProgress, held_text: str = "") -> bytes:
+        """A choice that had all its max_tokens before the failure, only its finish lost:
+        "length", as the engine would have ended it, with the text it held back for a stop
+        string (its tokens are counted already)."""
+        p.end("length", None, held_text)
+        return self.chunk(p.index, held_text, [], "length")
+
+    def chunk(
+        self,
+        index: int,
+        text: str,
+        ids: list[int],
+        finish: str | None = None,
+        stop_reason: str | int | None = None,
+        *,
+        cut: int | None = None,
+    ) -> bytes:
+        """A chunk in the client's format, as if the first backend had sent it; b"" when it
+        would carry nothing the client wants (no text, no finish, ids it did not ask for;
+        the end tag's token alone, for which a parser sends no delta). Every resumed chunk
+        comes through here: it keeps the reasoning state."""
+        choice: dict[str, Any] = {"index": index}
+        if self.chat:
+            choice["delta"] = delta = self._delta(self.choice(index), text, ids, cut)
+            empty = not delta
+        else:
+            choice["text"] = text
+            empty = not text
+        if empty and not finish and (self.strip_ids or not ids):
+            return b""
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish
+        if finish:
+            choice["stop_reason"] = stop_reason
+        if not self.strip_ids:
+            choice["token_ids"] = ids
+        obj: dict[str, Any] = {
+            "id": self.ident.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.ident.created,
+            "model": self.ident.model,
+            "choices": [choice],
+        }
+        if finish and self.ident.system_fingerprint:
+            obj["system_fingerprint"] = self.ident.system_fingerprint
+        return sse(obj)
+
+    def ending(self) -> bytes:
+        """Usage over the whole generation (when asked and a resume happened), then [DONE]."""
+        if not (self.want_usage and self.resumed):
+            return DONE_EVENT
+        prompt, completion = self.token_counts()
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        obj: dict[str, Any] = {
+            "id": self.ident.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.ident.created,
+            "model": self.ident.model,
+            "choices": [],
+            "usage": usage,
+        }
+        if self.ident.system_fingerprint:
+            obj["system_fingerprint"] = self.ident.system_fingerprint
+        return sse(obj) + DONE_EVENT
+
+    def token_counts(self) -> tuple[int, int]:
+        """Prompt and generated tokens of the whole generation, every backend's included."""
+        return self._prompt_tokens(), sum(p.generated for p in self.choices.values())
+
+    def _prompt_tokens(self) -> int:
+        ids = next((p.prompt_ids for p in self.choices.values() if p.prompt_ids), None)
+        if ids is not None:
+            return len(ids)
+        if self.usage is not None:
+            return int(self.usage.get("prompt_tokens", 0))
+        return self.extra_prompt_tokens or 0

@@ -1,0 +1,259 @@
+"""Talking to an engine over HTTP: open a request and return the response once its status
+line has arrived, or raise AttemptFailed with the failure class (open_attempt, post_json);
+read its SSE stream with stall detection, every way a stream can break (a stall, a reset,
+EOF, an oversized event) coming out as one StreamFailed with its class (read_events); and
+give a finished stream's connection back to the pool (settle). Nothing here decides whether
+to retry (dataplane/upstream/failures.py, resume/) or touches the client
+(dataplane/edge/proxy.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+
+from baton.model import Backend
+from dataplane.exceptions import AttemptFailed, StreamFailed
+from dataplane.settings import ResumeSettings, Timeouts
+from dataplane.sse import Event, SSEParser
+from dataplane.upstream.chunks import error_type
+from dataplane.upstream.failures import Failure, classify_status
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def classify_exception(exc: BaseException) -> AttemptFailed:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return AttemptFailed(Failure.CONNECT, str(exc.os_error.strerror or exc.os_error))
+    if isinstance(exc, TimeoutError):
+        return AttemptFailed(Failure.TIMEOUT, "backend did not answer in time")
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return AttemptFailed(Failure.DISCONNECT, type(exc).__name__)
+    return AttemptFailed(Failure.DISCONNECT, f"{type(exc).__name__}: {exc}")
+
+
+async def open_attempt(
+    session: aiohttp.ClientSession,
+    backend: Backend,
+    path: str,
+    body: bytes,
+    timeouts: Timeouts,
+    headers: dict[str, str] | None = None,
+) -> aiohttp.ClientResponse:
+    """The caller owns the returned response and must release or close it. `headers`:
+    extra ones (the trace context, so the engine's own spans join the request's trace).
+    Headers are built here from scratch: nothing of the client's request (its Authorization
+    above all) goes upstream; the backend gets its own key, when it has one."""
+    extra = {**(headers or {}), **backend.call_headers(os.environ)}
+    try:
+        return await session.post(
+            backend.url + path,
+            data=body,
+            headers={**JSON_HEADERS, **extra} if extra else JSON_HEADERS,
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=timeouts.connect, sock_read=timeouts.read
+            ),
+        )
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise classify_exception(exc) from exc
+
+
+async def call(
+    session: aiohttp.ClientSession,
+    backend: Backend,
+    method: str,
+    path: str,
+    timeouts: Timeouts,
+) -> tuple[int, bytes, str]:
+    """One whole bodiless request (a stored response's retrieve, delete or cancel): status,
+    body and content type. Raises AttemptFailed when the backend does not answer."""
+    try:
+        async with session.request(
+            method,
+            backend.url + path,
+            headers=backend.call_headers(os.environ) or None,
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=timeouts.connect, sock_read=timeouts.read
+            ),
+        ) as resp:
+            body = await resp.read()
+            return resp.status, body, resp.headers.get("Content-Type", "application/json")
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise classify_exception(exc) from exc
+
+
+# A finished stream's last bytes (the chunked terminator, a resume's usage and [DONE]) are read
+# for at most this long and this much before its connection is given back to the pool.
+TRAILER_SECONDS = 0.25
+TRAILER_BYTES = 64 * 1024
+
+
+
+async def read_events(
+    content: aiohttp.StreamReader, first: bytes, settings: ResumeSettings, got_token: bool
+) -> AsyncIterator[list[Event]]:
+    """The data events of each read, as a batch (so the caller can answer a read with one
+    write); raises StreamFailed on a stall, a broken connection, or EOF (the caller decides
+    whether EOF was early). One timer, rescheduled per read."""
+    parser = SSEParser()
+    loop = asyncio.get_running_loop()
+    chunk = first
+    try:
+        async with asyncio.timeout(None) as deadline:
+            while True:
+                # Disarmed while the caller handles events: time spent writing to a slow
+                # client is backpressure, not a stalled backend.
+                deadline.reschedule(None)
+                events = [e for e in parser.feed(chunk) if e.data]
+                if events:
+                    got_token = True
+                    yield events
+                limit = settings.inter_token_timeout if got_token else settings.first_token_timeout
+                deadline.reschedule(loop.time() + limit)
+                chunk = await content.readany()
+                if not chunk:
+                    raise StreamFailed(Failure.TRUNCATED, "stream ended before [DONE]")
+    except TimeoutError:
+        raise StreamFailed(Failure.STALL, "no data within the stall timeout") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise StreamFailed(Failure.DISCONNECT, type(exc).__name__) from None
+    except ValueError as exc:  # an SSE event over the size limit
+        raise StreamFailed(Failure.GARBAGE, str(exc)) from None
+
+
+async def each_event(
+    content: aiohttp.StreamReader, settings: ResumeSettings
+) -> AsyncIterator[Event]:
+    """read_events one event at a time (for resumed streams, where batching buys nothing)."""
+    async for events in read_events(content, b"", settings, False):
+        for event in events:
+            yield event
+
+
+async def settle(upstream: aiohttp.ClientResponse) -> None:
+    """Gives the connection of a stream whose generation is over back to the pool. A backend
+    sends its chunked terminator a packet after [DONE] (and a resume is left at its finish,
+    before usage and [DONE]): closing the response there drops the connection, and the next
+    request to that backend, a failover's resume above all, pays a TCP connect (5-15 ms
+    measured on the failover bench's loaded 2-core fleet). Reads what is left, bounded; at
+    EOF aiohttp returns the connection to the pool, otherwise close() drops it."""
+    try:
+        if not upstream.closed:
+            async with asyncio.timeout(TRAILER_SECONDS):
+                left = TRAILER_BYTES
+                while left > 0 and (chunk := await upstream.content.readany()):
+                    left -= len(chunk)
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        pass
+    finally:
+        upstream.close()  # after EOF only marks the response closed
+
+
+async def post_json(
+    session: aiohttp.ClientSession,
+    backend: Backend,
+    path: str,
+    body: dict[str, Any],
+    timeouts: Timeouts,
+) -> dict[str, Any]:
+    """One non-streaming call (`/v1/completions`, `/tokenize`...) and its JSON object
+    answer. Raises AttemptFailed: a 5xx is the backend's failure, anything else not a
+    JSON object garbage."""
+    resp = await open_attempt(session, backend, path, orjson.dumps(body), timeouts)
+    try:
+        if resp.status != 200:
+            raise AttemptFailed(
+                Failure.STATUS_5XX if resp.status >= 500 else Failure.GARBAGE,
+                f"{path} answered {resp.status}",
+            )
+        raw = await resp.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise classify_exception(exc) from exc
+    finally:
+        resp.release()
+    try:
+        answer = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise AttemptFailed(Failure.GARBAGE, f"{path}: not JSON") from None
+    if not isinstance(answer, dict):
+        raise AttemptFailed(Failure.GARBAGE, f"{path}: not a JSON object")
+    return answer
+
+
+async def detokenize(
+    session: aiohttp.ClientSession, backend: Backend, model: str, ids: list[int], connect: float
+) -> str:
+    """The engine's own text for `ids` (its tokenizer, not ours: Baton has none). Raises
+    AttemptFailed; a 4xx is the backend refusing (resume_failure), not ill health."""
+    if not ids:
+        return ""
+    try:
+        async with session.post(
+            backend.url + "/detokenize",
+            json={"model": model, "tokens": ids},
+            headers=backend.call_headers(os.environ),
+            timeout=aiohttp.ClientTimeout(total=connect * 2),
+        ) as resp:
+            if resp.status != 200:
+                why = await error_kind(resp, connect)
+                raise AttemptFailed(
+                    resume_failure(resp.status), f"detokenize answered {resp.status}{why}"
+                )
+            answer = await resp.json()
+        # vLLM answers {"prompt": text}; SGLang's native API {"text": text}.
+        text = answer.get("prompt", answer.get("text")) if isinstance(answer, dict) else None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise classify_exception(exc) from exc
+    except ValueError:  # not JSON
+        raise AttemptFailed(Failure.GARBAGE, "detokenize answered no JSON") from None
+    if not isinstance(text, str):
+        raise AttemptFailed(Failure.GARBAGE, "detokenize answered no text")
+    return text
+
+
+async def complete_once(
+    session: aiohttp.ClientSession, backend: Backend, path: str, body: dict[str, Any], total: float
+) -> dict[str, Any] | None:
+    """A short non-streaming completion's first choice, or None when the engine did not
+    give one (any error: the caller treats the answer as unknown, never as a verdict)."""
+    try:
+        async with session.post(
+            backend.url + path,
+            data=orjson.dumps(body),
+            headers={**JSON_HEADERS, **backend.call_headers(os.environ)},
+            timeout=aiohttp.ClientTimeout(total=total),
+        ) as resp:
+            if resp.status != 200:
+                return None
+            choice = (orjson.loads(await resp.read()).get("choices") or [{}])[0]
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, AttributeError, KeyError):
+        return None
+    return choice if isinstance(choice, dict) else None
+
+
+def resume_failure(status: int) -> Failure:
+    """A 4xx on a resume is the backend refusing this request (a context shorter than the
+    prompt plus what was generated, an option it lacks), not a sign of ill health: the
+    relay skips that backend without having control demote it. Everything else non-200
+    is a failure like any other."""
+    failure = classify_status(status)
+    if failure is not None:
+        return failure
+    return Failure.REJECTED if 400 <= status < 500 else Failure.STATUS_5XX
+
+
+async def error_kind(resp: aiohttp.ClientResponse, timeout: float) -> str:
+    """` (type)` from an OpenAI-shaped error body, for events and logs. Only the type: an
+    engine's message may quote the request, and events carry no prompt text. Bounded in
+    size and time: a refusal must not hold up the failover."""
+    try:
+        async with asyncio.timeout(timeout):
+            raw = await resp.content.read(4096)
+    except (aiohttp.ClientError, TimeoutError):
+        return ""
+    kind = error_type(raw)
+    return f" ({kind})" if kind else ""
