@@ -233,7 +233,7 @@ class SpecStats:
     schema_violation: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestOutcome:
     """How one request ended, as the shim reports it: control releases its load, pins the
     reply where it was served and judges the pair that served it."""
@@ -268,6 +268,67 @@ class ResumePath(StrEnum):
     TEXT = "text"  # the text so far, for engines without token ids
 
 
+class Failure(StrEnum):
+    """Why a backend failed a request, as the shim classifies it; control demotes on it
+    (never on REJECTED, REFUSED or MIGRATE) and audits it. On the wire: FailureClass."""
+
+    CONNECT = "connect"  # refused, unreachable, DNS: nothing was sent
+    DISCONNECT = "disconnect"  # the connection closed before a response status arrived
+    TIMEOUT = "timeout"
+    STATUS_5XX = "status_5xx"
+    OVERLOADED = "status_429"
+    TRUNCATED = "truncated"  # stream ended before [DONE]
+    ERROR_EVENT = "error_event"  # an in-band error chunk on a 200 stream
+    STALL = "stall"  # no chunk within the first-token / inter-token timeout
+    GARBAGE = "garbage"  # an event that is not the JSON we expect
+    # A resume answered 4xx: the backend refused this request, which says nothing about
+    # its health, so it is skipped but never demoted.
+    REJECTED = "status_4xx"
+    # The engine ended a choice with finish_reason "abort" or "error": the text up to there
+    # is real, the finish is the engine's failure.
+    FINISH_ABORT = "finish_abort"
+    FINISH_ERROR = "finish_error"
+    # A resume that cannot be faithful (guided output, a tool call in flight...): not the
+    # backend's fault either.
+    REFUSED = "refused"
+    # Not a failure: the backend was drained with --migrate and its streams move elsewhere.
+    MIGRATE = "migrate"
+    # A class this control does not know (a newer shim's): still a failure of the backend.
+    UNKNOWN = "failure"
+
+    @classmethod
+    def finish(cls, reason: str) -> Failure:
+        """The failure a failed finish_reason ("abort", "error") stands for."""
+        return cls(f"finish_{reason}")
+
+    @classmethod
+    def parse(cls, value: str) -> Failure:
+        """A class sent as a string (by shims that predate FailureClass)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+
+class SeamMode(StrEnum):
+    """How a token-path resume's seam is checked (`baton shim --seam-mode`)."""
+
+    # Resume from the exact prefix and check the overlap in a side request: no added gap.
+    PARALLEL = "parallel"
+    # Resume m tokens early and check the regenerated overlap in the stream itself.
+    INLINE = "inline"
+
+
+class AttemptEnd(StrEnum):
+    """How one resumed stream ended (dataplane/relay/resume/resumed.py)."""
+
+    FINISHED = "finished"  # the engine ended it
+    STOPPED = "stopped"  # Baton matched a stop string; the engine is still generating
+    DIVERGENT = "divergent"  # the inline seam check found other text: redo from the prefix
+    FAILED = "failed"  # the attempt's backend failed too (its result says how)
+
+
 class Seam(StrEnum):
     """The seam check's verdict on a resume."""
 
@@ -284,14 +345,14 @@ class FailoverOutcome(StrEnum):
     EXHAUSTED = "exhausted"  # attempts or time ran out, or no backend was left
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FailoverReport:
     """How one choice's failover ended; becomes one audit event in control."""
 
     request_id: str
     from_backend: str
     to_backend: str
-    failure: str  # a dataplane Failure value
+    failure: Failure
     choice: int
     tokens_sent: int
     path: ResumePath | None  # None: no resume was attempted

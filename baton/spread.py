@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from baton.model import Backend, BackendStatus, Decision, Reason, RouteRequest, Snapshot
+from baton.model import (
+    Backend,
+    BackendStatus,
+    Decision,
+    HealthState,
+    Reason,
+    RouteRequest,
+    Snapshot,
+)
 
 
 def candidates(
@@ -74,3 +82,23 @@ def prefer(decision: Decision, preferred: Sequence[str]) -> Decision:
         return decision
     primary = next(b for b in decision.backends if b.id == chosen)
     return replace(decision, backends=first(primary, decision.backends))
+
+
+# Panic routing's order: demoted backends before down ones (a demotion is one bad report; down
+# is several failed probes), each most recently changed first.
+_PANIC_ORDER = {HealthState.DEMOTED: 0, HealthState.DOWN: 1}
+
+
+def last_resort(request: RouteRequest, snapshot: Snapshot) -> tuple[Backend, ...]:
+    """The backends serving the request's model that health has taken out (demoted or down),
+    minus its exclusions, in panic order (Envoy's panic routing). Tried when no healthy one
+    is left rather than refusing: health lags the fleet, so a replica restarted a moment ago
+    serves before probes re-admit it, and one really gone fails fast (connect refused) so the
+    shim moves on. Never a drained one: draining is the operator's word."""
+    out = [
+        s
+        for s in snapshot.serving(request.shape.model)
+        if s.health.state in _PANIC_ORDER and s.backend.id not in request.exclude
+    ]
+    out.sort(key=lambda s: (_PANIC_ORDER[s.health.state], -s.health.since))
+    return tuple(s.backend for s in out)

@@ -18,6 +18,7 @@ from baton.model import (
     Decision,
     FailoverOutcome,
     FailoverReport,
+    Failure,
     Health,
     HealthState,
     Pairing,
@@ -98,6 +99,24 @@ FAILOVER_OUTCOME_FROM_PB = {
     routing_pb2.FAILOVER_OUTCOME_EXHAUSTED: FailoverOutcome.EXHAUSTED,
     routing_pb2.FAILOVER_OUTCOME_FAILED: FailoverOutcome.FAILED,
 }
+# Every Failure but UNKNOWN (a class this side does not know) has its FailureClass.
+FAILURE_TO_PB = {
+    Failure.CONNECT: routing_pb2.FAILURE_CLASS_CONNECT,
+    Failure.DISCONNECT: routing_pb2.FAILURE_CLASS_DISCONNECT,
+    Failure.TIMEOUT: routing_pb2.FAILURE_CLASS_TIMEOUT,
+    Failure.STATUS_5XX: routing_pb2.FAILURE_CLASS_STATUS_5XX,
+    Failure.OVERLOADED: routing_pb2.FAILURE_CLASS_STATUS_429,
+    Failure.TRUNCATED: routing_pb2.FAILURE_CLASS_TRUNCATED,
+    Failure.ERROR_EVENT: routing_pb2.FAILURE_CLASS_ERROR_EVENT,
+    Failure.STALL: routing_pb2.FAILURE_CLASS_STALL,
+    Failure.GARBAGE: routing_pb2.FAILURE_CLASS_GARBAGE,
+    Failure.REJECTED: routing_pb2.FAILURE_CLASS_STATUS_4XX,
+    Failure.FINISH_ABORT: routing_pb2.FAILURE_CLASS_FINISH_ABORT,
+    Failure.FINISH_ERROR: routing_pb2.FAILURE_CLASS_FINISH_ERROR,
+    Failure.REFUSED: routing_pb2.FAILURE_CLASS_REFUSED,
+    Failure.MIGRATE: routing_pb2.FAILURE_CLASS_MIGRATE,
+}
+FAILURE_FROM_PB = {v: k for k, v in FAILURE_TO_PB.items()}
 PATH_TO_PB = {v: k for k, v in PATH_FROM_PB.items()}
 SEAM_TO_PB = {v: k for k, v in SEAM_FROM_PB.items()}
 FAILOVER_OUTCOME_TO_PB = {v: k for k, v in FAILOVER_OUTCOME_FROM_PB.items()}
@@ -285,13 +304,26 @@ def spec_from_pb(o: routing_pb2.RequestOutcome) -> SpecStats | None:
                      s.repeated_ngram, s.schema_violation)  # fmt: skip
 
 
+def failure_fields(failure: Failure) -> dict[str, Any]:
+    """A failure class as a message carries it: the enum, and the string older controls
+    read (they know no FailureClass)."""
+    unspecified = routing_pb2.FAILURE_CLASS_UNSPECIFIED
+    return {"failure": failure.value, "failure_class": FAILURE_TO_PB.get(failure, unspecified)}
+
+
+def failure_from_pb(failure_class: int, failure: str) -> Failure:
+    """The enum when the shim sent one, else the string of a shim that predates it."""
+    known = FAILURE_FROM_PB.get(routing_pb2.FailureClass.ValueType(failure_class))
+    return known if known is not None else Failure.parse(failure)
+
+
 def failover_report_to_pb(r: FailoverReport) -> routing_pb2.ReportFailoverRequest:
     return routing_pb2.ReportFailoverRequest(
         request_id=r.request_id,
         trace_id=r.trace_id,
         from_backend_id=r.from_backend,
         to_backend_id=r.to_backend,
-        failure=r.failure,
+        **failure_fields(r.failure),
         choice_index=r.choice,
         tokens_sent=r.tokens_sent,
         path=PATH_TO_PB[r.path] if r.path else routing_pb2.RESUME_PATH_UNSPECIFIED,
@@ -317,6 +349,23 @@ def outcome_to_pb(o: RequestOutcome) -> routing_pb2.RequestOutcome:
         spec=spec_to_pb(o.spec) if o.spec is not None else None,
         prompt_tokens=o.prompt_tokens,
         **(_blocks_fields(o.blocks) if o.blocks is not None else {}),
+    )
+
+
+def outcome_from_pb(o: routing_pb2.RequestOutcome) -> RequestOutcome:
+    return RequestOutcome(
+        request_id=o.request_id,
+        backend_id=o.backend_id,
+        model=o.model,
+        ok=o.outcome == routing_pb2.OUTCOME_OK,
+        http_status=o.http_status,
+        ttft_ms=o.ttft_ms,
+        total_ms=o.total_ms,
+        reply_chain_hash=o.reply_chain_hash,
+        message_count=o.message_count,
+        spec=spec_from_pb(o),
+        prompt_tokens=o.prompt_tokens,
+        blocks=blocks_from_pb(o),
     )
 
 

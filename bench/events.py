@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from baton.model import RequestShape, RouteRequest
+from baton.model import RequestOutcome, RequestShape, RouteRequest
 from control.audit.durable import EventFile
 from control.audit.log import EventKind, EventLog
 from control.backend_spec import make_backend
 from control.fleet.registry import Registry
 from control.routing.policy import make_policy
-from control.routing.router import Outcome, Router
+from control.routing.router import Router
 
 
 class NoEvents(EventLog):
@@ -62,7 +62,8 @@ def routes_per_second(events: EventLog, n: int, store: EventFile | None = None) 
     for i in range(n):
         rid = f"r{i}"
         decision = router.route(RouteRequest(rid, shapes[i % 64]))
-        router.finished([Outcome(rid, decision.backends[0].id, True)])
+        router.finished([RequestOutcome(request_id=rid, backend_id=decision.backends[0].id,
+                                         model="m", ok=True, http_status=200)])
         if store is not None and i % 1000 == 999:
             store.flush()  # control flushes every 0.2 s; its cost counts here too
     return n / (time.perf_counter() - started)

@@ -13,6 +13,7 @@ import sys
 from aiohttp import web
 
 from baton import aio
+from baton.model import SeamMode
 from baton.tokens import SHIM_ENV, SHIM_FILE_ENV, TokenError, shim_token
 from dataplane.edge import workers
 from dataplane.edge.app import make_app
@@ -137,8 +138,8 @@ def _add_resume(parser: argparse.ArgumentParser) -> None:
     )
     resume.add_argument(
         "--seam-mode",
-        choices=("parallel", "inline"),
-        default="parallel",
+        choices=[m.value for m in SeamMode],
+        default=SeamMode.PARALLEL.value,
         help="parallel: resume from the exact prefix and verify the overlap "
         "in a side request (no added gap); inline: resume m tokens early",
     )
@@ -212,7 +213,7 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
             budget=RetryBudget(max_attempts=args.max_attempts),
             resume=ResumeSettings(
                 seam_tokens=args.seam_tokens,
-                seam_mode=args.seam_mode,
+                seam_mode=SeamMode(args.seam_mode),
                 standby_connections=args.standby_connections,
                 max_resumes=args.max_resumes,
                 max_resume_seconds=args.max_resume_seconds,

@@ -29,6 +29,7 @@ from enum import StrEnum
 
 import orjson
 
+from baton.model import Failure
 from dataplane.sse import DONE_EVENT
 
 
@@ -116,7 +117,7 @@ class OpenAIError(ShimError):
 
 
 class BackendFailed(ShimError):
-    def __init__(self, failure: str, detail: str = "") -> None:
+    def __init__(self, failure: Failure, detail: str = "") -> None:
         super().__init__(f"{failure}: {detail}" if detail else failure)
         self.failure = failure
         self.detail = detail

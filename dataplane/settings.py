@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from baton.model import SeamMode
+
 # aiohttp's own parser limits sit this far above ours, as a backstop: anything between the two
 # gets our OpenAI-shaped 431; a single line past the backstop gets aiohttp's plain 400 (the
 # parser cannot hand it to us) and the connection is closed.
@@ -48,7 +50,7 @@ class ResumeSettings:
     inter_token_timeout: float = 30.0  # no chunk this long between tokens: a stall
     # parallel: stream from the exact prefix and verify the overlap in a side request;
     # inline: resume m tokens early and check them before sending (costs m decode steps).
-    seam_mode: str = "parallel"
+    seam_mode: SeamMode = SeamMode.PARALLEL
     # Connections kept open to every routable backend for resumes (dataplane/upstream/standby.py); 0
     # = none.
     standby_connections: int = 4

@@ -70,6 +70,73 @@ ROUTE_REASON_PREDICTED: RouteReason.ValueType  # 12
 """The lowest predicted time to first token (detail: the estimate and the runner-up)."""
 Global___RouteReason: _TypeAlias = RouteReason  # noqa: Y015
 
+class _FailureClass:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FailureClassEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FailureClass.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FAILURE_CLASS_UNSPECIFIED: _FailureClass.ValueType  # 0
+    FAILURE_CLASS_CONNECT: _FailureClass.ValueType  # 1
+    """refused, unreachable, DNS: nothing was sent"""
+    FAILURE_CLASS_DISCONNECT: _FailureClass.ValueType  # 2
+    """the connection closed before a response status arrived"""
+    FAILURE_CLASS_TIMEOUT: _FailureClass.ValueType  # 3
+    FAILURE_CLASS_STATUS_5XX: _FailureClass.ValueType  # 4
+    FAILURE_CLASS_STATUS_429: _FailureClass.ValueType  # 5
+    FAILURE_CLASS_TRUNCATED: _FailureClass.ValueType  # 6
+    """the stream ended before [DONE]"""
+    FAILURE_CLASS_ERROR_EVENT: _FailureClass.ValueType  # 7
+    """an in-band error chunk on a 200 stream"""
+    FAILURE_CLASS_STALL: _FailureClass.ValueType  # 8
+    """no chunk within the first-token / inter-token timeout"""
+    FAILURE_CLASS_GARBAGE: _FailureClass.ValueType  # 9
+    """an event that is not the JSON expected"""
+    FAILURE_CLASS_STATUS_4XX: _FailureClass.ValueType  # 10
+    """a resume refused by the backend: skipped, never demoted"""
+    FAILURE_CLASS_FINISH_ABORT: _FailureClass.ValueType  # 11
+    """finish_reason "abort" """
+    FAILURE_CLASS_FINISH_ERROR: _FailureClass.ValueType  # 12
+    """finish_reason "error" """
+    FAILURE_CLASS_REFUSED: _FailureClass.ValueType  # 13
+    """the request cannot be resumed faithfully"""
+    FAILURE_CLASS_MIGRATE: _FailureClass.ValueType  # 14
+    """Not a failure: the backend was drained with --migrate and its streams move elsewhere."""
+
+class FailureClass(_FailureClass, metaclass=_FailureClassEnumTypeWrapper):
+    """Why a backend failed a request, as the shim classified it. Sent beside the older string
+    field `failure` (kept for controls that predate this enum); a control reads this first
+    and falls back to the string from shims that predate it.
+    """
+
+FAILURE_CLASS_UNSPECIFIED: FailureClass.ValueType  # 0
+FAILURE_CLASS_CONNECT: FailureClass.ValueType  # 1
+"""refused, unreachable, DNS: nothing was sent"""
+FAILURE_CLASS_DISCONNECT: FailureClass.ValueType  # 2
+"""the connection closed before a response status arrived"""
+FAILURE_CLASS_TIMEOUT: FailureClass.ValueType  # 3
+FAILURE_CLASS_STATUS_5XX: FailureClass.ValueType  # 4
+FAILURE_CLASS_STATUS_429: FailureClass.ValueType  # 5
+FAILURE_CLASS_TRUNCATED: FailureClass.ValueType  # 6
+"""the stream ended before [DONE]"""
+FAILURE_CLASS_ERROR_EVENT: FailureClass.ValueType  # 7
+"""an in-band error chunk on a 200 stream"""
+FAILURE_CLASS_STALL: FailureClass.ValueType  # 8
+"""no chunk within the first-token / inter-token timeout"""
+FAILURE_CLASS_GARBAGE: FailureClass.ValueType  # 9
+"""an event that is not the JSON expected"""
+FAILURE_CLASS_STATUS_4XX: FailureClass.ValueType  # 10
+"""a resume refused by the backend: skipped, never demoted"""
+FAILURE_CLASS_FINISH_ABORT: FailureClass.ValueType  # 11
+"""finish_reason "abort" """
+FAILURE_CLASS_FINISH_ERROR: FailureClass.ValueType  # 12
+"""finish_reason "error" """
+FAILURE_CLASS_REFUSED: FailureClass.ValueType  # 13
+"""the request cannot be resumed faithfully"""
+FAILURE_CLASS_MIGRATE: FailureClass.ValueType  # 14
+"""Not a failure: the backend was drained with --migrate and its streams move elsewhere."""
+Global___FailureClass: _TypeAlias = FailureClass  # noqa: Y015
+
 class _Outcome:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -457,11 +524,13 @@ class ReportAttemptFailureRequest(_message.Message):
     BACKEND_ID_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
+    FAILURE_CLASS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     backend_id: _builtins.str
     failure: _builtins.str
     """Short machine-readable class, e.g. "connect", "status_5xx", "timeout"."""
     detail: _builtins.str
+    failure_class: Global___FailureClass.ValueType
     def __init__(
         self,
         *,
@@ -469,10 +538,11 @@ class ReportAttemptFailureRequest(_message.Message):
         backend_id: _builtins.str = ...,
         failure: _builtins.str = ...,
         detail: _builtins.str = ...,
+        failure_class: Global___FailureClass.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "detail", b"detail", "failure", b"failure", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "detail", b"detail", "failure", b"failure", "failure_class", b"failure_class", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -726,6 +796,7 @@ class FailoverRequest(_message.Message):
     PREFERRED_BACKEND_IDS_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
     PAIR_ID_FIELD_NUMBER: _builtins.int
+    FAILURE_CLASS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     failed_backend_id: _builtins.str
     failure: _builtins.str
@@ -735,6 +806,7 @@ class FailoverRequest(_message.Message):
     """The request was being served by this speculative pair (its target failed): control
     re-pairs the draft with the new backend, subject to GatePairing.
     """
+    failure_class: Global___FailureClass.ValueType
     @_builtins.property
     def shape(self) -> Global___RequestShape: ...
     @_builtins.property
@@ -758,10 +830,11 @@ class FailoverRequest(_message.Message):
         preferred_backend_ids: _abc.Iterable[_builtins.str] | None = ...,
         traceparent: _builtins.str = ...,
         pair_id: _builtins.str = ...,
+        failure_class: Global___FailureClass.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["shape", b"shape"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exclude_backend_ids", b"exclude_backend_ids", "failed_backend_id", b"failed_backend_id", "failure", b"failure", "pair_id", b"pair_id", "preferred_backend_ids", b"preferred_backend_ids", "request_id", b"request_id", "shape", b"shape", "traceparent", b"traceparent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exclude_backend_ids", b"exclude_backend_ids", "failed_backend_id", b"failed_backend_id", "failure", b"failure", "failure_class", b"failure_class", "pair_id", b"pair_id", "preferred_backend_ids", b"preferred_backend_ids", "request_id", b"request_id", "shape", b"shape", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -857,6 +930,7 @@ class ReportFailoverRequest(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
+    FAILURE_CLASS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     trace_id: _builtins.str
     from_backend_id: _builtins.str
@@ -874,6 +948,7 @@ class ReportFailoverRequest(_message.Message):
     """1 for the first failover of this request, 2 for the next..."""
     outcome: Global___FailoverOutcome.ValueType
     detail: _builtins.str
+    failure_class: Global___FailureClass.ValueType
     def __init__(
         self,
         *,
@@ -890,10 +965,11 @@ class ReportFailoverRequest(_message.Message):
         attempt: _builtins.int = ...,
         outcome: Global___FailoverOutcome.ValueType = ...,
         detail: _builtins.str = ...,
+        failure_class: Global___FailureClass.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "choice_index", b"choice_index", "detail", b"detail", "failure", b"failure", "from_backend_id", b"from_backend_id", "gap_ms", b"gap_ms", "outcome", b"outcome", "path", b"path", "request_id", b"request_id", "seam", b"seam", "to_backend_id", b"to_backend_id", "tokens_sent", b"tokens_sent", "trace_id", b"trace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "choice_index", b"choice_index", "detail", b"detail", "failure", b"failure", "failure_class", b"failure_class", "from_backend_id", b"from_backend_id", "gap_ms", b"gap_ms", "outcome", b"outcome", "path", b"path", "request_id", b"request_id", "seam", b"seam", "to_backend_id", b"to_backend_id", "tokens_sent", b"tokens_sent", "trace_id", b"trace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

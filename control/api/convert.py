@@ -18,6 +18,7 @@ from baton.wire import (
     SEAM_FROM_PB,
     VERDICT_TO_PB,
     backend_to_pb,
+    failure_from_pb,
     shape_from_pb,
     timestamp,
 )
@@ -96,7 +97,7 @@ def failover_fields(r: routing_pb2.ReportFailoverRequest) -> dict[str, object]:
         "trace_id": r.trace_id,
         "from_backend": r.from_backend_id,
         "to_backend": r.to_backend_id,
-        "failure": r.failure,
+        "failure": failure_from_pb(r.failure_class, r.failure).value,
         "choice": r.choice_index,
         "tokens_sent": r.tokens_sent,
         "path": str(PATH_FROM_PB.get(r.path, "none")),

@@ -19,7 +19,7 @@ from control.api.errors import Context, abort_with
 from control.audit.log import EventKind
 from control.exceptions import FactsError, RegistryError
 from control.metrics import ControlMetrics
-from control.routing.router import Outcome, Router
+from control.routing.router import Router
 from control.signals.facts import ReadFacts
 
 OK = routing_pb2.OUTCOME_OK
@@ -89,27 +89,17 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
                 yield routing_pb2.RouteStreamResponse(results=results)
 
     def _finished(self, outcomes: Iterable[routing_pb2.RequestOutcome]) -> None:
-        self._router.finished(
-            Outcome(
-                o.request_id,
-                o.backend_id,
-                o.outcome == OK,
-                o.reply_chain_hash,
-                o.message_count,
-                wire.spec_from_pb(o),
-                o.ttft_ms,
-                wire.blocks_from_pb(o),
-                o.prompt_tokens,
-            )
-            for o in outcomes
-        )
+        self._router.finished(wire.outcome_from_pb(o) for o in outcomes)
 
     async def ReportAttemptFailure(
         self, request: routing_pb2.ReportAttemptFailureRequest, context: Context
     ) -> routing_pb2.ReportAttemptFailureResponse:
         self._metrics.retries.labels(request.backend_id).inc()
         self._router.attempt_failed(
-            request.request_id, request.backend_id, request.failure or "failure", request.detail
+            request.request_id,
+            request.backend_id,
+            wire.failure_from_pb(request.failure_class, request.failure),
+            request.detail,
         )
         return routing_pb2.ReportAttemptFailureResponse()
 
@@ -132,7 +122,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             return self._router.failover(
                 route_request,
                 request.failed_backend_id,
-                request.failure or "failure",
+                wire.failure_from_pb(request.failure_class, request.failure),
                 preferred=tuple(request.preferred_backend_ids),
                 pair_id=request.pair_id,
             )

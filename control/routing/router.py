@@ -8,19 +8,18 @@ router only asks them, through their methods."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from random import Random
 
 from baton.model import (
     BackendId,
     Decision,
-    HealthState,
-    PrefixBlocks,
+    Failure,
     Reason,
+    RequestOutcome,
     RouteRequest,
-    SpecStats,
 )
-from baton.spread import prefer
+from baton.spread import last_resort, prefer
 from control.audit.log import EventKind
 from control.fleet.pins import PinMatch
 from control.fleet.registry import Registry
@@ -30,24 +29,8 @@ from control.routing.policy.base import Prediction
 from control.routing.policy.ttft import estimate
 from control.routing.prefill import Predicted, PrefillRates
 
-# The failure class a shim reports when it moves a stream off a backend drained with --migrate.
-MIGRATE = "migrate"
-
 # Decisions that put the request where its pinned prefix already is.
 FOLLOWED_PIN = frozenset({Reason.PIN_HIT})
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    request_id: str
-    backend_id: str
-    ok: bool
-    reply_chain_hash: bytes = b""
-    message_count: int = 0
-    spec: SpecStats | None = None
-    ttft_ms: float = 0.0
-    blocks: PrefixBlocks | None = None
-    prompt_tokens: int = 0
 
 
 class Router:
@@ -178,25 +161,13 @@ class Router:
         self.registry.placement.release_owner(key)
 
     def _panic(self, request: RouteRequest, refused: Decision) -> Decision:
-        """No healthy backend serves the model: rather than refuse, try the ones health
-        demoted (first) or marked down, never drained ones (Envoy's panic routing). Health
-        lags the fleet: a replica restarted a moment ago serves before probes re-admit it,
-        and one that is really gone fails fast (connect refused) so the shim moves on."""
-        order = {HealthState.DEMOTED: 0, HealthState.DOWN: 1}
-        serving = [
-            s
-            for s in self.registry.snapshot.serving(request.shape.model)
-            if s.health.state in order and s.backend.id not in request.exclude
-        ]
-        if not serving:
+        """No healthy backend serves the model: rather than refuse, try the ones health took
+        out (baton/spread.py: last_resort, the shim's degraded mode's order too)."""
+        tried = last_resort(request, self.registry.snapshot)
+        if not tried:
             return refused
-        serving.sort(key=lambda s: (order[s.health.state], -s.health.since))
-        return Decision(
-            tuple(s.backend for s in serving),
-            Reason.DEGRADED,
-            refused.snapshot_version,
-            f"panic: {refused.detail}; trying them anyway",
-        )
+        return Decision(tried, Reason.DEGRADED, refused.snapshot_version,
+                        f"panic: {refused.detail}; trying them anyway")  # fmt: skip
 
     def _audit(self, request: RouteRequest, decision: Decision, match: PinMatch | None) -> None:
         self._events.record_route(
@@ -210,18 +181,20 @@ class Router:
             decision.detail,
         )
 
-    def attempt_failed(self, request_id: str, backend_id: str, failure: str, detail: str) -> None:
+    def attempt_failed(
+        self, request_id: str, backend_id: str, failure: Failure, detail: str
+    ) -> None:
         """Before the first byte: the shim retries on its next fallback."""
         self._demote(request_id, backend_id, failure, detail)
         self._events.record(
             EventKind.RETRY,
             request_id=request_id,
             backend_id=backend_id,
-            failure=failure,
+            failure=failure.value,
             detail=detail,
         )
 
-    def _demote(self, request_id: str, backend_id: str, failure: str, detail: str) -> None:
+    def _demote(self, request_id: str, backend_id: str, failure: Failure, detail: str) -> None:
         reason = f"{failure}: {detail}" if detail else failure
         self.registry.report_failure(backend_id, reason)
         self.registry.release(request_id)
@@ -230,7 +203,7 @@ class Router:
         self,
         request: RouteRequest,
         failed_backend_id: str,
-        failure: str,
+        failure: Failure,
         detail: str = "",
         preferred: Sequence[str] = (),
         pair_id: str = "",
@@ -238,7 +211,7 @@ class Router:
         """A stream died mid-generation: demote its backend and pick another for the resume
         (the first of `preferred`, the route's own remaining fallbacks, still routable). A
         speculative request's draft is re-paired with the new backend, pending the gate."""
-        if failure == MIGRATE:
+        if failure is Failure.MIGRATE:
             # A planned hand-over off a draining backend, not a fault: don't demote it.
             self.registry.release(request.request_id)
         else:
@@ -254,7 +227,7 @@ class Router:
             decision = replace(decision, pairing=pairing)
         return decision
 
-    def finished(self, outcomes: Iterable[Outcome]) -> None:
+    def finished(self, outcomes: Iterable[RequestOutcome]) -> None:
         now = self._clock()
         for outcome in outcomes:
             self.registry.release(outcome.request_id)

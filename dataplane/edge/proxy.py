@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
-from baton.model import Backend, Decision, PrefixBlocks, RequestOutcome, RequestShape
+from baton.model import Backend, Decision, Failure, PrefixBlocks, RequestOutcome, RequestShape
 from baton.tracing import Tracing
 from dataplane.exceptions import AttemptFailed, ControlUnavailable, ErrorKind, OpenAIError
 from dataplane.link.needs import Outcomes, Ownership
@@ -32,7 +32,7 @@ from dataplane.settings import ProxySettings
 from dataplane.spec.server import SpecControl, SpecServer
 from dataplane.upstream import genai
 from dataplane.upstream.engine import classify_exception, open_attempt, settle
-from dataplane.upstream.failures import Failure, classify_status
+from dataplane.upstream.failures import classify_status
 
 log = logging.getLogger("baton.shim")
 
@@ -134,7 +134,8 @@ class Proxy:
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away: closing the upstream (below) stops the generation,
             # and control must not count the request as in flight any longer.
-            gone = RequestOutcome(ex.request_id, backend.id, ex.client.model, False, 499)
+            gone = RequestOutcome(request_id=ex.request_id, backend_id=backend.id,
+                                  model=ex.client.model, ok=False, http_status=499)  # fmt: skip
             self._control.finished(gone)
             raise
         finally:
@@ -306,11 +307,11 @@ class Proxy:
         pin = reply is not None and ex.client.endpoint is Endpoint.CHAT
         self._control.finished(
             RequestOutcome(
-                ex.request_id,
-                backend.id,
-                ex.client.model,
-                status < 400,
-                status,
+                request_id=ex.request_id,
+                backend_id=backend.id,
+                model=ex.client.model,
+                ok=status < 400,
+                http_status=status,
                 ttft_ms=(first - ex.started) * 1000,
                 total_ms=(now - ex.started) * 1000,
                 reply_chain_hash=reply_hash(ex.shape.prefix_chain, reply or "") if pin else b"",

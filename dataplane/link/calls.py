@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 import grpc
 
 from baton import wire
+from baton.model import Verdict
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from dataplane.exceptions import ControlUnavailable
 from dataplane.link.needs import GateAnswer
@@ -54,7 +55,9 @@ class Calls:
                 self._unreachable(f"gate: {exc.code().name}")
             raise ControlUnavailable(f"control plane: {exc.code().name}") from None
         target = wire.backend_from_pb(resp.target) if resp.HasField("target") else None
-        return GateAnswer(wire.VERDICT_FROM_PB.get(resp.verdict, "reject"), resp.reason, target)
+        # A verdict this shim does not know is no permission to serve: fail closed.
+        verdict = wire.VERDICT_FROM_PB.get(resp.verdict, Verdict.REJECT)
+        return GateAnswer(verdict, resp.reason, target)
 
     async def record_owner(
         self, request_id: str, key: str, backend_id: str, model: str, *, released: bool = False

@@ -21,7 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from baton import wire
-from baton.model import Decision, FailoverReport, RequestOutcome, RequestShape
+from baton.model import Decision, FailoverReport, Failure, RequestOutcome, RequestShape
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from dataplane.exceptions import ControlRefused, ControlUnavailable, StreamBroken
 from dataplane.link.calls import Calls
@@ -182,7 +182,7 @@ class ControlLink:
         request_id: str,
         shape: RequestShape,
         failed_backend_id: str,
-        failure: str,
+        failure: Failure,
         exclude: Sequence[str],
         preferred: Sequence[str] = (),
         traceparent: str = "",
@@ -195,7 +195,7 @@ class ControlLink:
                 request_id=request_id,
                 shape=wire.shape_to_pb(shape),
                 failed_backend_id=failed_backend_id,
-                failure=failure,
+                **wire.failure_fields(failure),
                 exclude_backend_ids=list(exclude),
                 preferred_backend_ids=list(preferred),
             )
@@ -240,11 +240,12 @@ class ControlLink:
     # -- reports: buffered while control is away -----------------------------------------
 
     async def attempt_failed(
-        self, request_id: str, backend_id: str, failure: str, detail: str
+        self, request_id: str, backend_id: str, failure: Failure, detail: str
     ) -> None:
         msg = routing_pb2.ReportAttemptFailureRequest(
-            request_id=request_id, backend_id=backend_id, failure=failure, detail=detail
-        )
+            request_id=request_id, backend_id=backend_id, detail=detail,
+            **wire.failure_fields(failure),
+        )  # fmt: skip
         # The retry proceeds regardless; the prober will demote the backend too.
         self._outbox.put(
             Report(

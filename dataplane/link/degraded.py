@@ -15,13 +15,12 @@ from dataclasses import replace
 from baton.model import (
     BackendId,
     Decision,
-    HealthState,
     Reason,
     RequestShape,
     RouteRequest,
     Snapshot,
 )
-from baton.spread import Spreader, candidates, prefer
+from baton.spread import Spreader, candidates, last_resort, prefer
 
 
 class DegradedRouter:
@@ -45,19 +44,13 @@ class DegradedRouter:
         request = RouteRequest("", RequestShape(model), frozenset(BackendId(b) for b in exclude))
         routable, refusal = candidates(request, snapshot)
         # The snapshot ages while control is away: a backend it calls down may be back and the
-        # healthy ones may have died since. Those it calls down (never drained ones: that is
-        # the operator's word) go last, so a request tries them before it fails.
-        last_resort = tuple(
-            s.backend
-            for s in snapshot.serving(model)
-            if not s.routable
-            and s.health.state is not HealthState.DRAINING
-            and s.backend.id not in request.exclude
-        )
+        # healthy ones may have died since. Those health took out go last, in control's panic
+        # order, so a request tries them before it fails.
+        tried_last = last_resort(request, snapshot)
         if refusal is not None:
-            if refusal.reason is Reason.NO_BACKEND and last_resort:
+            if refusal.reason is Reason.NO_BACKEND and tried_last:
                 return Decision(
-                    last_resort,
+                    tried_last,
                     Reason.DEGRADED,
                     snapshot.version,
                     f"control plane unreachable; snapshot v{snapshot.version} has no healthy "
@@ -77,4 +70,4 @@ class DegradedRouter:
             f"control plane unreachable; round robin over snapshot v{snapshot.version}",
         )
         decision = prefer(decision, preferred) if preferred else decision
-        return replace(decision, backends=decision.backends + last_resort)
+        return replace(decision, backends=decision.backends + tried_last)

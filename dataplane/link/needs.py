@@ -15,15 +15,17 @@ from baton.model import (
     Backend,
     Decision,
     FailoverReport,
+    Failure,
     RequestOutcome,
     RequestShape,
     Snapshot,
+    Verdict,
 )
 
 
 @dataclass(frozen=True, slots=True)
 class GateAnswer:
-    verdict: str  # accept | probation | reject
+    verdict: Verdict
     reason: str
     target: Backend | None  # on reject: where the draft was re-bound (None: go target-only)
 
@@ -65,7 +67,7 @@ class FailoverAdvice(Fleet, Protocol):
         request_id: str,
         shape: RequestShape,
         failed_backend_id: str,
-        failure: str,
+        failure: Failure,
         exclude: Sequence[str],
         preferred: Sequence[str] = (),
         traceparent: str = "",
@@ -79,7 +81,7 @@ class FailoverAudit(Protocol):
 
 class Outcomes(Protocol):
     async def attempt_failed(
-        self, request_id: str, backend_id: str, failure: str, detail: str
+        self, request_id: str, backend_id: str, failure: Failure, detail: str
     ) -> None: ...
 
     def finished(self, outcome: RequestOutcome) -> None: ...

@@ -10,11 +10,11 @@ from typing import Any, cast
 
 import orjson
 
+from baton.model import Failure
 from dataplane.exceptions import AttemptFailed
 from dataplane.relay.oneshot import garbled
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.upstream.chunks import choice_text_whole
-from dataplane.upstream.failures import Failure
 
 
 def check_answer(client: ClientRequest, body: bytes) -> tuple[dict[str, Any], str | None]:

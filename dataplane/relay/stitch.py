@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from baton.model import Failure
 from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume import reasoning
 from dataplane.relay.resume.reasoning import REASONING_FIELDS, THINK_TAGS, Markers
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.sse import DONE_EVENT, sse
 from dataplane.upstream.chunks import FAILED_FINISH, parse_chunk
-from dataplane.upstream.failures import Failure
 
 # `,"token_ids":[1,2]` or `,"prompt_token_ids":[...]` as engines write them (never first key).
 TOKEN_FIELDS = re.compile(rb',\s*"(?:prompt_)?token_ids"\s*:\s*\[[\d,\s]*\]')
@@ -91,7 +91,7 @@ class Stitcher:
 
     # -- the first backend's stream ------------------------------------------------------
 
-    def original(self, data: bytes, raw: bytes) -> tuple[bytes | None, str | None]:
+    def original(self, data: bytes, raw: bytes) -> tuple[bytes | None, Failure | None]:
         """One event of the first stream: (bytes for the client or None, failure or None)."""
         obj, failure = parse_chunk(data, len(self.choices))
         if obj is None:
@@ -111,7 +111,7 @@ class Stitcher:
         if not choices and "usage" in obj:
             self.usage = obj["usage"]
             return (self._clean(obj, raw) if self.want_usage else None), None
-        tracked: str | None = None
+        tracked: Failure | None = None
         for ch in choices:
             tracked = self._track(ch) or tracked
         if tracked is not None:
@@ -122,7 +122,7 @@ class Stitcher:
             return None, None
         return self._clean(obj, raw), tracked
 
-    def _track(self, ch: dict[str, Any]) -> str | None:
+    def _track(self, ch: dict[str, Any]) -> Failure | None:
         p = self.choice(ch.get("index", 0))
         if ch.get("prompt_token_ids") is not None:  # vLLM: null after the first chunk
             p.prompt_ids = ch["prompt_token_ids"]

@@ -17,7 +17,7 @@ from typing import Protocol
 import aiohttp
 import orjson
 
-from baton.model import Backend, FailoverOutcome, FailoverReport, RequestShape
+from baton.model import Backend, FailoverOutcome, FailoverReport, Failure, RequestShape
 from baton.tracing import OFF, Tracing
 from dataplane.exceptions import ErrorKind, OpenAIError, StreamFailed
 from dataplane.link.needs import FailoverAdvice, FailoverAudit
@@ -36,7 +36,6 @@ from dataplane.settings import ResumeSettings, RetryBudget, Timeouts
 from dataplane.sse import ClientStream
 from dataplane.upstream.chunks import error_type
 from dataplane.upstream.engine import read_events
-from dataplane.upstream.failures import Failure
 
 log = logging.getLogger("baton.shim.stream")
 
@@ -52,7 +51,7 @@ class _Failing:
     """The failover loop's state: the backend that failed last and why, and what was tried."""
 
     backend: Backend
-    failure: str  # what control hears
+    failure: Failure  # what control hears
     cause: str  # why this round: a refusal (REJECTED) spends no health
     detected: float  # perf_counter when the client's stream last stopped
     decided: Backend | None = None  # where control already said to go
@@ -277,8 +276,10 @@ class StreamRelay:
             self._reporter.report(
                 r,
                 FailoverReport(
-                    self._rid, st.backend.id, backend.id, st.failure, p.index, sent[p.index],
-                    r.path, r.seam, r.gap_ms, st.attempt, outcome, r.detail,
+                    request_id=self._rid, from_backend=st.backend.id, to_backend=backend.id,
+                    failure=st.failure, choice=p.index, tokens_sent=sent[p.index],
+                    path=r.path, seam=r.seam, gap_ms=r.gap_ms, attempt=st.attempt,
+                    outcome=outcome, detail=r.detail,
                 ),
             )  # fmt: skip
         self.served_by = backend
@@ -304,7 +305,7 @@ class StreamRelay:
             return
         st.exclude.append(st.backend.id)
         worst = next((r for r in hard if r.failure != Failure.MIGRATE), hard[0])
-        st.backend, st.failure = backend, worst.failure or "failure"
+        st.backend, st.failure = backend, worst.failure or Failure.UNKNOWN
         st.cause = st.failure
         if st.failure == Failure.MIGRATE:
             st.decided = worst.handover
@@ -324,8 +325,9 @@ class StreamRelay:
         for p in self.stitcher.unfinished():
             self._reporter.send(
                 FailoverReport(
-                    self._rid, st.backend.id, "", st.failure, p.index, p.generated,
-                    None, None, 0.0, st.attempt, outcome, why,
+                    request_id=self._rid, from_backend=st.backend.id, to_backend="",
+                    failure=st.failure, choice=p.index, tokens_sent=p.generated, path=None,
+                    seam=None, gap_ms=0.0, attempt=st.attempt, outcome=outcome, detail=why,
                 )
             )  # fmt: skip
         kind = ErrorKind.BACKEND_FAILED

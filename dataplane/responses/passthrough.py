@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from baton.model import Backend, FailoverOutcome, FailoverReport
+from baton.model import Backend, FailoverOutcome, FailoverReport, Failure
 from dataplane.exceptions import ControlUnavailable, StreamFailed
 from dataplane.link.needs import FailoverAudit, Ownership
 from dataplane.relay.resume.reports import Reporter
@@ -23,7 +23,6 @@ from dataplane.responses.request import replay_refusal, stored
 from dataplane.settings import ResumeSettings
 from dataplane.sse import ClientStream
 from dataplane.upstream.engine import read_events
-from dataplane.upstream.failures import Failure
 
 log = logging.getLogger("baton.shim.responses")
 
@@ -121,8 +120,12 @@ class ResponsesRelay:
                    f"response cannot be resumed: {why}")  # fmt: skip
         log.info("request %s: %s", self._rid, message)
         self._reporter.send(
-            FailoverReport(self._rid, backend.id, "", failed.failure, 0, self._deltas, None,
-                           None, 0.0, 1, FailoverOutcome.REFUSED, message)  # fmt: skip
+            FailoverReport(
+                request_id=self._rid, from_backend=backend.id, to_backend="",
+                failure=failed.failure, choice=0, tokens_sent=self._deltas, path=None,
+                seam=None, gap_ms=0.0, attempt=1, outcome=FailoverOutcome.REFUSED,
+                detail=message,
+            )  # fmt: skip
         )
         await self._write(failed_event(self._created, self._seq + 1, message))
 

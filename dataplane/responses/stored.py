@@ -48,10 +48,12 @@ class StoredResponses:
             )
         except AttemptFailed as failed:
             await self._control.attempt_failed(rid, backend.id, failed.failure, failed.detail)
-            self._control.finished(RequestOutcome(rid, backend.id, "", False, 502))
+            self._control.finished(RequestOutcome(request_id=rid, backend_id=backend.id, model="",
+                                                  ok=False, http_status=502))
             why = f"backend {backend.id}, which holds {key}, did not answer ({failed})"
             return _error(OpenAIError(ErrorKind.BACKEND_FAILED, why))
-        self._control.finished(RequestOutcome(rid, backend.id, "", status < 500, status))
+        self._control.finished(RequestOutcome(request_id=rid, backend_id=backend.id, model="",
+                                              ok=status < 500, http_status=status))
         if request.method == "DELETE" and status == 200:
             try:
                 await self._control.record_owner(rid, key, backend.id, "", released=True)

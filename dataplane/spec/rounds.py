@@ -10,14 +10,13 @@ from typing import Any
 
 import aiohttp
 
-from baton.model import Backend, Pairing
+from baton.model import Backend, Failure, Pairing
 from baton.sampling import pair_params
 from dataplane.exceptions import AttemptFailed, DraftFailed
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.settings import Timeouts
 from dataplane.spec.plan import Judged, judge
 from dataplane.upstream.engine import detokenize, post_json
-from dataplane.upstream.failures import Failure
 
 
 class Rounds:

@@ -10,6 +10,7 @@ from baton.model import (
     Backend,
     FailoverOutcome,
     FailoverReport,
+    Failure,
     Pairing,
     RequestOutcome,
     RequestShape,
@@ -49,7 +50,7 @@ class Move:
     """A target that failed mid-stream, until the failover's outcome is known."""
 
     from_backend: str
-    failure: str
+    failure: Failure
     detected: float  # monotonic
     tokens_sent: int
     attempt: int
@@ -89,11 +90,11 @@ def request_outcome(run: SpecRun, ok: bool) -> RequestOutcome:
         stats = SpecStats(pair_id, run.target.id, run.rounds, run.drafted, run.accepted,
                           repeated_ngram(run.generated))  # fmt: skip
     return RequestOutcome(
-        run.request_id,
-        run.target.id,
-        run.client.model,
-        ok,
-        200 if ok else 502,
+        request_id=run.request_id,
+        backend_id=run.target.id,
+        model=run.client.model,
+        ok=ok,
+        http_status=200 if ok else 502,
         ttft_ms=(first - run.started) * 1000,
         total_ms=(now - run.started) * 1000,
         reply_chain_hash=reply_hash(run.shape.prefix_chain, run.text) if ok and chat else b"",

@@ -23,6 +23,7 @@ from baton.model import (
     FailoverOutcome,
     Pairing,
     RequestShape,
+    Verdict,
 )
 from dataplane.exceptions import (
     AttemptFailed,
@@ -175,7 +176,7 @@ class SpecServer:
             return
         log.info("request %s: pairing %s on %s: %s (%s)", run.request_id, pairing.pair_id,
                  run.target.id, answer.verdict, answer.reason)  # fmt: skip
-        if answer.verdict == "reject":
+        if answer.verdict is Verdict.REJECT:
             if answer.target is not None:
                 run.target = answer.target  # re-bound: its facts match; serve there
                 run.pairing = Pairing(pairing.pair_id, pairing.draft, pairing.num_draft_tokens,

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from dataplane.upstream.failures import Failure
+from baton.model import Failure
 
 FAILED_FINISH = frozenset({"abort", "error"})
 ERROR_CHARS = 80  # of an engine's error type kept for events

@@ -16,12 +16,12 @@ from typing import Any
 import aiohttp
 import orjson
 
-from baton.model import Backend
+from baton.model import Backend, Failure
 from dataplane.exceptions import AttemptFailed, StreamFailed
 from dataplane.settings import ResumeSettings, Timeouts
 from dataplane.sse import Event, SSEParser
 from dataplane.upstream.chunks import error_type
-from dataplane.upstream.failures import Failure, classify_status
+from dataplane.upstream.failures import classify_status
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 

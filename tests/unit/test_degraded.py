@@ -5,16 +5,14 @@ from __future__ import annotations
 import pytest
 
 from baton.model import (
-    Backend,
-    BackendId,
     BackendStatus,
-    Health,
     HealthState,
     Reason,
     Role,
     Snapshot,
 )
 from dataplane.link.degraded import DegradedRouter
+from tests.factories import status
 
 H, DEM, DRN, DOWN = (
     HealthState.HEALTHY,
@@ -22,15 +20,6 @@ H, DEM, DRN, DOWN = (
     HealthState.DRAINING,
     HealthState.DOWN,
 )
-
-
-def status(
-    bid: str, state: HealthState = H, model: str = "m", role: Role = Role.SERVE
-) -> BackendStatus:
-    return BackendStatus(
-        Backend(BackendId(bid), f"http://127.0.0.1:1/{bid}", model, role=role),
-        Health(state, "", 0.0),
-    )
 
 
 def ids(router: DegradedRouter, snap: Snapshot, n: int, **kw: object) -> list[tuple[str, ...]]:
@@ -117,10 +106,11 @@ def test_models_rotate_independently() -> None:
 
 
 def test_backends_the_snapshot_calls_down_are_tried_last_never_drained_ones() -> None:
-    """The snapshot ages during an outage: the healthy may have died and the down come back."""
+    """The snapshot ages during an outage: the healthy may have died and the down come back.
+    They go in control's panic order (baton/spread.py: last_resort): demoted before down."""
     snap = Snapshot(1, (status("a"), status("b", DOWN), status("c", DEM), status("d", DRN)))
     d = DegradedRouter().route(snap, "m")
-    assert [b.id for b in d.backends] == ["a", "b", "c"] and d.reason is Reason.DEGRADED
+    assert [b.id for b in d.backends] == ["a", "c", "b"] and d.reason is Reason.DEGRADED
     none_healthy = Snapshot(1, (status("b", DOWN), status("d", DRN)))
     d = DegradedRouter().route(none_healthy, "m", exclude=())
     assert [b.id for b in d.backends] == ["b"] and d.reason is Reason.DEGRADED

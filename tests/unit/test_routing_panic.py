@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import random
-
 from baton.model import BackendId, Reason, RequestShape, RouteRequest
-from control.backend_spec import make_backend
-from control.fleet.registry import Registry
-from control.routing.policy import make_policy
-from control.routing.router import Router
-
-
-def router() -> tuple[Router, Registry]:
-    reg = Registry(
-        [make_backend(b, f"http://127.0.0.1:{i + 1}", "m") for i, b in enumerate("abcd")],
-        clock=lambda: 1.0,
-    )
-    return Router(reg, make_policy("adaptive"), rng=random.Random(0), clock=lambda: 1.0), reg
+from dataplane.link.degraded import DegradedRouter
+from tests.factories import router
 
 
 def test_no_healthy_backend_tries_the_demoted_then_the_down_never_the_drained() -> None:
-    r, reg = router()
+    r, reg = router("abcd")
     reg.report_failure("a", "connect")  # demoted
     for _ in range(5):
         reg.probe_result("b", False, "refused")  # demoted, then down
@@ -34,7 +22,7 @@ def test_no_healthy_backend_tries_the_demoted_then_the_down_never_the_drained() 
 
 
 def test_a_healthy_backend_means_no_panic_and_exclusions_still_hold() -> None:
-    r, reg = router()
+    r, reg = router("abcd")
     for b in "abc":
         reg.report_failure(b, "connect")
     assert [b.id for b in r.route(RouteRequest("r1", RequestShape("m"))).backends][0] == "d"
@@ -42,3 +30,19 @@ def test_a_healthy_backend_means_no_panic_and_exclusions_still_hold() -> None:
     everything = frozenset(BackendId(b) for b in "abc")
     d = r.route(RouteRequest("r2", RequestShape("m"), exclude=everything))
     assert d.backends == () and d.reason is Reason.NO_BACKEND
+
+
+def test_control_in_panic_and_a_shim_without_control_try_the_same_backends_in_one_order() -> None:
+    """One panic order (baton/spread.py): a shim routing alone from control's last snapshot
+    tries the backends health took out in the order control itself would."""
+    r, reg = router("abcde")
+    for _ in range(5):
+        reg.probe_result("b", False, "refused")  # down
+    reg.report_failure("a", "connect")
+    reg.report_failure("c", "connect")
+    reg.report_failure("d", "connect")
+    reg.drain("e")
+    control = r.route(RouteRequest("r1", RequestShape("m"))).backends
+    alone = DegradedRouter().route(reg.snapshot, "m").backends
+    assert [b.id for b in control] == [b.id for b in alone]
+    assert [b.id for b in control][-1] == "b" and "e" not in [b.id for b in control]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from baton.model import Backend, BackendKind, ResumePath, Seam
+from baton.model import AttemptEnd, Backend, BackendKind, Failure, ResumePath, Seam, SeamMode
 from dataplane.exceptions import AttemptFailed, Refused, StreamFailed
 from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume import detok
@@ -26,7 +26,6 @@ from dataplane.relay.stitch import Stitcher
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.settings import ResumeSettings, Timeouts
 from dataplane.upstream.engine import detokenize, error_kind, open_attempt, resume_failure
-from dataplane.upstream.failures import Failure
 
 TOKEN_KINDS = frozenset({BackendKind.VLLM, BackendKind.SGLANG})
 
@@ -76,7 +75,7 @@ class Resumer:
         m = self._settings.seam_tokens
         plan = plan_resume(self._client, p, token_path=token_path, seam_tokens=m, exact=exact)
         check = None
-        if exact and self._settings.seam_mode == "parallel":
+        if exact and self._settings.seam_mode is SeamMode.PARALLEL:
             candidate = plan_resume(self._client, p, token_path=token_path, seam_tokens=m)
             check = candidate if candidate.seam is Seam.VERIFIED else None
         upstream = await self._open(backend, plan.endpoint, plan.body)
@@ -102,7 +101,7 @@ class Resumer:
                 return result
             result.detail = "max_tokens reached before the failure; finished without a resume"
             return result
-        exact = self._settings.seam_mode == "parallel"
+        exact = self._settings.seam_mode is SeamMode.PARALLEL
         verify: asyncio.Task[Seam] | None = None
         try:
             while True:
@@ -118,9 +117,9 @@ class Resumer:
                 result.path = started.plan.path
                 verify = self._check_beside(backend, p, started, result, verify)
                 outcome, seam, held = await self._relay_one(backend, started, p, detected, result)
-                if outcome == "failed":
+                if outcome is AttemptEnd.FAILED:
                     return result
-                if outcome == "divergent":
+                if outcome is AttemptEnd.DIVERGENT:
                     result.seam, exact = Seam.DIVERGENT, True
                     continue
                 if held is not None and held.verdict is Seam.DIVERGENT:
@@ -177,30 +176,30 @@ class Resumer:
         p: ChoiceProgress,
         detected: float,
         result: ChoiceResume,
-    ) -> tuple[str, SeamCheck, HeldText | None]:
+    ) -> tuple[AttemptEnd, SeamCheck, HeldText | None]:
         """One resumed stream relayed with its inline seam check, Baton's stop strings and
-        the held text: ("failed" with the result's failure set, "divergent", "finished" or
-        "stopped"), the seam check and the held text."""
+        the held text: how it ended (FAILED with the result's failure set), the seam check
+        and the held text."""
         plan = started.plan
         seam = SeamCheck(plan.overlap_ids, plan.overlap_text)
         stop_strings = _stops(self._client) if plan.held is not None else []
         include = bool(self._client.body.get("include_stop_str_in_output"))
         stops = StopMatcher(stop_strings, include) if stop_strings else None
         held = HeldText(plan.held) if plan.held is not None else None
-        outcome = ""
+        outcome = AttemptEnd.FAILED
         try:
             outcome = await self._stream.relay(
                 backend, started.upstream, p, plan.endpoint, seam, held, stops, detected, result
             )
         except StreamFailed as failed:
             result.failure, result.detail = failed.failure, str(failed)
-            outcome = "failed"
+            outcome = AttemptEnd.FAILED
         except AttemptFailed as failed:  # decoding the held tokens' text failed
             result.failure, result.detail = failed.failure, failed.detail
-            outcome = "failed"
+            outcome = AttemptEnd.FAILED
         finally:
             result.first_seen.set()
-            if outcome == "finished":  # its generation is over: keep the connection
+            if outcome is AttemptEnd.FINISHED:  # its generation is over: keep the connection
                 self._down.keep(started.upstream)
             else:
                 started.upstream.close()  # also stops a generation still running

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from baton.model import Backend, RequestShape
+from baton.model import Backend, Failure, RequestShape, SeamMode
 from baton.tracing import Tracing
 from dataplane.exceptions import AttemptFailed, ControlUnavailable, Refused
 from dataplane.link.needs import FailoverAdvice
@@ -65,7 +65,7 @@ class Chooser:
     async def choose(
         self,
         failed_backend: Backend,
-        failure: str,
+        failure: Failure,
         exclude: list[str],
         pending: list[ChoiceProgress],
     ) -> tuple[Backend | None, dict[int, Started]]:
@@ -86,7 +86,7 @@ class Chooser:
         return await self.ask(failed_backend, failure, exclude, ids), {}
 
     def _tell_later(
-        self, failed: Backend, failure: str, exclude: list[str], preferred: Sequence[str]
+        self, failed: Backend, failure: Failure, exclude: list[str], preferred: Sequence[str]
     ) -> None:
         """Control hears of the failure (and demotes the backend) once the resumed stream
         flows: at its second write, or CONTROL_AFTER_S from now if that comes first. Its
@@ -107,7 +107,7 @@ class Chooser:
         """Every pending choice's resume opened on `backend`, or None (and nothing left
         open) if any could not be. One choice, the usual case, opens in this task: a task
         per start would cost event-loop turns in every gap."""
-        exact = self._settings.seam_mode == "parallel"
+        exact = self._settings.seam_mode is SeamMode.PARALLEL
         todo = [p for p in pending if tokens_left(self._client, p) != 0]
         if len(todo) == 1:
             try:
@@ -141,7 +141,7 @@ class Chooser:
     async def ask(
         self,
         failed: Backend,
-        failure: str,
+        failure: Failure,
         exclude: list[str],
         preferred: Sequence[str],
     ) -> Backend | None:

@@ -8,13 +8,12 @@ import logging
 import time
 from collections.abc import Sequence
 
-from baton.model import Backend
+from baton.model import Backend, Failure
 from dataplane.link.needs import FailoverAdvice
 from dataplane.relay.resume.choose import Chooser
 from dataplane.relay.resume.plan import refusal
 from dataplane.relay.stitch import Stitcher
 from dataplane.request import ClientRequest
-from dataplane.upstream.failures import Failure
 
 log = logging.getLogger("baton.shim.stream")
 # A stream on a migrating backend with nowhere to go keeps streaming there; control is asked

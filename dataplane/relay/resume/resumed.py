@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from baton.model import Backend, ResumePath, Seam
+from baton.model import AttemptEnd, Backend, Failure, ResumePath, Seam
 from dataplane.exceptions import StreamFailed
 from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume.seam import HeldText, SeamCheck
@@ -23,7 +23,6 @@ from dataplane.request import Endpoint
 from dataplane.settings import ResumeSettings
 from dataplane.upstream.chunks import FAILED_FINISH, choice_text, error_type, parse_chunk
 from dataplane.upstream.engine import each_event
-from dataplane.upstream.failures import Failure
 
 Decode = Callable[[Backend, list[int]], Awaitable[str]]
 
@@ -59,7 +58,7 @@ class ChoiceResume:
     path: ResumePath | None = None
     seam: Seam | None = None
     gap_ms: float = 0.0
-    failure: str | None = None
+    failure: Failure | None = None
     detail: str = ""
     verdict: asyncio.Task[Seam] | None = None  # a parallel seam check still running
     handover: Backend | None = None  # failure "migrate": where control said to move it
@@ -104,10 +103,9 @@ class ResumedStream:
         stops: StopMatcher | None,
         detected: float,
         result: ChoiceResume,
-    ) -> str:
-        """Relays one resumed stream to its end: "finished" (the engine ended it), "stopped"
-        (Baton matched a stop string; the engine is still generating) or "divergent" (the
-        inline seam check failed). Raises StreamFailed."""
+    ) -> AttemptEnd:
+        """Relays one resumed stream to its end: FINISHED, STOPPED or DIVERGENT (never
+        FAILED: a failure raises StreamFailed)."""
         chat = endpoint is Endpoint.CHAT
         stitcher = self._stitcher
         async for event in each_event(upstream.content, self._settings):
@@ -121,7 +119,7 @@ class ResumedStream:
             text = choice_text(ch, chat)
             verified = seam.feed(ids, text, finish is not None)
             if seam.verdict is Seam.DIVERGENT:
-                return "divergent"
+                return AttemptEnd.DIVERGENT
             if verified is None:
                 continue
             ids, text = verified
@@ -146,7 +144,7 @@ class ResumedStream:
             if out:
                 await self._send(out, result, detected)
             if finish:
-                return "finished" if engine_finish else "stopped"
+                return AttemptEnd.FINISHED if engine_finish else AttemptEnd.STOPPED
             # A chunk boundary, everything so far sent: a migration can start here.
             if self._down.due(backend.id):
                 await self._move(backend, result)
