@@ -176,6 +176,19 @@ class Pairing:
 
 
 @dataclass(frozen=True, slots=True)
+class Estimate:
+    """What a predicting policy expects of its primary: control records it, so that the
+    request's observed time to first token teaches the prefill rates. Control's own: it
+    does not cross the wire."""
+
+    backend_id: BackendId
+    ttft_ms: float
+    uncached_tokens: float
+    backlog_ms: float
+    outside: float
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """Primary backend first, then ordered fallbacks; empty when no backend can serve."""
 
@@ -184,6 +197,7 @@ class Decision:
     snapshot_version: int
     detail: str = ""
     pairing: Pairing | None = None
+    estimate: Estimate | None = None  # a predicting policy's, for its primary
 
 
 @dataclass(frozen=True, slots=True)

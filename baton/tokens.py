@@ -1,5 +1,5 @@
 """The two bearer tokens' names and where each process finds the shim token: control, every
-shim and `baton up` read them the same way (README "Security")."""
+shim and `baton up` read them the same way (docs/operations.md#security)."""
 
 from __future__ import annotations
 

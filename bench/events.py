@@ -29,7 +29,8 @@ from typing import Any
 
 from baton.model import RequestOutcome, RequestShape, RouteRequest
 from control.audit.durable import EventFile
-from control.audit.log import EventKind, EventLog
+from control.audit.log import EventLog
+from control.audit.payloads import Payload
 from control.backend_spec import make_backend
 from control.fleet.registry import Registry
 from control.routing.policy import make_policy
@@ -39,8 +40,7 @@ from control.routing.router import Router
 class NoEvents(EventLog):
     """Events off: the baseline the issue's 10% is measured against."""
 
-    def record(self, kind: EventKind, *, request_id: str = "", backend_id: str = "",
-               **data: Any) -> Any:  # fmt: skip
+    def record(self, payload: Payload, *, request_id: str = "", backend_id: str = "") -> Any:
         return None
 
     def record_route(self, request_id: str, backend_id: str, reason: str, policy: str,

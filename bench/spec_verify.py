@@ -2,9 +2,9 @@
 as the context grows, for three ways of asking the target about k drafted tokens.
 
 - `prompt_logprobs`: one completion of context + draft with `prompt_logprobs: 1` and
-  `max_tokens: 1` (what the shim does today). vLLM 0.32 sets `skip_reading_prefix_cache`
-  for any request with prompt_logprobs (vllm/sampling_params.py), so the whole context is
-  prefilled again every round.
+  `max_tokens: 1` (what the shim did before k + 1 one-token calls). vLLM 0.32 sets
+  `skip_reading_prefix_cache` for any request with prompt_logprobs (vllm/sampling_params.py), so the
+  whole context is prefilled again every round.
 - `k+1 greedy`: k+1 concurrent one-token greedy completions of context + draft[:i]
   (i = 0..k). Each reads the prefix cache, so only the uncached tail is prefilled; vLLM
   batches them into one step.

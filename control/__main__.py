@@ -85,7 +85,7 @@ def _tokens(args: argparse.Namespace) -> tuple[str | None, str | None]:
     if not admin and not shim:
         log.warning(
             "no %s and no %s: the admin and routing services are open to anyone who reaches "
-            "control (fine on a machine of one's own; see the README's Security section)",
+            "control (fine on a machine of one's own; see docs/operations.md#security)",
             ADMIN_ENV, SHIM_ENV,
         )  # fmt: skip
     return admin, shim

@@ -24,7 +24,8 @@ from control.api import auth
 from control.api.admin import AdminServicer
 from control.api.routing import RoutingServicer
 from control.audit.durable import EventFile
-from control.audit.log import EventKind, EventLog
+from control.audit.log import EventLog
+from control.audit.payloads import PairChange
 from control.config import Config
 from control.exceptions import RegistryError
 from control.fleet.db import Configured, FleetDB, configured, fleet, shadowed
@@ -234,8 +235,8 @@ class ControlPlane:
                     )
                 except RegistryError as exc:
                     log.warning("pair %s -> %s not bound: %s", spec.draft, spec.target, exc)
-                    reg.events.record(EventKind.PAIR, backend_id=spec.target, pair=spec.draft,
-                                      action="refused", reason=str(exc))  # fmt: skip
+                    refused = PairChange(pair=spec.draft, action="refused", reason=str(exc))
+                    reg.events.record(refused, backend_id=spec.target)
             self._pending_pairs = waiting
             await asyncio.sleep(0.2)
 

@@ -3,7 +3,8 @@
 Ids 0..255 are raw bytes, 256..261 are special tokens, 262+ are merges built
 in code from a fixed list of English fragments. Because merges exist, text that
 the model emitted as several small tokens can re-encode to fewer, larger ones —
-the retokenization drift that makes text-level resume unfaithful (DESIGN §4).
+the retokenization drift that makes text-level resume unfaithful
+(docs/architecture.md#resume-protocol).
 
 A non-zero ``variant`` leaves out every 16th merge target (which ones depends
 on the variant), so ids and pieces shift: a different vocabulary with a

@@ -10,8 +10,8 @@
 - no package has an import cycle between its modules, counting imports inside functions and
   under TYPE_CHECKING (a cycle hidden there still ties the modules together);
 - modules marked `# baton: pure` (policies, state machines, planners) do no I/O and read no
-  clock, no global randomness and no wire types (DESIGN §2); a module that already is pure
-  must say so, so the next change cannot quietly make it impure.
+  clock, no global randomness and no wire types (docs/architecture.md#pure-modules); a module that
+  already is pure must say so, so the next change cannot quietly make it impure.
 
 Failures name the file, the line and the import."""
 

@@ -11,7 +11,8 @@ from baton import wire
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control.api import convert
 from control.api.errors import Context, abort_with
-from control.audit.log import Event, EventKind, EventQuery
+from control.audit.log import Event, EventQuery
+from control.audit.payloads import Admin
 from control.backend_spec import make_backend
 from control.exceptions import ConfigError, FactsError, PairRefused, RegistryError
 from control.routing.router import Router
@@ -158,7 +159,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         # response lives; forgetting it would only turn its follow-ups into refusals.
         cleared = self._registry.placement.clear_pins(request.backend_id)
         self._registry.events.record(
-            EventKind.ADMIN, backend_id=request.backend_id, action="clear-pins", cleared=cleared
+            Admin(action="clear-pins", cleared=cleared), backend_id=request.backend_id
         )
         return admin_pb2.ClearPinsResponse(cleared=cleared)
 

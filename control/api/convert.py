@@ -23,6 +23,7 @@ from baton.wire import (
     timestamp,
 )
 from control.audit.log import Event, EventQuery
+from control.audit.payloads import Failover
 from control.fleet.owners import Owned
 from control.fleet.pins import Pin
 from control.pairs.flow import GateResult
@@ -91,22 +92,22 @@ def event_query_from_pb(q: admin_pb2.ListEventsRequest) -> EventQuery:
     return EventQuery(q.kind, q.request_id, q.backend_id, since, q.limit or 1000)
 
 
-def failover_fields(r: routing_pb2.ReportFailoverRequest) -> dict[str, object]:
-    """The failover event's body, from the shim's report."""
-    return {
-        "trace_id": r.trace_id,
-        "from_backend": r.from_backend_id,
-        "to_backend": r.to_backend_id,
-        "failure": failure_from_pb(r.failure_class, r.failure).value,
-        "choice": r.choice_index,
-        "tokens_sent": r.tokens_sent,
-        "path": str(PATH_FROM_PB.get(r.path, "none")),
-        "seam": str(SEAM_FROM_PB.get(r.seam, "none")),
-        "gap_ms": round(r.gap_ms, 3),
-        "attempt": r.attempt,
-        "outcome": str(FAILOVER_OUTCOME_FROM_PB.get(r.outcome, "unknown")),
-        "detail": r.detail,
-    }
+def failover_event(r: routing_pb2.ReportFailoverRequest) -> Failover:
+    """The failover event's payload, from the shim's report."""
+    return Failover(
+        trace_id=r.trace_id,
+        from_backend=r.from_backend_id,
+        to_backend=r.to_backend_id,
+        failure=failure_from_pb(r.failure_class, r.failure).value,
+        choice=r.choice_index,
+        tokens_sent=r.tokens_sent,
+        path=str(PATH_FROM_PB.get(r.path, "none")),
+        seam=str(SEAM_FROM_PB.get(r.seam, "none")),
+        gap_ms=round(r.gap_ms, 3),
+        attempt=r.attempt,
+        outcome=str(FAILOVER_OUTCOME_FROM_PB.get(r.outcome, "unknown")),
+        detail=r.detail,
+    )
 
 
 def pin_to_pb(p: Pin) -> admin_pb2.PinInfo:

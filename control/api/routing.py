@@ -16,7 +16,6 @@ from baton.tracing import OFF, SpanKind, Tracing
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.api import convert
 from control.api.errors import Context, abort_with
-from control.audit.log import EventKind
 from control.exceptions import FactsError, RegistryError
 from control.metrics import ControlMetrics
 from control.routing.router import Router
@@ -130,17 +129,12 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
     async def ReportFailover(
         self, request: routing_pb2.ReportFailoverRequest, context: Context
     ) -> routing_pb2.ReportFailoverResponse:
-        fields = convert.failover_fields(request)
-        self._metrics.failovers.labels(
-            str(fields["failure"]), str(fields["seam"]), str(fields["outcome"])
-        ).inc()
-        if fields["outcome"] == "resumed":
+        fields = convert.failover_event(request)
+        self._metrics.failovers.labels(fields.failure, fields.seam, fields.outcome).inc()
+        if fields.outcome == "resumed":
             self._metrics.failover_gap.observe(request.gap_ms / 1000)
         self._router.registry.events.record(
-            EventKind.FAILOVER,
-            request_id=request.request_id,
-            backend_id=request.from_backend_id,
-            **fields,
+            fields, request_id=request.request_id, backend_id=request.from_backend_id
         )
         return routing_pb2.ReportFailoverResponse()
 

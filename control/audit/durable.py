@@ -23,9 +23,9 @@ from control.audit.log import (
     SCHEMA_VERSION,
     Entry,
     Event,
-    EventKind,
     RouteRow,
 )
+from control.audit.payloads import EventKind
 
 
 class EventFile:

@@ -13,20 +13,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, NamedTuple
 
+from control.audit.payloads import EventKind, Payload, data_of
+
 SCHEMA_VERSION = 1
-
-
-class EventKind(StrEnum):
-    ROUTE = "route"
-    RETRY = "retry"
-    FAILOVER = "failover"
-    HEALTH = "health"
-    ADMIN = "admin"
-    PAIR = "pair"
-    KV = "kv"  # a backend's KV-cache index changed state (control/signals/kv/index.py)
 
 
 class Event(NamedTuple):
@@ -116,9 +107,9 @@ class EventLog:
         # A tuple, replaced on (un)subscribe, so record() iterates without copying.
         self._listeners: tuple[Listener, ...] = ()
 
-    def record(
-        self, kind: EventKind, *, request_id: str = "", backend_id: str = "", **data: Any
-    ) -> Event:
+    def record(self, payload: Payload, *, request_id: str = "", backend_id: str = "") -> Event:
+        """An event of the payload's kind, its fields the event's data (payloads.py)."""
+        kind, data = payload.KIND, data_of(payload)
         self._seq += 1
         # tuple.__new__ skips the NamedTuple's Python-level constructor: one event is made
         # per routing decision, so this is on control's hot path.

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 from baton.model import Backend, BackendId, BackendStatus, RequestShape, Snapshot
-from control.audit.log import EventKind, EventLog
+from control.audit.log import EventLog
+from control.audit.payloads import Admin, HealthChange, KvChange
 from control.exceptions import BackendExists, BackendNotFound
 from control.fleet import health
 from control.fleet.health import HealthRecord
@@ -143,14 +144,10 @@ class Registry:
         self._health[backend.id] = HealthRecord.new(self._clock())
         self._publish()
         self._events.record(
-            EventKind.ADMIN,
+            Admin(action="add", url=backend.url, model=backend.model,
+                  kind_of_backend=backend.kind.value, role=backend.role.value),
             backend_id=backend.id,
-            action="add",
-            url=backend.url,
-            model=backend.model,
-            kind_of_backend=backend.kind.value,
-            role=backend.role.value,
-        )
+        )  # fmt: skip
         return self._status(backend.id)
 
     def remove(self, backend_id: str) -> None:
@@ -164,20 +161,20 @@ class Registry:
             hook(bid)
         # Its pins stay until used (then re-pinned, visibly, as `repin`) or expired.
         self._publish()
-        self._events.record(EventKind.ADMIN, backend_id=bid, action="remove")
+        self._events.record(Admin(action="remove"), backend_id=bid)
 
     def drain(self, backend_id: str, migrate: bool = False) -> BackendStatus:
         """No new requests to the backend; with `migrate`, shims also move its in-flight
         streams elsewhere (the resume protocol). Draining again changes only `migrate`."""
         bid = self._known(backend_id)
         status = self._drain_step(bid, migrate, lambda rec, now: health.drain(rec, now))
-        self._events.record(EventKind.ADMIN, backend_id=bid, action="drain", migrate=migrate)
+        self._events.record(Admin(action="drain", migrate=migrate), backend_id=bid)
         return status
 
     def undrain(self, backend_id: str) -> BackendStatus:
         bid = self._known(backend_id)
         status = self._drain_step(bid, False, lambda rec, now: health.undrain(rec, now))
-        self._events.record(EventKind.ADMIN, backend_id=bid, action="undrain")
+        self._events.record(Admin(action="undrain"), backend_id=bid)
         return status
 
     def _drain_step(
@@ -295,9 +292,11 @@ class Registry:
         return self._kv.cached(keys, block_size)
 
     def _kv_changed(self, bid: BackendId, before: KvStatus, after: KvStatus) -> None:
-        self._events.record(EventKind.KV, backend_id=bid, state=after.state.value,
-                            previous=before.state.value, reason=after.reason,
-                            blocks_before=before.blocks)  # fmt: skip
+        self._events.record(
+            KvChange(state=after.state.value, previous=before.state.value, reason=after.reason,
+                     blocks_before=before.blocks),
+            backend_id=bid,
+        )  # fmt: skip
 
     # -- internals ------------------------------------------------------------------------
 
@@ -324,12 +323,10 @@ class Registry:
             self._publish()
             if after.health.state is not before.health.state:
                 self._events.record(
-                    EventKind.HEALTH,
+                    HealthChange(state=after.health.state.value,
+                                 previous=before.health.state.value, reason=after.health.reason),
                     backend_id=bid,
-                    state=after.health.state.value,
-                    previous=before.health.state.value,
-                    reason=after.health.reason,
-                )
+                )  # fmt: skip
         return self._status(bid)
 
     def _publish(self) -> None:

@@ -1,5 +1,6 @@
 """Speculative pairs over the fleet: binding a draft to a target, which pairing a request may
-use, re-pairing after a failover, and the gate's verdicts on the result (DESIGN §6).
+use, re-pairing after a failover, and the gate's verdicts on the result
+(docs/architecture.md#speculative-pairs-and-the-gate).
 
 The flow owns the one PairTable (control/pairs/table.py holds the pure rules); the fleet itself,
 backends, health and facts, stays the registry's, asked through its narrow methods. Every
@@ -11,10 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from baton.model import Backend, BackendId, Pairing, PairState, RequestShape, Role, Verdict
-from control.audit.log import EventKind
+from control.audit.payloads import PairChange
 from control.exceptions import PairExists, PairNotFound, PairRefused
 from control.fleet.registry import Registry
 from control.pairs.table import DEFAULT_DRAFT_TOKENS, Pair, PairTable, gate
@@ -251,15 +251,21 @@ class PairFlow:
             return pair
         return None
 
-    def _pair_event(self, pair: Pair, action: str, **data: Any) -> None:
+    def _pair_event(
+        self,
+        pair: Pair,
+        action: str,
+        *,
+        reason: str | None = None,
+        previous: str | None = None,
+        observed: float | None = None,
+        baseline: float | None = None,
+    ) -> None:
         self._events.record(
-            EventKind.PAIR,
+            PairChange(
+                pair=pair.id, action=action, draft=pair.draft_id, target=pair.target_id,
+                state=pair.state.value, params_hash=pair.params_hash, reason=reason,
+                previous=previous, observed=observed, baseline=baseline,
+            ),
             backend_id=pair.target_id,
-            pair=pair.id,
-            action=action,
-            draft=pair.draft_id,
-            target=pair.target_id,
-            state=pair.state.value,
-            params_hash=pair.params_hash,
-            **{k: v for k, v in data.items() if v is not None},
-        )
+        )  # fmt: skip

@@ -1,9 +1,10 @@
 """Speculative pairs: their state, the paired acceptance baseline and the post-failover gate.
 
 Pure: the registry owns the one PairTable and calls it; I/O (fetching facts, events) is the
-caller's. The gate answers the incident in DESIGN §6: after a failover re-pairs a draft, its
-acceptance is compared with the *paired* baseline (same draft, same params hash), and a
-pairing whose target samples with other params never serves, however good it looks.
+caller's. The gate answers the incident in docs/architecture.md#speculative-pairs-and-the-gate:
+after a failover re-pairs a draft, its acceptance is compared with the *paired* baseline (same
+draft, same params hash), and a pairing whose target samples with other params never serves, however
+good it looks.
 """
 
 # baton: pure

@@ -20,13 +20,12 @@ from baton.model import (
     RouteRequest,
 )
 from baton.spread import last_resort, prefer
-from control.audit.log import EventKind
+from control.audit.payloads import Retry
 from control.fleet.pins import PinMatch
 from control.fleet.registry import Registry
 from control.pairs.flow import PairFlow
 from control.routing.policy import Policy, RoutingView
 from control.routing.policy.base import Prediction
-from control.routing.policy.ttft import estimate
 from control.routing.prefill import Predicted, PrefillRates
 
 # Decisions that put the request where its pinned prefix already is.
@@ -68,43 +67,67 @@ class Router:
         reason: Reason | None = None,
         preferred: Sequence[str] = (),
     ) -> Decision:
+        """Lookup (the fleet's state this request depends on), decide (the policy's, then
+        panic and pairing), commit (load, pins, the prefill prediction, the audit). Only
+        commit writes."""
         now = self._clock()
-        reg = self.registry
         if request.shape.owner_key:
             return self._to_owner(request, now)
-        shape = request.shape
-        chain = shape.prefix_chain
-        match = self._pin(request, now)
+        view = self._lookup(request, now)
+        decision = self._decide(request, view, reason, preferred, now)
+        self._commit(request, view, decision, learn=reason is None, now=now)
+        return decision
+
+    def _lookup(self, request: RouteRequest, now: float) -> RoutingView:
+        reg = self.registry
         predict = self._prediction(request, now) if self.policy.predicts else None
-        view = RoutingView(reg.snapshot, reg.in_flight(), match, predict)
+        return RoutingView(reg.snapshot, reg.in_flight(), self._pin(request, now), predict)
+
+    def _decide(
+        self,
+        request: RouteRequest,
+        view: RoutingView,
+        reason: Reason | None,
+        preferred: Sequence[str],
+        now: float,
+    ) -> Decision:
         decision = prefer(self.policy.decide(request, view, rng=self._rng, now=now), preferred)
         if not decision.backends and decision.reason is Reason.NO_BACKEND:
             decision = self._panic(request, decision)
-        if reason is not None and decision.backends:
+        if not decision.backends:
+            return decision
+        if reason is not None:
             decision = replace(decision, reason=reason)
+        if self.pairs and request.shape.spec_eligible:
+            pairing = self.pairs.pairing_for(decision.backends[0], request.shape)
+            if pairing is not None:
+                decision = replace(decision, pairing=pairing)
+        return decision
+
+    def _commit(
+        self, request: RouteRequest, view: RoutingView, decision: Decision, *, learn: bool,
+        now: float,
+    ) -> None:  # fmt: skip
+        """`learn`: the request's first token is what this route waits for (a failover's
+        resume is not: nothing to learn from it)."""
+        reg, shape, match = self.registry, request.shape, view.pin
         if decision.backends:
-            if self.pairs and request.shape.spec_eligible:
-                pairing = self.pairs.pairing_for(decision.backends[0], request.shape)
-                if pairing is not None:
-                    decision = replace(decision, pairing=pairing)
             primary = decision.backends[0].id
             reg.acquire(request.request_id, primary, now)
             if match is not None and decision.reason in FOLLOWED_PIN:
                 reg.placement.follow_pin(match, now)
             # Wherever it goes, that backend's cache now holds this prefix.
-            reg.placement.pin_chain(chain, primary, now)
+            reg.placement.pin_chain(shape.prefix_chain, primary, now)
             if shape.session:
                 reg.placement.pin_session(shape.session, primary, now)
-            if predict is not None and reason is None:
-                # A failover's resume is not the request's first token: nothing to learn.
-                _, uncached, _, outside = estimate(request, view, predict, primary)
+            est = decision.estimate
+            if learn and est is not None and est.backend_id == primary:
                 backlog = self.prefill.backlog_tokens(primary, now)
-                guess = Predicted(primary, uncached, backlog, outside, shape.prompt_chars,
-                                  shape.model)  # fmt: skip
+                guess = Predicted(primary, est.uncached_tokens, backlog, est.outside,
+                                  shape.prompt_chars, shape.model)  # fmt: skip
                 self.prefill.predicted(request.request_id, guess, now)
         if self._route_events:
             self._audit(request, decision, match)
-        return decision
 
     def _pin(self, request: RouteRequest, now: float) -> PinMatch | None:
         """The request's session pin (it covers the whole conversation), else its longest
@@ -187,11 +210,9 @@ class Router:
         """Before the first byte: the shim retries on its next fallback."""
         self._demote(request_id, backend_id, failure, detail)
         self._events.record(
-            EventKind.RETRY,
+            Retry(failure=failure.value, detail=detail),
             request_id=request_id,
             backend_id=backend_id,
-            failure=failure.value,
-            detail=detail,
         )
 
     def _demote(self, request_id: str, backend_id: str, failure: Failure, detail: str) -> None:

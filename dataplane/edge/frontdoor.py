@@ -9,7 +9,7 @@ MAX_HEAD, goes to the shim as it is, whose own limits and timeouts then apply. T
 exits when the shim closes its end of the Unix socket, or dies (PR_SET_PDEATHSIG), and with
 it the listener: then nothing listens on the port.
 
-`python -m dataplane.frontdoor LISTEN_FD PASS_FD STATE_FD`, started by Door.spawn()."""
+`python -m dataplane.edge.frontdoor LISTEN_FD PASS_FD STATE_FD`, started by Door.spawn()."""
 
 from __future__ import annotations
 

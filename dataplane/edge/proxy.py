@@ -19,6 +19,8 @@ from dataplane.link.needs import Outcomes, Ownership
 from dataplane.metrics import ShimMetrics
 from dataplane.prefix_chain import reply_hash
 from dataplane.relay.answers import check_answer
+from dataplane.relay.background import Background
+from dataplane.relay.context import StreamContext
 from dataplane.relay.prefixblocks import prefix_blocks
 from dataplane.relay.resume.markers import MarkerCache
 from dataplane.relay.resume.reports import Reporter
@@ -75,7 +77,7 @@ class Proxy:
         self._session = session
         self._control = control
         self._settings = settings
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = Background()
         self._spec = SpecServer(session, control, settings.timeouts, settings.budget)
         self._markers = MarkerCache(resumes)
 
@@ -200,40 +202,39 @@ class Proxy:
             status=200, headers={**SSE_HEADERS, "X-Request-Id": ex.request_id}
         )
         await resp.prepare(request)
-        relay = StreamRelay(
-            session=self._resumes,
-            control=self._control,
-            timeouts=self._settings.timeouts,
-            settings=self._settings.resume,
-            resp=ChatAsResponses(resp, ex.responses) if ex.responses is not None else resp,
+        ctx = StreamContext(
             request_id=ex.request_id,
             client=ex.client,
             shape=ex.shape,
-            fallbacks=fallbacks,
-            background=self._background,
+            fallbacks=tuple(fallbacks),
+            settings=self._settings.resume,
+            timeouts=self._settings.timeouts,
             metrics=self._metrics,
-            markers=self._markers,
+            background=self._background,
             tracing=self._tracing,
+            markers=self._markers,
         )
+        out = ChatAsResponses(resp, ex.responses) if ex.responses is not None else resp
+        relay = StreamRelay(ctx, session=self._resumes, control=self._control, resp=out)
         try:
             try:
                 complete = await relay.run(backend, upstream, first)
             finally:
                 ex.first_byte = relay.first_byte
-            st = relay.stitcher
-            reply = st.choices[0].reply if complete and st.choices else None
-            served = relay.served_by or backend
-            first_choice = st.choices.get(0)
-            status = self._control.fleet.snapshot.get(served.id)
+            end = relay.relayed(complete, backend)
+            first_choice = end.first_choice
+            status = self._control.fleet.snapshot.get(end.served_by.id)
             size = status.kv_block_size if status is not None else 0
             blocks = prefix_blocks(ex.shape, size, first_choice) if complete else None
             prompt_tokens = len(first_choice.prompt_ids or ()) if first_choice else 0
             if self._tracing.enabled:
-                finishes = [c.finish_reason for c in st.choices.values()]
-                attrs = genai.result_attributes(st.ident.id, st.ident.model, finishes,
-                                                *st.token_counts())  # fmt: skip
+                attrs = genai.result_attributes(
+                    end.response_id, end.model, end.finishes, end.prompt_tokens,
+                    end.completion_tokens,
+                )  # fmt: skip
                 self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
-            self._finished(ex, served, 200 if complete else 502, reply, blocks, prompt_tokens)
+            self._finished(ex, end.served_by, 200 if complete else 502, end.reply, blocks,
+                           prompt_tokens)  # fmt: skip
             await resp.write_eof()
             finished = relay.finished_upstreams()
             self._settle(finished)
@@ -287,9 +288,7 @@ class Proxy:
         that hangs up after its [DONE] must not cancel it, nor wait for it."""
         if not upstreams:
             return
-        task = asyncio.create_task(_settle_all(upstreams))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(_settle_all(upstreams))
 
     def _finished(
         self,
@@ -324,12 +323,9 @@ class Proxy:
     def _report_failure(self, ex: Exchange, backend: Backend, failed: AttemptFailed) -> None:
         self._metrics.count(self._metrics.attempts, backend.id, failed.failure)
         log.info("request %s: %s failed: %s", ex.request_id, backend.id, failed)
-        task = asyncio.create_task(
+        self._background.spawn(
             self._control.attempt_failed(ex.request_id, backend.id, failed.failure, failed.detail)
         )
-        # Keep a reference until done so the report isn't garbage-collected mid-flight.
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
 
 async def _first_piece(upstream: aiohttp.ClientResponse) -> bytes:

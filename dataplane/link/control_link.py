@@ -4,10 +4,11 @@ dataplane/link/needs.py.
 Routes and outcome reports share one RouteStream; a finished request costs the client
 nothing, and control sees load drop with the next route or within one flush interval.
 
-When control is unreachable (DESIGN §7) the shim keeps serving: routes and failovers are
-decided from the last snapshot (dataplane/link/degraded.py), reports wait in bounded buffers
-(outcomes in the RouteStream, attempt failures and failover reports in the Outbox), and a probe
-watches control's health service until it answers again, then everything buffered is sent."""
+When control is unreachable (docs/architecture.md#when-control-is-unreachable) the shim keeps
+serving: routes and failovers are decided from the last snapshot (dataplane/link/degraded.py),
+reports wait in bounded buffers (outcomes in the RouteStream, attempt failures and failover reports
+in the Outbox), and a probe watches control's health service until it answers again, then everything
+buffered is sent."""
 
 from __future__ import annotations
 

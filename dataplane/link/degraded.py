@@ -1,4 +1,5 @@
-"""Degraded routing (DESIGN §7): what a shim decides on its own while control is unreachable.
+"""Degraded routing (docs/architecture.md#when-control-is-unreachable): what a shim decides on its
+own while control is unreachable.
 
 Pure: the last snapshot control published is the only input. Pins and load live in control
 and are not known here, so the shim only spreads: round robin over the snapshot's healthy

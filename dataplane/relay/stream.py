@@ -10,29 +10,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import aiohttp
 import orjson
 
-from baton.model import Backend, FailoverOutcome, FailoverReport, Failure, RequestShape
-from baton.tracing import OFF, Tracing
+from baton.model import Backend, FailoverOutcome, FailoverReport, Failure
 from dataplane.exceptions import ErrorKind, OpenAIError, StreamFailed
 from dataplane.link.needs import FailoverAdvice, FailoverAudit
-from dataplane.metrics import ShimMetrics
+from dataplane.relay.context import StreamContext
 from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume.attempt import TOKEN_KINDS, Resumer, Started, ends_here
 from dataplane.relay.resume.choose import Chooser
-from dataplane.relay.resume.markers import MarkerCache
 from dataplane.relay.resume.migration import Migration
 from dataplane.relay.resume.plan import refusal
 from dataplane.relay.resume.reports import Reporter
 from dataplane.relay.resume.resumed import ChoiceResume
 from dataplane.relay.stitch import Stitcher
 from dataplane.request import ClientRequest
-from dataplane.settings import ResumeSettings, RetryBudget, Timeouts
+from dataplane.settings import ResumeSettings, RetryBudget
 from dataplane.sse import ClientStream
 from dataplane.upstream.chunks import error_type
 from dataplane.upstream.engine import read_events
@@ -65,60 +62,55 @@ class _Failing:
         return f"; refused by {', '.join(self.refusals)}" if self.refusals else ""
 
 
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """What a relayed stream was, once it ended: all the proxy reports of it (the outcome
+    control hears, the span's attributes), read here so nothing outside the relay reads the
+    stitcher."""
+
+    complete: bool  # the client got a whole answer (else an error event)
+    served_by: Backend  # the backend that finished it
+    first_byte: float | None  # monotonic time of the first byte the client got
+    reply: str | None  # a complete answer's first choice, the next turn's prefix
+    first_choice: ChoiceProgress | None  # its token ids, for the KV blocks it implies
+    finishes: tuple[str | None, ...]
+    response_id: str | None
+    model: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
 class StreamRelay:
     def __init__(
         self,
+        ctx: StreamContext,
         *,
         session: aiohttp.ClientSession,
         control: RelayControl,
-        timeouts: Timeouts,
-        settings: ResumeSettings,
         resp: ClientStream,
-        request_id: str,
-        client: ClientRequest,
-        shape: RequestShape,
-        fallbacks: Sequence[Backend],
-        background: set[asyncio.Task[None]],
-        metrics: ShimMetrics,
-        markers: MarkerCache | None = None,
-        tracing: Tracing = OFF,
     ) -> None:
-        """`fallbacks`: the route decision's backends in order, control's preference for
-        where to resume. `background`: the proxy's set of tasks that may outlive this
-        request (a seam check still running when the stream ends)."""
-        self._background = background
-        self._metrics = metrics
-        self._markers = markers
-        self._tracing = tracing
-        self._control = control
-        self._settings = settings
+        """`session`: the pool resumes are opened from; `resp`: the client's stream."""
+        self._markers = ctx.markers
+        self._settings = ctx.settings
         self._resp = resp
-        self._rid = request_id
-        self._client = client
-        self._shape = shape
-        self._fallbacks = tuple(fallbacks)
-        self._budget = RetryBudget(settings.max_resumes, settings.max_resume_seconds)
-        self.stitcher = Stitcher(client, strip_ids=not client.body.get("return_token_ids"))
+        self._rid = ctx.request_id
+        self._client = ctx.client
+        self._budget = RetryBudget(ctx.settings.max_resumes, ctx.settings.max_resume_seconds)
+        self.stitcher = Stitcher(ctx.client, strip_ids=not ctx.client.body.get("return_token_ids"))
         # Upstream responses whose generation is over: finished_upstreams() hands them over.
         self._trailers: list[aiohttp.ClientResponse] = []
         self._resumer = Resumer(
             session=session,
-            timeouts=timeouts,
-            settings=settings,
-            client=client,
+            timeouts=ctx.timeouts,
+            settings=ctx.settings,
+            client=ctx.client,
             stitcher=self.stitcher,
             downstream=self,
         )
-        self._chooser = Chooser(
-            control=control, resumer=self._resumer, settings=settings, client=client,
-            request_id=request_id, shape=shape, fallbacks=fallbacks, tracing=tracing,
-            background=background,
-        )  # fmt: skip
-        self._migration = Migration(
-            control=control, chooser=self._chooser, client=client, stitcher=self.stitcher,
-            request_id=request_id, fallbacks=fallbacks,
-        )  # fmt: skip
-        self._reporter = Reporter(control, metrics, tracing, background)
+        self._chooser = Chooser(ctx, control=control, resumer=self._resumer)
+        self._migration = Migration(ctx, control=control, chooser=self._chooser,
+                                    stitcher=self.stitcher)  # fmt: skip
+        self._reporter = Reporter(control, ctx.metrics, ctx.tracing, ctx.background)
         self.first_byte: float | None = None
         self.served_by: Backend | None = None
 
@@ -146,6 +138,24 @@ class StreamRelay:
             self._trailers.append(upstream)  # it sent [DONE]
         await self._resp.write(self.stitcher.ending())
         return True
+
+    def relayed(self, complete: bool, backend: Backend) -> Relayed:
+        """`backend`: the one the stream started on."""
+        st = self.stitcher
+        first = st.choices.get(0)
+        inputs, outputs = st.token_counts()
+        return Relayed(
+            complete=complete,
+            served_by=self.served_by or backend,
+            first_byte=self.first_byte,
+            reply=first.reply if complete and first is not None else None,
+            first_choice=first,
+            finishes=tuple(c.finish_reason for c in st.choices.values()),
+            response_id=st.ident.id,
+            model=st.ident.model,
+            prompt_tokens=inputs,
+            completion_tokens=outputs,
+        )
 
     def finished_upstreams(self) -> list[aiohttp.ClientResponse]:
         """Hands over the upstream responses whose generation is over, for the caller to

@@ -4,9 +4,10 @@ In the order a request flows:
 
 1. `request` reads it as vLLM does (input, instructions, store, previous_response_id) and
    says whether it can be replayed faithfully on another engine (replay_refusal).
-2. `serve`: a streamed, replayable request (store: false, no follow-up, plain messages, no
-   tools or reasoning) is served as the chat request that generates the same tokens
-   (request.as_chat), so it gets chat's token-exact mid-stream failover (dataplane/resume/);
+2. A streamed, replayable request (store: false, no follow-up, plain messages, no tools or
+   reasoning) is served as the chat request that generates the same tokens (request.as_chat,
+   chosen at the edge: dataplane/edge/as_chat.py), so it gets chat's token-exact mid-stream
+   failover (dataplane/relay/);
    `translate` turns the relay's chat stream into Responses events (`events`: vLLM's
    shapes, one response id, rising sequence numbers, one response.completed with usage over
    the whole generation).

@@ -11,6 +11,6 @@ In the order the data flows:
 3. `rounds` (Rounds) makes a round's calls: the draft's k tokens, the target's scores for
    context + draft and its own next token, or target-only generation without a draft.
 4. `answer` (AnswerWriter) writes the client's answer in its own format (chat or
-   completion, SSE or whole, with usage); `report` builds the failover event and the
-   request's outcome that control hears.
+   completion, SSE or whole, with usage); `run` (SpecRun) keeps the request's state across
+   rounds and failovers and builds the failover event and the outcome that control hears.
 """

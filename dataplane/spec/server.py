@@ -4,7 +4,7 @@ Each round is two short non-streaming calls (draft: k tokens; target: score draf
 token), so the request is naturally resumable: a target that dies between or during rounds
 is replaced through control's Failover, which re-pairs the draft with the new target. Such a
 new pairing runs one probe round whose tokens are held back until control's gate answers;
-a rejected pairing never emits anything (DESIGN §6).
+a rejected pairing never emits anything (docs/architecture.md#speculative-pairs-and-the-gate).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Convert a tiny model to GGUF with llama.cpp's own converter (from the llama-cpp-python
 sdist), offline. Run with the engine venv's python: `hf_to_gguf.py LLAMA_CPP_DIR MODEL_DIR OUT`.
 
-Two patches, both for the toy tokenizer (see ../shared/research/backends.md):
+Two patches, both for the toy tokenizer (see docs/real-engines.md):
 - its pre-tokenizer hash is unknown to the converter; it is GPT-2's ByteLevel regex, so it is
   declared `gpt-2`;
 - llama.cpp refuses a gpt2 vocab without merges, so one dummy merge of bytes 0x00 and 0x01 is

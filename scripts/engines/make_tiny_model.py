@@ -5,7 +5,7 @@ Run with the engine venv's python (it has torch and transformers):
 tiny-think, tiny-think-special, tiny-wide, tiny-merge, tiny-added, spec-draft, spec-target-50,
 spec-target-80, spec-target-95.
 
-All three share the recipe (see ../shared/research/backends.md):
+All three share the recipe (see docs/real-engines.md):
 - head_dim 32: vLLM's CPU attention needs head_dim >= 32 and a multiple of 16.
 - initializer_range 0.3: greedy output is a long chaotic string, not one token repeated.
 - token id = byte value (byte-level BPE with no merges), so tokenization is canonical and a

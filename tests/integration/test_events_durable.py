@@ -1,5 +1,5 @@
-"""The README's promise about the audit log, through real processes: failovers, retries, health
-and admin events reach --data-dir at once, so a control SIGKILLed right after `baton events`
+"""docs/operations.md's promise about the audit log, through real processes: failovers, retries,
+health and admin events reach --data-dir at once, so a control SIGKILLed right after `baton events`
 showed them still lists every one of them after a restart with the same data dir.
 
 Control also flushes the file every 0.2 s, which would hide a missing immediate write if the

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from clients.procs import Part
+from tests.factories import sdk
 from tests.integration.harness import MODEL, Fleet, fleet, http, start_sim, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,10 +27,6 @@ def reference() -> Iterator[Part]:
     sim = start_sim()
     yield sim
     sim.stop()
-
-
-def sdk(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
 
 
 def uninterrupted(ref: Part, endpoint: str, **kw: Any) -> str:

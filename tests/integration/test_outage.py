@@ -1,6 +1,6 @@
-"""Control-plane outage (DESIGN §7, issue 7): control is SIGKILLed in the middle of a streaming
-load; the shim keeps serving from its last snapshot (failovers included), buffers its reports,
-and delivers them to a new control process on the same address."""
+"""Control-plane outage (docs/architecture.md#when-control-is-unreachable): control is SIGKILLed in
+the middle of a streaming load; the shim keeps serving from its last snapshot (failovers included),
+buffers its reports, and delivers them to a new control process on the same address."""
 
 from __future__ import annotations
 

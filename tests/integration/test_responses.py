@@ -14,16 +14,13 @@ import openai
 import pytest
 
 from clients.procs import Part
+from tests.factories import sdk
 from tests.integration.harness import MODEL, Fleet, fleet, metric, start_shim, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
 INPUT = "the quick brown fox"
 INSTRUCTIONS = "You are terse."
-
-
-def sdk(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
 
 
 def events_of(stream: Any, on_delta: Any = None) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ import pytest
 
 from clients.client import AdminClient
 from clients.procs import Part
+from tests.factories import sdk
 from tests.integration.cutproxy import Arm, cut_proxies
 from tests.integration.harness import (
     MODEL,
@@ -66,10 +67,6 @@ class BytesFleet:
             return seen >= failovers and healthy
 
         assert wait_until(ready, 30), "fleet did not settle after a failover"
-
-
-def sdk(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
 
 
 @contextmanager

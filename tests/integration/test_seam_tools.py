@@ -17,8 +17,9 @@ from typing import Any
 import openai
 import pytest
 
+from tests.factories import sdk
 from tests.integration.harness import MODEL
-from tests.integration.test_seam_bytes import BytesFleet, sdk, seam_fleet
+from tests.integration.test_seam_bytes import BytesFleet, seam_fleet
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -9,13 +9,14 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.factories import sdk
 from tests.integration.harness import MODEL, fleet, http, metric, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
 
 def client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=30)
+    return sdk(base_url, timeout=30)
 
 
 CHAT = [{"role": "user", "content": "tell me about routers"}]
@@ -161,7 +162,8 @@ def test_client_disconnect_cancels_the_upstream_generation(tmp_path: Path) -> No
 
 
 def test_control_plane_down_serves_from_the_last_snapshot(tmp_path: Path) -> None:
-    # DESIGN §7 (issue 7): no longer a 503; tests/integration/test_outage.py goes further.
+    # docs/architecture.md#when-control-is-unreachable: no longer a 503;
+    # tests/integration/test_outage.py goes further.
     from tests.integration.harness import metric as sample
 
     with fleet(tmp_path, n=1) as f:

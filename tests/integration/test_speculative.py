@@ -1,5 +1,6 @@
 """Router-level speculative decoding through real processes: sims as draft and targets, control
-binding and gating the pairs, the shim drafting and verifying (DESIGN §6)."""
+binding and gating the pairs, the shim drafting and verifying
+(docs/architecture.md#speculative-pairs-and-the-gate)."""
 
 from __future__ import annotations
 
@@ -247,10 +248,10 @@ def stream_until_killed(
 def test_incident_replay_a_survivor_with_other_facts_is_rejected_never_served(
     tmp_path: Path, invariant: str
 ) -> None:
-    """DESIGN §6: the bound target dies; the only survivor runs on an engine whose facts
-    differ from the draft's (another block size, a tokenizer one merge apart) and its
-    acceptance spikes. The gate rejects the pairing on the probe round, naming the fact
-    (nothing it verified is emitted); once a matching target is back the draft is
+    """docs/architecture.md#speculative-pairs-and-the-gate: the bound target dies; the only survivor
+    runs on an engine whose facts differ from the draft's (another block size, a tokenizer one merge
+    apart) and its acceptance spikes. The gate rejects the pairing on the probe round, naming the
+    fact (nothing it verified is emitted); once a matching target is back the draft is
     re-paired with it."""
     with spec_fleet(tmp_path, [(), SPIKY[invariant], ()]) as f:
         f.ok("backends", "drain", "t1")

@@ -14,13 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from baton.model import Failure
 from dataplane.exceptions import StreamFailed
 from dataplane.relay.stitch import Stitcher
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.settings import ResumeSettings
 from dataplane.sse import Event, SSEParser
 from dataplane.upstream.engine import read_events
-from dataplane.upstream.failures import Failure
 from tests.property.strategies import json_values
 
 # Pieces SSE streams are made of, so random streams hit the interesting boundaries often.

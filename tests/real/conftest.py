@@ -38,6 +38,7 @@ import openai
 import pytest
 
 from scripts.engines.replicas import MODELS, Cache, Engine, Replicas, data_parallel_size, free_ports
+from tests import factories
 from tests.integration.harness import Fleet, start_control, start_shim
 
 REASONING = ("--reasoning-parser", "deepseek_r1")
@@ -225,7 +226,8 @@ def baton(
 
 
 def sdk(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+    """An SDK client for real engines: their first tokens take longer than a sim's."""
+    return factories.sdk(base_url, timeout=120)
 
 
 def events(fleet: Fleet, kind: str, request_id: str = "") -> list[dict[str, Any]]:

@@ -123,11 +123,11 @@ def greedy_ids(engine: Engine, prompt: str | list[int], tokens: int) -> tuple[li
 def test_gate_incident_on_real_vllm(
     pool: Pool, tmp_path: Path, survivor: str, verdict: str
 ) -> None:
-    """DESIGN §6's incident with real processes: a pair is bound and serving; its target is
-    SIGKILLed mid-stream and control re-pairs the draft with the only survivor. Where the
-    survivor's facts match, the probe round is judged and accepted and the pair serves on;
-    where they do not (another KV block size), the re-pair is rejected naming the fact and
-    the stream goes on target-only. Either way the client's text is exactly what it is
+    """docs/architecture.md#speculative-pairs-and-the-gate's incident with real processes: a pair is
+    bound and serving; its target is SIGKILLed mid-stream and control re-pairs the draft with the
+    only survivor. Where the survivor's facts match, the probe round is judged and accepted and the
+    pair serves on; where they do not (another KV block size), the re-pair is rejected naming the
+    fact and the stream goes on target-only. Either way the client's text is exactly what it is
     owed: the bound target's greedy output up to the cut, then the survivor's own greedy
     continuation of those ids."""
     draft, target, other = pool.get(DRAFT, "v1", survivor)

@@ -38,12 +38,10 @@ def test_bounded_least_recently_used_first_out() -> None:
 
 def test_the_registry_credits_only_backends_whose_live_index_holds_the_blocks() -> None:
     from baton.model import BackendId
-    from control.backend_spec import make_backend
-    from control.fleet.registry import Registry
     from control.signals.kv.index import Stored
+    from tests.factories import registry
 
-    reg = Registry([make_backend(b, f"http://127.0.0.1:{i + 1}", "m") for i, b in
-                    enumerate("ab")], clock=lambda: 1.0)  # fmt: skip
+    reg = registry("ab")
     reg.placement.learn_blocks(report(), b"r3", 40)
     shape = RequestShape("m", message_count=4, prefix_chain=(b"p1", b"p2", b"r3", b"new"))
     assert reg.cached_tokens(shape) == ({}, None)  # no live index anywhere: nothing trusted

@@ -5,15 +5,20 @@ from pathlib import Path
 import orjson
 
 from control.audit.durable import EventFile
-from control.audit.log import Event, EventKind, EventLog, EventQuery
+from control.audit.log import Event, EventLog, EventQuery
+from control.audit.payloads import Admin, EventKind, Failover, Retry
+
+FAILOVER = Failover(trace_id="", from_backend="b", to_backend="a", failure="truncated", choice=0,
+                    tokens_sent=7, path="token", seam="verified", gap_ms=1.5, attempt=1,
+                    outcome="resumed")  # fmt: skip
 
 
 def test_events_survive_a_restart_and_numbering_carries_on(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     store = EventFile(path)
     log = EventLog(lambda: 100.0, sink=store.append)
-    log.record(EventKind.ADMIN, backend_id="a", action="drain")
-    log.record(EventKind.RETRY, request_id="r1", backend_id="b", failure="connect")
+    log.record(Admin(action="drain", migrate=False), backend_id="a")
+    log.record(Retry(failure="connect"), request_id="r1", backend_id="b")
     store.close()
 
     again = EventFile(path)
@@ -22,8 +27,8 @@ def test_events_survive_a_restart_and_numbering_carries_on(tmp_path: Path) -> No
         (1, EventKind.ADMIN, "a"),
         (2, EventKind.RETRY, "b"),
     ]
-    assert restored.query(EventQuery(kind="retry"))[0].data == {"failure": "connect"}
-    assert restored.record(EventKind.ADMIN, action="add").seq == 3
+    assert restored.query(EventQuery(kind="retry"))[0].data == {"failure": "connect", "detail": ""}
+    assert restored.record(Admin(action="remove")).seq == 3
     again.close()
 
 
@@ -55,7 +60,7 @@ def test_route_decisions_read_back_whole_and_in_order_among_other_events(tmp_pat
     log.subscribe(followed.append)
     log.record_route("r1", "a", "least_loaded", "adaptive", "m", 0, 7)
     log.record_route("r2", "b", "pin_hit", "adaptive", "m", 2, 7)
-    log.record(EventKind.FAILOVER, request_id="r2", backend_id="b", to="a")
+    log.record(FAILOVER, request_id="r2", backend_id="b")
     log.record_route("r3", "a", "failover", "adaptive", "m", 0, 8)
     store.close()
 
@@ -83,7 +88,7 @@ def test_events_other_than_routes_reach_the_file_at_once(tmp_path: Path) -> None
     log = EventLog(lambda: 1.0, sink=store.append, durable=store.flush)
     log.record_route("r1", "a", "spread", "adaptive", "m", 0, 1)
     assert path.read_bytes() == b""  # decisions wait for the periodic flush
-    log.record(EventKind.FAILOVER, request_id="r1", backend_id="a", to="b")
+    log.record(FAILOVER, request_id="r1", backend_id="a")
     # Read by another reader without close(): what a SIGKILL would leave behind.
     seen = list(EventLog(lambda: 2.0, restored=EventFile(path).load(10)))
     assert [e.kind for e in seen] == [EventKind.ROUTE, EventKind.FAILOVER]

@@ -3,10 +3,11 @@ from __future__ import annotations
 import pytest
 
 from baton import wire
-from baton.model import Backend, BackendId, HealthState, Snapshot
+from baton.model import BackendId, HealthState, Snapshot
 from control.exceptions import BackendExists, BackendNotFound
 from control.fleet.registry import Registry
 from control.settings import HealthPolicy
+from tests.factories import backend
 
 
 class FakeClock:
@@ -15,10 +16,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.t
-
-
-def backend(bid: str) -> Backend:
-    return Backend(BackendId(bid), f"http://127.0.0.1:1/{bid}", "m")
 
 
 def make(*ids: str) -> tuple[Registry, FakeClock]:
@@ -114,7 +111,7 @@ def test_load_is_released_and_expires() -> None:
 def test_route_events_off_keeps_the_other_events() -> None:
     import random
 
-    from baton.model import RequestShape, RouteRequest
+    from baton.model import Failure, RequestShape, RouteRequest
     from control.routing.policy import make_policy
     from control.routing.router import Router
 
@@ -123,7 +120,7 @@ def test_route_events_off_keeps_the_other_events() -> None:
         reg, make_policy("adaptive"), rng=random.Random(0), clock=clock, route_events=False
     )
     assert router.route(RouteRequest("r1", RequestShape(model="m"))).backends
-    router.attempt_failed("r1", "a", "connect", "refused")
+    router.attempt_failed("r1", "a", Failure.CONNECT, "refused")
     assert [e.kind.value for e in reg.events] == ["health", "retry"]
 
 

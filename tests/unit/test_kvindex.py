@@ -7,7 +7,8 @@ import pytest
 
 from baton.blocks import ROOT, block_key, block_keys
 from baton.model import BackendId
-from control.audit.log import EventKind, EventQuery
+from control.audit.log import EventQuery
+from control.audit.payloads import EventKind
 from control.backend_spec import make_backend
 from control.fleet.registry import Registry
 from control.signals.kv.index import Cleared, Fed, KvIndex, KvState, Removed, Stored

@@ -3,16 +3,11 @@ follow-up goes to the backend that holds it, or is refused saying where it was."
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from baton.model import Reason, RequestShape, RouteRequest
-from control.backend_spec import make_backend
 from control.fleet.owners import OwnerTable
-from control.fleet.registry import Registry
-from control.routing.policy import make_policy
-from control.routing.router import Router
+from tests.factories import router
 
 
 def test_lookups_keep_a_pin_warm_and_the_least_recently_used_goes_first() -> None:
@@ -37,16 +32,8 @@ def test_a_pin_ages_out_after_its_ttl_without_use_and_a_release_forgets_it() -> 
     assert t.release("r2") and not t.release("r2") and t.owner("r2", 0.0) is None
 
 
-def fleet() -> tuple[Router, Registry]:
-    reg = Registry(
-        [make_backend(b, f"http://127.0.0.1:{i + 1}", "m") for i, b in enumerate("abc")],
-        clock=lambda: 1.0,
-    )
-    return Router(reg, make_policy("adaptive"), rng=random.Random(0), clock=lambda: 1.0), reg
-
-
 def test_a_follow_up_goes_to_its_owner_however_the_policy_would_spread_it() -> None:
-    r, reg = fleet()
+    r, reg = router("abc")
     r.record_owner("resp_1", "b", "m")
     for i in range(4):
         d = r.route(RouteRequest(f"r{i}", RequestShape("m", owner_key="resp_1")))
@@ -63,7 +50,7 @@ def test_a_follow_up_goes_to_its_owner_however_the_policy_would_spread_it() -> N
     ],
 )
 def test_a_follow_up_whose_owner_is_gone_is_refused_naming_it(change: object, state: str) -> None:
-    r, reg = fleet()
+    r, reg = router("abc")
     r.record_owner("resp_1", "b", "m")
     change(reg)  # type: ignore[operator]
     d = r.route(RouteRequest("r1", RequestShape("m", owner_key="resp_1")))
@@ -72,7 +59,7 @@ def test_a_follow_up_whose_owner_is_gone_is_refused_naming_it(change: object, st
 
 
 def test_an_unknown_or_released_key_is_refused_not_spread() -> None:
-    r, _ = fleet()
+    r, _ = router("abc")
     d = r.route(RouteRequest("r1", RequestShape("m", owner_key="resp_x")))
     assert d.backends == () and d.reason is Reason.OWNER_UNKNOWN and "resp_x" in d.detail
     r.record_owner("resp_2", "a", "m")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from baton.model import Backend, BackendId, PairState, RequestShape, Role, Verdict
-from control.audit.log import EventKind, EventQuery
+from baton.model import PairState, RequestShape, Role, Verdict
+from control.audit.log import EventQuery
+from control.audit.payloads import EventKind
 from control.exceptions import FactsError, PairExists, PairRefused
 from control.fleet.registry import Registry
 from control.pairs.flow import PairFlow
@@ -18,16 +19,13 @@ from control.signals.facts import (
     describe,
     pair_violations,
 )
+from tests.factories import backend
 
 GREEDY = Facts("sha256:v", 300, 16)
 # The same engine, applying other sampling params than the pair was bound under.
 SAMPLING = Facts("sha256:v", 300, 16, params_hash="sha256:older")
 OTHER_TOKENIZER = Facts("sha256:w", 300, 16)  # one merge apart: the same vocab size
 SHAPE = RequestShape("m", spec_eligible=True, greedy=True, sets_temperature=True)
-
-
-def backend(bid: str, role: Role = Role.SERVE) -> Backend:
-    return Backend(BackendId(bid), f"http://127.0.0.1:1/{bid}", "m", role=role)
 
 
 def registry() -> tuple[Registry, PairFlow]:

@@ -7,11 +7,8 @@ from random import Random
 import pytest
 
 from baton.model import (
-    Backend,
     BackendId,
-    BackendStatus,
     Decision,
-    Health,
     HealthState,
     Reason,
     RequestShape,
@@ -21,14 +18,9 @@ from baton.model import (
 from control.fleet.pins import Pin, PinMatch, PinTable
 from control.routing.policy import RoutingView, make_policy
 from control.routing.policy.adaptive import SpillGuard
+from tests.factories import status
 
 H = HealthState
-
-
-def status(bid: str, state: HealthState = H.HEALTHY) -> BackendStatus:
-    return BackendStatus(
-        Backend(BackendId(bid), f"http://127.0.0.1:1/{bid}", "m"), Health(state, "", 0.0)
-    )
 
 
 def snap(*states: tuple[str, HealthState]) -> Snapshot:

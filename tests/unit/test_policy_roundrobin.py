@@ -3,10 +3,7 @@ from __future__ import annotations
 from random import Random
 
 from baton.model import (
-    Backend,
     BackendId,
-    BackendStatus,
-    Health,
     HealthState,
     Reason,
     RequestShape,
@@ -16,15 +13,7 @@ from baton.model import (
 )
 from control.routing.policy import RoutingView, make_policy
 from control.routing.policy.roundrobin import RoundRobin
-
-
-def status(
-    bid: str, state: HealthState = HealthState.HEALTHY, model: str = "m", role: Role = Role.SERVE
-) -> BackendStatus:
-    return BackendStatus(
-        Backend(BackendId(bid), f"http://127.0.0.1:1/{bid}", model, role=role),
-        Health(state, "", 0.0),
-    )
+from tests.factories import status
 
 
 def req(model: str = "m", exclude: tuple[str, ...] = ()) -> RouteRequest:

@@ -10,16 +10,12 @@ from dataplane.relay.resume.plan import plan_resume
 from dataplane.relay.resume.reasoning import Markers, open_after, split
 from dataplane.relay.stitch import Stitcher
 from dataplane.request import ClientRequest, Endpoint
+from tests.factories import client_request
 
 START, END = 300, 301
 M = Markers(START, END, "<think>", "</think>")
 SPECIAL = Markers(START, END, "<think>", "</think>", special=True)
 PROMPT = [1, 2, START]  # the template opened the assistant turn with <think>
-
-
-def chat() -> ClientRequest:
-    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
-    return ClientRequest(Endpoint.CHAT, body, "m", True, True)
 
 
 def first(s: Stitcher, delta: dict[str, object], ids: list[int], **top: object) -> None:
@@ -35,7 +31,7 @@ def delta(out: bytes) -> dict[str, object]:
 
 
 def stitcher() -> Stitcher:
-    s = Stitcher(chat(), strip_ids=True)
+    s = Stitcher(client_request(), strip_ids=True)
     s.follow_reasoning("deepseek_r1", M)
     first(s, {"role": "assistant", "content": ""}, [], prompt_token_ids=PROMPT)
     return s
@@ -86,18 +82,18 @@ def test_resumed_raw_text_keeps_reasoning_then_content() -> None:
 
 
 def test_reasoning_from_a_parser_baton_cannot_follow_is_refused_not_relabelled() -> None:
-    s = Stitcher(chat(), strip_ids=True)
+    s = Stitcher(client_request(), strip_ids=True)
     s.follow_reasoning("gpt_oss", None)
     first(s, {"role": "assistant", "content": ""}, [], prompt_token_ids=PROMPT)
     first(s, {"reasoning": "x"}, [10])
     p = s.choices[0]
     try:
-        plan_resume(chat(), p, token_path=True, seam_tokens=0)
+        plan_resume(client_request(), p, token_path=True, seam_tokens=0)
     except Exception as why:  # noqa: BLE001 - asserting on the message
         assert "gpt_oss" in str(why)
     else:
         raise AssertionError("a resume of an unfollowed parser's stream was planned")
-    unnamed = Stitcher(chat(), strip_ids=True)
+    unnamed = Stitcher(client_request(), strip_ids=True)
     first(unnamed, {"role": "assistant", "content": ""}, [], prompt_token_ids=PROMPT)
     first(unnamed, {"reasoning": "x"}, [10])
     assert "no reasoning_parser" in unnamed.choices[0].unfollowed
@@ -121,7 +117,7 @@ def test_tools_in_the_request_refuse_a_resume() -> None:
 
 
 def special_stitcher(**body: object) -> Stitcher:
-    client = chat()
+    client = client_request()
     client.body.update(body)
     s = Stitcher(client, strip_ids=True)
     s.follow_reasoning("deepseek_r1", SPECIAL)

@@ -4,16 +4,8 @@ import orjson
 
 from dataplane.relay.resume.stops import StopMatcher
 from dataplane.relay.stitch import Stitcher
-from dataplane.request import ClientRequest, Endpoint
-
-
-def client(endpoint: Endpoint = Endpoint.CHAT, **extra: object) -> ClientRequest:
-    body: dict[str, object] = {"model": "m", "stream": True, **extra}
-    body.setdefault(
-        "messages" if endpoint is Endpoint.CHAT else "prompt",
-        [{"role": "user", "content": "x"}] if endpoint is Endpoint.CHAT else "x",
-    )
-    return ClientRequest(endpoint, body, "m", True, True)
+from dataplane.request import Endpoint
+from tests.factories import client_request
 
 
 def chunk(**fields: object) -> bytes:
@@ -26,7 +18,7 @@ def events(out: bytes) -> list[object]:
 
 
 def test_strips_injected_token_ids_and_tracks_progress() -> None:
-    s = Stitcher(client(), strip_ids=True)
+    s = Stitcher(client_request(), strip_ids=True)
     role = chunk(
         choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}],
         prompt_token_ids=[1, 2, 3],
@@ -42,14 +34,14 @@ def test_strips_injected_token_ids_and_tracks_progress() -> None:
 
 
 def test_keeps_the_raw_bytes_when_the_client_asked_for_ids() -> None:
-    s = Stitcher(client(return_token_ids=True), strip_ids=False)
+    s = Stitcher(client_request(return_token_ids=True), strip_ids=False)
     data = chunk(choices=[{"index": 0, "delta": {"content": "a"}, "token_ids": [5]}])
     raw = b"data: " + data + b"\n\n"
     assert s.original(data, raw) == (raw, None)
 
 
 def test_failure_signals() -> None:
-    s = Stitcher(client(), strip_ids=True)
+    s = Stitcher(client_request(), strip_ids=True)
     assert s.original(b'{"error": {"message": "engine died"}}', b"")[1] == "error_event"
     assert s.original(b"not json", b"")[1] == "garbage"
     out, failure = s.original(
@@ -61,7 +53,7 @@ def test_failure_signals() -> None:
 
 
 def test_resumed_chunks_look_like_the_first_stream_and_usage_is_whole() -> None:
-    s = Stitcher(client(stream_options={"include_usage": True}), strip_ids=True)
+    s = Stitcher(client_request(stream_options={"include_usage": True}), strip_ids=True)
     s.original(
         chunk(
             choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}],
@@ -88,7 +80,7 @@ def test_resumed_chunks_look_like_the_first_stream_and_usage_is_whole() -> None:
 
 
 def test_completion_format_and_expected_choices() -> None:
-    s = Stitcher(client(Endpoint.COMPLETIONS, prompt=["a", "b"], n=2), strip_ids=True)
+    s = Stitcher(client_request(Endpoint.COMPLETIONS, prompt=["a", "b"], n=2), strip_ids=True)
     assert sorted(s.choices) == [0, 1, 2, 3]
     s.ident.id = "cmpl-1"
     (c,) = events(s.chunk(3, "zz", [], None))

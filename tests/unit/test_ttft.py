@@ -23,6 +23,7 @@ from control.signals.engine_load import (
     outside_of,
     parse_load,
 )
+from tests.factories import registry
 
 VLLM_PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -178,8 +179,7 @@ FLEET = ("a", "b", "c")
 
 
 def decide(prediction: Prediction, shape: RequestShape, pin: object = None) -> tuple[str, str]:
-    reg = Registry([make_backend(b, f"http://127.0.0.1:{i + 1}", "m")
-                    for i, b in enumerate(FLEET)], clock=lambda: 1.0)  # fmt: skip
+    reg = registry(FLEET)
     policy = make_policy("ttft")
     view = RoutingView(reg.snapshot, {}, pin, prediction)  # type: ignore[arg-type]
     d = policy.decide(RouteRequest("r", shape), view, rng=random.Random(0), now=1.0)

@@ -19,7 +19,7 @@ POLICIES: dict[str, Callable[[SpillGuard], Policy]] = {
 
 DEFAULT_POLICY = "adaptive"
 # When the config's backends publish KV events: the engines say what they hold and how busy
-# they are, and ttft predicts from it (bench.kv_routing --real; see the README).
+# they are, and ttft predicts from it (bench.kv_routing --real; see docs/routing.md).
 KV_DEFAULT_POLICY = "ttft"
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from random import Random
 
-from baton.model import Backend, BackendId, Decision, Reason, RouteRequest
+from baton.model import Backend, BackendId, Decision, Estimate, Reason, RouteRequest
 from baton.spread import Spreader, candidates, first
 from control.routing.policy.base import Prediction, RoutingView
 from control.routing.prefill import Rates
@@ -104,13 +104,15 @@ class PredictedTTFT:
                 stay = f"; stays: {best.id} {best_ms:.1f} ms is not {MOVE_MARGIN:.0%} better"
                 best_ms, best = home_ms, home
         _, uncached, backlog, outside = estimate(request, view, prediction, best.id)
+        expected = Estimate(best.id, best_ms, uncached, backlog, outside)
         detail = (f"est {best_ms:.1f} ms on {best.id} (backlog {backlog:.0f} ms, outside "
                   f"{outside:g}, uncached {uncached:.0f} tok)")  # fmt: skip
         if stay:
             detail += stay
         elif len(scored) > 1:
             detail += f"; next {scored[1][2].id} {scored[1][0]:.1f} ms"
-        return Decision(first(best, ring), Reason.PREDICTED, view.snapshot.version, detail)
+        return Decision(first(best, ring), Reason.PREDICTED, view.snapshot.version, detail,
+                        estimate=expected)  # fmt: skip
 
 
 def _home(

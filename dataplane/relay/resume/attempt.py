@@ -18,7 +18,7 @@ from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume import detok
 from dataplane.relay.resume.plan import ResumePlan, plan_resume, tokens_allowed
 from dataplane.relay.resume.reasoning import segments
-from dataplane.relay.resume.resumed import ChoiceResume, Downstream, ResumedStream
+from dataplane.relay.resume.resumed import ChoiceResume, Downstream, ResumedStream, ResumeState
 from dataplane.relay.resume.seam import HeldText, SeamCheck
 from dataplane.relay.resume.sidecheck import SideCheck
 from dataplane.relay.resume.stops import StopMatcher
@@ -90,7 +90,18 @@ class Resumer:
     ) -> ChoiceResume:
         """Resume `p` on `backend` to its end. `early`: a start() already open there (this
         call owns it from now on)."""
-        result = ChoiceResume()
+        state = ResumeState()
+        await self._run(state, backend, p, detected, early)
+        return state.result()
+
+    async def _run(
+        self,
+        result: ResumeState,
+        backend: Backend,
+        p: ChoiceProgress,
+        detected: float,
+        early: Started | None,
+    ) -> None:
         if tokens_left(self._client, p) == 0:
             if early is not None:
                 early.upstream.close()
@@ -98,9 +109,9 @@ class Resumer:
                 await self.end_at_limit(p, backend)
             except AttemptFailed as failed:
                 result.failure, result.detail = failed.failure, failed.detail
-                return result
+                return
             result.detail = "max_tokens reached before the failure; finished without a resume"
-            return result
+            return
         exact = self._settings.seam_mode is SeamMode.PARALLEL
         verify: asyncio.Task[Seam] | None = None
         try:
@@ -109,16 +120,16 @@ class Resumer:
                     started = early or await self.start(backend, p, exact=exact)
                 except Refused as why:
                     result.failure, result.detail = Failure.REFUSED, str(why)
-                    return result
+                    return
                 except AttemptFailed as failed:
                     result.failure, result.detail = failed.failure, failed.detail
-                    return result
+                    return
                 early = None
                 result.path = started.plan.path
                 verify = self._check_beside(backend, p, started, result, verify)
                 outcome, seam, held = await self._relay_one(backend, started, p, detected, result)
                 if outcome is AttemptEnd.FAILED:
-                    return result
+                    return
                 if outcome is AttemptEnd.DIVERGENT:
                     result.seam, exact = Seam.DIVERGENT, True
                     continue
@@ -132,7 +143,7 @@ class Resumer:
                     result.verdict, verify = verify, None
                 elif result.seam is None:
                     result.seam = seam.verdict
-                return result
+                return
         finally:
             if verify is not None:  # the resume failed: its verdict no longer matters
                 verify.cancel()
@@ -144,7 +155,7 @@ class Resumer:
         backend: Backend,
         p: ChoiceProgress,
         started: Started,
-        result: ChoiceResume,
+        result: ResumeState,
         verify: asyncio.Task[Seam] | None,
     ) -> asyncio.Task[Seam] | None:
         """Start the side check when this resume needs one (and none runs yet), or settle
@@ -161,12 +172,12 @@ class Resumer:
             if result.seam is not None:
                 base = result.seam  # a divergent try keeps its verdict
             verify = asyncio.create_task(
-                self._side.verdict(backend, started.check, result, at_boundary, base)
+                self._side.verdict(backend, started.check, result.watch, at_boundary, base)
             )
         elif result.seam is None and verify is None:  # a divergent try keeps its verdict
             result.seam = plan.seam if plan.seam is not Seam.VERIFIED else None
         if not at_boundary:
-            result.first_seen.set()  # nothing to watch
+            result.watch.first_seen.set()  # nothing to watch
         return verify
 
     async def _relay_one(
@@ -175,7 +186,7 @@ class Resumer:
         started: Started,
         p: ChoiceProgress,
         detected: float,
-        result: ChoiceResume,
+        result: ResumeState,
     ) -> tuple[AttemptEnd, SeamCheck, HeldText | None]:
         """One resumed stream relayed with its inline seam check, Baton's stop strings and
         the held text: how it ended (FAILED with the result's failure set), the seam check
@@ -198,12 +209,12 @@ class Resumer:
             result.failure, result.detail = failed.failure, failed.detail
             outcome = AttemptEnd.FAILED
         finally:
-            result.first_seen.set()
+            result.watch.first_seen.set()
             if outcome is AttemptEnd.FINISHED:  # its generation is over: keep the connection
                 self._down.keep(started.upstream)
             else:
                 started.upstream.close()  # also stops a generation still running
-            result.ended.set()  # the engine is done with it: the side check may go now
+            result.watch.ended.set()  # the engine is done with it: the side check may go now
         return outcome, seam, held
 
     async def end_at_limit(self, p: ChoiceProgress, backend: Backend | None = None) -> None:

@@ -8,42 +8,28 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from baton.model import Backend, Failure, RequestShape, SeamMode
-from baton.tracing import Tracing
+from baton.model import Backend, Failure, SeamMode
 from dataplane.exceptions import AttemptFailed, ControlUnavailable, Refused
 from dataplane.link.needs import FailoverAdvice
+from dataplane.relay.context import StreamContext
 from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume.attempt import Resumer, Started, tokens_left
-from dataplane.request import ClientRequest
-from dataplane.settings import ResumeSettings
 
 # Longest a Failover call waits for the resumed stream to flow (see Chooser._tell_later).
 CONTROL_AFTER_S = 0.1
 
 
 class Chooser:
-    def __init__(
-        self,
-        *,
-        control: FailoverAdvice,
-        resumer: Resumer,
-        settings: ResumeSettings,
-        client: ClientRequest,
-        request_id: str,
-        shape: RequestShape,
-        fallbacks: Sequence[Backend],
-        tracing: Tracing,
-        background: set[asyncio.Task[None]],
-    ) -> None:
+    def __init__(self, ctx: StreamContext, *, control: FailoverAdvice, resumer: Resumer) -> None:
         self._control = control
         self._resumer = resumer
-        self._settings = settings
-        self._client = client
-        self._rid = request_id
-        self._shape = shape
-        self._fallbacks = tuple(fallbacks)
-        self._tracing = tracing
-        self._background = background
+        self._settings = ctx.settings
+        self._client = ctx.client
+        self._rid = ctx.request_id
+        self._shape = ctx.shape
+        self._fallbacks = ctx.fallbacks
+        self._tracing = ctx.tracing
+        self._background = ctx.background
         # A Failover call held back until the resumed stream flows (see _tell_later), and the
         # resumed writes since it was.
         self._tell: Callable[[], None] | None = None
@@ -129,14 +115,12 @@ class Chooser:
 
     def _keep(self, task: asyncio.Future[Backend | None]) -> None:
         """Let control's late answer finish in the background (its failure is not ours)."""
-        self._background.add(task)  # type: ignore[arg-type]
 
         def done(t: asyncio.Future[Backend | None]) -> None:
-            self._background.discard(t)
             if not t.cancelled():
                 t.exception()  # retrieved: a dead control is handled elsewhere
 
-        task.add_done_callback(done)
+        self._background.spawn(task, done)
 
     async def ask(
         self,

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 
 from baton.model import Backend, Failure
 from dataplane.link.needs import FailoverAdvice
+from dataplane.relay.context import StreamContext
 from dataplane.relay.resume.choose import Chooser
 from dataplane.relay.resume.plan import refusal
 from dataplane.relay.stitch import Stitcher
-from dataplane.request import ClientRequest
 
 log = logging.getLogger("baton.shim.stream")
 # A stream on a migrating backend with nowhere to go keeps streaming there; control is asked
@@ -23,21 +22,14 @@ MIGRATION_RETRY_S = 1.0
 
 class Migration:
     def __init__(
-        self,
-        *,
-        control: FailoverAdvice,
-        chooser: Chooser,
-        client: ClientRequest,
-        stitcher: Stitcher,
-        request_id: str,
-        fallbacks: Sequence[Backend],
+        self, ctx: StreamContext, *, control: FailoverAdvice, chooser: Chooser, stitcher: Stitcher
     ) -> None:
         self._control = control
         self._chooser = chooser
-        self._client = client
+        self._client = ctx.client
         self._stitcher = stitcher
-        self._rid = request_id
-        self._fallbacks = tuple(fallbacks)
+        self._rid = ctx.request_id
+        self._fallbacks = ctx.fallbacks
         self._ask_after = 0.0  # when control may next be asked where to migrate
 
     def due(self, backend_id: str) -> bool:

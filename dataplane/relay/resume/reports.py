@@ -10,6 +10,7 @@ from baton.model import FailoverReport, Seam
 from baton.tracing import Tracing
 from dataplane.link.needs import FailoverAudit
 from dataplane.metrics import ShimMetrics
+from dataplane.relay.background import Background
 from dataplane.relay.resume.resumed import ChoiceResume
 
 
@@ -19,7 +20,7 @@ class Reporter:
         control: FailoverAudit,
         metrics: ShimMetrics,
         tracing: Tracing,
-        background: set[asyncio.Task[None]],
+        background: Background,
     ) -> None:
         self._control = control
         self._metrics = metrics
@@ -37,13 +38,10 @@ class Reporter:
             self.send(replace(report, seam=seam))
 
         self._metrics.seam_checks.inc()
-        task = asyncio.create_task(when_checked(result.verdict))
-        self._background.add(task)
-        task.add_done_callback(self._checked)
+        self._background.spawn(when_checked(result.verdict), self._checked)
 
-    def _checked(self, task: asyncio.Task[None]) -> None:
+    def _checked(self, task: asyncio.Future[None]) -> None:
         """Sent, failed or cancelled (shutdown): no longer pending either way."""
-        self._background.discard(task)
         self._metrics.seam_checks.dec()
 
     def send(self, report: FailoverReport) -> None:

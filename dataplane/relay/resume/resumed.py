@@ -17,6 +17,7 @@ from baton.model import AttemptEnd, Backend, Failure, ResumePath, Seam
 from dataplane.exceptions import StreamFailed
 from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume.seam import HeldText, SeamCheck
+from dataplane.relay.resume.sidecheck import ResumeWatch
 from dataplane.relay.resume.stops import StopMatcher
 from dataplane.relay.stitch import Stitcher
 from dataplane.request import Endpoint
@@ -51,7 +52,7 @@ class Downstream(Protocol):
         ...
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ChoiceResume:
     """How one choice's resume on one backend went."""
 
@@ -62,18 +63,26 @@ class ChoiceResume:
     detail: str = ""
     verdict: asyncio.Task[Seam] | None = None  # a parallel seam check still running
     handover: Backend | None = None  # failure "migrate": where control said to move it
-    # Set once the resumed stream has ended (finished, stopped or failed). The seam check
-    # waits for it, since its verdict is only reported then anyway: beside a running resume
-    # it competes for the engine's memory as well as its compute. llama-server's slots share
-    # one KV cache, and a check re-prefilling the shared prefix beside a resume that nearly
-    # fills the context made the engine fail both ("Context size has been exceeded": the
-    # check killed the stream it was checking).
-    ended: asyncio.Event = field(default_factory=asyncio.Event)
-    # An exact resume at a character boundary: the ids and the engine's text of its first
-    # chunks up to the first that carried text, for the side check (set once they are in,
-    # or at the stream's end).
-    first_text: tuple[list[int], str] = field(default_factory=lambda: ([], ""))
-    first_seen: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(slots=True)
+class ResumeState:
+    """A resume's result as it forms (the resumer and the resumed stream write it), and the
+    side check's watch on it; `result()` is what the relay is handed."""
+
+    path: ResumePath | None = None
+    seam: Seam | None = None
+    gap_ms: float = 0.0
+    failure: Failure | None = None
+    detail: str = ""
+    verdict: asyncio.Task[Seam] | None = None
+    handover: Backend | None = None
+    watch: ResumeWatch = field(default_factory=ResumeWatch)
+
+    def result(self) -> ChoiceResume:
+        return ChoiceResume(path=self.path, seam=self.seam, gap_ms=self.gap_ms,
+                            failure=self.failure, detail=self.detail, verdict=self.verdict,
+                            handover=self.handover)  # fmt: skip
 
 
 class ResumedStream:
@@ -102,7 +111,7 @@ class ResumedStream:
         held: HeldText | None,
         stops: StopMatcher | None,
         detected: float,
-        result: ChoiceResume,
+        result: ResumeState,
     ) -> AttemptEnd:
         """Relays one resumed stream to its end: FINISHED, STOPPED or DIVERGENT (never
         FAILED: a failure raises StreamFailed)."""
@@ -124,8 +133,8 @@ class ResumedStream:
                 continue
             ids, text = verified
             stop_reason = ch.get("stop_reason")
-            if not result.first_seen.is_set():
-                _watch_first(result, ids, text)
+            if not result.watch.first_seen.is_set():
+                result.watch.saw(ids, text)
             settled = False
             if held is not None:
                 text, settled = await self._release(backend, held, ch, chat, ids)
@@ -185,7 +194,7 @@ class ResumedStream:
             )
         return len(part)
 
-    async def _send(self, out: bytes, result: ChoiceResume, detected: float) -> None:
+    async def _send(self, out: bytes, result: ResumeState, detected: float) -> None:
         if result.gap_ms == 0.0:
             result.gap_ms = (time.perf_counter() - detected) * 1000
         await self._down.write(out)
@@ -208,7 +217,7 @@ class ResumedStream:
             raise StreamFailed(Failure.finish(finish))
         return ch
 
-    async def _move(self, backend: Backend, result: ChoiceResume) -> None:
+    async def _move(self, backend: Backend, result: ResumeState) -> None:
         """`backend` is drained with migration: raises StreamFailed(MIGRATE) when control
         names a backend to move to (result.handover); else the stream stays."""
         result.handover = await self._down.target(backend)
@@ -233,16 +242,6 @@ class ResumedStream:
         else:
             decoded = await self._decode(backend, ids)
         return held.resolve(decoded, finish is not None)
-
-
-def _watch_first(result: ChoiceResume, ids: list[int], text: str) -> None:
-    """The ids and text of the resumed stream's first chunks up to the first with text,
-    for the side check of a resume at a character boundary."""
-    seen_ids, _ = result.first_text
-    seen_ids.extend(ids)
-    if text:
-        result.first_text = (seen_ids, text)
-        result.first_seen.set()
 
 
 def _apply_stops(

@@ -2,13 +2,14 @@
 regenerate the overlap the client already has (one short non-streaming request over the
 shared prefix), and is the text the engine sent first after a resume at a character
 boundary the text of its ids. Run once the resume has ended, so it never competes with it
-for the engine's compute or memory (ChoiceResume.ended)."""
+for the engine's compute or memory (ResumeWatch.ended)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -20,12 +21,31 @@ from dataplane.upstream.chunks import choice_text_whole
 from dataplane.upstream.engine import complete_once
 
 
-class Watched(Protocol):
-    """What the side check reads of a resume as it runs (attempt.ChoiceResume)."""
+@dataclass(slots=True)
+class ResumeWatch:
+    """What the side check reads of a resume as it runs: the one object the resumed stream
+    (which sets it) and the side check (which waits on it) share."""
 
-    ended: asyncio.Event
-    first_seen: asyncio.Event
-    first_text: tuple[list[int], str]
+    # Set once the resumed stream has ended (finished, stopped or failed). The check waits
+    # for it, since its verdict is only reported then anyway: beside a running resume it
+    # competes for the engine's memory as well as its compute. llama-server's slots share
+    # one KV cache, and a check re-prefilling the shared prefix beside a resume that nearly
+    # fills the context made the engine fail both ("Context size has been exceeded": the
+    # check killed the stream it was checking).
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    # An exact resume at a character boundary: the ids and the engine's text of its first
+    # chunks up to the first that carried text (set once they are in, or at the stream's
+    # end).
+    first_text: tuple[list[int], str] = field(default_factory=lambda: ([], ""))
+    first_seen: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def saw(self, ids: list[int], text: str) -> None:
+        """A chunk of the resumed stream, until one carries text."""
+        seen_ids, _ = self.first_text
+        seen_ids.extend(ids)
+        if text:
+            self.first_text = (seen_ids, text)
+            self.first_seen.set()
 
 
 class SideCheck:
@@ -40,7 +60,12 @@ class SideCheck:
         self._timeout = total_timeout
 
     async def verdict(
-        self, backend: Backend, check: ResumePlan | None, resume: Watched, first: bool, base: Seam
+        self,
+        backend: Backend,
+        check: ResumePlan | None,
+        resume: ResumeWatch,
+        first: bool,
+        base: Seam,
     ) -> Seam:
         """`check`: the overlap to regenerate; `first`: compare the engine's first text with
         its ids' text. `base`: the verdict when there is no overlap to check."""
@@ -50,7 +75,7 @@ class SideCheck:
             return Seam.DIVERGENT
         return verdict
 
-    async def _first_text_agrees(self, backend: Backend, resume: Watched) -> bool:
+    async def _first_text_agrees(self, backend: Backend, resume: ResumeWatch) -> bool:
         """Unknown (the call failed) counts as agreeing: the verdict stays what the overlap
         says, never a guess of divergence."""
         await resume.first_seen.wait()

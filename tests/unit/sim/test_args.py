@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
-from sim.__main__ import add_arguments, config_from_args
-from sim.config import SimConfig
 from sim.metrics import SimMetrics
-
-
-def config(*argv: str) -> SimConfig:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return config_from_args(parser.parse_args(list(argv)))
+from tests.factories import sim_config
 
 
 def test_defaults_are_the_plain_model_and_vllms_generation_defaults() -> None:
-    cfg = config()
+    cfg = sim_config()
     assert cfg.model.draft_agree_rate == 1.0 and cfg.model.loop_period == 0
     lim = cfg.limits
     assert (lim.default_temperature, lim.default_top_p, lim.default_top_k) == (0.0, 1.0, 0)
@@ -27,7 +18,7 @@ def test_defaults_are_the_plain_model_and_vllms_generation_defaults() -> None:
 
 
 def test_new_flags_reach_the_config() -> None:
-    cfg = config(
+    cfg = sim_config(
         "--draft-agree-rate", "0.4", "--default-temperature", "0.7", "--default-top-p", "0.9",
         "--default-top-k", "-1", "--default-seed", "5", "--tokenizer-variant", "2",
         "--loop-after-len", "100", "--loop-period", "8",
@@ -55,7 +46,7 @@ def test_new_flags_reach_the_config() -> None:
 )
 def test_out_of_range_flags_are_refused(argv: tuple[str, ...]) -> None:
     with pytest.raises(SystemExit):
-        config(*argv)
+        sim_config(*argv)
 
 
 def test_cache_config_info_gauge_carries_the_block_size() -> None:
@@ -66,5 +57,5 @@ def test_cache_config_info_gauge_carries_the_block_size() -> None:
 
 
 def test_byte_level_and_reasoning_flags_reach_the_config() -> None:
-    cfg = config("--byte-level", "--reasoning", "--think-tokens", "7")
+    cfg = sim_config("--byte-level", "--reasoning", "--think-tokens", "7")
     assert cfg.byte_level and cfg.reasoning and cfg.model.think_tokens == 7

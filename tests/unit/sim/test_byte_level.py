@@ -12,6 +12,7 @@ from sim.generation import Sequence, TokenEvent
 from sim.model import ModelConfig, ToyModel
 from sim.protocol import SamplingParams
 from sim.tokenizer import FIRST_MERGE_ID, build_tokenizer
+from tests.factories import greedy
 
 ASCII = build_tokenizer()
 BYTES = build_tokenizer(byte_level=True)
@@ -21,12 +22,6 @@ PROMPTS = [
     "<|bos|><|user|>Écris en français, 中文 aussi 😀<|end|><|assistant|>",
     "<|bos|>The model routes a stream",
 ]
-
-
-def greedy(model: ToyModel, prompt: list[int], n: int) -> list[int]:
-    seq = Sequence(model, prompt, SamplingParams(max_tokens=n))
-    seq.run_to_end()
-    return seq.token_ids
 
 
 def _kinds(ids: list[int]) -> dict[str, int]:

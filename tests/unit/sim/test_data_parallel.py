@@ -4,23 +4,14 @@ load balancer's pick, the --data-parallel-size flag and one /metrics page for al
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sim.__main__ import add_arguments, config_from_args
 from sim.balancer import LeastLoaded, header_rank
-from sim.config import SimConfig
 from sim.kv_wire import KvEventsConfig, offset_endpoint_port
 from sim.metrics import SimMetrics
 from sim.protocol import ApiError
-
-
-def config(*argv: str) -> SimConfig:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return config_from_args(parser.parse_args(list(argv)))
+from tests.factories import sim_config
 
 
 # -- each rank's endpoints ------------------------------------------------------------
@@ -108,22 +99,22 @@ def test_ties_go_round_robin_as_vllms_rotating_scan() -> None:
 
 # -- the flag ---------------------------------------------------------------------------
 def test_one_rank_by_default_and_the_flag_reaches_the_config() -> None:
-    assert config().data_parallel_size == 1
-    assert config("--data-parallel-size", "4").data_parallel_size == 4
+    assert sim_config().data_parallel_size == 1
+    assert sim_config("--data-parallel-size", "4").data_parallel_size == 4
 
 
 def test_a_size_below_1_is_refused() -> None:
     with pytest.raises(SystemExit, match="--data-parallel-size"):
-        config("--data-parallel-size", "0")
+        sim_config("--data-parallel-size", "0")
 
 
 def test_an_ipc_endpoint_refuses_to_start_with_several_ranks() -> None:
-    assert config("--kv-events-endpoint", "ipc:///tmp/sim-kv").kv_events is not None
+    assert sim_config("--kv-events-endpoint", "ipc:///tmp/sim-kv").kv_events is not None
     with pytest.raises(SystemExit, match="cannot be moved for data-parallel rank 1"):
-        config("--kv-events-endpoint", "ipc:///tmp/sim-kv", "--data-parallel-size", "2")
+        sim_config("--kv-events-endpoint", "ipc:///tmp/sim-kv", "--data-parallel-size", "2")
     with pytest.raises(SystemExit, match="ipc"):  # the replay socket needs moving too
-        config("--kv-events-endpoint", "tcp://*:0", "--kv-events-replay-endpoint",
-               "ipc:///tmp/sim-replay", "--data-parallel-size", "2")  # fmt: skip
+        sim_config("--kv-events-endpoint", "tcp://*:0", "--kv-events-replay-endpoint",
+                   "ipc:///tmp/sim-replay", "--data-parallel-size", "2")  # fmt: skip
 
 
 # -- one /metrics page ------------------------------------------------------------------

@@ -6,22 +6,12 @@ from random import Random
 
 import pytest
 
-from sim.generation import Sequence
 from sim.model import ModelConfig, ToyModel
-from sim.protocol import SamplingParams
 from sim.tokenizer import EOS, build_tokenizer
+from tests.factories import greedy
 
 TOK = build_tokenizer()
 PROMPT = TOK.encode("<|bos|><|user|>What does a router do?<|end|><|assistant|>")
-
-
-def greedy(
-    model: ToyModel, history: list[int], n: int, *, ignore_eos: bool = False, min_tokens: int = 0
-) -> list[int]:
-    params = SamplingParams(max_tokens=n, ignore_eos=ignore_eos, min_tokens=min_tokens)
-    seq = Sequence(model, history, params)
-    seq.run_to_end()
-    return seq.token_ids
 
 
 def agreement(draft: ToyModel, target: ToyModel, n: int) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import re
@@ -14,7 +13,6 @@ import aiohttp
 import orjson
 import pytest
 
-from sim.__main__ import add_arguments, config_from_args
 from sim.chat_template import Message, render
 from sim.config import SimConfig
 from sim.costmodel import CostParams
@@ -32,6 +30,7 @@ from sim.tokenizer import (
     build_tokenizer,
 )
 from sim.tools import ToolCallPlan, ToolSpec, ToolStream, extract
+from tests.factories import sim_config
 
 TOK = build_tokenizer(tool_calls=True)
 PLAIN = build_tokenizer()
@@ -56,19 +55,13 @@ TOOL_ID = re.compile(r"^chatcmpl-tool-[0-9a-f]{16}$")
 
 
 # -- the flags ---------------------------------------------------------------------------
-def config(*argv: str) -> SimConfig:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return config_from_args(parser.parse_args(list(argv)))
-
-
 def test_flags_reach_the_config() -> None:
-    off = config()
+    off = sim_config()
     assert not off.tool_calls and off.model.tool_call_after == 8
-    on = config("--tool-calls", "--tool-call-after", "3")
+    on = sim_config("--tool-calls", "--tool-call-after", "3")
     assert on.tool_calls and on.model.tool_call_after == 3
     with pytest.raises(SystemExit, match="--tool-call-after"):
-        config("--tool-calls", "--tool-call-after", "-1")
+        sim_config("--tool-calls", "--tool-call-after", "-1")
 
 
 # -- the vocabulary ----------------------------------------------------------------------

@@ -1,0 +1,116 @@
+"""The kinds of audit event, and one typed payload per kind (a routing decision has its own
+row shape: log.ROUTE_FIELDS). The payload's fields are the event's data, so the durable log's
+rows have one schema per kind, which tests/unit/test_audit_schema.py checks against what
+control writes; a field that is None is left out of the row (an optional field not said)."""
+
+# baton: pure
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from typing import Any, ClassVar
+
+
+class EventKind(StrEnum):
+    ROUTE = "route"
+    RETRY = "retry"
+    FAILOVER = "failover"
+    HEALTH = "health"
+    ADMIN = "admin"
+    PAIR = "pair"
+    KV = "kv"  # a backend's KV-cache index changed state (control/signals/kv/index.py)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Retry:
+    """Before the first byte: the shim moved the request to its next fallback."""
+
+    KIND: ClassVar[EventKind] = EventKind.RETRY
+    failure: str  # a baton.model.Failure value
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failover:
+    """How one choice's failover ended, as the shim reported it."""
+
+    KIND: ClassVar[EventKind] = EventKind.FAILOVER
+    trace_id: str
+    from_backend: str
+    to_backend: str
+    failure: str  # a baton.model.Failure value
+    choice: int
+    tokens_sent: int
+    path: str  # a ResumePath value, or "none"
+    seam: str  # a Seam value, or "none"
+    gap_ms: float
+    attempt: int
+    outcome: str  # a FailoverOutcome value, or "unknown"
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HealthChange:
+    KIND: ClassVar[EventKind] = EventKind.HEALTH
+    state: str  # a HealthState value
+    previous: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KvChange:
+    """A backend's KV index changed state (control/signals/kv/index.py)."""
+
+    KIND: ClassVar[EventKind] = EventKind.KV
+    state: str
+    previous: str
+    reason: str
+    blocks_before: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Admin:
+    """An operator's change to the fleet. `action`: add, remove, drain, undrain, clear-pins;
+    the other fields are said by the actions they belong to."""
+
+    KIND: ClassVar[EventKind] = EventKind.ADMIN
+    action: str
+    url: str | None = None  # add
+    model: str | None = None  # add
+    kind_of_backend: str | None = None  # add
+    role: str | None = None  # add
+    migrate: bool | None = None  # drain
+    cleared: int | None = None  # clear-pins
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PairChange:
+    """A speculative pair changed (control/pairs/flow.py). `action`: bind, unbind, reject,
+    repair, accept, probation, active, detach, rebind, refused."""
+
+    KIND: ClassVar[EventKind] = EventKind.PAIR
+    pair: str
+    action: str
+    draft: str | None = None
+    target: str | None = None
+    state: str | None = None
+    params_hash: str | None = None
+    reason: str | None = None
+    previous: str | None = None  # repair: the target that failed
+    observed: float | None = None  # a gate's verdict: the acceptance seen
+    baseline: float | None = None  # and the pair's paired baseline
+
+
+Payload = Retry | Failover | HealthChange | KvChange | Admin | PairChange
+PAYLOADS: tuple[type[Payload], ...] = (Retry, Failover, HealthChange, KvChange, Admin, PairChange)
+
+
+def data_of(payload: Payload) -> dict[str, Any]:
+    """The event's data: the payload's fields, those not said (None) left out."""
+    out = {}
+    for f in fields(payload):
+        value = getattr(payload, f.name)
+        if value is not None:
+            out[f.name] = value
+    return out
