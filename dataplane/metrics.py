@@ -14,7 +14,7 @@ ROUTE_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.25)
 
 @dataclass(frozen=True, slots=True)
 class LinkStats:
-    """The shim's link to control, read at scrape time (the control owns the counts)."""
+    """The shim's link to control, read at scrape time (ControlLink owns the counts)."""
 
     degraded: bool = False  # control unreachable: routing from the last snapshot
     outages: int = 0
@@ -27,7 +27,7 @@ class LinkStats:
 
 
 class LinkCollector:
-    """Exports LinkStats; a collector, not Counters, because the counts live in the control."""
+    """Exports LinkStats; a collector, not Counters, because the counts live in ControlLink."""
 
     def __init__(self, stats: Callable[[], LinkStats]) -> None:
         self._stats = stats

@@ -209,7 +209,7 @@ class ControlLink:
         )
 
     async def _decision(self, answer: Awaitable[routing_pb2.RouteResponse]) -> Decision:
-        """One answer from the RouteStream, with its failures in the control's terms."""
+        """One answer from the RouteStream, with its failures in the link's terms."""
         try:
             resp = await answer
         except TimeoutError:

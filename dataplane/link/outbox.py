@@ -47,8 +47,8 @@ class Outbox:
         up: asyncio.Event,
         on_unreachable: Callable[[str], None],
     ) -> None:
-        """`up`: set while control is believed reachable (the control owns it);
-        `on_unreachable`: told when a send fails for a transient reason, so the control
+        """`up`: set while control is believed reachable (ControlLink owns it);
+        `on_unreachable`: told when a send fails for a transient reason, so ControlLink
         stops trusting control and probes it until it answers again."""
         self._queue: deque[Report] = deque()
         self._capacity = capacity
@@ -87,7 +87,7 @@ class Outbox:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in TRANSIENT:
                     # Kept at the head: order is preserved and it goes first when control
-                    # is back. The control clears `up`, so this does not spin.
+                    # is back. ControlLink clears `up`, so this does not spin.
                     self._on_unreachable(f"{report.kind} report: {exc.code().name}")
                     if self._up.is_set():
                         await asyncio.sleep(0.1)  # `up` left set (shutting down): pace

@@ -29,7 +29,7 @@ class RouteStream:
         metadata: tuple[tuple[str, str], ...] = (),
     ) -> None:
         """`on_broken`: told why whenever the stream breaks (control gone, or hung on a
-        write), so the control can stop asking control until it answers again. `metadata`:
+        write), so ControlLink can stop asking control until it answers again. `metadata`:
         sent when each stream opens (the shim token)."""
         self._stub = stub
         self._metadata = metadata

@@ -173,7 +173,7 @@ def test_gate_incident_on_real_vllm(
         pair_events = [e for e in ok(fleet, "events", "--kind", "pair")
                        if e["target"] == survivor]  # fmt: skip
         actions = [e["action"] for e in pair_events]
-        outages = metric(fleet.shim.ready, "baton_shim_control_outages")
+        outages = metric(fleet.shim.ready, "baton_shim_control_outages_total")
         if verdict == "accept":
             assert "accept" in actions and "reject" not in actions, (pair_events, outages)
             pair = ok(fleet, "pairs", "list")[0]

@@ -53,7 +53,7 @@ def test_buffered_while_away_bounded_then_delivered_in_order() -> None:
         assert len(box) == 5 and control.taken == []
         assert box.dropped == {"failover": 1, "attempt_failure": 1}  # n = 5, 6
         control.reachable = True
-        up.set()  # what the control's probe does when control answers again
+        up.set()  # what ControlLink's probe does when control answers again
         await box.close(grace=2.0)
         assert control.taken == [0, 1, 2, 3, 4] and len(box) == 0 and box.delivered == 5
 
