@@ -179,7 +179,9 @@ def test_gate_incident_on_real_vllm(
             pair = ok(fleet, "pairs", "list")[0]
             assert pair["target"] == survivor and pair["state"] == "active", pair
         else:
-            (reject,) = [e for e in pair_events if e["action"] == "reject"]
+            rejects = [e for e in pair_events if e["action"] == "reject"]
+            assert len(rejects) == 1, (pair_events, outages)
+            (reject,) = rejects
             assert reject["reason"].startswith(verdict), reject
             assert not {"accept", "probation", "active"} & set(actions), pair_events
             assert ok(fleet, "pairs", "list")[0]["state"] == "detached"
