@@ -24,12 +24,9 @@ from dataplane.relay.resume.migration import Migration
 from dataplane.relay.resume.reports import Reporter
 from dataplane.relay.stitch import Stitcher
 from dataplane.request import ClientRequest
-from dataplane.settings import ResumeSettings
 from dataplane.sse import ClientStream
 from dataplane.upstream.chunks import error_type
 from dataplane.upstream.engine import read_events
-
-__all__ = ["ResumeSettings", "StreamRelay", "with_token_ids"]
 
 
 class RelayControl(FailoverAdvice, FailoverAudit, Protocol):
@@ -44,7 +41,6 @@ class Relayed:
 
     complete: bool  # the client got a whole answer (else an error event)
     served_by: Backend  # the backend that finished it
-    first_byte: float | None  # monotonic time of the first byte the client got
     reply: str | None  # a complete answer's first choice, the next turn's prefix
     first_choice: ChoiceProgress | None  # its token ids, for the KV blocks it implies
     finishes: tuple[str | None, ...]
@@ -126,7 +122,6 @@ class StreamRelay:
         return Relayed(
             complete=complete,
             served_by=self.served_by or backend,
-            first_byte=self.first_byte,
             reply=first.reply if complete and first is not None else None,
             first_choice=first,
             finishes=tuple(c.finish_reason for c in st.choices.values()),
