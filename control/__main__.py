@@ -57,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("ROUTING"),
         help="routing policy (overrides the config; env ROUTING)",
     )
+    parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
 
 
 def _tokens(args: argparse.Namespace) -> tuple[str | None, str | None]:
@@ -134,6 +135,7 @@ async def _serve(
 
 
 def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         cfg = config_mod.load(args.config)
         if args.routing:

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 class HealthPolicy:
     readmit_after: int = 2  # consecutive good probes to re-admit a demoted/down backend
     down_after: int = 3  # consecutive failed probes to call a demoted backend down
+    # Consecutive probes that time out to demote a healthy backend. An engine that answers
+    # its probe late is alive and may only be busy (a loaded CPU host, a long prefill); one
+    # that refuses, resets or answers an error is demoted on the first.
+    slow_after: int = 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -19,8 +20,16 @@ from control.signals.facts import Facts
 from control.signals.published import fetch_facts, fetch_max_model_len, fetch_metrics_page
 
 
-async def probe_once(session: aiohttp.ClientSession, backend: Backend, timeout: float) -> str:
-    """Empty string when healthy, else why not."""
+@dataclass(frozen=True, slots=True)
+class ProbeFailure:
+    reason: str
+    slow: bool = False  # it timed out: the engine may only be busy (HealthPolicy.slow_after)
+
+
+async def probe_once(
+    session: aiohttp.ClientSession, backend: Backend, timeout: float
+) -> ProbeFailure | None:
+    """None when healthy, else why not."""
     try:
         async with session.get(
             backend.url + PROBE_PATH[backend.kind],
@@ -28,13 +37,13 @@ async def probe_once(session: aiohttp.ClientSession, backend: Backend, timeout: 
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as resp:
             await resp.read()
-            return "" if resp.status == 200 else f"status {resp.status}"
+            return None if resp.status == 200 else ProbeFailure(f"status {resp.status}")
     except TimeoutError:
-        return f"timeout after {timeout:g}s"
+        return ProbeFailure(f"timeout after {timeout:g}s", slow=True)
     except aiohttp.ClientConnectorError as exc:
-        return f"connect: {exc.os_error.strerror or exc.os_error}"
+        return ProbeFailure(f"connect: {exc.os_error.strerror or exc.os_error}")
     except aiohttp.ClientError as exc:
-        return f"{type(exc).__name__}"
+        return ProbeFailure(f"{type(exc).__name__}")
 
 
 async def run_prober(
@@ -53,8 +62,11 @@ async def run_prober(
         )
         results = await ranks.check(backends, results, settings.timeout)
         for backend, failure in zip(backends, results, strict=True):
-            registry.probe_result(backend.id, not failure, failure)
-        await facts.refresh(backends, [not f for f in results])
+            if failure is None:
+                registry.probe_result(backend.id, True)
+            else:
+                registry.probe_result(backend.id, False, failure.reason, slow=failure.slow)
+        await facts.refresh(backends, [f is None for f in results])
         jitter = settings.interval * settings.jitter * (2 * rng.random() - 1)
         await asyncio.sleep(max(0.05, settings.interval + jitter))
 
@@ -70,13 +82,13 @@ class RankCheck:
         self._runs: set[str] = set()  # ranked backends whose rank the engine was seen to run
 
     async def check(
-        self, backends: list[Backend], failures: list[str], timeout: float
-    ) -> list[str]:
-        """`failures` with a reason added for each backend up whose rank the engine lacks."""
+        self, backends: list[Backend], failures: list[ProbeFailure | None], timeout: float
+    ) -> list[ProbeFailure | None]:
+        """`failures` with one added for each backend up whose rank the engine lacks."""
         due = [i for i, (b, f) in enumerate(zip(backends, failures, strict=True))
-               if not f and b.data_parallel_rank is not None
+               if f is None and b.data_parallel_rank is not None
                and b.id not in self._runs]  # fmt: skip
-        self._runs &= {b.id for b, f in zip(backends, failures, strict=True) if not f}
+        self._runs &= {b.id for b, f in zip(backends, failures, strict=True) if f is None}
         pages = await asyncio.gather(
             *(fetch_metrics_page(self._session, backends[i], timeout) for i in due)
         )
@@ -87,8 +99,8 @@ class RankCheck:
             if not ranks or b.data_parallel_rank in ranks:
                 self._runs.add(b.id)  # it runs it, or its page cannot say: trust the config
                 continue
-            out[i] = (f"data_parallel_rank {b.data_parallel_rank}: the engine runs ranks "
-                      f"{', '.join(map(str, sorted(ranks)))}")  # fmt: skip
+            out[i] = ProbeFailure(f"data_parallel_rank {b.data_parallel_rank}: the engine "
+                                  f"runs ranks {', '.join(map(str, sorted(ranks)))}")  # fmt: skip
         return out
 
 

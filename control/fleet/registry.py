@@ -11,6 +11,7 @@ methods below (`find`, `routable`, `facts`, `set_facts`, `on_remove`) and owns i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
@@ -29,6 +30,8 @@ from control.signals.engine_load import EngineLoad, LoadView, Readings
 from control.signals.facts import Facts
 from control.signals.kv.feed import KvFeed
 from control.signals.kv.index import KvIndex, KvStatus
+
+log = logging.getLogger("baton.control.fleet")
 
 Clock = Callable[[], float]
 Listener = Callable[[Snapshot], None]
@@ -173,7 +176,8 @@ class Registry:
 
     def undrain(self, backend_id: str) -> BackendStatus:
         bid = self._known(backend_id)
-        status = self._drain_step(bid, False, lambda rec, now: health.undrain(rec, now))
+        policy = self._policy
+        status = self._drain_step(bid, False, lambda rec, now: health.undrain(rec, now, policy))
         self._events.record(Admin(action="undrain"), backend_id=bid)
         return status
 
@@ -201,7 +205,10 @@ class Registry:
             return None
         return self._update(backend_id, lambda rec, now: health.passive_failure(rec, reason, now))
 
-    def probe_result(self, backend_id: str, ok: bool, reason: str = "") -> BackendStatus | None:
+    def probe_result(
+        self, backend_id: str, ok: bool, reason: str = "", *, slow: bool = False
+    ) -> BackendStatus | None:
+        """`slow`: the probe timed out rather than failed (HealthPolicy.slow_after)."""
         if backend_id not in self._backends:
             return None
         if ok:
@@ -209,7 +216,8 @@ class Registry:
                 backend_id, lambda rec, now: health.probe_ok(rec, now, self._policy)
             )
         return self._update(
-            backend_id, lambda rec, now: health.probe_failed(rec, reason, now, self._policy)
+            backend_id,
+            lambda rec, now: health.probe_failed(rec, reason, now, self._policy, slow=slow),
         )
 
     # -- facts ----------------------------------------------------------------------------
@@ -322,6 +330,8 @@ class Registry:
         if after.health != before.health:
             self._publish()
             if after.health.state is not before.health.state:
+                log.info("backend %s: %s -> %s (%s)", bid, before.health.state.value,
+                         after.health.state.value, after.health.reason)  # fmt: skip
                 self._events.record(
                     HealthChange(state=after.health.state.value,
                                  previous=before.health.state.value, reason=after.health.reason),

@@ -117,7 +117,7 @@ class SpecServer:
                         run.ctx, run.pairing, run.target, remaining
                     )
                 except DraftFailed as exc:
-                    log.info("request %s: draft failed (%s); target-only", run.request_id, exc)
+                    log.warning("request %s: draft failed (%s); target-only", run.request_id, exc)
                     run.pairing = None
                     continue
                 run.rounds += 1
@@ -164,14 +164,19 @@ class SpecServer:
         assert pairing is not None
         try:
             judged, drafted = await self._rounds.round(run.ctx, pairing, run.target, remaining)
-        except DraftFailed:
+        except DraftFailed as exc:
+            log.warning("request %s: draft failed in the probe round of %s on %s (%s); "
+                        "target-only", run.request_id, pairing.pair_id, run.target.id,
+                        exc)  # fmt: skip
             run.pairing = None
             return
         try:
             answer = await self._control.gate_pairing(
                 run.request_id, pairing.pair_id, run.target.id, drafted, judged.accepted
             )
-        except ControlUnavailable:
+        except ControlUnavailable as exc:
+            log.warning("request %s: no gate verdict on %s with %s (%s); target-only",
+                        run.request_id, pairing.pair_id, run.target.id, exc)  # fmt: skip
             run.pairing = None  # fail closed: no verdict, no pairing
             return
         log.info("request %s: pairing %s on %s: %s (%s)", run.request_id, pairing.pair_id,

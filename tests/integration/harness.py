@@ -50,27 +50,35 @@ def write_config(
     return path
 
 
-def start_control(config: Path, *extra: str, env: dict[str, str] | None = None) -> Part:
-    return Part(
-        "control",
-        [
-            "control",
-            "--config",
-            str(config),
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            *extra,
-        ],
-        env=env,
-    )
+def start_control(
+    config: Path, *extra: str, env: dict[str, str] | None = None, log: Path | None = None
+) -> Part:
+    """`log`: a file that gets control's log, at INFO (by default it goes, at WARNING, to
+    the test's stderr)."""
+    argv = ["control", "--config", str(config), "--listen", "127.0.0.1:0",
+            "--metrics-listen", "127.0.0.1:0"]  # fmt: skip
+    return _start("control", argv, extra, env, log)
 
 
-def start_shim(control: str, *extra: str, env: dict[str, str] | None = None) -> Part:
-    return Part(
-        "shim", ["dataplane", "--control", control, "--listen", "127.0.0.1:0", *extra], env=env
-    )
+def start_shim(
+    control: str, *extra: str, env: dict[str, str] | None = None, log: Path | None = None
+) -> Part:
+    """`log`: as start_control's."""
+    argv = ["dataplane", "--control", control, "--listen", "127.0.0.1:0"]
+    return _start("shim", argv, extra, env, log)
+
+
+def _start(
+    name: str,
+    argv: list[str],
+    extra: Sequence[str],
+    env: dict[str, str] | None,
+    log: Path | None,
+) -> Part:
+    if log is None:
+        return Part(name, [*argv, *extra], env=env)
+    with log.open("ab") as out:  # the child keeps its own copy of the descriptor
+        return Part(name, [*argv, "--log-level", "INFO", *extra], env=env, stderr=out.fileno())
 
 
 def cli(control: Part, *args: str) -> str:

@@ -158,8 +158,10 @@ class Pool:
     def _make_room(self, wanted: set[str]) -> None:
         running = [n for n, e in self.replicas.engines.items() if e.kind == "vllm" and e.alive]
         # A data-parallel replica costs a core and its memory per engine core.
-        need = sum(data_parallel_size(SPECS[n].args)
-                   for n in set(running) | {n for n in wanted if SPECS[n].engine == "vllm"})
+        need = sum(
+            data_parallel_size(SPECS[n].args)
+            for n in set(running) | {n for n in wanted if SPECS[n].engine == "vllm"}
+        )
         idle = [n for n in running if n not in wanted]
         idle.sort(key=lambda n: self._asked.get(n, 0.0))  # the longest unasked first
         while need > VLLM_ALIVE and idle:
@@ -212,9 +214,10 @@ def baton(
     """Control and one shim in front of `engines` (backend id = replica name; `roles`: a
     backend's role where it is not "serve")."""
     config = write_config(tmp_path / "control.toml", engines, routing, probe, roles)
-    control = start_control(config)
+    # Their logs stay beside the test's other files: a failure is read from them.
+    control = start_control(config, log=tmp_path / "control.log")
     try:
-        shim = start_shim(control.ready, *shim_args)
+        shim = start_shim(control.ready, *shim_args, log=tmp_path / "shim.log")
     except BaseException:
         control.stop()
         raise

@@ -33,6 +33,12 @@ def ok(fleet: Fleet, *args: str) -> Any:
     return json.loads(out.stdout)
 
 
+def story(fleet: Fleet, tmp_path: Path) -> str:
+    """What a failure message needs: the health and pair events, and what the shim logged."""
+    events = [str(e) for kind in ("health", "pair") for e in ok(fleet, "events", "--kind", kind)]
+    return "\n".join([*events, (tmp_path / "shim.log").read_text()])
+
+
 def healthy(fleet: Fleet, *names: str) -> bool:
     states = {b["id"]: b["state"] for b in ok(fleet, "backends", "list")}
     return all(states.get(n) == "healthy" for n in names)
@@ -143,6 +149,7 @@ def test_gate_incident_on_real_vllm(
         prompt, tokens = PROMPTS[0] * 4, 1200
         prompt_ids, want = greedy_ids(target, prompt, tokens)
         text: list[str] = []
+        killed = False
         with AdminClient(fleet.control.ready) as admin:
             kw: dict[str, Any] = dict(model=target.model, prompt=prompt, max_tokens=tokens)
             stream = client.completions.create(temperature=0, stream=True, **kw)
@@ -151,6 +158,8 @@ def test_gate_incident_on_real_vllm(
                 if n == KILL_AFTER:
                     admin.undrain_backend(survivor)
                     target.kill(signal.SIGKILL)
+                    killed = True
+        assert killed, f"the stream ended after {len(text)} chunks: {story(fleet, tmp_path)}"
         pool.revive("v1")
         evs: list[dict[str, Any]] = []
 
@@ -159,7 +168,7 @@ def test_gate_incident_on_real_vllm(
                       if e["from_backend"] == "v1"]  # fmt: skip
             return bool(evs)
 
-        assert wait_until(reported, timeout=60), "no failover from the killed target"
+        assert wait_until(reported, timeout=60), f"no failover from v1: {story(fleet, tmp_path)}"
         assert [(e["to_backend"], e["outcome"]) for e in evs] == [(survivor, "resumed")], evs
         cut = int(evs[0]["tokens_sent"])
         assert 0 < cut < tokens
@@ -170,12 +179,16 @@ def test_gate_incident_on_real_vllm(
         actions = [e["action"] for e in pair_events]
         outages = metric(fleet.shim.ready, "baton_shim_control_outages_total")
         if verdict == "accept":
-            assert "accept" in actions and "reject" not in actions, (pair_events, outages)
+            assert "accept" in actions and "reject" not in actions, (
+                pair_events,
+                outages,
+                story(fleet, tmp_path),
+            )
             pair = ok(fleet, "pairs", "list")[0]
             assert pair["target"] == survivor and pair["state"] == "active", pair
         else:
             rejects = [e for e in pair_events if e["action"] == "reject"]
-            assert len(rejects) == 1, (pair_events, outages)
+            assert len(rejects) == 1, (pair_events, outages, story(fleet, tmp_path))
             (reject,) = rejects
             assert reject["reason"].startswith(verdict), reject
             assert not {"accept", "probation", "active"} & set(actions), pair_events

@@ -62,6 +62,32 @@ def test_repeated_probe_failures_mark_down() -> None:
     assert state(reg, "a") is HealthState.DOWN
 
 
+def test_a_slow_probe_is_not_a_failure_until_slow_after_in_a_row() -> None:
+    """A probe that times out finds an engine that is alive and may only be busy: one alone
+    demotes nothing; `slow_after` (2) in a row do, and a refused probe still demotes at once."""
+    reg, _ = make("a", "b")
+    reg.probe_result("a", False, "timeout after 1s", slow=True)
+    assert state(reg, "a") is HealthState.HEALTHY
+    reg.probe_result("a", True)  # a good probe between two slow ones: the streak starts over
+    reg.probe_result("a", False, "timeout after 1s", slow=True)
+    assert state(reg, "a") is HealthState.HEALTHY
+    reg.probe_result("a", False, "timeout after 1s", slow=True)
+    assert state(reg, "a") is HealthState.DEMOTED
+    reg.probe_result("b", False, "timeout after 1s", slow=True)
+    reg.probe_result("b", False, "connect: refused")
+    assert state(reg, "b") is HealthState.DEMOTED
+
+
+def test_undrain_after_one_slow_probe_is_healthy_and_after_a_refusal_demoted() -> None:
+    reg, _ = make("a", "b")
+    for bid, slow, why in (("a", True, "timeout after 1s"), ("b", False, "connect: refused")):
+        reg.drain(bid)
+        reg.probe_result(bid, False, why, slow=slow)
+        reg.undrain(bid)
+    assert state(reg, "a") is HealthState.HEALTHY
+    assert state(reg, "b") is HealthState.DEMOTED
+
+
 def test_drain_dominates_probes_and_undrain_restores() -> None:
     reg, _ = make("a")
     reg.drain("a")
