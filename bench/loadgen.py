@@ -2,8 +2,9 @@
 
 Runs in its own process so the benchmark can pin it next to the engine and account its CPU
 apart from the orchestrator's. Prints one JSON object on stdout: raw latencies of the requests
-started in the measurement window, completions inside it, every error (warm-up included, so
-none is silently dropped) and the CPU seconds the given processes used during the window.
+started in the measurement window, completions inside it (and, for streams, the SSE events
+they carried), every error (warm-up included, so none is silently dropped) and the CPU seconds
+the given processes (or process trees) used during the window.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
-from bench.cpu import cpu_seconds
+from bench.cpu import cpu_seconds, tree_cpu_seconds
 
 HEADERS = {"Content-Type": "application/json"}
 DONE = b"data: [DONE]"
@@ -32,6 +33,7 @@ class Outcome:
     start: float
     end: float
     first: float | None  # perf_counter at the first chunk holding a `data:` event (streams)
+    events: int  # `data:` events received (streams; [DONE] counts as one)
     error: str | None
 
 
@@ -46,9 +48,18 @@ class Window:
     cpu_end: dict[str, float] = field(default_factory=dict)
 
 
-def _sample(pids: Mapping[str, int]) -> dict[str, float]:
-    # Blocking reads, but of a few hundred bytes from procfs, twice a run.
-    sample = {name: cpu_seconds(pid) for name, pid in pids.items()}
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """The processes whose CPU is read, by name: `pids` alone, `trees` with all under them."""
+
+    pids: Mapping[str, int] = field(default_factory=dict)
+    trees: Mapping[str, int] = field(default_factory=dict)
+
+
+def _sample(watched: Watched) -> dict[str, float]:
+    # Blocking reads, but of a few hundred bytes from procfs each, twice a run.
+    sample = {name: cpu_seconds(pid) for name, pid in watched.pids.items()}
+    sample |= {name: tree_cpu_seconds(pid) for name, pid in watched.trees.items()}
     sample["loadgen"] = time.process_time()
     return sample
 
@@ -76,31 +87,35 @@ SHAPES = {
 
 async def _request(
     session: aiohttp.ClientSession, url: str, body: bytes, stream: bool, shape: Shape
-) -> tuple[float | None, str | None]:
+) -> tuple[float | None, int, str | None]:
+    """(when the first event came, how many events came, what went wrong)."""
     try:
         async with session.post(url, data=body, headers=HEADERS) as resp:
             if resp.status != 200:
                 await resp.read()
-                return None, f"status {resp.status}"
+                return None, 0, f"status {resp.status}"
             if not stream:
                 data = await resp.read()
-                return None, None if shape.whole in data else "not an answer"
+                return None, 0, None if shape.whole in data else "not an answer"
             first: float | None = None
             tail = b""
+            events = 0
             failed = seen_end = False
             async for chunk in resp.content.iter_any():
-                # `tail` joins a `data:` or an end marker split across two reads.
+                # `tail` joins a `data:` or an end marker split across two reads; the events
+                # wholly inside it were counted with the read before.
                 joined = tail + chunk
-                if first is None and b"data:" in joined:
+                events += joined.count(b"data:") - tail.count(b"data:")
+                if first is None and events:
                     first = time.perf_counter()
                 failed = failed or any(m in joined for m in shape.failed)
                 seen_end = seen_end or shape.end in joined
                 tail = joined[-32:]
             if failed:
-                return first, "error event"
-            return first, None if shape.ended(tail, seen_end) else "stream not ended"
+                return first, events, "error event"
+            return first, events, None if shape.ended(tail, seen_end) else "stream not ended"
     except (aiohttp.ClientError, TimeoutError) as exc:
-        return None, type(exc).__name__
+        return None, 0, type(exc).__name__
 
 
 async def _worker(
@@ -114,8 +129,8 @@ async def _worker(
     shape = SHAPES[_endpoint_of(url)]
     while window.end is None:
         start = time.perf_counter()
-        first, error = await _request(session, url, body, stream, shape)
-        out.append(Outcome(start, time.perf_counter(), first, error))
+        first, events, error = await _request(session, url, body, stream, shape)
+        out.append(Outcome(start, time.perf_counter(), first, events, error))
 
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions",
@@ -142,11 +157,11 @@ def request_body(
     return orjson.dumps(body)
 
 
-async def _sampler(pids: Mapping[str, int], warmup: float, duration: float, w: Window) -> None:
+async def _sampler(watched: Watched, warmup: float, duration: float, w: Window) -> None:
     await asyncio.sleep(warmup)
-    w.cpu_start, w.start = _sample(pids), time.perf_counter()
+    w.cpu_start, w.start = _sample(watched), time.perf_counter()
     await asyncio.sleep(duration)
-    w.cpu_end, w.end = _sample(pids), time.perf_counter()
+    w.cpu_end, w.end = _sample(watched), time.perf_counter()
 
 
 async def run_load(
@@ -157,7 +172,7 @@ async def run_load(
     concurrency: int,
     warmup: float,
     duration: float,
-    pids: Mapping[str, int],
+    watched: Watched,
 ) -> dict[str, object]:
     window = Window()
     outcomes: list[Outcome] = []
@@ -169,7 +184,7 @@ async def run_load(
         connector=connector, timeout=timeout, auto_decompress=False
     ) as session:
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(_sampler(pids, warmup, duration, window))
+            tg.create_task(_sampler(watched, warmup, duration, window))
             for _ in range(concurrency):
                 tg.create_task(_worker(session, url, body, stream, window, outcomes))
     return _report(window, outcomes, stream)
@@ -179,10 +194,13 @@ def _report(w: Window, outcomes: list[Outcome], stream: bool) -> dict[str, objec
     assert w.start is not None and w.end is not None  # noqa: S101 - set before workers exit
     ok = [o for o in outcomes if o.error is None]
     measured = [o for o in ok if o.start >= w.start]
+    ended_in_window = [o for o in ok if w.start <= o.end <= w.end]
     errors = Counter(o.error for o in outcomes if o.error is not None)
     return {
         "window_s": w.end - w.start,
-        "ok_in_window": sum(1 for o in ok if w.start <= o.end <= w.end),
+        "ok_in_window": len(ended_in_window),
+        # The events of the streams counted above, beside them: CPU per event is over these.
+        "events_in_window": sum(o.events for o in ended_in_window),
         "latency_ms": [round((o.end - o.start) * 1e3, 4) for o in measured],
         # Non-streaming: the whole body is the first token, so TTFT is the latency.
         "ttft_ms": [
@@ -224,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="toy")
     parser.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog.")
     parser.add_argument("--pid", type=_pid_arg, action="append", default=[], metavar="NAME=PID")
+    parser.add_argument("--tree", type=_pid_arg, action="append", default=[], metavar="NAME=PID",
+                        help="like --pid, with every process under PID")  # fmt: skip
     parser.add_argument("--cpu", type=int, action="append", help="pin this process to core(s)")
     args = parser.parse_args(argv)
     if args.cpu:
@@ -238,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         concurrency=args.concurrency,
         warmup=args.warmup,
         duration=args.duration,
-        pids=dict(args.pid),
+        watched=Watched(pids=dict(args.pid), trees=dict(args.tree)),
     )
     result = _run(coro)
     sys.stdout.buffer.write(orjson.dumps(result) + b"\n")

@@ -1,12 +1,32 @@
-"""`python -m bench.overhead`: what Baton (shim + control round trip) adds over a direct
-connection to the same simulated engine, measured in the same run.
+"""`python -m bench.overhead`: what a router adds over a direct connection to the engines, for
+Baton and, side by side in the same run, a bare aiohttp proxy (the floor: no Python router
+can cost less) and the Rust routers sglang-router 0.3.2 and vllm-router 0.1.17.
 
-One sim, one control plane (that sim as its only backend) and one shim run as real processes.
-For each mode (non-streaming, streaming), concurrency and rep, a closed-loop load runs against
-the sim directly and through the shim, alternating which goes first per rep so drift hits both.
-By default the sim and the load generator share one core and Baton gets another (`--no-pin` to
-let the scheduler decide). Prints a table and PASS/FAIL lines; writes raw + summary JSON.
-Benchmarks never gate: the exit status says only whether the benchmark itself ran.
+Engines: `--replicas` (3) lean fake engines (bench/lean_engine.py: vLLM's API, answered as
+fast as aiohttp can), so a router's cost is not hidden behind a slow engine. Targets: direct
+(the load to one engine), Baton (control + shim, its default policy), the floor
+(bench/floor_proxy.py) and the peers (bench/peers.py: installed on first use into the bench's
+own virtualenv, `--peers none` to leave them out), the last three round robin; every router
+spreads over all the engines.
+A peer that cannot be installed or started is a `not run: why` line, and the rest runs.
+
+Cores: the engines and the load generator share the first usable core, the router under test
+gets the second (Baton: control and shim together), and every process is started on its core
+so thread pools sized from the cores a process sees (the Rust routers' tokio workers) count
+one. A machine with more cores runs the same layout on its first two and leaves the rest out
+of the measurement: every column is a ratio to direct on that one engine core, so a router is
+judged by what one core of it costs and delivers, the same on any machine. `--no-pin` lets the
+scheduler decide.
+
+Runs: per rep, every target gets non-streamed loads at c=1, 16 and 64 and 64-token streams at
+c=1 and 64 (closed loop, a `bench.loadgen` child per run), the targets' order rotated from
+cell to cell and rep to rep so drift hits them all. Reported per target, medians over reps:
+added p50 at c=1, requests/s at c=16 and c=64 as a ratio to direct's, added streaming TTFT at
+c=1, and the CPU of all of the router's processes (user + system time over the window) per
+request at c=64 and per SSE event at c=64 (Baton's shim and control apart, and summed); then
+Baton over the floor against issue 28's targets, as PASS/FAIL lines. Writes every run's raw
+numbers and the summary as JSON. Benchmarks never gate: the exit status says only whether the
+benchmark itself ran.
 """
 
 from __future__ import annotations
@@ -14,114 +34,127 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
+import os
 import platform
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import stats
-from bench.cpu import Cores, pin, plan_cores
-from bench.parts import MODEL, control_argv, control_toml, shim_argv, sim_argv
+from bench import overhead_table, peers, stats
+from bench.cpu import Cores, children_pinned, plan_cores
+from bench.parts import MODEL, control_argv, control_toml, serves_completion, shim_argv
 from clients.procs import Part
 
 NONSTREAM_TOKENS = 8
 DEFAULT_JSON = Path(__file__).parent / "results" / "overhead.json"
-# The sim's cost model zeroed: any time measured is software, the engine's and Baton's.
-SIM_ARGS = ("--prefill-us-per-token", "0", "--decode-ms-per-step", "0")
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    concurrency: tuple[int, ...]
+    replicas: int
     duration: float
     warmup: float
     reps: int
     stream_tokens: int
     pinned: bool
+    peers: tuple[str, ...]  # keys of bench.peers.PEERS
 
 
 @dataclass(frozen=True, slots=True)
-class System:
-    sim: Part
-    control: Part
-    shim: Part
+class Target:
+    """Where a load goes, and the router's processes behind it (none for direct): each one's
+    CPU is read with everything under it."""
+
+    name: str
+    url: str
+    parts: Mapping[str, int]  # process name -> pid
+
+
+@dataclass(frozen=True, slots=True)
+class Bench:
+    targets: list[Target]
+    not_run: dict[str, str]  # target -> why
+    engines: Mapping[str, int]  # engine name -> pid
     cores: Cores | None
-
-    def url(self, target: str) -> str:
-        return self.sim.ready if target == "direct" else self.shim.ready
-
-
-@contextlib.contextmanager
-def running_system(logdir: Path, cores: Cores | None) -> Iterator[System]:
-    """Start sim → control → shim; stop them in reverse order on any exit, Ctrl-C included."""
-    logdir.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as stack:
-
-        def start(name: str, argv: list[str]) -> Part:
-            # Parts' stderr goes to files: a warning per request must not garble the table.
-            log = stack.enter_context((logdir / f"overhead.{name}.log").open("wb"))
-            part = Part(name, argv, stderr=log.fileno())
-            stack.callback(part.stop, 3.0)
-            return part
-
-        sim = start("sim", sim_argv("127.0.0.1:0", *SIM_ARGS))
-        config = logdir / "overhead.control.toml"
-        config.write_text(control_toml({"s0": sim.ready}))
-        control = start("control", control_argv(str(config)))
-        shim = start("shim", shim_argv(control.ready))
-        if cores is not None:
-            pin(sim.proc.pid, cores.engine)
-            pin(control.proc.pid, cores.baton)
-            pin(shim.proc.pid, cores.baton)
-        system = System(sim, control, shim, cores)
-        await_serving(system.url("baton"))
-        yield system
 
 
 def await_serving(base: str, timeout: float = 15.0, model: str = MODEL) -> None:
-    """Until the shim answers 200: control may still be probing its backend's health."""
-    body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 1}).encode()
+    """Until `base` answers a completion with 200: control may still be probing its
+    backends' health."""
     deadline = time.monotonic() + timeout
-    while True:
-        req = urllib.request.Request(
-            base + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+    while not serves_completion(base, model):
         if time.monotonic() > deadline:
             raise RuntimeError(f"{base} did not serve a completion within {timeout}s")
         time.sleep(0.2)
 
 
-def run_load(system: System, plan: Plan, target: str, mode: str, conc: int) -> dict[str, Any]:
-    """One closed-loop run in a `bench.loadgen` child; its CPU is then pinned and accounted
-    apart from this process's."""
+@contextlib.contextmanager
+def running_bench(plan: Plan, logdir: Path, cores: Cores | None) -> Iterator[Bench]:
+    """Engines, then Baton, the floor and the peers in front of them; all stopped in reverse
+    order on any exit, Ctrl-C included."""
+    logdir.mkdir(parents=True, exist_ok=True)
+    engine_core, router_core = (cores.engine, cores.baton) if cores else (None, None)
+    with contextlib.ExitStack() as stack:
+
+        def start(name: str, argv: list[str], on: set[int] | None) -> Part:
+            # Parts' stderr goes to files: a warning per request must not garble the table.
+            log = stack.enter_context((logdir / f"overhead.{name}.log").open("wb"))
+            with children_pinned(on):
+                part = Part(name, argv, stderr=log.fileno())
+            stack.callback(part.stop, 3.0)
+            return part
+
+        engines = {f"e{i}": start(f"e{i}", ["bench.lean_engine", "--model", MODEL], engine_core)
+                   for i in range(plan.replicas)}  # fmt: skip
+        urls = [e.ready for e in engines.values()]
+        config = logdir / "overhead.control.toml"
+        config.write_text(control_toml(dict(zip(engines, urls, strict=True))))
+        control = start("control", control_argv(str(config)), router_core)
+        shim = start("shim", shim_argv(control.ready), router_core)
+        await_serving(shim.ready)
+        floor = start("floor", ["bench.floor_proxy", *(a for u in urls for a in ("--upstream", u))],
+                      router_core)  # fmt: skip
+        targets = [
+            Target(overhead_table.DIRECT, urls[0], {}),
+            Target(overhead_table.BATON, shim.ready, {"shim": shim.pid, "control": control.pid}),
+            Target(overhead_table.FLOOR, floor.ready, {"floor": floor.pid}),
+        ]
+        not_run: dict[str, str] = {}
+        for key in plan.peers:
+            peer = peers.PEERS[key]
+            try:
+                running = stack.enter_context(peers.running(peer, urls, logdir, router_core))
+            except peers.NotRun as e:
+                not_run[peer.label] = str(e)
+                print(f"{peer.label}: not run: {e}", file=sys.stderr, flush=True)
+                continue
+            targets.append(Target(peer.label, running.url, {peer.package: running.pid}))
+        yield Bench(targets, not_run, {n: e.pid for n, e in engines.items()}, cores)
+
+
+def run_load(bench: Bench, plan: Plan, target: Target, mode: str, conc: int) -> dict[str, Any]:
+    """One closed-loop run in a `bench.loadgen` child, pinned beside the engines; it reads the
+    CPU of the engines and of the target's router processes over its window."""
     stream = mode == "stream"
+    watched = {**bench.engines, **target.parts}
     argv = [
-        sys.executable, "-m", "bench.loadgen", "--url", system.url(target),
+        sys.executable, "-m", "bench.loadgen", "--url", target.url,
         "--concurrency", str(conc), "--duration", str(plan.duration),
         "--warmup", str(plan.warmup), "--model", MODEL,
         "--max-tokens", str(plan.stream_tokens if stream else NONSTREAM_TOKENS),
-        "--pid", f"sim={system.sim.proc.pid}",
-        "--pid", f"shim={system.shim.proc.pid}",
-        "--pid", f"control={system.control.proc.pid}",
+        *(a for name, pid in watched.items() for a in ("--tree", f"{name}={pid}")),
     ]  # fmt: skip
     if stream:
         argv.append("--stream")
-    if system.cores is not None:
-        argv += [a for core in sorted(system.cores.engine) for a in ("--cpu", str(core))]
-    return run_loadgen(argv, plan.warmup + plan.duration + 90, f"for {target} {mode} c={conc}")
+    if bench.cores is not None:
+        argv += [a for core in sorted(bench.cores.engine) for a in ("--cpu", str(core))]
+    raw = run_loadgen(argv, plan.warmup + plan.duration + 90, f"for {target.name} {mode} c={conc}")
+    raw.update(target=target.name, mode=mode, concurrency=conc, router_parts=list(target.parts))
+    return raw
 
 
 def run_loadgen(argv: list[str], timeout: float, what: str) -> dict[str, Any]:
@@ -141,116 +174,88 @@ def run_loadgen(argv: list[str], timeout: float, what: str) -> dict[str, Any]:
     return result
 
 
-def run_all(system: System, plan: Plan) -> list[dict[str, Any]]:
+def run_all(bench: Bench, plan: Plan) -> list[dict[str, Any]]:
+    by_name = {t.name: t for t in bench.targets}
     runs: list[dict[str, Any]] = []
-    for mode in ("nonstream", "stream"):
-        for conc in plan.concurrency:
-            for rep in range(plan.reps):
-                order = ("direct", "baton") if rep % 2 == 0 else ("baton", "direct")
-                for target in order:
-                    raw = run_load(system, plan, target, mode, conc)
-                    raw.update(target=target, mode=mode, concurrency=conc, rep=rep)
-                    runs.append(raw)
-                    s = stats.run_stats(raw)
-                    print(
-                        f"  {mode:9} c={conc:<3} rep {rep} {target:6} {s.rps:8.0f} rps"
-                        f"  p50 {s.p50_ms:7.3f} ms  errors {s.errors}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+    for rep in range(plan.reps):
+        for k, (mode, conc) in enumerate(overhead_table.CELLS):
+            # Each cell starts one target further on, and each rep one further again.
+            for name in stats.rotated(list(by_name), rep + k):
+                raw = run_load(bench, plan, by_name[name], mode, conc)
+                raw["rep"] = rep
+                runs.append(raw)
+                s = stats.run_stats(raw)
+                print(f"  rep {rep} {mode:9} c={conc:<3} {name:22} {s.rps:8.0f} rps"
+                      f"  p50 {s.p50_ms:7.3f} ms  ttft {s.ttft_p50_ms:7.3f} ms"
+                      f"  errors {s.errors}", file=sys.stderr, flush=True)  # fmt: skip
     return runs
 
 
-def report(cells: list[stats.Cell]) -> str:
-    lines = [
-        stats.render_table(stats.OVERHEAD_HEADERS, stats.overhead_rows(cells)),
-        "",
-        "d = direct to the sim, b = through Baton; latencies in ms; medians across reps;",
-        "shim/ctl us/r = CPU microseconds per request; err = errors summed over reps.",
-        "",
-        "CPU used during the window (fraction of one core):",
-        stats.render_table(stats.CPU_HEADERS, stats.cpu_rows(cells)),
-        "",
-    ]
-    for t in stats.targets(cells):
-        op = ">=" if t.higher_is_better else "<="
-        lines.append(f"{t.verdict}  {t.name}: {stats.fmt(t.value, 3)} ({op} {t.limit:g})")
-    return "\n".join(lines)
-
-
 def parse_args(argv: list[str] | None) -> tuple[Plan, Path]:
-    p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--quick", action="store_true", help="1 s per run, 1 rep")
-    p.add_argument("--concurrency", default="1,16,64", help="comma-separated worker counts")
     p.add_argument("--duration", type=float, help="seconds measured per run (default 3)")
     p.add_argument("--warmup", type=float, help="seconds before each window (default 0.5)")
-    p.add_argument("--reps", type=int, help="repetitions per cell (default 3)")
+    p.add_argument("--reps", type=int, help="repetitions (default 3)")
+    p.add_argument("--replicas", type=int, default=3, help="lean engines behind the routers")
     p.add_argument("--stream-tokens", type=int, default=64, help="max_tokens when streaming")
+    p.add_argument("--peers", default="sglang,vllm",
+                   help=f"none, or a comma-separated list of {', '.join(peers.PEERS)}")  # fmt: skip
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write results")
     a = p.parse_args(argv)
+    chosen = () if a.peers == "none" else tuple(k for k in a.peers.split(",") if k.strip())
+    unknown = [k for k in chosen if k not in peers.PEERS]
+    if unknown:
+        p.error(f"--peers: unknown {', '.join(unknown)} (known: {', '.join(peers.PEERS)})")
     plan = Plan(
-        concurrency=tuple(int(c) for c in a.concurrency.split(",") if c.strip()),
+        replicas=a.replicas,
         duration=a.duration if a.duration is not None else (1.0 if a.quick else 3.0),
         warmup=a.warmup if a.warmup is not None else (0.25 if a.quick else 0.5),
         reps=a.reps if a.reps is not None else (1 if a.quick else 3),
         stream_tokens=a.stream_tokens,
         pinned=not a.no_pin,
+        peers=chosen,
     )
     return plan, a.json
 
 
 def results_doc(
-    plan: Plan, cores: Cores | None, cells: list[stats.Cell], runs: list[dict[str, Any]]
+    plan: Plan, bench: Bench, table: list[overhead_table.Row], runs: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    summary = [
-        {
-            **asdict(c),
-            "ratio": c.ratio,
-            "added_p50_ms": c.added_p50_ms,
-            "added_ttft_p50_ms": c.added_ttft_p50_ms,
-        }
-        for c in cells
-    ]
+    cores = bench.cores
     return {
         "plan": asdict(plan),
-        "cores": None
-        if cores is None
-        else {"engine": sorted(cores.engine), "baton": sorted(cores.baton)},
+        "cores": None if cores is None else {"engine": sorted(cores.engine),
+                                             "router": sorted(cores.baton)},  # fmt: skip
         "python": platform.python_version(),
-        "summary": summary,
-        "targets": [{**asdict(t), "verdict": t.verdict} for t in stats.targets(cells)],
+        "targets": [{"name": t.name, "parts": list(t.parts)} for t in bench.targets],
+        "not_run": bench.not_run,
+        "summary": [asdict(r) for r in table],
+        "checks": [{**asdict(t), "verdict": t.verdict} for t in overhead_table.checks(table)],
         "runs": runs,
     }
 
 
-def _finite(value: Any) -> Any:
-    """NaN (a metric not measured) becomes null: JSON has no NaN and readers choke on it."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     plan, json_path = parse_args(argv)
+    # Read before anything starts: other work on the machine skews every column.
+    load_before = os.getloadavg()[0]
     cores = plan_cores(plan.pinned)
     if plan.pinned and cores is None:
         print("fewer than 2 usable cores: running unpinned", file=sys.stderr)
     try:
-        with running_system(json_path.parent, cores) as system:
-            runs = run_all(system, plan)
+        with running_bench(plan, json_path.parent, cores) as bench:
+            runs = run_all(bench, plan)
     except KeyboardInterrupt:
         print("interrupted; all parts stopped", file=sys.stderr)
         return 130
-    cells = stats.summarize(runs)
-    print(report(cells))
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    doc = results_doc(plan, cores, cells, runs)
-    json_path.write_text(json.dumps(_finite(doc), allow_nan=False))
+    table = overhead_table.rows(runs)
+    print(overhead_table.render(table, bench.not_run))
+    print(f"\nload average before the run: {load_before:.2f} ({os.cpu_count()} cores)")
+    doc = {**results_doc(plan, bench, table, runs), "load_average_before": load_before}
+    json_path.write_text(json.dumps(stats.finite(doc), allow_nan=False))
     print(f"\nwrote {json_path}")
     return 0
 

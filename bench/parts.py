@@ -1,8 +1,12 @@
 """How the benchmarks start Baton's parts: the model name, the argv of each part and the
-control config, in one place so every benchmark measures the same system."""
+control config, in one place so every benchmark measures the same system; and how they tell
+that a started router serves."""
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 
 MODEL = "toy"
@@ -35,3 +39,16 @@ def control_toml(
         for bid, url in backends.items()
     )
     return "\n".join([head, *tables])
+
+
+def serves_completion(base: str, model: str = MODEL, timeout: float = 5.0) -> bool:
+    """Whether `base` answers a one-token completion with 200 now."""
+    body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 1}).encode()
+    req = urllib.request.Request(
+        base + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False

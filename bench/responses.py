@@ -2,8 +2,9 @@
 one run, and the failover gap of Responses streams next to chat's.
 
 Phase 1 (overhead), one sim with its cost model zeroed, control and a shim as real processes
-(bench/overhead.py's system, the same pinning): closed-loop loads of `POST /v1/responses`
-direct to the sim and through the shim, alternating which goes first per rep, for
+(the sim and the load generator on one core, Baton on another): closed-loop loads of
+`POST /v1/responses` direct to the sim and through the shim, alternating which goes first per
+rep, for
 - `stored`: whole answers with `store: true`, relayed from the engine's own /v1/responses (the
   shim records each response's owner with control before answering);
 - `stream`: `store: false` streams, which the shim serves as chat and writes as Responses
@@ -27,14 +28,14 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import stats
-from bench.cpu import plan_cores
+from bench.cpu import Cores, pin, plan_cores
 from bench.loadgen import PATHS, request_body
-from bench.overhead import Plan, System, await_serving, run_loadgen, running_system
+from bench.overhead import await_serving, run_loadgen
 from bench.parts import MODEL, control_argv, control_toml, shim_argv, sim_argv
 from clients.procs import Part
 
@@ -45,6 +46,54 @@ MODES = {  # mode -> (endpoint, stream, store, tokens)
     "chat-stream": ("chat", True, False, 32),
 }
 PROMPT = "Explain what a router in front of a fleet of inference engines does."
+# The sim's cost model zeroed: any time measured is software, the engine's and Baton's.
+SIM_ARGS = ("--prefill-us-per-token", "0", "--decode-ms-per-step", "0")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    concurrency: tuple[int, ...]
+    duration: float
+    warmup: float
+    reps: int
+
+
+@dataclass(frozen=True, slots=True)
+class System:
+    sim: Part
+    control: Part
+    shim: Part
+    cores: Cores | None
+
+    def url(self, target: str) -> str:
+        return self.sim.ready if target == "direct" else self.shim.ready
+
+
+@contextlib.contextmanager
+def running_system(logdir: Path, cores: Cores | None) -> Iterator[System]:
+    """Start sim → control → shim; stop them in reverse order on any exit, Ctrl-C included."""
+    logdir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+
+        def start(name: str, argv: list[str]) -> Part:
+            # Parts' stderr goes to files: a warning per request must not garble the table.
+            log = stack.enter_context((logdir / f"responses.overhead.{name}.log").open("wb"))
+            part = Part(name, argv, stderr=log.fileno())
+            stack.callback(part.stop, 3.0)
+            return part
+
+        sim = start("sim", sim_argv("127.0.0.1:0", *SIM_ARGS))
+        config = logdir / "responses.overhead.control.toml"
+        config.write_text(control_toml({"s0": sim.ready}))
+        control = start("control", control_argv(str(config)))
+        shim = start("shim", shim_argv(control.ready))
+        if cores is not None:
+            pin(sim.proc.pid, cores.engine)
+            pin(control.proc.pid, cores.baton)
+            pin(shim.proc.pid, cores.baton)
+        system = System(sim, control, shim, cores)
+        await_serving(system.url("baton"))
+        yield system
 
 
 def load(system: System, plan: Plan, target: str, mode: str, conc: int) -> dict[str, Any]:
@@ -202,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     quick = args.quick
     plan = Plan((1, 16), 1.0 if quick else args.duration, 0.25 if quick else 0.5,
-                1 if quick else args.reps, 32, True)  # fmt: skip
+                1 if quick else args.reps)  # fmt: skip
     logdir = args.json.parent
     logdir.mkdir(parents=True, exist_ok=True)
     cores = plan_cores(True)

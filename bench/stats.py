@@ -47,6 +47,9 @@ class RunStats:
     # the fraction of one core used during the measurement window.
     cpu_us_per_req: Mapping[str, float] = field(default_factory=dict)
     cpu_util: Mapping[str, float] = field(default_factory=dict)
+    # Streams: the SSE events the completed streams carried, and CPU µs per event.
+    events: int = 0
+    cpu_us_per_event: Mapping[str, float] = field(default_factory=dict)
 
 
 def run_stats(raw: Mapping[str, Any]) -> RunStats:
@@ -56,6 +59,7 @@ def run_stats(raw: Mapping[str, Any]) -> RunStats:
     cpu = {name: float(sec) for name, sec in raw["cpu_s"].items()}
     lat = raw["latency_ms"]
     ttft = raw["ttft_ms"]
+    events = int(raw.get("events_in_window", 0))
     return RunStats(
         rps=done / window if window > 0 else NAN,
         p50_ms=percentile(lat, 50),
@@ -66,6 +70,8 @@ def run_stats(raw: Mapping[str, Any]) -> RunStats:
         completed=done,
         cpu_us_per_req={k: v * 1e6 / done if done else NAN for k, v in cpu.items()},
         cpu_util={k: v / window if window > 0 else NAN for k, v in cpu.items()},
+        events=events,
+        cpu_us_per_event={k: v * 1e6 / events if events else NAN for k, v in cpu.items()},
     )
 
 
@@ -89,6 +95,8 @@ def median_stats(runs: Sequence[RunStats]) -> RunStats:
         completed=sum(r.completed for r in runs),
         cpu_us_per_req=med_map(lambda r: r.cpu_us_per_req),
         cpu_util=med_map(lambda r: r.cpu_util),
+        events=sum(r.events for r in runs),
+        cpu_us_per_event=med_map(lambda r: r.cpu_us_per_event),
     )
 
 
@@ -144,37 +152,6 @@ class Target:
         return "PASS" if ok else "FAIL"
 
 
-def targets(cells: Sequence[Cell]) -> list[Target]:
-    """The issue's targets; a cell that was not measured gives SKIP, never a silent PASS."""
-    by_key = {(c.mode, c.concurrency): c for c in cells}
-
-    def value(mode: str, conc: int, get: Callable[[Cell], float]) -> float:
-        cell = by_key.get((mode, conc))
-        return get(cell) if cell else NAN
-
-    return [
-        Target(
-            "added p50 latency, non-stream, c=1 (ms)",
-            value("nonstream", 1, lambda c: c.added_p50_ms),
-            1.0,
-        ),
-        Target(
-            "added TTFT p50, stream, c=1 (ms)",
-            value("stream", 1, lambda c: c.added_ttft_p50_ms),
-            1.0,
-        ),
-        *(
-            Target(
-                f"baton/direct rps, {mode}, c=64",
-                value(mode, 64, lambda c: c.ratio),
-                0.5,
-                higher_is_better=True,
-            )
-            for mode in ("nonstream", "stream")
-        ),
-    ]
-
-
 def fmt(value: float, digits: int = 2) -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}f}"
 
@@ -189,43 +166,6 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         return "  ".join([first, *rest]).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
-
-
-OVERHEAD_HEADERS = (
-    "mode c", "d rps", "b rps", "b/d", "d p50", "b p50", "+p50", "d p99", "b p99",
-    "+ttft50", "shim us/r", "ctl us/r", "err d/b",
-)  # fmt: skip
-
-
-def overhead_rows(cells: Sequence[Cell]) -> list[list[str]]:
-    rows = []
-    for c in cells:
-        d, b = c.direct, c.baton
-        stream = c.mode == "stream"
-        rows.append([
-            f"{c.mode} {c.concurrency}", fmt(d.rps, 0), fmt(b.rps, 0), fmt(c.ratio),
-            fmt(d.p50_ms), fmt(b.p50_ms), fmt(c.added_p50_ms), fmt(d.p99_ms), fmt(b.p99_ms),
-            fmt(c.added_ttft_p50_ms) if stream else "-",
-            fmt(b.cpu_us_per_req.get("shim", NAN), 0), fmt(b.cpu_us_per_req.get("control", NAN), 0),
-            f"{d.errors}/{b.errors}",
-        ])  # fmt: skip
-    return rows
-
-
-CPU_HEADERS = ("mode c", "d loadgen", "d sim", "b loadgen", "b sim", "b shim", "b control")
-
-
-def cpu_rows(cells: Sequence[Cell]) -> list[list[str]]:
-    """Fraction of one core each process used: shows which core (if any) was saturated."""
-    rows = []
-    for c in cells:
-        du, bu = c.direct.cpu_util, c.baton.cpu_util
-        rows.append([
-            f"{c.mode} {c.concurrency}", fmt(du.get("loadgen", NAN)), fmt(du.get("sim", NAN)),
-            fmt(bu.get("loadgen", NAN)), fmt(bu.get("sim", NAN)), fmt(bu.get("shim", NAN)),
-            fmt(bu.get("control", NAN)),
-        ])  # fmt: skip
-    return rows
 
 
 def finite(value: Any) -> Any:

@@ -82,23 +82,23 @@ def test_summarize_takes_median_over_reps_and_sums_errors() -> None:
     assert (cell.direct.errors, cell.baton.errors) == (0, 3)
 
 
+def test_run_stats_cpu_per_sse_event() -> None:
+    run = {**raw("floor", "stream", 64, lat=[5.0], done=10, cpu={"floor": 0.013}),
+           "events_in_window": 650}  # fmt: skip
+    s = stats.run_stats(run)
+    assert s.events == 650
+    assert s.cpu_us_per_event["floor"] == pytest.approx(20.0)  # 13 ms / 650 events
+    assert math.isnan(stats.run_stats(raw("d", "stream", 1, lat=[1.0], done=0, cpu={"x": 1.0}))
+                      .cpu_us_per_event["x"])  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    ("baton_done", "c1_added_ms", "verdicts"),
-    [
-        (60, 0.5, ["PASS", "SKIP", "PASS", "SKIP"]),
-        (40, 1.5, ["FAIL", "SKIP", "FAIL", "SKIP"]),
-    ],
-)
-def test_targets_pass_fail_and_skip_unmeasured(
-    baton_done: int, c1_added_ms: float, verdicts: list[str]
-) -> None:
-    runs = [
-        raw("direct", "nonstream", 1, lat=[1.0], done=100),
-        raw("baton", "nonstream", 1, lat=[1.0 + c1_added_ms], done=90),
-        raw("direct", "nonstream", 64, lat=[5.0], done=100),
-        raw("baton", "nonstream", 64, lat=[6.0], done=baton_done),
-    ]
-    assert [t.verdict for t in stats.targets(stats.summarize(runs))] == verdicts
+    ("value", "limit", "higher", "verdict"),
+    [(1.2, 1.5, False, "PASS"), (1.6, 1.5, False, "FAIL"), (0.9, 0.8, True, "PASS"),
+     (0.7, 0.8, True, "FAIL"), (math.nan, 1.5, False, "SKIP")],
+)  # fmt: skip
+def test_target_verdicts(value: float, limit: float, higher: bool, verdict: str) -> None:
+    assert stats.Target("t", value, limit, higher).verdict == verdict
 
 
 def test_render_table_aligns_columns() -> None:
