@@ -12,7 +12,7 @@ OpenTelemetry GenAI conventions' `gen_ai.*` ones (docs/observability.md)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 
 from opentelemetry import trace
@@ -71,13 +71,16 @@ class Tracing:
         )
 
     def client_span(
-        self, name: str, attributes: Mapping[str, AttributeValue]
+        self, name: Callable[[], str], attributes: Callable[[], Mapping[str, AttributeValue]]
     ) -> AbstractContextManager[Span | None]:
-        """A current CLIENT span with `attributes` as given (their names are the caller's,
-        e.g. the GenAI conventions'); nothing when off."""
+        """A current CLIENT span with the attributes `attributes()` gives (their names are the
+        caller's, e.g. the GenAI conventions'); nothing when off. Both are called only when
+        tracing is on: with it off, a request pays nothing for them."""
         if not self.enabled:
             return nullcontext(None)
-        return self.tracer.start_as_current_span(name, kind=SpanKind.CLIENT, attributes=attributes)
+        return self.tracer.start_as_current_span(
+            name(), kind=SpanKind.CLIENT, attributes=attributes()
+        )
 
     def annotate(self, attributes: Mapping[str, AttributeValue]) -> None:
         """Adds `attributes` to the current span (when on and there are any)."""

@@ -4,6 +4,7 @@ relay its answer to the client: whole for plain requests, event by event for str
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
+from opentelemetry.util.types import AttributeValue
 
 from baton.model import Backend, Decision, Failure, PrefixBlocks, RequestOutcome, RequestShape
 from baton.tracing import Tracing
@@ -97,10 +99,9 @@ class Proxy:
                 break
             client = ex.client
             with self._tracing.client_span(
-                genai.span_name(client.endpoint, client.model),
-                {**genai.request_attributes(client.endpoint, client.body, client.model, backend),
-                 "baton.backend": backend.id, "baton.attempt": attempt + 1},
-            ) as span:  # fmt: skip
+                functools.partial(genai.span_name, client.endpoint, client.model),
+                functools.partial(_attempt_attributes, client, backend, attempt),
+            ) as span:
                 try:
                     return await self._attempt(request, ex, decision, attempt, backend)
                 except AttemptFailed as failed:
@@ -326,6 +327,14 @@ class Proxy:
         self._background.spawn(
             self._control.attempt_failed(ex.request_id, backend.id, failed.failure, failed.detail)
         )
+
+
+def _attempt_attributes(
+    client: ClientRequest, backend: Backend, attempt: int
+) -> dict[str, AttributeValue]:
+    """The attempt's CLIENT span: the GenAI request attributes and which try on which backend."""
+    return {**genai.request_attributes(client.endpoint, client.body, client.model, backend),
+            "baton.backend": backend.id, "baton.attempt": attempt + 1}  # fmt: skip
 
 
 async def _first_piece(upstream: aiohttp.ClientResponse) -> bytes:

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
-import orjson
 
 from baton.model import Backend, Failure
 from dataplane.exceptions import StreamFailed
@@ -193,9 +192,14 @@ class StreamRelay:
                     return target
         return None
 
+
 def with_token_ids(client: ClientRequest, backend: Backend, raw: bytes) -> bytes:
     """The first attempt's body: ask token-id engines for ids, so a failure can resume
     token-exact. Other backends get the client's bytes untouched."""
     if not client.stream or backend.kind not in TOKEN_KINDS or client.body.get("return_token_ids"):
         return raw
-    return orjson.dumps({**client.body, "return_token_ids": True})
+    # The body parsed as a JSON object, so its last non-blank byte is its closing brace: the
+    # key goes in before it, with no re-serialising of what may be a long prompt. A client's
+    # own `"return_token_ids": false` is overridden, as engines keep the last of a repeated key.
+    end = raw.rstrip()
+    return end[:-1] + b',"return_token_ids":true}'
