@@ -7,8 +7,7 @@ network is dataplane/upstream/engine.py's."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -28,8 +27,9 @@ def sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(NamedTuple):
+    # A tuple, not a frozen dataclass: one is built per token, and a frozen dataclass's
+    # __init__ sets each field through object.__setattr__.
     raw: bytes  # the whole event including its terminating blank line
     data: bytes  # the joined `data:` field(s); b"" for comment/keep-alive events
 
@@ -78,8 +78,7 @@ class SSEParser:
                 break
             if end - start > self._max:  # however it arrived: the same limit for every cut
                 raise ValueError(f"SSE event larger than {self._max} bytes")
-            block = buf[start:end]
-            events.append(Event(block + b"\n\n", _data_of(block)))
+            events.append(Event(buf[start : end + 2], _data_of(buf[start:end])))
             start = end + 2
         self._buf = buf[start:]
         if len(self._buf) - self._buf.endswith(b"\n") > self._max:

@@ -87,6 +87,13 @@ def malformed(obj: dict[str, Any], choices: int) -> bool:
     return False
 
 def _ids_or_none(v: Any) -> bool:
-    return v is None or (
-        isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
-    )
+    # Called for every chunk: a plain loop, no generator. `type(t) is int` leaves out bool,
+    # which JSON's true/false would be.
+    if v is None:
+        return True
+    if type(v) is not list:
+        return False
+    for t in v:
+        if type(t) is not int:
+            return False
+    return True
