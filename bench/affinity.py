@@ -40,7 +40,7 @@ import orjson
 
 from bench import stats
 from bench.overhead import await_serving
-from bench.parts import MODEL, control_argv, control_toml, shim_argv, sim_argv
+from bench.parts import MODEL, control_argv, control_toml, shim_argv, sim_argv, starter
 from clients.procs import Part
 
 POLICIES = ("roundrobin", "affinity", "adaptive")
@@ -281,12 +281,7 @@ def running_fleet(plan: Plan, policy: str, logdir: Path) -> Iterator[Fleet]:
     logdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
 
-        def start(name: str, argv: list[str]) -> Part:
-            # Parts' stderr goes to files: their warnings must not garble the table.
-            log = stack.enter_context((logdir / f"affinity.{name}.log").open("wb"))
-            part = Part(name, argv, stderr=log.fileno())
-            stack.callback(part.stop, 3.0)
-            return part
+        start = starter(stack, logdir, "affinity")
 
         sims = tuple(
             start(f"sim{i}", sim_argv("127.0.0.1:0", *plan.sim_args()))

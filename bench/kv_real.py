@@ -16,14 +16,13 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from random import Random
 
 from bench import stats
 from bench.overhead import await_serving
-from bench.parts import control_argv, shim_argv
-from clients.procs import Part
+from bench.parts import control_argv, shim_argv, starter
 from scripts.engines.replicas import Cache, Engine, Replicas, free_port
 
 MODEL = "tiny-wide"
@@ -95,19 +94,6 @@ def reset(engines: Sequence[Engine], timeout: float = 120.0) -> None:
         urllib.request.urlopen(req, timeout=30).read()
 
 
-def starter(stack: contextlib.ExitStack, logdir: Path) -> Callable[[str, list[str]], Part]:
-    """start(name, argv): a Part whose stderr goes to logdir/kv.NAME.log, stopped with
-    `stack`."""
-
-    def start(name: str, argv: list[str]) -> Part:
-        log = stack.enter_context((logdir / f"kv.{name}.log").open("wb"))
-        part = Part(name, argv, stderr=log.fileno())
-        stack.callback(part.stop, 3.0)
-        return part
-
-    return start
-
-
 def control_config(policy: str, backends: Sequence[tuple[str, str, str, str, str]]) -> str:
     """Control's config: `policy`, engine readings 4 times a second, and each backend
     (id, url, model, KV events endpoint, replay endpoint) of kind vllm."""
@@ -130,7 +116,7 @@ def router(
             sglang = sglang_router(engines, logdir, cache or Cache.default())
             yield stack.enter_context(sglang), None
             return
-        start = starter(stack, logdir)
+        start = starter(stack, logdir, "kv")
         config = logdir / "kv.control.toml"
         backends = [(e.name, e.url, MODEL, *kv_endpoints(logdir, e.name)) for e in engines]
         config.write_text(control_config(policy, backends))

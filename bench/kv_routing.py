@@ -46,7 +46,7 @@ from bench.affinity import (
     summarize,
 )
 from bench.overhead import await_serving
-from bench.parts import MODEL, control_argv, shim_argv, sim_argv
+from bench.parts import MODEL, control_argv, shim_argv, sim_argv, starter
 from clients.procs import Part
 
 POLICIES = ("roundrobin", "adaptive", "ttft")
@@ -102,7 +102,7 @@ class Fleet:
 def running_fleet(wl: Workload, policy: str, logdir: Path) -> Iterator[Fleet]:
     logdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        start = kv_real.starter(stack, logdir)
+        start = starter(stack, logdir, "kv")
         sims, backends = [], []
         for i in range(wl.plan.replicas):
             pub, replay = f"ipc://{logdir}/kv-s{i}.pub", f"ipc://{logdir}/kv-s{i}.replay"

@@ -46,7 +46,7 @@ from typing import Any
 
 from bench import overhead_table, peers, stats
 from bench.cpu import Cores, children_pinned, plan_cores
-from bench.parts import MODEL, control_argv, control_toml, serves_completion, shim_argv
+from bench.parts import MODEL, control_argv, control_toml, serves_completion, shim_argv, starter
 from clients.procs import Part
 
 NONSTREAM_TOKENS = 8
@@ -100,13 +100,11 @@ def running_bench(plan: Plan, logdir: Path, cores: Cores | None) -> Iterator[Ben
     engine_core, router_core = (cores.engine, cores.baton) if cores else (None, None)
     with contextlib.ExitStack() as stack:
 
+        logged = starter(stack, logdir, "overhead")
+
         def start(name: str, argv: list[str], on: set[int] | None) -> Part:
-            # Parts' stderr goes to files: a warning per request must not garble the table.
-            log = stack.enter_context((logdir / f"overhead.{name}.log").open("wb"))
             with children_pinned(on):
-                part = Part(name, argv, stderr=log.fileno())
-            stack.callback(part.stop, 3.0)
-            return part
+                return logged(name, argv)
 
         engines = {f"e{i}": start(f"e{i}", ["bench.lean_engine", "--model", MODEL], engine_core)
                    for i in range(plan.replicas)}  # fmt: skip

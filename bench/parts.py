@@ -4,10 +4,14 @@ that a started router serves."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from clients.procs import Part
 
 MODEL = "toy"
 
@@ -52,3 +56,18 @@ def serves_completion(base: str, model: str = MODEL, timeout: float = 5.0) -> bo
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def starter(
+    stack: contextlib.ExitStack, logdir: Path, prefix: str
+) -> Callable[[str, list[str]], Part]:
+    """start(name, argv): a Part whose stderr goes to logdir/PREFIX.NAME.log (a warning per
+    request must not garble a table), stopped when `stack` closes."""
+
+    def start(name: str, argv: list[str]) -> Part:
+        log = stack.enter_context((logdir / f"{prefix}.{name}.log").open("wb"))
+        part = Part(name, argv, stderr=log.fileno())
+        stack.callback(part.stop, 3.0)
+        return part
+
+    return start

@@ -36,7 +36,7 @@ class Peer:
     key: str  # as named by `--peers`
     package: str
     version: str
-    launcher: str  # the module `python -m` starts
+    launcher: str  # the module `python -m` starts ("" for a tool that is not a module)
 
     @property
     def label(self) -> str:
@@ -83,10 +83,9 @@ def installed(peer: Peer, venv: Path, logdir: Path) -> Path:
     print(f"installing {peer.label} into {venv} (once; log: {log})", file=sys.stderr, flush=True)
     with log.open("wb") as out:
         steps = [[sys.executable, "-m", "venv", str(venv)]] if not python.exists() else []
-        steps += [
-            [str(python), "-m", "pip", "install", "-q", f"{peer.package}=={peer.version}"],
-            [str(python), "-c", f"import {peer.launcher}"],
-        ]
+        steps.append([str(python), "-m", "pip", "install", "-q", f"{peer.package}=={peer.version}"])
+        if peer.launcher:
+            steps.append([str(python), "-c", f"import {peer.launcher}"])
         for step in steps:
             try:
                 done = subprocess.run(step, stdout=out, stderr=subprocess.STDOUT, timeout=900)

@@ -33,20 +33,13 @@ from bench.overhead import await_serving, run_loadgen
 from bench.parts import MODEL, control_argv, control_toml, shim_argv
 from clients.procs import Part
 
-PYSPY = "py-spy==0.4.3"
+PYSPY = peers.Peer("pyspy", "py-spy", "0.4.3", "")  # a binary: nothing to import
 RESULTS = Path(__file__).parent / "results"
 
 
-def pyspy() -> Path:
+def pyspy(logdir: Path) -> Path:
     """py-spy's binary in the bench's virtualenv, installed the first time."""
-    venv = peers.peers_venv()
-    binary = venv / "bin" / "py-spy"
-    if not binary.exists():
-        python = venv / "bin" / "python"
-        if not python.exists():
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", PYSPY], check=True)
-    return binary
+    return peers.installed(PYSPY, peers.peers_venv(), logdir).parent / "py-spy"
 
 
 @dataclass
@@ -72,7 +65,7 @@ class Sampled:
 def sampled(name: str, argv: list[str], outdir: Path, rate: int) -> Sampled:
     samples = outdir / f"profile.{name}.txt"
     spy = subprocess.Popen(
-        [str(pyspy()), "record", "--nonblocking", "-r", str(rate), "-f", "raw",
+        [str(pyspy(outdir)), "record", "--nonblocking", "-r", str(rate), "-f", "raw",
          "-o", str(samples), "--", sys.executable, "-m", *argv],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
     )  # fmt: skip

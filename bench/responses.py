@@ -36,7 +36,7 @@ from bench import stats
 from bench.cpu import Cores, pin, plan_cores
 from bench.loadgen import PATHS, request_body
 from bench.overhead import await_serving, run_loadgen
-from bench.parts import MODEL, control_argv, control_toml, shim_argv, sim_argv
+from bench.parts import MODEL, control_argv, control_toml, shim_argv, sim_argv, starter
 from clients.procs import Part
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "responses.json"
@@ -75,12 +75,7 @@ def running_system(logdir: Path, cores: Cores | None) -> Iterator[System]:
     logdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
 
-        def start(name: str, argv: list[str]) -> Part:
-            # Parts' stderr goes to files: a warning per request must not garble the table.
-            log = stack.enter_context((logdir / f"responses.overhead.{name}.log").open("wb"))
-            part = Part(name, argv, stderr=log.fileno())
-            stack.callback(part.stop, 3.0)
-            return part
+        start = starter(stack, logdir, "responses.overhead")
 
         sim = start("sim", sim_argv("127.0.0.1:0", *SIM_ARGS))
         config = logdir / "responses.overhead.control.toml"
@@ -137,11 +132,7 @@ def dying_fleet(logdir: Path, die_after: int) -> Iterator[tuple[Part, Part]]:
     """Three sims (s0 drops every stream after `die_after` tokens), control, a shim."""
     with contextlib.ExitStack() as stack:
 
-        def start(name: str, argv: list[str]) -> Part:
-            log = stack.enter_context((logdir / f"responses.{name}.log").open("wb"))
-            part = Part(name, argv, stderr=log.fileno())
-            stack.callback(part.stop, 3.0)
-            return part
+        start = starter(stack, logdir, "responses")
 
         faults = {"s0": ("--fault", f"die-after={die_after}")}
         sims = {k: start(k, sim_argv("127.0.0.1:0", *faults.get(k, ())))

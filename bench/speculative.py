@@ -51,7 +51,7 @@ from typing import Any
 
 from bench import stats
 from bench.overhead import await_serving
-from bench.parts import MODEL, control_argv, control_toml, shim_argv, sim_argv
+from bench.parts import MODEL, control_argv, control_toml, shim_argv, sim_argv, starter
 from clients.client import AdminClient
 from clients.procs import Part
 
@@ -284,11 +284,7 @@ def running_fleet(plan: Plan, logdir: Path) -> Iterator[Fleet]:
     logdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
 
-        def start(name: str, argv: list[str]) -> Part:
-            log = stack.enter_context((logdir / f"speculative.{name}.log").open("wb"))
-            part = Part(name, argv, stderr=log.fileno())
-            stack.callback(part.stop, 3.0)
-            return part
+        start = starter(stack, logdir, "speculative")
 
         targets = {
             f"t{i}": start(f"t{i}", sim_argv("127.0.0.1:0", *plan.target_args()))
