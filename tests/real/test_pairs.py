@@ -179,16 +179,14 @@ def test_gate_incident_on_real_vllm(
         actions = [e["action"] for e in pair_events]
         outages = metric(fleet.shim.ready, "baton_shim_control_outages_total")
         if verdict == "accept":
-            assert "accept" in actions and "reject" not in actions, (
-                pair_events,
-                outages,
-                story(fleet, tmp_path),
-            )
+            # story() (read only on failure) holds the pair events too.
+            accepted = "accept" in actions and "reject" not in actions
+            assert accepted, (outages, story(fleet, tmp_path))
             pair = ok(fleet, "pairs", "list")[0]
             assert pair["target"] == survivor and pair["state"] == "active", pair
         else:
             rejects = [e for e in pair_events if e["action"] == "reject"]
-            assert len(rejects) == 1, (pair_events, outages, story(fleet, tmp_path))
+            assert len(rejects) == 1, (outages, story(fleet, tmp_path))
             (reject,) = rejects
             assert reject["reason"].startswith(verdict), reject
             assert not {"accept", "probation", "active"} & set(actions), pair_events
