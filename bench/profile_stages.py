@@ -29,7 +29,7 @@ def _stage(name: str, pattern: str) -> Stage:
 
 
 SHIM = (
-    _stage("route RPC, shim side", r"dataplane/link/|grpc/|baton/wire"),
+    _stage("route RPC, shim side", r"dataplane/link/|grpc/|baton/wire|baton/frames"),
     _stage("tracing (off)", r"baton/tracing|upstream/genai|opentelemetry"),
     _stage("metrics", r"prometheus_client|dataplane/metrics|Proxy\._finished"),
     _stage("parse + validation", r"edge/validate|edge/limits|BaseRequest\.(read|json)"),
@@ -47,8 +47,8 @@ CONTROL = (
     _stage("metrics", r"prometheus_client|control/metrics"),
     _stage("decision (router, policy)", r"control/routing/|control/fleet/|control/pairs/"
            r"|baton/spread|baton/model"),
-    _stage("wire conversion", r"baton/wire|control/api/convert"),
-    _stage("RouteStream servicer", r"control/api/"),
+    _stage("wire conversion", r"baton/wire|control/api/convert|baton/frames"),
+    _stage("RouteStream servicer (route socket or gRPC)", r"control/api/"),
     _stage("gRPC server (Python)", r"grpc/"),
 )  # fmt: skip
 

@@ -57,6 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("ROUTING"),
         help="routing policy (overrides the config; env ROUTING)",
     )
+    parser.add_argument(
+        "--route-port",
+        default="0",
+        help="port of the route socket, on --listen's host: shims' routes and outcomes without "
+        "gRPC's per-message cost (0: any free port, told to shims in each snapshot; 'off': "
+        "none, shims route over gRPC). Behind a proxy or a Kubernetes Service, give it a "
+        "fixed port and expose it next to --listen's",
+    )
     parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
 
 
@@ -103,6 +111,18 @@ def _tls(args: argparse.Namespace) -> tuple[bytes, bytes] | None:
         raise ConfigError(f"TLS: {exc}") from None
 
 
+def _route_port(value: str) -> int | None:
+    if value == "off":
+        return None
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--route-port: {value!r} is neither a port (0-65535) nor 'off'")
+    return port
+
+
 async def _serve(
     args: argparse.Namespace,
     cfg: config_mod.Config,
@@ -118,6 +138,7 @@ async def _serve(
         admin_token=tokens[0],
         shim_token=tokens[1],
         tls=tls,
+        route_port=_route_port(args.route_port),
     )
     port = await plane.start()
     host = args.listen.rsplit(":", 1)[0]

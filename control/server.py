@@ -22,6 +22,7 @@ from baton.tracing import tracing_from_env
 from baton.v1 import admin_pb2, admin_pb2_grpc, routing_pb2, routing_pb2_grpc
 from control.api import auth
 from control.api.admin import AdminServicer
+from control.api.route_socket import RouteSocket
 from control.api.routing import RoutingServicer
 from control.audit.durable import EventFile
 from control.audit.log import EventLog
@@ -96,9 +97,13 @@ class ControlPlane:
         admin_token: str | None = None,
         shim_token: str | None = None,
         tls: tuple[bytes, bytes] | None = None,
+        route_port: int | None = 0,
         clock: Callable[[], float] = time.time,
         seed: int | None = None,
     ) -> None:
+        """`route_port`: where shims' routes come without gRPC (the route socket, on the gRPC
+        listen host; 0: any free port, told to shims with each snapshot; None: none, and
+        shims route over gRPC's RouteStream)."""
         rng = random.Random(seed)
         # The audit log survives restarts when there is a data dir to keep it in.
         self._event_file = EventFile(data_dir / "events.jsonl") if data_dir else None
@@ -128,6 +133,10 @@ class ControlPlane:
         self._pending_pairs = list({p.draft: p for p in (*config.pairs, *saved.pairs)}.values())
         self._listen = listen
         self._tls = tls  # (certificate chain PEM, private key PEM): gRPC over TLS
+        self._shim_token = shim_token
+        self._route_port = route_port
+        self._route_socket: RouteSocket | None = None
+        self.route_port = 0
         self._rng = rng
         self.server = grpc.aio.server(interceptors=auth.interceptors(admin_token, shim_token))
         self._tasks: list[asyncio.Task[None]] = []
@@ -145,9 +154,8 @@ class ControlPlane:
 
     async def start(self) -> int:
         self._http = aiohttp.ClientSession()
-        routing_pb2_grpc.add_RoutingServiceServicer_to_server(
-            RoutingServicer(self.router, self.metrics, self.read_facts, self.tracing), self.server
-        )
+        routing = RoutingServicer(self.router, self.metrics, self.read_facts, self.tracing)
+        routing_pb2_grpc.add_RoutingServiceServicer_to_server(routing, self.server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             AdminServicer(self.router, self.read_facts, on_changed=self._save),
             self.server,
@@ -170,12 +178,19 @@ class ControlPlane:
         if self.port == 0:
             raise OSError(f"cannot listen on {self._listen}")
         await self.server.start()
+        if self._route_port is not None:
+            self._route_socket = RouteSocket(routing.answer, self._shim_token, self._tls)
+            host = self._listen.rpartition(":")[0].strip("[]")
+            self.route_port = routing.route_port = await self._route_socket.start(
+                host, self._route_port
+            )
         for name in names[:2] + ("",):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._tasks.append(
             asyncio.create_task(
-                run_prober(self.registry, self._config.probes, self._rng, self._http,
-                           self._wants_facts)  # fmt: skip
+                run_prober(
+                    self.registry, self._config.probes, self._rng, self._http, self._wants_facts
+                )  # fmt: skip
             )
         )
         if self._config.load.interval > 0:
@@ -273,6 +288,8 @@ class ControlPlane:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.kv.stop()
+        if self._route_socket is not None:
+            await self._route_socket.stop()
         await self.server.stop(grace)
         if self._http is not None:
             await self._http.close()

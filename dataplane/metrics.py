@@ -24,6 +24,7 @@ class LinkStats:
     buffered_reports: int = 0
     dropped_reports: Mapping[str, int] = field(default_factory=dict)  # by kind
     rejected_reports: int = 0
+    route_socket: bool = False  # routes ride control's route socket (False: gRPC, or none yet)
 
 
 class LinkCollector:
@@ -38,6 +39,12 @@ class LinkCollector:
             "baton_shim_degraded",
             "1 while control is unreachable and routes come from the last snapshot.",
             value=float(s.degraded),
+        )
+        yield GaugeMetricFamily(
+            "baton_shim_route_socket",
+            "1 while routes and outcomes ride control's route socket; 0 on gRPC's RouteStream "
+            "(control has none, or it can't be reached from here: see the shim's log).",
+            value=float(s.route_socket),
         )
         yield CounterMetricFamily(
             "baton_shim_control_outages", "Times control became unreachable.", value=s.outages

@@ -898,20 +898,75 @@ class WatchSnapshotsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SNAPSHOT_FIELD_NUMBER: _builtins.int
+    ROUTE_PORT_FIELD_NUMBER: _builtins.int
+    route_port: _builtins.int
+    """The port of control's route socket on this service's host (0: it has none; use
+    RouteStream). The socket carries RouteStream's messages without gRPC: see RouteSocketHello.
+    """
     @_builtins.property
     def snapshot(self) -> _fleet_pb2.Snapshot: ...
     def __init__(
         self,
         *,
         snapshot: _fleet_pb2.Snapshot | None = ...,
+        route_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["route_port", b"route_port", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchSnapshotsResponse: _TypeAlias = WatchSnapshotsResponse  # noqa: Y015
+
+@_typing.final
+class RouteSocketHello(_message.Message):
+    """Control's route socket: RouteStream's messages over one plain TCP connection (TLS when
+    control serves gRPC over TLS), for a shim's hot path: grpc.aio's per-message cost on both
+    ends (its C core, the thread hop, the completion queue) was most of what a route cost.
+    Each frame is a 4-byte big-endian length, then that many bytes of one message. The shim
+    sends a RouteSocketHello first and control answers a RouteSocketWelcome; after that the
+    shim sends RouteStreamRequest frames and control answers RouteStreamResponse frames, as
+    RouteStream does. Nothing is read before a welcome, so nothing unauthenticated is acted on.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AUTHORIZATION_FIELD_NUMBER: _builtins.int
+    authorization: _builtins.str
+    """"Bearer <shim token>", as RouteStream's authorization metadata."""
+    def __init__(
+        self,
+        *,
+        authorization: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authorization", b"authorization"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteSocketHello: _TypeAlias = RouteSocketHello  # noqa: Y015
+
+@_typing.final
+class RouteSocketWelcome(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REFUSED_FIELD_NUMBER: _builtins.int
+    refused: _builtins.str
+    """Empty: welcome. Otherwise why the shim was refused; control then closes the socket."""
+    def __init__(
+        self,
+        *,
+        refused: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["refused", b"refused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteSocketWelcome: _TypeAlias = RouteSocketWelcome  # noqa: Y015
 
 @_typing.final
 class ReportFailoverRequest(_message.Message):

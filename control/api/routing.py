@@ -37,6 +37,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         self._metrics = metrics
         self._policy = router.policy.name
         self._tracing = tracing
+        self.route_port = 0  # control's route socket, told to shims with every snapshot
 
     def _route(self, r: routing_pb2.RouteRequest) -> routing_pb2.RouteResponse:
         started = time.perf_counter()
@@ -72,20 +73,26 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         context: Context,
     ) -> AsyncIterator[routing_pb2.RouteStreamResponse]:
         async for msg in request_iterator:
-            if msg.outcomes:
-                self._finished(msg.outcomes)
-            results = [
-                routing_pb2.RouteResult(request_id=r.request_id, response=self._route(r))
-                for r in msg.routes
-            ]
-            results += [
-                routing_pb2.RouteResult(
-                    request_id=f.request_id, response=wire.route_response(self._failover(f))
-                )
-                for f in msg.failovers
-            ]
-            if results:
-                yield routing_pb2.RouteStreamResponse(results=results)
+            answer = self.answer(msg)
+            if answer is not None:
+                yield answer
+
+    def answer(self, msg: routing_pb2.RouteStreamRequest) -> routing_pb2.RouteStreamResponse | None:
+        """One RouteStream message's outcomes taken in and its questions answered (None: it
+        asked none), whether it came over gRPC or over the route socket."""
+        if msg.outcomes:
+            self._finished(msg.outcomes)
+        results = [
+            routing_pb2.RouteResult(request_id=r.request_id, response=self._route(r))
+            for r in msg.routes
+        ]
+        results += [
+            routing_pb2.RouteResult(
+                request_id=f.request_id, response=wire.route_response(self._failover(f))
+            )
+            for f in msg.failovers
+        ]
+        return routing_pb2.RouteStreamResponse(results=results) if results else None
 
     def _finished(self, outcomes: Iterable[routing_pb2.RequestOutcome]) -> None:
         self._router.finished(wire.outcome_from_pb(o) for o in outcomes)
@@ -198,7 +205,8 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
                 if snap.version > sent:
                     sent = snap.version
                     yield routing_pb2.WatchSnapshotsResponse(
-                        snapshot=wire.snapshot_to_pb(snap, registry.in_flight())
+                        snapshot=wire.snapshot_to_pb(snap, registry.in_flight()),
+                        route_port=self.route_port,
                     )
         finally:
             unsubscribe()

@@ -29,6 +29,7 @@ from dataplane.link.calls import Calls
 from dataplane.link.degraded import DegradedRouter
 from dataplane.link.needs import FleetView, GateAnswer, fleet_view
 from dataplane.link.outbox import Outbox, Report
+from dataplane.link.route_socket import split_target
 from dataplane.link.routestream import RouteStream
 from dataplane.metrics import LinkStats
 
@@ -89,7 +90,11 @@ class ControlLink:
             timeout=route_timeout,
             on_broken=self._unreachable,
             metadata=self._metadata,
+            tls_ca=tls_ca,
         )
+        # Control's host, where its route socket listens (None: a target with a scheme,
+        # routed over gRPC's RouteStream).
+        self._control_host = (split_target(target) or (None, 0))[0]
         self._outbox = Outbox(max_buffered, up=self._up, on_unreachable=self._unreachable)
         self._calls = Calls(self._stub, self._metadata, route_timeout, self._up, self._unreachable)
         self._local = DegradedRouter()
@@ -128,6 +133,7 @@ class ControlLink:
             buffered_reports=len(self._outbox),
             dropped_reports=dict(self._outbox.dropped),
             rejected_reports=self._outbox.rejected,
+            route_socket=self._stream.over_socket,
         )
 
     async def start(self, wait_for_snapshot: float = 10.0) -> None:
@@ -324,7 +330,14 @@ class ControlLink:
                     routing_pb2.WatchSnapshotsRequest(after_version=after),
                     metadata=self._metadata,
                 )
+                fresh = True
                 async for msg in stream:
+                    if self._control_host is not None:
+                        port = msg.route_port
+                        self._stream.use_socket(
+                            (self._control_host, port) if port else None, fresh=fresh
+                        )
+                        fresh = False
                     snapshot = wire.snapshot_from_pb(msg.snapshot)
                     after = snapshot.version
                     self._fleet = fleet_view(snapshot)

@@ -3,19 +3,81 @@ carries every Route request and outcome report, batched.
 
 Why: a unary gRPC call from Python costs ~0.5 ms of round trip and ~0.3 ms of CPU across
 both ends; a message on an open stream costs well under half, and under load many requests
-share one message. One writer task sends whatever has queued since its last write."""
+share one message. One writer task sends whatever has queued since its last write.
+
+The messages ride control's route socket (dataplane/link/route_socket.py) once control has
+told its port, which costs each end a fraction of a gRPC message; gRPC's RouteStream call
+(`_GrpcCall`) where it has none, or it can't be reached: the same messages either way."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
-from typing import Any
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import grpc
 
 from baton.v1 import routing_pb2, routing_pb2_grpc
-from dataplane.exceptions import StreamBroken
+from dataplane.exceptions import ControlRefused, StreamBroken
+from dataplane.link.route_socket import SocketCall
+
+log = logging.getLogger("baton.shim.control")
+
+
+class _Call(Protocol):
+    """One open stream to control, whichever way it goes."""
+
+    async def send(self, msg: routing_pb2.RouteStreamRequest) -> None: ...
+
+    async def finish(self, timeout: float) -> None: ...
+
+    def cancel(self) -> None: ...
+
+
+class _GrpcCall:
+    """RouteStream over gRPC; its answers go to `deliver` from a reader task."""
+
+    def __init__(
+        self,
+        stub: routing_pb2_grpc.RoutingServiceStub,
+        metadata: tuple[tuple[str, str], ...],
+        deliver: Callable[[Sequence[routing_pb2.RouteResult]], None],
+        closed: Callable[[Any, str], None],
+    ) -> None:
+        self._call: Any = stub.RouteStream(metadata=metadata)  # type: ignore[call-arg]
+        self._deliver = deliver
+        self._closed = closed
+        self._reader = asyncio.create_task(self._read())
+
+    async def send(self, msg: routing_pb2.RouteStreamRequest) -> None:
+        try:
+            await self._call.write(msg)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            raise StreamBroken(type(exc).__name__) from None
+
+    async def _read(self) -> None:
+        reason = "stream closed by control"
+        try:
+            async for msg in self._call:
+                self._deliver(msg.results)
+        except grpc.aio.AioRpcError as exc:
+            reason = f"{exc.code().name}: {exc.details()}"
+        self._closed(self, reason)
+
+    async def finish(self, timeout: float) -> None:
+        """Closed for writing; control answers what it was asked and ends the call (within
+        `timeout`), and those answers still reach their requests."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(timeout):
+                await self._call.done_writing()
+                await asyncio.wait({self._reader})
+        self.cancel()
+
+    def cancel(self) -> None:
+        self._call.cancel()
+        self._reader.cancel()
 
 
 class RouteStream:
@@ -27,15 +89,23 @@ class RouteStream:
         timeout: float,
         on_broken: Callable[[str], None] = lambda reason: None,
         metadata: tuple[tuple[str, str], ...] = (),
+        tls_ca: bytes | None = None,
     ) -> None:
         """`on_broken`: told why whenever the stream breaks (control gone, or hung on a
         write), so ControlLink can stop asking control until it answers again. `metadata`:
-        sent when each stream opens (the shim token)."""
+        sent when each stream opens (the shim token). `tls_ca`: control's CA, for its route
+        socket as for its gRPC."""
         self._stub = stub
         self._metadata = metadata
+        self._tls_ca = tls_ca
         self._on_broken = on_broken
         self._timeout = timeout
-        self._call: Any = None  # grpc.aio.StreamStreamCall while open
+        self._call: _Call | None = None  # while open
+        # Control's route socket (host, port), once told; and the one that could not be
+        # reached or refused us, left to gRPC until control tells a port again.
+        self._socket: tuple[str, int] | None = None
+        self._socket_failed: tuple[str, int] | None = None
+        self._retiring: set[asyncio.Task[None]] = set()  # gRPC calls closing after a switch
         # request id -> (answer, deadline on the loop clock) of each question in flight, oldest
         # first: one request can have two (a failover's call made late, then its next failover).
         # An answer goes to the oldest waiter; control answers in the order it was asked.
@@ -58,6 +128,27 @@ class RouteStream:
     @property
     def buffered_outcomes(self) -> int:
         return len(self._outcomes)
+
+    @property
+    def over_socket(self) -> bool:
+        """Whether the open stream rides control's route socket (False: gRPC, or none open)."""
+        return isinstance(self._call, SocketCall)
+
+    def use_socket(self, address: tuple[str, int] | None, *, fresh: bool = False) -> None:
+        """Control's route socket, as its latest snapshot tells (None: it has none). `fresh`:
+        from a newly opened watch (control may be a new process): try a socket that failed
+        before again. An open socket is kept until it breaks; an open gRPC stream gives way
+        to a socket that has not failed."""
+        if fresh or address != self._socket:
+            self._socket_failed = None
+        self._socket = address
+        if address not in (None, self._socket_failed) and isinstance(self._call, _GrpcCall):
+            # On gRPC only because the socket was unknown or failed: the next batch opens it.
+            # The gRPC call is closed for writing, so control answers what it has and ends it.
+            old, self._call = self._call, None
+            task = asyncio.create_task(old.finish(self._timeout))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
 
     def _start(self) -> None:
         if not self._tasks:
@@ -101,46 +192,62 @@ class RouteStream:
             await self._wake.wait()
             # One more turn of the loop before the batch is taken: the requests whose bytes
             # arrived with this turn's events join it. A message costs both ends far more
-            # than a route in it (gRPC's C core and its thread hop), and idle, the turn costs
-            # microseconds.
+            # than a route in it, and idle, the turn costs microseconds.
             await asyncio.sleep(0)
             self._wake.clear()
             if not (self._routes or self._outcomes or self._failovers):
                 continue
-            call = self._open()
+            self._write_started = loop.time()  # an open that hangs is a write that hangs
+            call = self._call or await self._open()
             routes, self._routes = self._routes, []
             outcomes, self._outcomes = self._outcomes, []
             failovers, self._failovers = self._failovers, []
-            self._write_started = loop.time()
             try:
-                await call.write(
+                await call.send(
                     routing_pb2.RouteStreamRequest(
                         routes=routes, outcomes=outcomes, failovers=failovers
                     )
                 )
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            except StreamBroken as exc:
                 self._outcomes = outcomes + self._outcomes  # resent on the next stream
-                self._broken(type(exc).__name__)
+                self._broken(str(exc))
             finally:
                 self._write_started = None
 
-    def _open(self) -> Any:
-        if self._call is None:
-            self._call = self._stub.RouteStream(metadata=self._metadata)  # type: ignore[call-arg]
-            self._tasks.append(asyncio.create_task(self._read(self._call)))
+    async def _open(self) -> _Call:
+        """The route socket when control has told one that has not failed; else gRPC."""
+        address = self._socket
+        if address is not None and address != self._socket_failed:
+            try:
+                self._call = await SocketCall.open(
+                    *address,
+                    authorization=dict(self._metadata).get("authorization", ""),
+                    tls_ca=self._tls_ca,
+                    # Within the sweep's write deadline: a port that drops what is sent to it
+                    # is marked failed here, not taken for a hung control again and again.
+                    timeout=self._timeout / 2,
+                    deliver=self._deliver,
+                    closed=self._closed,
+                )
+                return self._call
+            except (OSError, TimeoutError, ControlRefused, StreamBroken) as exc:
+                # Unreachable from here (a port not exposed) or refused: gRPC still may be.
+                self._socket_failed = address
+                log.warning(
+                    "control's route socket %s:%d: %s; routing over gRPC instead",
+                    *address, exc or type(exc).__name__,
+                )  # fmt: skip
+        self._call = _GrpcCall(self._stub, self._metadata, self._deliver, self._closed)
         return self._call
 
-    async def _read(self, call: Any) -> None:
-        reason = "stream closed by control"
-        try:
-            async for msg in call:
-                for result in msg.results:
-                    for fut, _ in self._pending.get(result.request_id, ()):
-                        if not fut.done():
-                            fut.set_result(result.response)
-                            break
-        except grpc.aio.AioRpcError as exc:
-            reason = f"{exc.code().name}: {exc.details()}"
+    def _deliver(self, results: Sequence[routing_pb2.RouteResult]) -> None:
+        for result in results:
+            for fut, _ in self._pending.get(result.request_id, ()):
+                if not fut.done():
+                    fut.set_result(result.response)
+                    break
+
+    def _closed(self, call: Any, reason: str) -> None:
         if self._call is call:
             self._broken(reason)
 
@@ -178,9 +285,8 @@ class RouteStream:
             await asyncio.sleep(0)  # let the writer take the last outcomes
         call, self._call = self._call, None
         if call is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(call.done_writing(), self._timeout)
-            call.cancel()
+            await call.finish(self._timeout)
+        await asyncio.gather(*self._retiring, return_exceptions=True)  # each bounded
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -1,18 +1,24 @@
 """The shim's RouteStream over real gRPC (an in-process server on 127.0.0.1): one request can
 have two questions in flight (a failover's report to control made late, then that request's
-next failover), and each gets an answer; neither waits forever."""
+next failover), and each gets an answer; neither waits forever. Its messages move to control's
+route socket once told its port, a question asked on gRPC before still gets its answer, and a
+socket that can't be reached or refuses the token leaves them on gRPC."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 import pytest
 
 from baton.v1 import fleet_pb2, routing_pb2, routing_pb2_grpc
+from control.api.route_socket import RouteSocket
 from dataplane.link.routestream import RouteStream
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -88,3 +94,129 @@ async def two_questions_for_one_request() -> list[str]:
 
 def test_two_questions_in_flight_for_one_request_both_get_their_answer() -> None:
     assert asyncio.run(two_questions_for_one_request()) == ["after-a", "after-b"]
+
+
+# -- the route socket: RouteStream's messages without gRPC ---------------------------------
+
+
+class EchoControl(routing_pb2_grpc.RoutingServiceServicer):
+    """Answers each route with the backend named after how it was asked (`grpc` or `socket`),
+    and counts outcomes by way; `hold` keeps gRPC answers back until set."""
+
+    def __init__(self) -> None:
+        self.outcomes = {"grpc": 0, "socket": 0}
+        self.hold = asyncio.Event()
+        self.hold.set()
+        self.asked = {"grpc": asyncio.Event(), "socket": asyncio.Event()}
+        self.reported = {"grpc": asyncio.Event(), "socket": asyncio.Event()}
+
+    def answer(
+        self, msg: routing_pb2.RouteStreamRequest, way: str
+    ) -> routing_pb2.RouteStreamResponse | None:
+        self.outcomes[way] += len(msg.outcomes)
+        if msg.outcomes:
+            self.reported[way].set()
+        results = [
+            routing_pb2.RouteResult(
+                request_id=r.request_id,
+                response=routing_pb2.RouteResponse(backends=[fleet_pb2.Backend(id=way)]),
+            )
+            for r in msg.routes
+        ]
+        return routing_pb2.RouteStreamResponse(results=results) if results else None
+
+    async def RouteStream(
+        self, request_iterator: AsyncIterator[routing_pb2.RouteStreamRequest], context: Any
+    ) -> AsyncIterator[routing_pb2.RouteStreamResponse]:
+        async for msg in request_iterator:
+            self.asked["grpc"].set()
+            await self.hold.wait()
+            answer = self.answer(msg, "grpc")
+            if answer is not None:
+                yield answer
+
+
+async def with_control(
+    test: Callable[[RouteStream, EchoControl, int], Awaitable[T]], *, token: str | None = None
+) -> T:
+    """`test(stream, control, socket port)` against an in-process gRPC RouteStream and a real
+    route socket (control/api/route_socket.py) on 127.0.0.1."""
+    server = grpc.aio.server()
+    control = EchoControl()
+    routing_pb2_grpc.add_RoutingServiceServicer_to_server(control, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    sock = RouteSocket(lambda msg: control.answer(msg, "socket"), token)
+    socket_port = await sock.start("127.0.0.1", 0)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stream = RouteStream(
+                routing_pb2_grpc.RoutingServiceStub(channel),
+                max_outcomes=10,
+                timeout=5.0,
+                metadata=(("authorization", "Bearer shim-token"),),
+            )
+            try:
+                return await test(stream, control, socket_port)
+            finally:
+                await stream.close()
+    finally:
+        await sock.stop()
+        await server.stop(None)
+
+
+async def route(stream: RouteStream, request_id: str) -> str:
+    answer = await asyncio.wait_for(
+        stream.route(routing_pb2.RouteRequest(request_id=request_id)), 3.0
+    )
+    return answer.backends[0].id
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_routes_ride_the_route_socket_once_control_tells_it() -> None:
+    async def test(stream: RouteStream, control: EchoControl, port: int) -> list[object]:
+        before = await route(stream, "r1")  # no port told yet: gRPC
+        stream.use_socket(("127.0.0.1", port))
+        after = [await route(stream, "r2"), stream.over_socket]
+        stream.report(routing_pb2.RequestOutcome(request_id="r2"))
+        stream.flush()
+        await asyncio.wait_for(control.reported["socket"].wait(), 3.0)
+        assert control.outcomes == {"grpc": 0, "socket": 1}
+        return [before, *after]
+
+    assert asyncio.run(with_control(test)) == ["grpc", "socket", True]
+
+
+def test_a_question_in_flight_on_grpc_is_answered_after_the_switch_to_the_socket() -> None:
+    async def test(stream: RouteStream, control: EchoControl, port: int) -> list[str]:
+        control.hold.clear()
+        first = asyncio.create_task(route(stream, "r1"))  # asked over gRPC, held there
+        await asyncio.wait_for(control.asked["grpc"].wait(), 3.0)
+        stream.use_socket(("127.0.0.1", port))
+        second = await route(stream, "r2")  # the switch: over the socket at once
+        control.hold.set()
+        return [await first, second]
+
+    assert asyncio.run(with_control(test)) == ["grpc", "socket"]
+
+
+def test_a_route_socket_that_cannot_be_reached_leaves_routes_on_grpc() -> None:
+    async def test(stream: RouteStream, control: EchoControl, port: int) -> list[object]:
+        stream.use_socket(("127.0.0.1", free_port()))  # nothing listens there
+        return [await route(stream, "r1"), await route(stream, "r2"), stream.over_socket]
+
+    assert asyncio.run(with_control(test)) == ["grpc", "grpc", False]
+
+
+def test_a_route_socket_that_refuses_the_token_leaves_routes_on_grpc() -> None:
+    async def test(stream: RouteStream, control: EchoControl, port: int) -> list[object]:
+        stream.use_socket(("127.0.0.1", port))
+        return [await route(stream, "r1"), stream.over_socket, control.outcomes]
+
+    got = asyncio.run(with_control(test, token="another-token"))
+    assert got == ["grpc", False, {"grpc": 0, "socket": 0}]

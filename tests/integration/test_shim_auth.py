@@ -7,6 +7,7 @@ message; control refuses to start with an admin token and no shim token, or one 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -17,9 +18,10 @@ from typing import Any
 import grpc
 import pytest
 
+from baton.frames import Deframer, frame
 from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2, routing_pb2, routing_pb2_grpc
 from clients.procs import Part
-from tests.integration.harness import MODEL, start_shim, wait_until, write_config
+from tests.integration.harness import MODEL, metric, start_shim, wait_until, write_config
 from tests.integration.tokenfleet import RPC_TIMEOUT, chat, token_fleet
 
 pytestmark = pytest.mark.timeout(120)
@@ -155,17 +157,25 @@ CALLS: dict[str, Call] = {
     "ReportFailover": _unary(
         "ReportFailover",
         lambda g: routing_pb2.ReportFailoverRequest(
-            request_id="intruder-6", from_backend_id="t0", to_backend_id="t1",
-            failure="truncated", tokens_sent=3, attempt=1,
-            outcome=routing_pb2.FAILOVER_OUTCOME_RESUMED, detail="forged",
+            request_id="intruder-6",
+            from_backend_id="t0",
+            to_backend_id="t1",
+            failure="truncated",
+            tokens_sent=3,
+            attempt=1,
+            outcome=routing_pb2.FAILOVER_OUTCOME_RESUMED,
+            detail="forged",
         ),  # fmt: skip
     ),
     "WatchSnapshots": _watch,
     "GatePairing": _unary(
         "GatePairing",
         lambda g: routing_pb2.GatePairingRequest(
-            request_id="intruder-7", pair_id=g.pair_id, target_backend_id="t1",
-            drafted=40, accepted=0,
+            request_id="intruder-7",
+            pair_id=g.pair_id,
+            target_backend_id="t1",
+            drafted=40,
+            accepted=0,
         ),  # fmt: skip
     ),
     # A forged owner would send a stored response's follow-ups to the wrong backend.
@@ -198,6 +208,91 @@ def test_without_the_shim_token_every_routing_rpc_is_refused_and_changes_nothing
     assert state(guarded) == before
 
 
+def route_port(g: Guarded) -> int:
+    """Control's route socket, as it tells shims with each snapshot."""
+    stream = g.routing.WatchSnapshots(
+        routing_pb2.WatchSnapshotsRequest(), metadata=AS_SHIM, timeout=RPC_TIMEOUT
+    )
+    port = next(iter(stream)).route_port
+    assert port, "control told no route socket"
+    return port
+
+
+def over_route_socket(g: Guarded, authorization: str, *frames: bytes) -> list[bytes]:
+    """A hello with `authorization`, then `frames` at once (not waiting for the welcome), on
+    control's route socket; every frame control sent back until it closed the socket or
+    went quiet (it answers a frame within RPC_TIMEOUT)."""
+    hello = frame(routing_pb2.RouteSocketHello(authorization=authorization))
+    got: list[bytes] = []
+    deframer = Deframer()
+    with socket.create_connection(("127.0.0.1", route_port(g)), timeout=RPC_TIMEOUT) as sock:
+        sock.sendall(hello + b"".join(frames))
+        try:
+            while data := sock.recv(65536):
+                got += deframer.feed(data)
+        except TimeoutError:
+            pass  # open and quiet: all it will answer
+        except ConnectionResetError:
+            pass  # closed with our frames unread
+    return got
+
+
+def _intrusion() -> bytes:
+    return frame(
+        routing_pb2.RouteStreamRequest(
+            routes=[_route("intruder-9")], outcomes=[_outcome()], failovers=[_failover()]
+        )
+    )
+
+
+@pytest.mark.parametrize("who", sorted(BAD))
+def test_without_the_shim_token_the_route_socket_refuses_and_changes_nothing(
+    guarded: Guarded, who: str
+) -> None:
+    """The route socket carries RouteStream's messages without gRPC: the same token guards it,
+    and a route, a failure outcome and a failover sent right behind a bad hello are never
+    read."""
+    before = state(guarded)
+    got = over_route_socket(guarded, dict(BAD[who]).get("authorization", ""), _intrusion())
+    assert len(got) == 1, got  # the refusal, then the socket closed: nothing answered
+    welcome = routing_pb2.RouteSocketWelcome.FromString(got[0])
+    assert "shim token missing or wrong" in welcome.refused
+    assert state(guarded) == before
+
+
+def test_with_the_shim_token_the_route_socket_answers(guarded: Guarded) -> None:
+    ask = routing_pb2.RouteStreamRequest(routes=[_route("shim-socket-1")])
+    got = over_route_socket(guarded, f"Bearer {SHIM}", frame(ask))
+    assert routing_pb2.RouteSocketWelcome.FromString(got[0]).refused == ""
+    answer = routing_pb2.RouteStreamResponse.FromString(got[1])
+    assert [r.request_id for r in answer.results] == ["shim-socket-1"]
+    assert answer.results[0].response.backends[0].id in ("t0", "t1")
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [
+        b"\xff\xff\xff\xff",  # a frame of 4 GiB announced
+        b"\x00\x00\x00\x05hello",  # not a hello
+        b"\x00\x00\x10\x01" + b"x" * 4097,  # a hello longer than a token
+    ],
+    ids=["huge", "garbage", "long-hello"],
+)
+def test_junk_on_the_route_socket_is_cut_off_and_control_serves_on(
+    guarded: Guarded, junk: bytes
+) -> None:
+    before = state(guarded)
+    with socket.create_connection(("127.0.0.1", route_port(guarded)), timeout=RPC_TIMEOUT) as s:
+        s.sendall(junk)
+        try:
+            assert s.recv(65536) == b"", "control answered junk"
+        except ConnectionResetError:
+            pass  # cut off: what we want
+    assert state(guarded) == before
+    status, raw = chat(guarded.shim.ready, "still there?")
+    assert status == 200, raw
+
+
 def test_the_shim_token_is_refused_by_the_admin_service(guarded: Guarded) -> None:
     before = state(guarded)
     with pytest.raises(grpc.RpcError) as err:
@@ -223,6 +318,8 @@ def test_with_the_shim_token_routing_calls_work(guarded: Guarded) -> None:
     for stream in (True, False):
         status, raw = chat(guarded.shim.ready, "and again", stream=stream)
         assert status == 200, raw
+    # The shim's routes ride control's route socket, behind the same token.
+    assert metric(guarded.shim.ready, "baton_shim_route_socket") == 1
 
 
 def run_module(module: str, *argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
+from baton.frames import frame
+from baton.v1 import routing_pb2, routing_pb2_grpc
 from clients.procs import Part
 from tests.integration.harness import (
     MODEL,
     http,
+    metric,
     start_control,
     start_shim,
     start_sim,
@@ -95,3 +100,22 @@ def test_a_shim_routes_through_a_tls_control(tls_fleet: TlsFleet) -> None:
     assert json.loads(data)["choices"][0]["text"]
     _, models = http("GET", shim + "/v1/models")
     assert [m["id"] for m in json.loads(models)["data"]] == [MODEL]  # from the TLS snapshot
+    # Its routes ride control's route socket, over TLS with the same CA.
+    assert metric(shim, "baton_shim_route_socket") == 1
+
+
+def test_the_route_socket_refuses_plaintext(tls_fleet: TlsFleet) -> None:
+    creds = grpc.ssl_channel_credentials(tls_fleet.ca.read_bytes())
+    with grpc.secure_channel(tls_fleet.control, creds) as channel:
+        watch = routing_pb2_grpc.RoutingServiceStub(channel).WatchSnapshots(
+            routing_pb2.WatchSnapshotsRequest(), timeout=10
+        )
+        port = next(iter(watch)).route_port
+    assert port
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(frame(routing_pb2.RouteSocketHello(authorization="Bearer plain")))
+        try:
+            answer = sock.recv(65536)
+        except ConnectionResetError:
+            answer = b""
+    assert answer == b"", "a plaintext hello got an answer from a TLS route socket"
