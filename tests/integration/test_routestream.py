@@ -16,6 +16,7 @@ import pytest
 
 from baton.v1 import fleet_pb2, routing_pb2, routing_pb2_grpc
 from control.api.route_socket import RouteSocket
+from dataplane.exceptions import StreamBroken
 from dataplane.link.routestream import RouteStream
 
 T = TypeVar("T")
@@ -113,6 +114,8 @@ class EchoControl(routing_pb2_grpc.RoutingServiceServicer):
     def answer(
         self, msg: routing_pb2.RouteStreamRequest, way: str
     ) -> routing_pb2.RouteStreamResponse | None:
+        if any(r.request_id == "boom" for r in msg.routes):
+            raise RuntimeError("a decision that raised")
         self.outcomes[way] += len(msg.outcomes)
         if msg.outcomes:
             self.reported[way].set()
@@ -220,3 +223,17 @@ def test_a_route_socket_that_refuses_the_token_leaves_routes_on_grpc() -> None:
 
     got = asyncio.run(with_control(test, token="another-token"))
     assert got == ["grpc", False, {"grpc": 0, "socket": 0}]
+
+
+def test_a_decision_that_raises_fails_its_socket_not_control() -> None:
+    """Control cuts that shim's socket (its questions fail at once: the shim routes from its
+    snapshot), logs the error, and answers the next connection."""
+
+    async def test(stream: RouteStream, control: EchoControl, port: int) -> list[object]:
+        stream.use_socket(("127.0.0.1", port))
+        first = await route(stream, "r1")
+        with pytest.raises(StreamBroken):
+            await route(stream, "boom")
+        return [first, await route(stream, "r2"), stream.over_socket]
+
+    assert asyncio.run(with_control(test)) == ["socket", "socket", True]
