@@ -242,9 +242,34 @@ def shape_to_pb(s: RequestShape) -> routing_pb2.RequestShape:
     )
 
 
-def decision_from_pb(resp: routing_pb2.RouteResponse | routing_pb2.FailoverResponse) -> Decision:
+class Backends:
+    """Backends read from control's answers, kept by id: a shim reads the same few backends in
+    every decision, and comparing a message to the one it came from costs a fraction of
+    building the Backend again (a route's decision names several). Bounded by the fleet."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[fleet_pb2.Backend, Backend]] = {}
+
+    def read(self, b: fleet_pb2.Backend) -> Backend:
+        hit = self._seen.get(b.id)
+        if hit is not None and hit[0] == b:
+            return hit[1]
+        if len(self._seen) >= 4096:  # a fleet that churned through ids: start over
+            self._seen.clear()
+        kept = fleet_pb2.Backend()
+        kept.CopyFrom(b)
+        backend = backend_from_pb(b)
+        self._seen[b.id] = (kept, backend)
+        return backend
+
+
+def decision_from_pb(
+    resp: routing_pb2.RouteResponse | routing_pb2.FailoverResponse,
+    backends: Backends | None = None,
+) -> Decision:
+    read = backend_from_pb if backends is None else backends.read
     return Decision(
-        tuple(backend_from_pb(b) for b in resp.backends),
+        tuple(read(b) for b in resp.backends),
         REASON_FROM_PB.get(resp.reason, Reason.NO_BACKEND),
         resp.snapshot_version,
         resp.detail,

@@ -98,6 +98,7 @@ class ControlLink:
         self._outbox = Outbox(max_buffered, up=self._up, on_unreachable=self._unreachable)
         self._calls = Calls(self._stub, self._metadata, route_timeout, self._up, self._unreachable)
         self._local = DegradedRouter()
+        self._backends = wire.Backends()
         self._fleet = FleetView()
         self._first_snapshot = asyncio.Event()
         self._refused: str | None = None  # control refused our credential: why
@@ -224,7 +225,7 @@ class ControlLink:
             ) from None
         except StreamBroken as exc:
             raise ControlUnavailable(f"control plane: {exc}") from None
-        return wire.decision_from_pb(resp)
+        return wire.decision_from_pb(resp, self._backends)
 
     def _decide_locally(
         self, model: str, exclude: Sequence[str] = (), preferred: Sequence[str] = ()
