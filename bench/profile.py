@@ -103,11 +103,15 @@ def running(outdir: Path, rate: int) -> Iterator[tuple[Sampled, Sampled, Sampled
         yield control, shim, floor
 
 
-def load(url: str, concurrency: int, duration: float, parts: dict[str, int]) -> dict[str, float]:
-    """CPU µs per request of each of `parts` under a closed-loop non-streamed load."""
+def load(
+    url: str, concurrency: int, duration: float, parts: dict[str, int], stream: bool = False
+) -> dict[str, float]:
+    """CPU µs per request of each of `parts` under a closed-loop load: non-streamed, or
+    `stream`ed (64-token streams, as bench.overhead's)."""
+    shape = ["--stream", "--max-tokens", "64"] if stream else ["--max-tokens", "8"]
     argv = [sys.executable, "-m", "bench.loadgen", "--url", url, "--concurrency",
             str(concurrency), "--duration", str(duration), "--warmup", "1", "--model", MODEL,
-            "--max-tokens", "8", *(a for n, p in parts.items() for a in ("--pid", f"{n}={p}"))]
+            *shape, *(a for n, p in parts.items() for a in ("--pid", f"{n}={p}"))]
     raw = run_loadgen(argv, duration + 90, f"profile c={concurrency}")  # fmt: skip
     served = max(1, int(raw["ok_in_window"]))
     return {n: raw["cpu_s"][n] * 1e6 / served for n in parts}
@@ -131,22 +135,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--duration", type=float, default=15.0, help="seconds of load per router")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    p.add_argument("--stream", action="store_true", help="64-token streams, not plain requests")
     p.add_argument("--json", type=Path, default=RESULTS / "profile.json")
     a = p.parse_args(argv)
     a.json.parent.mkdir(parents=True, exist_ok=True)
     with running(a.json.parent, a.rate) as (control, shim, floor):
         baton_cpu = load(shim.ready, a.concurrency, a.duration,
-                         {"shim": shim.pid, "control": control.pid})  # fmt: skip
-        floor_cpu = load(floor.ready, a.concurrency, a.duration, {"floor": floor.pid})
+                         {"shim": shim.pid, "control": control.pid}, a.stream)  # fmt: skip
+        floor_cpu = load(floor.ready, a.concurrency, a.duration, {"floor": floor.pid}, a.stream)
     rows = {}
     for part, stages, cpu in ((shim, profile_stages.SHIM, baton_cpu["shim"]),
                               (control, profile_stages.CONTROL, baton_cpu["control"]),
                               (floor, profile_stages.SHIM, floor_cpu["floor"])):  # fmt: skip
         with part.samples.open() as f:
             rows[part.name] = profile_stages.per_request(profile_stages.attribute(f, stages), cpu)
-    print(f"CPU µs per request by stage, non-streamed, c={a.concurrency} (under py-spy):")
+    kind = "64-token streams" if a.stream else "non-streamed"
+    print(f"CPU µs per request by stage, {kind}, c={a.concurrency} (under py-spy):")
     print(table(rows))
-    a.json.write_text(json.dumps({"concurrency": a.concurrency, "cpu_us": {**baton_cpu,
+    a.json.write_text(json.dumps({"concurrency": a.concurrency, "stream": a.stream,
+                                  "cpu_us": {**baton_cpu,
                                   **floor_cpu}, "stages": rows}, indent=1))  # fmt: skip
     print(f"\nwrote {a.json}")
     return 0

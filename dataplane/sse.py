@@ -38,6 +38,10 @@ class Event(NamedTuple):
         return self.data == DONE
 
 
+# Event's own __new__ is a Python lambda around this: one is built per token.
+_event = tuple.__new__
+
+
 def _data_of(block: bytes) -> bytes:
     if block.startswith(b"data: ") and b"\n" not in block:
         return block[6:]  # the one-line event every engine sends: skip the line split
@@ -78,7 +82,7 @@ class SSEParser:
                 break
             if end - start > self._max:  # however it arrived: the same limit for every cut
                 raise ValueError(f"SSE event larger than {self._max} bytes")
-            events.append(Event(buf[start : end + 2], _data_of(buf[start:end])))
+            events.append(_event(Event, (buf[start : end + 2], _data_of(buf[start:end]))))
             start = end + 2
         self._buf = buf[start:]
         if len(self._buf) - self._buf.endswith(b"\n") > self._max:

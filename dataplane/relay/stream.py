@@ -177,7 +177,12 @@ class StreamRelay:
                     return None
                 piece, failure = original(event.data, event.raw)
                 if piece:
-                    out.append(piece)
+                    if self.first_byte is None and not failure:
+                        # The client's first token goes out now, not after the rest of a read
+                        # that may hold the whole answer (a fast engine's): that is its TTFT.
+                        await self.write(piece)
+                    else:
+                        out.append(piece)
                 if failure:
                     if out:
                         await self.write(b"".join(out))

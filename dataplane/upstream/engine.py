@@ -98,31 +98,80 @@ async def read_events(
 ) -> AsyncIterator[list[Event]]:
     """The data events of each read, as a batch (so the caller can answer a read with one
     write); raises StreamFailed on a stall, a broken connection, or EOF (the caller decides
-    whether EOF was early). One timer, rescheduled per read."""
+    whether EOF was early). One lazy timer per stream (_StallWatch)."""
     parser = SSEParser()
-    loop = asyncio.get_running_loop()
+    watch = _StallWatch(asyncio.get_running_loop(), content)
     chunk = first
     try:
-        async with asyncio.timeout(None) as deadline:
-            while True:
-                # Disarmed while the caller handles events: time spent writing to a slow
+        while True:
+            events = [e for e in parser.feed(chunk) if e.data]
+            if events:
+                got_token = True
+                # Not timed while the caller handles events: time spent writing to a slow
                 # client is backpressure, not a stalled backend.
-                deadline.reschedule(None)
-                events = [e for e in parser.feed(chunk) if e.data]
-                if events:
-                    got_token = True
-                    yield events
-                limit = settings.inter_token_timeout if got_token else settings.first_token_timeout
-                deadline.reschedule(loop.time() + limit)
-                chunk = await content.readany()
-                if not chunk:
-                    raise StreamFailed(Failure.TRUNCATED, "stream ended before [DONE]")
+                watch.pause()
+                yield events
+            watch.expect(
+                settings.inter_token_timeout if got_token else settings.first_token_timeout
+            )
+            chunk = await content.readany()
+            if not chunk:
+                raise StreamFailed(Failure.TRUNCATED, "stream ended before [DONE]")
     except TimeoutError:
         raise StreamFailed(Failure.STALL, "no data within the stall timeout") from None
     except (aiohttp.ClientError, OSError) as exc:
         raise StreamFailed(Failure.DISCONNECT, type(exc).__name__) from None
     except ValueError as exc:  # an SSE event over the size limit
         raise StreamFailed(Failure.GARBAGE, str(exc)) from None
+    finally:
+        watch.close()
+
+
+class _StallWatch:
+    """Fails a stream's pending read with TimeoutError once no data has come for its limit.
+
+    One timer per stream, re-armed only when it comes due, not per read: a read just moves
+    the deadline on. Rescheduling a timer per token (asyncio.timeout's reschedule, twice a
+    read) cost 2.7 µs of the ~14 µs a relayed token costs the shim."""
+
+    __slots__ = ("_loop", "_content", "_due", "_at", "_handle")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, content: aiohttp.StreamReader) -> None:
+        self._loop = loop
+        self._content = content
+        self._due: float | None = None  # None: paused
+        self._at = 0.0  # when the armed timer fires
+        self._handle: asyncio.TimerHandle | None = None
+
+    def expect(self, limit: float) -> None:
+        """A read is about to wait: it fails unless data comes within `limit` seconds."""
+        due = self._loop.time() + limit
+        self._due = due
+        if self._handle is not None and self._at <= due:
+            return  # it fires first and re-arms for the deadline it finds then
+        if self._handle is not None:
+            self._handle.cancel()  # a shorter limit than the armed one's (the first token's)
+        self._at = due
+        self._handle = self._loop.call_at(due, self._check)
+
+    def pause(self) -> None:
+        self._due = None
+
+    def _check(self) -> None:
+        self._handle = None
+        due = self._due
+        if due is None:
+            return  # paused: the next expect() arms it again
+        if self._loop.time() >= due:
+            self._content.set_exception(TimeoutError("no data within the stall timeout"))
+            return
+        self._at = due
+        self._handle = self._loop.call_at(due, self._check)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 async def each_event(
