@@ -5,6 +5,7 @@ mid-stream or is drained with migration, hand the stream to its failover
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -180,7 +181,9 @@ class StreamRelay:
                     if self.first_byte is None and not failure:
                         # The client's first token goes out now, not after the rest of a read
                         # that may hold the whole answer (a fast engine's): that is its TTFT.
+                        # uvloop sends what was written when the loop next turns, so turn it.
                         await self.write(piece)
+                        await asyncio.sleep(0)
                     else:
                         out.append(piece)
                 if failure:
