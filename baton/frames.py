@@ -2,6 +2,8 @@
 RouteSocketHello): each frame is a 4-byte big-endian length, then that many bytes of one
 protobuf message. Shared by both ends; pure bytes in, bytes out."""
 
+# baton: pure
+
 from __future__ import annotations
 
 import struct
