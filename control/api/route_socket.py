@@ -25,28 +25,44 @@ from baton.v1 import routing_pb2
 
 log = logging.getLogger("baton.control.route_socket")
 
+HELLO_SECONDS = 10.0  # from connecting to a hello
+
 Answer = Callable[[routing_pb2.RouteStreamRequest], "routing_pb2.RouteStreamResponse | None"]
 
 
 class _Shim(asyncio.Protocol):
     """One shim's connection: a hello, then routes and outcomes answered in order."""
 
-    def __init__(self, answer: Answer, expected: bytes | None, conns: set[_Shim]) -> None:
+    def __init__(
+        self, answer: Answer, expected: bytes | None, conns: set[_Shim], hello_within: float
+    ) -> None:
         self._answer = answer
+        self._hello_within = hello_within
         self._expected = expected  # b"Bearer <token>", or None: the routing service is open
         self._conns = conns
         self._deframer = Deframer(MAX_HELLO)
         self._welcomed = False
         self._transport: asyncio.Transport | None = None
+        self._hello_due: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but are one in kind.
         self._transport = cast(asyncio.Transport, transport)
         self._conns.add(self)
+        # A peer that never says hello does not keep a connection (and its buffer) forever.
+        self._hello_due = asyncio.get_running_loop().call_later(self._hello_within, self._no_hello)
+
+    def _no_hello(self) -> None:
+        if not self._welcomed and self._transport is not None:
+            log.warning("route socket: no hello from %s within %gs: closing it",
+                        self._peer(), self._hello_within)  # fmt: skip
+            self._transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._conns.discard(self)
         self._transport = None
+        if self._hello_due is not None:
+            self._hello_due.cancel()
 
     # The shim reads as fast as control answers; if it stops, stop reading it too, so that
     # answers never pile up in control's memory.
@@ -110,9 +126,15 @@ class RouteSocket:
     """The listening socket; `start` binds (port 0: any free one) and says which port."""
 
     def __init__(
-        self, answer: Answer, shim_token: str | None, tls: tuple[bytes, bytes] | None = None
+        self,
+        answer: Answer,
+        shim_token: str | None,
+        tls: tuple[bytes, bytes] | None = None,
+        *,
+        hello_within: float = HELLO_SECONDS,
     ) -> None:
         self._answer = answer
+        self._hello_within = hello_within
         self._expected = f"Bearer {shim_token}".encode() if shim_token else None
         self._tls = tls
         self._server: asyncio.Server | None = None
@@ -121,7 +143,7 @@ class RouteSocket:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Shim(self._answer, self._expected, self._conns),
+            lambda: _Shim(self._answer, self._expected, self._conns, self._hello_within),
             host or None,
             port,
             ssl=self._ssl(),

@@ -237,3 +237,19 @@ def test_a_decision_that_raises_fails_its_socket_not_control() -> None:
         return [first, await route(stream, "r2"), stream.over_socket]
 
     assert asyncio.run(with_control(test)) == ["socket", "socket", True]
+
+
+def test_a_peer_that_never_says_hello_is_cut_off() -> None:
+    async def test() -> bytes:
+        sock = RouteSocket(lambda msg: None, "shim-token", hello_within=0.2)
+        port = await sock.start("127.0.0.1", 0)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                return await asyncio.wait_for(reader.read(), 10.0)  # b"" once closed
+            finally:
+                writer.close()
+        finally:
+            await sock.stop()
+
+    assert asyncio.run(test()) == b""
