@@ -174,6 +174,16 @@ class _StallWatch:
             self._handle = None
 
 
+def timed_by_events(upstream: aiohttp.ClientResponse) -> None:
+    """From here on read_events times this stream (one lazy timer): aiohttp's own read
+    timeout, which reschedules a timer on every packet that arrives (1.3 µs each, dozens a
+    stream), is switched off. It stays on until then: it bounds the wait for the headers
+    and the first piece. The connection's next request sets its own again."""
+    connection = upstream.connection
+    if connection is not None and connection.protocol is not None:
+        connection.protocol.read_timeout = None
+
+
 async def each_event(
     content: aiohttp.StreamReader, settings: ResumeSettings
 ) -> AsyncIterator[Event]:
