@@ -59,28 +59,37 @@ def error_type(raw: bytes) -> str:
 def malformed(obj: dict[str, Any], choices: int) -> bool:
     """A chunk whose fields the shim reads have the wrong types, or a choice index the
     request cannot have: garbage like bad JSON. Tracking it would raise mid-stream and cut
-    the client's stream silently; classified, it fails over or ends in an error event."""
+    the client's stream silently; classified, it fails over or ends in an error event.
+    Called for every chunk: exact type tests (JSON gives exactly these types), each field
+    read once."""
     usage = obj.get("usage")
     if usage is not None and not (
-        isinstance(usage, dict) and type(usage.get("prompt_tokens", 0)) is int
+        type(usage) is dict and type(usage.get("prompt_tokens", 0)) is int
     ):
         return True
     chs = obj.get("choices")
-    if not _ids_or_none(obj.get("prompt_token_ids")) or not isinstance(chs, list | None):
+    if chs is not None and type(chs) is not list:
+        return True
+    if not _ids_or_none(obj.get("prompt_token_ids")):
         return True
     for ch in chs or ():
-        if not isinstance(ch, dict):
+        if type(ch) is not dict:
             return True
-        index, delta = ch.get("index", 0), ch.get("delta")
+        index = ch.get("index", 0)
         if type(index) is not int or not 0 <= index < choices:
             return True
-        if delta is not None and not (
-            isinstance(delta, dict) and isinstance(delta.get("content"), str | None)
-        ):
+        delta = ch.get("delta")
+        if delta is not None:
+            if type(delta) is not dict:
+                return True
+            content = delta.get("content")
+            if content is not None and type(content) is not str:
+                return True
+        text = ch.get("text")
+        if text is not None and type(text) is not str:
             return True
-        if not isinstance(ch.get("text"), str | None):
-            return True
-        if not isinstance(ch.get("finish_reason"), str | None):
+        finish = ch.get("finish_reason")
+        if finish is not None and type(finish) is not str:
             return True
         if not (_ids_or_none(ch.get("token_ids")) and _ids_or_none(ch.get("prompt_token_ids"))):
             return True
