@@ -175,6 +175,14 @@ def test_control_killed_mid_load_then_restarted(outage_fleet: Fleet, tmp_path: P
     stream(shim, SHORT)
     assert metric(shim, "baton_shim_degraded_routes_total") == routes
 
+    # Over the new control's route socket (another port: the shim learns it from the new
+    # process's snapshots), not left on gRPC, once a route has gone since.
+    def on_new_socket() -> bool:
+        stream(shim, SHORT)
+        return metric(shim, "baton_shim_route_socket") == 1
+
+    assert wait_until(on_new_socket, 10, 0.2)
+
 
 ROUTE_TIMEOUT = 3.0
 
