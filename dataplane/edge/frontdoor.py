@@ -284,7 +284,12 @@ class Door:
 
     async def _heartbeat(self) -> None:
         while True:
-            self.write()
+            try:
+                self.write()
+            except Exception:
+                # A block left as it was would say the shim is wedged (then dead) while it
+                # serves: say why, and beat on.
+                log.exception("writing the front door's state block failed")
             await asyncio.sleep(HEARTBEAT_S)
 
     def _receive(self) -> None:
