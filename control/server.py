@@ -136,7 +136,6 @@ class ControlPlane:
         self._shim_token = shim_token
         self._route_port = route_port
         self._route_socket: RouteSocket | None = None
-        self.route_port = 0
         self._rng = rng
         self.server = grpc.aio.server(interceptors=auth.interceptors(admin_token, shim_token))
         self._tasks: list[asyncio.Task[None]] = []
@@ -181,9 +180,7 @@ class ControlPlane:
         if self._route_port is not None:
             self._route_socket = RouteSocket(routing.answer, self._shim_token, self._tls)
             host = self._listen.rpartition(":")[0].strip("[]")
-            self.route_port = routing.route_port = await self._route_socket.start(
-                host, self._route_port
-            )
+            routing.route_port = await self._route_socket.start(host, self._route_port)
         for name in names[:2] + ("",):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._tasks.append(

@@ -26,7 +26,7 @@ from dataplane.relay.stitch import Stitcher
 from dataplane.request import ClientRequest
 from dataplane.sse import ClientStream
 from dataplane.upstream.chunks import error_type
-from dataplane.upstream.engine import read_events, timed_by_events
+from dataplane.upstream.engine import upstream_events
 
 
 class RelayControl(FailoverAdvice, FailoverAudit, Protocol):
@@ -167,8 +167,7 @@ class StreamRelay:
         """Relays the first stream to its end. Returns where to move it when `backend` is
         drained with migration (decided between two reads: a chunk boundary)."""
         original = self.stitcher.original
-        timed_by_events(upstream)
-        async for events in read_events(upstream.content, first, self._settings, False):
+        async for events in upstream_events(upstream, first, self._settings):
             out: list[bytes] = []
             for event in events:
                 if event.is_done:

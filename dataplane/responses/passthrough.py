@@ -22,7 +22,7 @@ from dataplane.request import ClientRequest
 from dataplane.responses.request import replay_refusal, stored
 from dataplane.settings import ResumeSettings
 from dataplane.sse import ClientStream
-from dataplane.upstream.engine import read_events, timed_by_events
+from dataplane.upstream.engine import upstream_events
 
 log = logging.getLogger("baton.shim.responses")
 
@@ -60,9 +60,8 @@ class ResponsesRelay:
     async def run(self, backend: Backend, upstream: aiohttp.ClientResponse, first: bytes) -> bool:
         """True when the engine's last event reached the client (completed, or the engine's
         own failure), False when the shim ended the stream with response.failed."""
-        timed_by_events(upstream)
         try:
-            async for events in read_events(upstream.content, first, self._settings, False):
+            async for events in upstream_events(upstream, first, self._settings):
                 out: list[bytes] = []
                 for event in events:
                     kind = await self._see(backend, event.data, out)

@@ -95,7 +95,6 @@ TRAILER_SECONDS = 0.25
 TRAILER_BYTES = 64 * 1024
 
 
-
 async def read_events(
     content: aiohttp.StreamReader, first: bytes, settings: ResumeSettings, got_token: bool
 ) -> AsyncIterator[list[Event]]:
@@ -177,21 +176,26 @@ class _StallWatch:
             self._handle = None
 
 
-def timed_by_events(upstream: aiohttp.ClientResponse) -> None:
-    """From here on read_events times this stream (one lazy timer): aiohttp's own read
-    timeout, which reschedules a timer on every packet that arrives (1.3 µs each, dozens a
-    stream), is switched off. It stays on until then: it bounds the wait for the headers
-    and the first piece. The connection's next request sets its own again."""
+def upstream_events(
+    upstream: aiohttp.ClientResponse, first: bytes, settings: ResumeSettings
+) -> AsyncIterator[list[Event]]:
+    """read_events over an engine's streamed response, which read_events alone then times:
+    aiohttp's own read timeout, which reschedules a timer on every packet that arrives (1.3
+    µs each, dozens a stream), is switched off for it. It stays on until then: it bounds the
+    wait for the headers (and for the first piece, where the caller reads one before). The
+    connection's next request sets its own again."""
     connection = upstream.connection
     if connection is not None and connection.protocol is not None:
         connection.protocol.read_timeout = None
+    return read_events(upstream.content, first, settings, False)
 
 
 async def each_event(
-    content: aiohttp.StreamReader, settings: ResumeSettings
+    upstream: aiohttp.ClientResponse, settings: ResumeSettings
 ) -> AsyncIterator[Event]:
-    """read_events one event at a time (for resumed streams, where batching buys nothing)."""
-    async for events in read_events(content, b"", settings, False):
+    """upstream_events one event at a time (for resumed streams, where batching buys
+    nothing)."""
+    async for events in upstream_events(upstream, b"", settings):
         for event in events:
             yield event
 

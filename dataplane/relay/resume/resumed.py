@@ -117,7 +117,7 @@ class ResumedStream:
         FAILED: a failure raises StreamFailed)."""
         chat = endpoint is Endpoint.CHAT
         stitcher = self._stitcher
-        async for event in each_event(upstream.content, self._settings):
+        async for event in each_event(upstream, self._settings):
             if event.is_done:
                 break
             ch = self._choice(event.data, p)
