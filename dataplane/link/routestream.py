@@ -25,6 +25,8 @@ from dataplane.link.route_socket import SocketCall
 
 log = logging.getLogger("baton.shim.control")
 
+SOCKET_RETRY_S = 5.0  # a route socket that failed is tried again this long after
+
 
 class _Call(Protocol):
     """One open stream to control, whichever way it goes."""
@@ -105,6 +107,7 @@ class RouteStream:
         # reached or refused us, left to gRPC until control tells a port again.
         self._socket: tuple[str, int] | None = None
         self._socket_failed: tuple[str, int] | None = None
+        self._failed_at = 0.0  # loop time of that failure: tried again SOCKET_RETRY_S later
         self._retiring: set[asyncio.Task[None]] = set()  # gRPC calls closing after a switch
         # request id -> (answer, deadline on the loop clock) of each question in flight, oldest
         # first: one request can have two (a failover's call made late, then its next failover).
@@ -137,15 +140,24 @@ class RouteStream:
     def use_socket(self, address: tuple[str, int] | None, *, fresh: bool = False) -> None:
         """Control's route socket, as its latest snapshot tells (None: it has none). `fresh`:
         from a newly opened watch (control may be a new process): try a socket that failed
-        before again. An open socket is kept until it breaks; an open gRPC stream gives way
-        to a socket that has not failed."""
+        before again. An open socket is kept until it breaks; the writer moves an open gRPC
+        stream to a usable socket at its next batch."""
         if fresh or address != self._socket:
             self._socket_failed = None
         self._socket = address
-        if address not in (None, self._socket_failed) and isinstance(self._call, _GrpcCall):
-            # On gRPC only because the socket was unknown or failed: the next batch opens it.
-            # The gRPC call is closed for writing, so control answers what it has and ends it.
-            old, self._call = self._call, None
+
+    def _socket_usable(self, now: float) -> bool:
+        """Control has told a socket, and it has not failed, or failed long enough ago (a
+        welcome late on a loaded machine must not leave a shim on gRPC for good)."""
+        if self._socket is None:
+            return False
+        return self._socket != self._socket_failed or now - self._failed_at >= SOCKET_RETRY_S
+
+    def _retire(self) -> None:
+        """The open gRPC call gives way: closed for writing, control answers what it has
+        and ends it, and those answers still reach their requests."""
+        old, self._call = self._call, None
+        if old is not None:
             task = asyncio.create_task(old.finish(self._timeout))
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
@@ -198,6 +210,8 @@ class RouteStream:
             if not (self._routes or self._outcomes or self._failovers):
                 continue
             self._write_started = loop.time()  # an open that hangs is a write that hangs
+            if isinstance(self._call, _GrpcCall) and self._socket_usable(loop.time()):
+                self._retire()
             call = self._call or await self._open()
             routes, self._routes = self._routes, []
             outcomes, self._outcomes = self._outcomes, []
@@ -217,7 +231,7 @@ class RouteStream:
     async def _open(self) -> _Call:
         """The route socket when control has told one that has not failed; else gRPC."""
         address = self._socket
-        if address is not None and address != self._socket_failed:
+        if address is not None and self._socket_usable(asyncio.get_running_loop().time()):
             try:
                 self._call = await SocketCall.open(
                     *address,
@@ -233,6 +247,7 @@ class RouteStream:
             except (OSError, TimeoutError, ControlRefused, StreamBroken) as exc:
                 # Unreachable from here (a port not exposed) or refused: gRPC still may be.
                 self._socket_failed = address
+                self._failed_at = asyncio.get_running_loop().time()
                 log.warning(
                     "control's route socket %s:%d: %s; routing over gRPC instead",
                     *address, exc or type(exc).__name__,

@@ -181,7 +181,7 @@ def test_control_killed_mid_load_then_restarted(outage_fleet: Fleet, tmp_path: P
         stream(shim, SHORT)
         return metric(shim, "baton_shim_route_socket") == 1
 
-    assert wait_until(on_new_socket, 10, 0.2)
+    assert wait_until(on_new_socket, 20, 0.2)
 
 
 ROUTE_TIMEOUT = 3.0

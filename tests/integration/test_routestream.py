@@ -17,6 +17,7 @@ import pytest
 from baton.v1 import fleet_pb2, routing_pb2, routing_pb2_grpc
 from control.api.route_socket import RouteSocket
 from dataplane.exceptions import StreamBroken
+from dataplane.link import routestream
 from dataplane.link.routestream import RouteStream
 
 T = TypeVar("T")
@@ -253,3 +254,28 @@ def test_a_peer_that_never_says_hello_is_cut_off() -> None:
             await sock.stop()
 
     assert asyncio.run(test()) == b""
+
+
+def test_a_route_socket_that_failed_is_tried_again_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not left on gRPC for good: control's socket down at the first try (a late welcome on a
+    loaded machine is the same), up again, and the next route after the retry interval rides
+    it."""
+    monkeypatch.setattr(routestream, "SOCKET_RETRY_S", 0.3)
+
+    async def test(stream: RouteStream, control: EchoControl, port: int) -> list[object]:
+        down = RouteSocket(lambda msg: control.answer(msg, "socket"), "shim-token")
+        spare = await down.start("127.0.0.1", 0)
+        await down.stop()  # nothing listens there now
+        stream.use_socket(("127.0.0.1", spare))
+        first = await route(stream, "r1")
+        up = RouteSocket(lambda msg: control.answer(msg, "socket"), "shim-token")
+        await up.start("127.0.0.1", spare)
+        try:
+            soon = await route(stream, "r2")  # within the interval: still gRPC
+            await asyncio.sleep(0.4)  # the retry interval itself is what is tested
+            return [first, soon, await route(stream, "r3"), stream.over_socket]
+        finally:
+            await stream.close()
+            await up.stop()
+
+    assert asyncio.run(with_control(test, token="shim-token")) == ["grpc", "grpc", "socket", True]
