@@ -19,10 +19,11 @@ from dataplane.relay.resume import reasoning
 from dataplane.relay.resume.reasoning import REASONING_FIELDS, THINK_TAGS, Markers
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.sse import DONE_EVENT, sse
-from dataplane.upstream.chunks import FAILED_FINISH, parse_chunk
+from dataplane.upstream.chunks import FAILED_FINISH, Choice, as_dict, parse_chunk
 
 # `,"token_ids":[1,2]` or `,"prompt_token_ids":[...]` as engines write them (never first key).
 TOKEN_FIELDS = re.compile(rb',\s*"(?:prompt_)?token_ids"\s*:\s*\[[\d,\s]*\]')
+_EMPTY: dict[str, Any] = {}  # read only
 
 
 @dataclass(slots=True)
@@ -31,11 +32,6 @@ class Identity:
     created: int = 0
     model: str = ""
     system_fingerprint: str | None = None
-
-
-def _bare(ch: dict[str, Any]) -> bool:
-    """A chat choice with an empty delta ({}, not {"content": ""}) and no finish."""
-    return ch.get("delta") == {} and ch.get("finish_reason") is None and not ch.get("logprobs")
 
 
 def expected_choices(client: ClientRequest) -> int:
@@ -93,57 +89,72 @@ class Stitcher:
 
     def original(self, data: bytes, raw: bytes) -> tuple[bytes | None, Failure | None]:
         """One event of the first stream: (bytes for the client or None, failure or None)."""
-        obj, failure = parse_chunk(data, len(self.choices))
-        if obj is None:
+        chunk, failure = parse_chunk(data, len(self.choices))
+        if chunk is None:
             return None, failure
         if not self.ident.id:
-            self.ident = Identity(obj.get("id", ""), obj.get("created", 0), obj.get("model", ""))
-        if obj.get("system_fingerprint"):
-            self.ident.system_fingerprint = obj["system_fingerprint"]
+            self.ident = Identity(chunk.id, chunk.created, chunk.model)
+        if chunk.system_fingerprint:
+            self.ident.system_fingerprint = chunk.system_fingerprint
         # Present on the first chunk only; vLLM's later chunks may carry it as null.
-        if obj.get("prompt_token_ids") is not None:
-            self._prompt_ids = obj["prompt_token_ids"]
+        if chunk.prompt_token_ids is not None:
+            self._prompt_ids = chunk.prompt_token_ids
             for p in self.choices.values():
                 p.prompt_ids = self._prompt_ids
                 if self.markers is not None:
                     p.reasoning = reasoning.open_after(p.prompt_ids, self.markers)
-        choices = obj.get("choices") or []
-        if not choices and "usage" in obj:
-            self.usage = obj["usage"]
-            return (self._clean(obj, raw) if self.want_usage else None), None
-        tracked: Failure | None = None
+        choices = chunk.choices or ()
+        if not choices and chunk.usage is not None:
+            self.usage = chunk.usage
+            return (self._clean(data, raw) if self.want_usage else None), None
+        failed = False
+        bare = True
         for ch in choices:
-            tracked = self._track(ch) or tracked
-        if tracked is not None:
-            raw = b""  # _track edited the chunk: serialise the edited one
-        elif self.strip_ids and self.chat and all(_bare(ch) for ch in choices):
+            tracked = self._track(ch)
+            if tracked is not None:
+                failure, failed = tracked, True
+            elif bare and (ch.delta != _EMPTY or ch.finish_reason is not None or ch.logprobs):
+                bare = False
+        if failed:
+            return self._edited(data), failure
+        if bare and self.strip_ids and self.chat:
             # A parser's skipped delta (a think or tool tag's token alone), sent only because
             # Baton asked for ids: without them the engine sends no such chunk.
             return None, None
-        return self._clean(obj, raw), tracked
+        return self._clean(data, raw), None
 
-    def _track(self, ch: dict[str, Any]) -> Failure | None:
-        p = self.choice(ch.get("index", 0))
-        if ch.get("prompt_token_ids") is not None:  # vLLM: null after the first chunk
-            p.prompt_ids = ch["prompt_token_ids"]
-        ids = ch.get("token_ids")
+    def _track(self, ch: Choice) -> Failure | None:
+        p = self.choices.get(ch.index) or self.choice(ch.index)
+        if ch.prompt_token_ids is not None:  # vLLM: null after the first chunk
+            p.prompt_ids = ch.prompt_token_ids
+        ids = ch.token_ids
         if self.chat:
-            delta = ch.get("delta") or {}
+            delta = ch.delta or _EMPTY
             if delta.get("tool_calls"):
                 p.tool_call = True
             p.add(self._raw(p, delta, ids or ()), ids)
         else:
-            p.add(ch.get("text") or "", ids)
-        finish = ch.get("finish_reason")
+            p.add(ch.text or "", ids)
+        finish = ch.finish_reason
+        if finish is None:
+            return None
         if finish in FAILED_FINISH:
             # The text up to here is real; the finish is the engine's failure, not the answer.
-            ch["finish_reason"] = None
-            ch.pop("stop_reason", None)
             return Failure.finish(finish)
         if finish:
             p.finish_reason = finish
-            p.stop_reason = ch.get("stop_reason")
+            p.stop_reason = ch.stop_reason
         return None
+
+    def _edited(self, data: bytes) -> bytes:
+        """The chunk with an engine's failed finish taken out (the text in it is real and
+        goes to the client; the stream fails over after it)."""
+        obj = as_dict(data)
+        for ch in obj.get("choices") or ():
+            if ch.get("finish_reason") in FAILED_FINISH:
+                ch["finish_reason"] = None
+                ch.pop("stop_reason", None)
+        return self._clean(b"", b"", obj)
 
     def _raw(self, p: ChoiceProgress, delta: dict[str, Any], ids: Sequence[int]) -> str:
         """A parsed delta's text as the engine generated it (reasoning, the end tag's text
@@ -260,19 +271,25 @@ class Stitcher:
             delta["content"] = content
         return delta
 
-    def _clean(self, obj: dict[str, Any], raw: bytes) -> bytes:
-        if raw and self.strip_ids:
-            # Cut the id arrays out of the bytes as they came: integer arrays can't hide in
-            # a JSON string (quotes are escaped there), and this is the per-token hot path.
-            cut = TOKEN_FIELDS.sub(b"", raw)
-            if b"token_ids" not in cut:
-                return cut
-        if not self.strip_ids:
-            return raw or sse(obj)
-        obj.pop("prompt_token_ids", None)
-        for ch in obj.get("choices") or ():
-            ch.pop("token_ids", None)
-            ch.pop("prompt_token_ids", None)
+    def _clean(self, data: bytes, raw: bytes, obj: dict[str, Any] | None = None) -> bytes:
+        """The event for the client: `raw` as the engine sent it, less the token ids it did
+        not ask for. `obj`: the chunk as edited (then serialised again)."""
+        if obj is None:
+            if raw and self.strip_ids:
+                # Cut the id arrays out of the bytes as they came: integer arrays can't hide
+                # in a JSON string (quotes are escaped there), and this is the per-token hot
+                # path.
+                cut = TOKEN_FIELDS.sub(b"", raw)
+                if b"token_ids" not in cut:
+                    return cut
+            if not self.strip_ids and raw:
+                return raw
+            obj = as_dict(data)
+        if self.strip_ids:
+            obj.pop("prompt_token_ids", None)
+            for ch in obj.get("choices") or ():
+                ch.pop("token_ids", None)
+                ch.pop("prompt_token_ids", None)
         return sse(obj)
 
     # -- resumed streams -----------------------------------------------------------------

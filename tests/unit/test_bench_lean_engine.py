@@ -41,7 +41,11 @@ def test_a_stream_is_one_token_per_event_and_baton_reads_every_one(
     got = events(shape)
     assert {e["id"] for e in got} == {RID.decode()}
     for e in got:
-        assert parse_chunk(orjson.dumps(e), 1) == (e, None)
+        chunk, failure = parse_chunk(orjson.dumps(e), 1)
+        assert failure is None and chunk is not None
+        assert [c.token_ids for c in chunk.choices or ()] == [
+            c.get("token_ids") for c in e.get("choices") or ()
+        ]
     if chat:
         role, *got = got
         assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}

@@ -22,7 +22,13 @@ from dataplane.relay.resume.stops import StopMatcher
 from dataplane.relay.stitch import Stitcher
 from dataplane.request import Endpoint
 from dataplane.settings import ResumeSettings
-from dataplane.upstream.chunks import FAILED_FINISH, choice_text, error_type, parse_chunk
+from dataplane.upstream.chunks import (
+    FAILED_FINISH,
+    Choice,
+    choice_text,
+    error_type,
+    parse_chunk,
+)
 from dataplane.upstream.engine import each_event
 
 Decode = Callable[[Backend, list[int]], Awaitable[str]]
@@ -123,8 +129,8 @@ class ResumedStream:
             ch = self._choice(event.data, p)
             if ch is None:
                 continue
-            finish = ch.get("finish_reason")
-            ids = ch.get("token_ids") or []
+            finish = ch.finish_reason
+            ids = ch.token_ids or []
             text = choice_text(ch, chat)
             verified = seam.feed(ids, text, finish is not None)
             if seam.verdict is Seam.DIVERGENT:
@@ -132,7 +138,7 @@ class ResumedStream:
             if verified is None:
                 continue
             ids, text = verified
-            stop_reason = ch.get("stop_reason")
+            stop_reason = ch.stop_reason
             if not result.watch.first_seen.is_set():
                 result.watch.saw(ids, text)
             settled = False
@@ -160,15 +166,15 @@ class ResumedStream:
         raise StreamFailed(Failure.TRUNCATED, "resumed stream ended before finishing")
 
     async def _release(
-        self, backend: Backend, held: HeldText, ch: dict[str, Any], chat: bool, ids: list[int]
+        self, backend: Backend, held: HeldText, ch: Choice, chat: bool, ids: list[int]
     ) -> tuple[str, bool]:
         """The text to send for a chunk while Baton derives the text from ids: never the
         engine's text here, only its word that it released some. True once settled."""
         held.add(ids)
-        finish = ch.get("finish_reason")
+        finish = ch.finish_reason
         if not (text_released(ch, chat) or finish):
             return "", False
-        resolved = await self._resolve(backend, held, finish, ch.get("stop_reason"))
+        resolved = await self._resolve(backend, held, finish, ch.stop_reason)
         return (resolved, True) if resolved is not None else ("", False)
 
     async def _thinking_cut(
@@ -199,20 +205,19 @@ class ResumedStream:
             result.gap_ms = (time.perf_counter() - detected) * 1000
         await self._down.write(out)
 
-    def _choice(self, data: bytes, p: ChoiceProgress) -> dict[str, Any] | None:
+    def _choice(self, data: bytes, p: ChoiceProgress) -> Choice | None:
         """The resumed chunk's one choice (a resume asks for one); None for a chunk without
         one (usage). Raises StreamFailed for garbage or an engine's error finish."""
-        obj, failure = parse_chunk(data, 1)
-        if obj is None:
+        chunk, failure = parse_chunk(data, 1)
+        if chunk is None:
             if failure is Failure.ERROR_EVENT:
                 raise StreamFailed(failure, error_type(data))
             raise StreamFailed(failure or Failure.GARBAGE)
-        choices = obj.get("choices") or []
-        if not choices:
-            self._note_usage(obj, p)
+        if not chunk.choices:
+            self._note_usage(chunk.usage, p)
             return None
-        ch: dict[str, Any] = choices[0]
-        finish = ch.get("finish_reason")
+        ch = chunk.choices[0]
+        finish = ch.finish_reason
         if finish in FAILED_FINISH:
             raise StreamFailed(Failure.finish(finish))
         return ch
@@ -224,8 +229,7 @@ class ResumedStream:
         if result.handover is not None:
             raise StreamFailed(Failure.MIGRATE, f"{backend.id} drained with migration")
 
-    def _note_usage(self, obj: dict[str, Any], p: ChoiceProgress) -> None:
-        usage = obj.get("usage")
+    def _note_usage(self, usage: dict[str, Any] | None, p: ChoiceProgress) -> None:
         if usage and self._stitcher.extra_prompt_tokens is None:
             # Text path: the resume's prompt includes the text already sent.
             self._stitcher.extra_prompt_tokens = max(0, usage.get("prompt_tokens", 0) - p.generated)
@@ -257,7 +261,7 @@ def _apply_stops(
     return text, finish, stop_reason
 
 
-def text_released(ch: dict[str, Any], chat: bool) -> bool:
+def text_released(ch: Choice, chat: bool) -> bool:
     """Whether a resumed chunk carries text: a byte-level engine releases text only at a
     character boundary, so this says when decoding the held tokens is worth a call."""
     return bool(choice_text(ch, chat))
