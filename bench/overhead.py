@@ -5,9 +5,11 @@ can cost less) and the Rust routers sglang-router 0.3.2 and vllm-router 0.1.17.
 Engines: `--replicas` (3) lean fake engines (bench/lean_engine.py: vLLM's API, answered as
 fast as aiohttp can), so a router's cost is not hidden behind a slow engine. Targets: direct
 (the load to one engine), Baton (control + shim, its default policy), the floor
-(bench/floor_proxy.py) and the peers (bench/peers.py: installed on first use into the bench's
-own virtualenv, `--peers none` to leave them out), the last three round robin; every router
-spreads over all the engines.
+(bench/floor_proxy.py), the floor + decider (the same proxy asking bench/floor_decider.py, a
+second process, which engine for each request: the least Baton's design of one decision
+process for all shims can cost) and the peers (bench/peers.py: installed on first use into
+the bench's own virtualenv, `--peers none` to leave them out), all but Baton round robin;
+every router spreads over all the engines.
 A peer that cannot be installed or started is a `not run: why` line, and the rest runs.
 
 Cores: the engines and the load generator share the first usable core, the router under test
@@ -116,10 +118,17 @@ def running_bench(plan: Plan, logdir: Path, cores: Cores | None) -> Iterator[Ben
         await_serving(shim.ready)
         floor = start("floor", ["bench.floor_proxy", *(a for u in urls for a in ("--upstream", u))],
                       router_core)  # fmt: skip
+        decider = start("decider", ["bench.floor_decider", "--upstreams", str(len(urls))],
+                        router_core)  # fmt: skip
+        decided = start("floor-decided",
+                        ["bench.floor_proxy", "--decider", decider.ready,
+                         *(a for u in urls for a in ("--upstream", u))], router_core)  # fmt: skip
         targets = [
             Target(overhead_table.DIRECT, urls[0], {}),
             Target(overhead_table.BATON, shim.ready, {"shim": shim.pid, "control": control.pid}),
             Target(overhead_table.FLOOR, floor.ready, {"floor": floor.pid}),
+            Target(overhead_table.DECIDED, decided.ready,
+                   {"proxy": decided.pid, "decider": decider.pid}),
         ]
         not_run: dict[str, str] = {}
         for key in plan.peers:

@@ -22,6 +22,9 @@ NAN = stats.NAN
 DIRECT = "direct"
 BATON = "Baton"
 FLOOR = "aiohttp floor"
+# The floor asking bench/floor_decider.py which engine, once per request: the least a router
+# whose decisions one process makes for all its proxies (Baton's design) can cost.
+DECIDED = "floor + decider"
 # (mode, concurrency) of the runs each target gets, in the order they run within a rep.
 CELLS = (("nonstream", 1), ("nonstream", 16), ("nonstream", 64), ("stream", 1), ("stream", 64))
 BUSY = ("nonstream", 64)  # the cell whose cores' load the table shows
@@ -193,5 +196,25 @@ def render(table: Sequence[Row], not_run: Mapping[str, str]) -> str:
         "Medians over reps; errors summed over every run.",
         "",
         *stats.target_lines(checks(table)),
+        *decided_lines(table),
     ]
     return "\n".join(text)
+
+
+def decided_lines(table: Sequence[Row]) -> list[str]:
+    """Baton over the floor that also asks a decision process each request (no target of
+    the issue's; where Baton stands against the least its design can cost here)."""
+    by = {r.target: r for r in table}
+    baton, decided = by.get(BATON), by.get(DECIDED)
+    if baton is None or decided is None:
+        return []
+    pairs = [
+        ("CPU per request", baton.cpu_us_per_req, decided.cpu_us_per_req),
+        ("added p50 c=1", baton.p50_ms, decided.p50_ms),
+        ("added TTFT c=1", baton.ttft_ms, decided.ttft_ms),
+        ("rps ratio c=16", baton.rps_16, decided.rps_16),
+        ("rps ratio c=64", baton.rps_64, decided.rps_64),
+        ("CPU per SSE event", baton.cpu_us_per_event, decided.cpu_us_per_event),
+    ]
+    shown = ", ".join(f"{name} {_times(ratio(b, d))}" for name, b, d in pairs)
+    return ["", f"Baton over the {DECIDED} (no target; the floor of its design): {shown}"]

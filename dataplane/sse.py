@@ -66,6 +66,17 @@ class SSEParser:
     def feed(self, chunk: bytes) -> list[Event]:
         if not chunk:
             return []
+        if (
+            not self._buf
+            and not self._after_cr
+            and chunk.endswith(b"\n\n")
+            and chunk.find(b"\n\n") == len(chunk) - 2
+            and b"\r" not in chunk
+            and len(chunk) - 2 <= self._max
+        ):
+            # One whole event in one read, what an engine sends a token at a time (no \r,
+            # so the line endings need no normalising): no buffer joined or kept.
+            return [_event(Event, (chunk, _data_of(chunk[:-2])))]
         # Each chunk is normalised once, before joining the buffer: normalising the joined
         # buffer again would turn "\\r\\r\\n" into a different event depending on the cut.
         if self._after_cr and chunk.startswith(b"\n"):
