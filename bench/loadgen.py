@@ -82,6 +82,8 @@ SHAPES = {
     # A Responses stream has no [DONE]: it ends with its one response.completed event.
     "responses": Shape(b'"output"', b"event: response.completed",
                        (b"event: response.failed", b"event: error")),
+    # Anthropic's Messages stream: no [DONE] either, it ends with message_stop.
+    "messages": Shape(b'"content"', b"event: message_stop", (b"event: error",)),
 }  # fmt: skip
 
 
@@ -134,7 +136,7 @@ async def _worker(
 
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions",
-         "responses": "/v1/responses"}  # fmt: skip
+         "responses": "/v1/responses", "messages": "/v1/messages"}  # fmt: skip
 
 
 def _endpoint_of(url: str) -> str:
@@ -150,7 +152,7 @@ def request_body(
                              "temperature": 0, "stream": stream, "store": store})  # fmt: skip
     body: dict[str, object] = {"model": model, "max_tokens": max_tokens, "temperature": 0,
                                "stream": stream}  # fmt: skip
-    if endpoint == "chat":
+    if endpoint in ("chat", "messages"):
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt

@@ -1,5 +1,6 @@
-"""`python -m bench.responses`: the Responses API through Baton against the same sim direct, in
-one run, and the failover gap of Responses streams next to chat's.
+"""`python -m bench.responses`: the Responses API and Anthropic's Messages API through Baton
+against the same sim direct, in one run, and the failover gap of their streams next to
+chat's.
 
 Phase 1 (overhead), one sim with its cost model zeroed, control and a shim as real processes
 (the sim and the load generator on one core, Baton on another): closed-loop loads of
@@ -9,13 +10,17 @@ rep, for
   shim records each response's owner with control before answering);
 - `stream`: `store: false` streams, which the shim serves as chat and writes as Responses
   events (the path that can fail over);
+- `messages`: whole Anthropic messages, relayed from the engine's own /v1/messages;
+- `messages-stream`: Messages streams, which the shim serves as chat and writes as Anthropic
+  events (the path that can fail over);
 - `chat-stream`: the same prompt as a chat stream, for reference.
 Reported: added latency p50 at c=1, TTFT p50 at c=1, requests/s at c=16 (ratio to direct).
 
 Phase 2 (failover gap), three sims with the default cost model; s0 drops every stream after
 `--die-after` tokens (`--fault die-after=N`), so the requests control sends there fail over
-mid-stream. Chat and `store: false` Responses streams, shuffled, go one at a time; each failover's
-gap comes from control's audit events, matched to its request by the X-Request-Id header.
+mid-stream. Chat, `store: false` Responses and Messages streams, shuffled, go one at a time;
+each failover's gap comes from control's audit events, matched to its request by the
+X-Request-Id header.
 """
 
 from __future__ import annotations
@@ -43,8 +48,15 @@ DEFAULT_JSON = Path(__file__).parent / "results" / "responses.json"
 MODES = {  # mode -> (endpoint, stream, store, tokens)
     "stored": ("responses", False, True, 8),
     "stream": ("responses", True, False, 32),
+    "messages": ("messages", False, False, 8),
+    "messages-stream": ("messages", True, False, 32),
     "chat-stream": ("chat", True, False, 32),
 }
+KINDS = ("chat", "responses", "messages")  # the streams of the failover phase
+# How a complete stream of each kind ends, and what ends a failed one.
+ENDS = {"chat": b"data: [DONE]", "responses": b"event: response.completed",
+        "messages": b"event: message_stop"}  # fmt: skip
+FAILED = (b"event: response.failed", b'{"error"', b"event: error")
 PROMPT = "Explain what a router in front of a fleet of inference engines does."
 # The sim's cost model zeroed: any time measured is software, the engine's and Baton's.
 SIM_ARGS = ("--prefill-us-per-token", "0", "--decode-ms-per-step", "0")
@@ -153,18 +165,17 @@ def one_stream(base: str, endpoint: str, tokens: int) -> tuple[str, bool]:
     with urllib.request.urlopen(req, timeout=60) as resp:
         data = resp.read()
         rid = resp.headers.get("X-Request-Id", "")
-    end = b"event: response.completed" if endpoint == "responses" else b"data: [DONE]"
-    failed = b"event: response.failed" in data or b'{"error"' in data
-    return rid, end in data and not failed
+    failed = any(m in data for m in FAILED)
+    return rid, ENDS[endpoint] in data and not failed
 
 
 def gaps(logdir: Path, requests: int, die_after: int, seed: int = 0) -> dict[str, Any]:
     kinds: dict[str, str] = {}
-    sent = {"chat": 0, "responses": 0}
-    complete = {"chat": 0, "responses": 0}
+    sent = dict.fromkeys(KINDS, 0)
+    complete = dict.fromkeys(KINDS, 0)
     # Shuffled, not alternating: the spread ring and s0's demotions have a rhythm, and a
     # fixed alternation can hand every stream of one kind the dying card, or none.
-    order = ["chat", "responses"] * (requests // 2)
+    order = list(KINDS) * (requests // len(KINDS))
     random.Random(seed).shuffle(order)
     with dying_fleet(logdir, die_after) as (control, shim):
         for endpoint in order:
@@ -173,8 +184,8 @@ def gaps(logdir: Path, requests: int, die_after: int, seed: int = 0) -> dict[str
             sent[endpoint] += 1
             complete[endpoint] += ok
         events = failover_events(control)
-    by_kind: dict[str, list[float]] = {"chat": [], "responses": []}
-    outcomes: dict[str, dict[str, int]] = {"chat": {}, "responses": {}}
+    by_kind: dict[str, list[float]] = {k: [] for k in KINDS}
+    outcomes: dict[str, dict[str, int]] = {k: {} for k in KINDS}
     for e in events:
         kind = kinds.get(e["request_id"])
         if kind is None:
@@ -223,7 +234,7 @@ def report(cells: list[stats.Cell], gap: dict[str, Any]) -> str:
         stats.render_table(headers, rows),
         "d = direct to the sim, b = through Baton; ms; medians across reps.",
         "",
-        "Failover gap, chat and Responses streams (shuffled) in the same run:",
+        "Failover gap, chat, Responses and Messages streams (shuffled) in the same run:",
         stats.render_table(["stream", "sent", "complete", "failovers", "gap p50 ms",
                             "gap p90 ms"], gap_rows),
     ])  # fmt: skip

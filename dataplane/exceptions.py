@@ -18,7 +18,8 @@ Handlers catch the narrowest class they can act on; nothing catches ShimError wh
 
 OpenAIError is what clients (the OpenAI SDKs) read: `{"error": {"message", "type", "param",
 "code"}}`, with the HTTP status they map to their own exception classes, so both must be
-right: one table below gives each kind its status."""
+right: one table below gives each kind its status. On the Anthropic Messages API's paths the
+same error is told in Anthropic's shape and statuses (a second table: OpenAIError.for_path)."""
 
 # baton: pure
 
@@ -78,6 +79,31 @@ STATUS: dict[ErrorKind, tuple[int, str]] = {
 }
 
 
+# kind -> (HTTP status, Anthropic error `type`), on the Messages API's paths. Load Baton sheds
+# is 529 overloaded_error, as Anthropic's API answers when it is overloaded (its SDK retries
+# it with backoff); 429 rate_limit_error is what Anthropic means by a client's own rate limit,
+# which a shim's capacity is not.
+ANTHROPIC: dict[ErrorKind, tuple[int, str]] = {
+    ErrorKind.INVALID_JSON: (400, "invalid_request_error"),
+    ErrorKind.INVALID_REQUEST: (400, "invalid_request_error"),
+    ErrorKind.BODY_TOO_LARGE: (413, "request_too_large"),
+    ErrorKind.MODEL_NOT_FOUND: (404, "not_found_error"),
+    ErrorKind.NOT_FOUND: (404, "not_found_error"),
+    ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
+    ErrorKind.NO_BACKEND: (529, "overloaded_error"),
+    ErrorKind.CONTROL_UNAVAILABLE: (529, "overloaded_error"),
+    ErrorKind.BACKEND_FAILED: (500, "api_error"),
+    ErrorKind.UPSTREAM_TIMEOUT: (504, "timeout_error"),
+    ErrorKind.UNAUTHORIZED: (401, "authentication_error"),
+    ErrorKind.HEADERS_TOO_LARGE: (431, "invalid_request_error"),
+    ErrorKind.TOO_MANY_STREAMS: (529, "overloaded_error"),
+    ErrorKind.SHUTTING_DOWN: (529, "overloaded_error"),
+    ErrorKind.RESPONSE_OWNER_GONE: (404, "not_found_error"),
+    ErrorKind.RESPONSE_NOT_FOUND: (404, "not_found_error"),
+}
+ANTHROPIC_PATHS = "/v1/messages"  # the prefix of the paths whose clients speak Anthropic's API
+
+
 class OpenAIError(ShimError):
     def __init__(
         self,
@@ -111,9 +137,27 @@ class OpenAIError(ShimError):
     def json(self) -> bytes:
         return orjson.dumps(self.body())
 
+    def for_path(self, path: str) -> tuple[int, bytes]:
+        """Status and body in the shape the client on `path` reads: Anthropic's
+        `{"type": "error", "error": {"type", "message"}}` on the Messages API, else OpenAI's."""
+        if not path.startswith(ANTHROPIC_PATHS):
+            return self.status, self.json()
+        return ANTHROPIC[self.kind][0], self._anthropic()
+
+    def _anthropic(self) -> bytes:
+        error = {"type": ANTHROPIC[self.kind][1], "message": self.message}
+        return orjson.dumps({"type": "error", "error": error})
+
     def sse(self) -> bytes:
         """The same error as an SSE event, for streams whose headers are already sent."""
         return b"data: " + self.json() + b"\n\n" + DONE_EVENT
+
+    def stream_end(self, path: str) -> bytes:
+        """The end of a stream whose headers are already sent, in the shape of `path`'s API:
+        Anthropic's `event: error` (no message_stop follows it), else sse()."""
+        if not path.startswith(ANTHROPIC_PATHS):
+            return self.sse()
+        return b"event: error\ndata: " + self._anthropic() + b"\n\n"
 
 
 class BackendFailed(ShimError):

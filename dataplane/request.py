@@ -17,6 +17,7 @@ class Endpoint(StrEnum):
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
     RESPONSES = "/v1/responses"
+    MESSAGES = "/v1/messages"  # Anthropic's Messages API (dataplane/messages/)
     # One-shot calls (dataplane/relay/oneshot.py): routed by model, retried before the answer, never
     # resumed.
     EMBEDDINGS = "/v1/embeddings"
@@ -25,6 +26,7 @@ class Endpoint(StrEnum):
     SCORE = "/v1/score"
     TOKENIZE = "/tokenize"
     DETOKENIZE = "/detokenize"
+    COUNT_TOKENS = "/v1/messages/count_tokens"
 
     @property
     def generates(self) -> bool:
@@ -32,7 +34,8 @@ class Endpoint(StrEnum):
         return self in _GENERATING
 
 
-_GENERATING = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES})
+_GENERATING = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES,
+                         Endpoint.MESSAGES})  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,8 @@ class GenRequest:
     n: int = 1
     stream: bool = False
     include_usage: bool = False
+    # stream_options.continuous_usage_stats (with include_usage): usage on every chunk
+    continuous_usage: bool = False
     return_token_ids: bool = False
     role: str = "assistant"  # chat only: role of the streamed message
     prompt_logprobs: int | None = None  # completions only: top-k to score at each prompt position
@@ -92,6 +94,9 @@ class GenRequest:
     # Chat in tool-call mode offering tools with tool_choice auto: the call the
     # model makes, and the hermes parser runs (sim.tools). None = neither.
     tool: ToolSpec | None = None
+    # Refused by the engine's input processor (a 400 that vLLM reports only once the
+    # generation starts: in-band on a stream), e.g. a thinking budget with no reasoning.
+    rejected: str | None = None
 
 
 def check_model(body: Mapping[str, Any], limits: Limits) -> None:
@@ -101,7 +106,10 @@ def check_model(body: Mapping[str, Any], limits: Limits) -> None:
     if not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")
     if model != limits.model:
-        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        raise ApiError(
+            404, f"The model `{model}` does not exist. Valid aliases: {limits.model}.",
+            "NotFoundError", "model",
+        )  # fmt: skip
 
 
 def parse_chat(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRequest:
@@ -135,7 +143,23 @@ def parse_chat(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRe
         tool = parse_tools(body)
         if tool is not None:
             req = replace(req, tool=tool)
+    budget = body.get("thinking_token_budget")
+    if budget is not None:
+        if type(budget) is not int or budget < -1:
+            raise bad_request(
+                "`thinking_token_budget` must be a non-negative integer or -1 for unlimited.",
+                "thinking_token_budget",
+            )
+        if budget != -1 and tok.think_start is None:  # vLLM's input processor
+            req = replace(req, rejected=NO_REASONING_CONFIG)
     return req
+
+
+# Accepted (and not enforced: the toy's think blocks end on their own) with --reasoning.
+NO_REASONING_CONFIG = (
+    "thinking_token_budget is set but reasoning_config is not configured. Please set "
+    "--reasoning-parser and/or --reasoning-config to use thinking_token_budget."
+)
 
 
 def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
@@ -238,13 +262,16 @@ def build_gen_request(
     sampling, n, streaming, and the GenRequest they make with the prompt already parsed."""
     stream = optional_field(body, "stream", bool, False)
     stream_options = body.get("stream_options")
-    include_usage = False
+    include_usage = continuous = False
     if stream_options is not None:
         if not isinstance(stream_options, Mapping):
             raise bad_request("'stream_options' must be an object", "stream_options")
         if not stream:
             raise bad_request("Stream options can only be defined when stream=True.")
         include_usage = optional_field(stream_options, "include_usage", bool, False)
+        continuous = optional_field(stream_options, "continuous_usage_stats", bool, False)
+        # vLLM's should_include_usage: continuous stats only count with include_usage.
+        continuous = continuous and include_usage
     n = optional_field(body, "n", int, 1)
     if not 1 <= n <= 128:
         raise bad_request("'n' must be between 1 and 128", "n")
@@ -278,6 +305,7 @@ def build_gen_request(
         n=n,
         stream=stream,
         include_usage=include_usage,
+        continuous_usage=continuous,
         return_token_ids=optional_field(body, "return_token_ids", bool, False),
         role=role,
         stream_interval=max(interval or 1, limits.stream_interval),

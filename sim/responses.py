@@ -7,9 +7,12 @@ Placement of the vLLM ``return_token_ids`` fields (vLLM >= 0.10.2):
   prompt ids only on the first chunk of each choice.
 ``finish_reason`` rides on the chunk of the last token (as vLLM does), and
 ``system_fingerprint`` only on terminal chunks (the finish chunk, or the usage
-chunk when include_usage is on), as in current vLLM. ``prompt_logprobs``, when
-requested, rides on each completions choice: [null, {"<id>": {"logprob",
-"rank", "decoded_token"}}, ...].
+chunk when include_usage is on), as in current vLLM. With
+``stream_options.continuous_usage_stats`` every chunk also carries ``usage``: the
+prompt and the choice's tokens so far (0 on the role chunk), as vLLM's chat does
+(``completion_tokens_details`` null: the sim counts no reasoning tokens).
+``prompt_logprobs``, when requested, rides on each completions choice: [null,
+{"<id>": {"logprob", "rank", "decoded_token"}}, ...].
 
 Chat on a reasoning sim (``Meta.reasoning``): streamed deltas come from
 sim.reasoning (``{"reasoning": ...}`` / ``{"content": ...}`` / both / ``{}``),
@@ -49,6 +52,8 @@ class Meta:
     return_token_ids: bool
     include_usage: bool
     role: str = "assistant"
+    # stream_options.continuous_usage_stats: every chunk carries the usage so far
+    continuous_usage: bool = False
     reasoning: bool = False  # chat through the deepseek_r1 reasoning parser
     include_reasoning: bool = True
     tools: bool = False  # chat through the hermes tool parser (the request offers tools)
@@ -91,6 +96,8 @@ def role_chunk(meta: Meta, index: int, prompt_ids: Sequence[int]) -> dict[str, A
             "finish_reason": None,
         },
     )
+    if meta.continuous_usage:
+        chunk["usage"] = stream_usage(len(prompt_ids), 0)
     if meta.return_token_ids:
         chunk["prompt_token_ids"] = prompt_ids
     return chunk
@@ -105,10 +112,12 @@ def token_chunk(
     stop_reason: str | None = None,
     prompt_ids: Sequence[int] | None = None,
     delta: dict[str, Any] | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One generated token (or the abort marker when token_ids is empty).
 
     Chat: ``delta`` replaces the plain ``{"content": text}`` (reasoning parser).
+    ``usage``: the chunk's continuous usage (stream_usage), when the request asked for it.
     """
     if meta.chat:
         choice: dict[str, Any] = {
@@ -125,6 +134,8 @@ def token_chunk(
             choice["prompt_token_ids"] = prompt_ids
         choice["token_ids"] = token_ids
     chunk = _chunk(meta, choice)
+    if usage is not None:
+        chunk["usage"] = usage
     if finish_reason is not None and not meta.include_usage:
         chunk["system_fingerprint"] = meta.fingerprint
     return chunk
@@ -135,6 +146,16 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def stream_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """A chunk's continuous usage, as vLLM sets it (its field order; the details null)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "completion_tokens_details": None,
     }
 
 

@@ -185,6 +185,9 @@ class Run:
 
     # -- non-streaming -------------------------------------------------------
     async def complete(self, request: web.Request) -> web.Response:
+        if self.req.rejected is not None:
+            self.outcome = "error"
+            return self._error(400, self.req.rejected, "BadRequestError")
         await self._prefill()
         k = self.req.prompt_logprobs
         if k is not None:
@@ -210,13 +213,13 @@ class Run:
                     continue
                 if self._exceeded():
                     self.outcome = "error"
-                    return _json(500, r.error_body(EXCEEDED, "server_error"))
+                    return self._error(500, EXCEEDED, "server_error")
                 if self._check_faults and (kind := self.faults.due(self.emitted)) is not None:
                     if kind is FaultKind.STALL:
                         await asyncio.sleep(self.faults.stall_for)
                     elif kind is FaultKind.ERROR:
                         self.outcome = "error"
-                        return _json(500, r.error_body("injected fault: engine error"))
+                        return self._error(500, "injected fault: engine error")
                     elif kind is FaultKind.ABORT:
                         self.outcome = "abort"
                         return _json(200, self._full_body())
@@ -228,6 +231,10 @@ class Run:
         self._settle()
         return _json(200, self._full_body())
 
+    def _error(self, status: int, message: str, type_: str = "InternalServerError") -> web.Response:
+        """A non-streamed generation that failed (the API's error shape)."""
+        return _json(status, r.error_body(message, type_, status))
+
     def _full_body(self) -> dict[str, object]:
         results = [
             r.ChoiceResult(s.output_text(), s.token_ids, s.finish_reason or "abort", s.stop_reason)
@@ -236,11 +243,24 @@ class Run:
         return r.full_response(self.meta, self.req.prompt_ids, results, self._prompt_logprobs)
 
     # -- streaming -----------------------------------------------------------
-    async def stream(self, request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(
+    def _stream_response(self) -> web.StreamResponse:
+        """What the chat chunks are written to (a subclass may translate them)."""
+        return web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
+
+    def _usage_so_far(self, seq: Sequence) -> dict[str, object] | None:
+        if not self.meta.continuous_usage:
+            return None
+        return r.stream_usage(len(self.req.prompt_ids), len(seq.token_ids))
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        resp = self._stream_response()
         await resp.prepare(request)
+        if self.req.rejected is not None:  # before the first output: no role chunk either
+            self.outcome = "error"
+            await resp.write(r.error_event(self.req.rejected, "BadRequestError", 400) + r.DONE)
+            return resp
         await self._prefill()
         meta, req, seqs = self.meta, self.req, self.seqs
         paced = self.state.cfg.cost.decode_ms_per_step > 0
@@ -302,7 +322,7 @@ class Run:
                         continue  # waits for the chunk's other tokens
                 buf.append(
                     r.sse(r.token_chunk(meta, i, text, ids, finish, ev.stop_reason, prompt,
-                                        delta))
+                                        delta, self._usage_so_far(seq)))
                 )
             self._stepped()
         if meta.include_usage:
@@ -336,7 +356,8 @@ class Run:
         if kind is FaultKind.ABORT:
             self.outcome = "abort"
             out = [
-                r.sse(r.token_chunk(self.meta, i, "", [], "abort", delta=self._abort_delta(i)))
+                r.sse(r.token_chunk(self.meta, i, "", [], "abort", delta=self._abort_delta(i),
+                                    usage=self._usage_so_far(s)))
                 for i, s in enumerate(self.seqs)
                 if not s.finished
             ]

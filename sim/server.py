@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sim import kv_http, pooling_http, responses_http
+from sim import kv_http, messages_http, pooling_http, responses_http
 from sim import responses as r
 from sim.chat_template import TemplateError, parse_messages, render
 from sim.config import SimConfig
@@ -60,6 +60,7 @@ def create_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
     responses_http.add_routes(app)
+    messages_http.add_routes(app)
     pooling_http.add_routes(app)
     kv_http.add_routes(app)
     return app
@@ -96,11 +97,15 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 @web.middleware
 async def _api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """vLLM checks the key on /v1/* only (health, metrics, tokenize stay open)."""
+    """vLLM's AuthenticationMiddleware: on /v1/* only (health, metrics, tokenize stay open),
+    ``Authorization: Bearer <key>`` (the scheme in any case; an Anthropic client's
+    ``x-api-key`` is not read), else 401 ``{"error": "Unauthorized"}``."""
     key = request.app[STATE].cfg.api_key
     if key and request.path.startswith("/v1/"):
-        if request.headers.get("Authorization") != f"Bearer {key}":
-            raise ApiError(401, "Unauthorized", "AuthenticationError")
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or given != key:
+            return web.Response(status=401, body=b'{"error":"Unauthorized"}',
+                                content_type="application/json")  # fmt: skip
     return await handler(request)
 
 
@@ -130,6 +135,7 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
         chat=chat,
         return_token_ids=req.return_token_ids,
         include_usage=req.include_usage,
+        continuous_usage=req.continuous_usage,
         role=req.role,
         reasoning=chat and state.cfg.reasoning,
         include_reasoning=req.include_reasoning,

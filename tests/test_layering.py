@@ -59,7 +59,8 @@ ROOMS: dict[str, tuple[tuple[str, ...], ...]] = {
         ("request", "settings", "metrics", "prefix_chain"),
         ("upstream", "link"),  # talking to engines; talking to control
         ("relay",),  # a client's stream relayed, and resumed on failure (relay/resume)
-        ("responses", "spec"),  # the Responses API; router-level speculative decoding
+        # The Responses and Messages APIs; router-level speculative decoding
+        ("responses", "messages", "spec"),
         ("edge",),  # the HTTP edge: the front door, the handlers, the proxy
         ("__main__",),
     ),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -37,11 +37,15 @@ SLOTS = web.AppKey("stream_slots", StreamSlots)
 STORED = web.AppKey("stored", StoredResponses)
 HEALTH = web.AppKey("health", Health)
 GENERATING_PATHS = frozenset(e.value for e in Endpoint if e.generates)
+ANTHROPIC_ENDPOINTS = frozenset({Endpoint.MESSAGES, Endpoint.COUNT_TOKENS})
+ANTHROPIC_HEADERS = ("anthropic-version", "anthropic-beta")
 
 
-def error_response(err: OpenAIError) -> web.Response:
+def error_response(err: OpenAIError, path: str) -> web.Response:
+    """`path`: the request's, which says whose error shape its client reads."""
+    status, body = err.for_path(path)
     return web.Response(
-        body=err.json(), status=err.status, content_type="application/json", headers=err.headers
+        body=body, status=status, content_type="application/json", headers=err.headers
     )
 
 
@@ -74,7 +78,7 @@ async def _answer(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
         check_request(app[LIMITS], client)
         return await _route_and_serve(request, client, raw)
     except OpenAIError as err:
-        return error_response(err)
+        return error_response(err, request.path)
 
 
 async def _route_and_serve(
@@ -82,7 +86,9 @@ async def _route_and_serve(
 ) -> web.StreamResponse:
     app = request.app
     try:
-        ex = _exchange(client, raw, session_of(client, request.headers.get(SESSION_HEADER)))
+        ex = _exchange(
+            client, raw, session_of(client, request.headers.get(SESSION_HEADER)), request.headers
+        )
         started = time.perf_counter()
         tracing = app[TRACING]
         try:
@@ -108,16 +114,21 @@ async def _route_and_serve(
             raise OpenAIError(ErrorKind.NO_BACKEND, decision.detail or "no backend available")
         return await app[PROXY].serve(request, ex, decision)
     except OpenAIError as err:
-        return error_response(err)
+        return error_response(err, request.path)
 
 
-def _exchange(client: ClientRequest, raw: bytes, session: str) -> Exchange:
+def _exchange(
+    client: ClientRequest, raw: bytes, session: str, headers: Mapping[str, str]
+) -> Exchange:
     rid = os.urandom(16).hex()  # 128 random bits, as uuid4's hex, without building a UUID
     served = as_chat_exchange(client)
     if served is None:
-        return Exchange(rid, client, raw, with_session(shape_of(client), session))
+        # The Messages API's version and beta headers go to the engine with the request.
+        sent = {k: v for k in ANTHROPIC_HEADERS if (v := headers.get(k))} if (
+            client.endpoint in ANTHROPIC_ENDPOINTS) else {}  # fmt: skip
+        return Exchange(rid, client, raw, with_session(shape_of(client), session), headers=sent)
     chat, chat_raw, events = served
-    return Exchange(rid, chat, chat_raw, with_session(shape_of(chat), session), responses=events)
+    return Exchange(rid, chat, chat_raw, with_session(shape_of(chat), session), events=events)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -167,12 +178,15 @@ async def openai_errors(request: web.Request, handler):  # type: ignore[no-untyp
     try:
         return await handler(request)
     except web.HTTPNotFound:
-        return error_response(OpenAIError(ErrorKind.NOT_FOUND, f"no route for {request.path}"))
+        return error_response(
+            OpenAIError(ErrorKind.NOT_FOUND, f"no route for {request.path}"), request.path
+        )
     except web.HTTPMethodNotAllowed:
         return error_response(
             OpenAIError(
                 ErrorKind.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {request.path}"
-            )
+            ),
+            request.path,
         )
 
 
@@ -195,11 +209,12 @@ async def request_limits(request: web.Request, handler):  # type: ignore[no-unty
             request.headers.get("Authorization"),
             request.content_length,
             app[MAX_BODY],
+            request.headers.get("x-api-key"),
         )
         if generating:
             app[SLOTS].acquire()
     except OpenAIError as err:
-        return error_response(err)
+        return error_response(err, request.path)
     if not generating:
         return await handler(request)
     try:
@@ -219,6 +234,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(Endpoint.CHAT.value, chat_completions)
     app.router.add_post(Endpoint.COMPLETIONS.value, completions)
     app.router.add_post(Endpoint.RESPONSES.value, _post(Endpoint.RESPONSES))
+    app.router.add_post(Endpoint.MESSAGES.value, _post(Endpoint.MESSAGES))
     item = Endpoint.RESPONSES.value + "/{response_id}"
     app.router.add_get(item, stored_response)
     app.router.add_delete(item, stored_response)

@@ -127,9 +127,10 @@ async def _ending(request: web.Request) -> web.StreamResponse:
     err = OpenAIError(ErrorKind.SHUTTING_DOWN, SHUTDOWN_MESSAGE)
     resp: web.StreamResponse | None = request.get(STREAM)
     if resp is None:
-        return web.Response(body=err.json(), status=err.status, content_type="application/json")
+        status, body = err.for_path(request.path)
+        return web.Response(body=body, status=status, content_type="application/json")
     with contextlib.suppress(ConnectionError):
-        await resp.write(err.sse())
+        await resp.write(err.stream_end(request.path))
         await resp.write_eof()
     return resp
 

@@ -61,8 +61,11 @@ def check_head(
     authorization: str | None,
     content_length: int | None,
     max_body_bytes: int,
+    api_key: str | None = None,
 ) -> None:
-    """What can be refused before reading the body. Raises OpenAIError."""
+    """What can be refused before reading the body. Raises OpenAIError. `api_key`: an
+    `x-api-key` header, as the Anthropic SDK sends its key; either way of sending a key is
+    checked against the same keys."""
     size = header_bytes(method, path, raw_headers)
     if size > limits.max_header_bytes:
         raise OpenAIError(
@@ -71,11 +74,13 @@ def check_head(
         )
     if limits.key_digests and path not in OPEN_PATHS:
         scheme, _, key = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or digest(key.strip()) not in limits.key_digests:
+        bearer = scheme.lower() == "bearer" and digest(key.strip()) in limits.key_digests
+        if not bearer and not (api_key and digest(api_key.strip()) in limits.key_digests):
             # Never echo the key back: it may be a real key for something else.
             raise OpenAIError(
                 ErrorKind.UNAUTHORIZED,
-                "Incorrect or missing API key. Send `Authorization: Bearer <key>`.",
+                "Incorrect or missing API key. Send `Authorization: Bearer <key>` "
+                "(or `x-api-key: <key>`).",
             )
     if content_length is not None and content_length > max_body_bytes:
         raise OpenAIError(

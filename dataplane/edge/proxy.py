@@ -7,6 +7,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -18,6 +19,9 @@ from baton.model import Backend, Decision, Failure, PrefixBlocks, RequestOutcome
 from baton.tracing import Tracing
 from dataplane.exceptions import AttemptFailed, ControlUnavailable, ErrorKind, OpenAIError
 from dataplane.link.needs import Outcomes, Ownership
+from dataplane.messages.events import MessageEvents
+from dataplane.messages.passthrough import MessagesRelay
+from dataplane.messages.translate import ChatAsMessages
 from dataplane.metrics import ShimMetrics
 from dataplane.prefix_chain import reply_hash
 from dataplane.relay.answers import check_answer
@@ -34,6 +38,7 @@ from dataplane.responses.request import stored
 from dataplane.responses.translate import ChatAsResponses
 from dataplane.settings import ProxySettings
 from dataplane.spec.server import SpecControl, SpecServer
+from dataplane.sse import ClientStream
 from dataplane.upstream import genai
 from dataplane.upstream.engine import classify_exception, open_attempt, settle
 from dataplane.upstream.failures import classify_status
@@ -57,8 +62,12 @@ class Exchange:
     shape: RequestShape
     started: float = field(default_factory=time.monotonic)
     first_byte: float | None = None
-    # A Responses request served as chat (dataplane/edge/as_chat.py): the client's events.
-    responses: ResponseEvents | None = None
+    # A Responses or Messages request served as chat (dataplane/edge/as_chat.py): the
+    # client's events.
+    events: ResponseEvents | MessageEvents | None = None
+    # Headers of the client's that go to the engine with the request (the Messages API's
+    # anthropic-version and -beta); nothing else of the client's request goes upstream.
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 class Proxy:
@@ -128,6 +137,8 @@ class Proxy:
             if ex.client.stream and upstream.status == 200:
                 if ex.client.endpoint is Endpoint.RESPONSES:
                     return await self._relay_responses(request, ex, backend, upstream)
+                if ex.client.endpoint is Endpoint.MESSAGES:
+                    return await self._relay_messages(request, ex, backend, upstream)
                 fallbacks = decision.backends[attempt + 1 :]
                 resp, settling = await self._relay_stream(
                     request, ex, backend, upstream, fallbacks
@@ -147,14 +158,13 @@ class Proxy:
 
     async def _open(self, ex: Exchange, backend: Backend) -> aiohttp.ClientResponse:
         body = with_token_ids(ex.client, backend, ex.raw)
+        headers = self._tracing.headers() if self._tracing.enabled else None
+        if ex.headers:
+            headers = {**(headers or {}), **ex.headers}
         upstream = await open_attempt(
-            self._session,
-            backend,
-            ex.client.endpoint.value,
-            body,
-            self._settings.timeouts,
-            self._tracing.headers() if self._tracing.enabled else None,
-        )
+            self._session, backend, ex.client.endpoint.value, body, self._settings.timeouts,
+            headers,
+        )  # fmt: skip
         failure = classify_status(upstream.status)
         if failure is not None:
             upstream.close()
@@ -215,7 +225,11 @@ class Proxy:
             tracing=self._tracing,
             markers=self._markers,
         )
-        out = ChatAsResponses(resp, ex.responses) if ex.responses is not None else resp
+        out: ClientStream = resp
+        if isinstance(ex.events, ResponseEvents):
+            out = ChatAsResponses(resp, ex.events)
+        elif isinstance(ex.events, MessageEvents):
+            out = ChatAsMessages(resp, ex.events)
         relay = StreamRelay(ctx, session=self._resumes, control=self._control, resp=out)
         try:
             try:
@@ -242,6 +256,42 @@ class Proxy:
         finally:
             relay.close()
         return resp, any(u is upstream for u in finished)
+
+    async def _relay_messages(
+        self,
+        request: web.Request,
+        ex: Exchange,
+        backend: Backend,
+        upstream: aiohttp.ClientResponse,
+    ) -> web.StreamResponse:
+        """An engine's own Messages stream (one that cannot be replayed elsewhere)."""
+        first = await _first_piece(upstream)
+        resp = web.StreamResponse(
+            status=200, headers={**SSE_HEADERS, "X-Request-Id": ex.request_id}
+        )
+        await resp.prepare(request)
+        relay = MessagesRelay(
+            settings=self._settings.resume,
+            out=resp,
+            request_id=ex.request_id,
+            client=ex.client,
+            reporter=Reporter(self._control, self._metrics, self._tracing, self._background),
+        )
+        try:
+            complete = await relay.run(backend, upstream, first)
+        finally:
+            ex.first_byte = relay.first_byte
+        if self._tracing.enabled:
+            message = relay.message or {}
+            usage = relay.usage or {}
+            attrs = genai.result_attributes(
+                message.get("id"), message.get("model"), (relay.stop_reason,),
+                (message.get("usage") or {}).get("input_tokens"), usage.get("output_tokens"),
+            )  # fmt: skip
+            self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
+        self._finished(ex, backend, 200 if complete else 502)
+        await resp.write_eof()
+        return resp
 
     async def _relay_responses(
         self,

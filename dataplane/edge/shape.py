@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from baton.model import RequestShape
+from dataplane.messages.request import hashed_messages
 from dataplane.prefix_chain import DEFAULT_KEY, prefix_chain
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.responses.request import messages_of
@@ -40,8 +41,12 @@ def shape_of(req: ClientRequest, key: bytes = DEFAULT_KEY) -> RequestShape:
     else:
         # A Responses request's messages hash as a chat request's do: the same prefix warms
         # the same cache (input that is not plain messages hashes item by item).
-        chat = req.endpoint is Endpoint.CHAT
-        messages = body["messages"] if chat else messages_of(body) or list(body["input"])
+        if req.endpoint is Endpoint.CHAT:
+            messages = body["messages"]
+        elif req.endpoint is Endpoint.MESSAGES:
+            messages = hashed_messages(body)  # as chat's, where Baton can convert them
+        else:
+            messages = messages_of(body) or list(body["input"])
         turns = tuple(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
         chars = sum(_chars(m.get("content")) for m in messages if isinstance(m, dict))
     return RequestShape(

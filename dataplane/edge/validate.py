@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from dataplane.exceptions import ErrorKind, OpenAIError
+from dataplane.messages.request import check_messages
 from dataplane.relay.oneshot import check_one_shot
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.responses.request import check_responses
@@ -131,6 +132,9 @@ def validate(body: dict[str, Any], endpoint: Endpoint) -> ClientRequest:
         raise _bad("'model' is required", "model")
     if not isinstance(model, str) or not model:
         raise _bad("'model' must be a non-empty string", "model")
+    if endpoint is Endpoint.COUNT_TOKENS:
+        check_messages(body, count_only=True)
+        return ClientRequest(endpoint, body, model, False, False)
     if not endpoint.generates:
         check_one_shot(body, endpoint)
         return ClientRequest(endpoint, body, model, False, False)
@@ -138,6 +142,8 @@ def validate(body: dict[str, Any], endpoint: Endpoint) -> ClientRequest:
         _check_messages(body.get("messages"))
     elif endpoint is Endpoint.COMPLETIONS:
         _check_prompt(body.get("prompt"))
+    elif endpoint is Endpoint.MESSAGES:
+        check_messages(body)
     else:
         check_responses(body)
     _check_params(body)

@@ -30,6 +30,11 @@ def check_answer(client: ClientRequest, body: bytes) -> tuple[dict[str, Any], st
                 and isinstance(obj.get("output"), list)):
             raise AttemptFailed(Failure.GARBAGE, "a 200 answer without id and output")  # fmt: skip
         return obj, None
+    if client.endpoint is Endpoint.MESSAGES:
+        if not (isinstance(obj, dict) and obj.get("type") == "message"
+                and isinstance(obj.get("content"), list)):
+            raise AttemptFailed(Failure.GARBAGE, "a 200 answer that is not a message")  # fmt: skip
+        return obj, None
     if not client.endpoint.generates:
         why = garbled(client.endpoint, obj)
         if why is not None:

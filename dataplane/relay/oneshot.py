@@ -1,4 +1,5 @@
-"""One-shot calls: embeddings, rerank, score, tokenize and detokenize. Each is one request and
+"""One-shot calls: embeddings, rerank, score, tokenize, detokenize and the Messages API's
+count_tokens (whose body dataplane/messages/request.py checks). Each is one request and
 one whole answer, routed by `model` like chat (retried on the next backend before anything
 reached the client, the failing backend demoted), with no prefix pin (a pooling call gains
 nothing from a warm KV cache, so spreading is right) and no mid-answer failover (there is no
@@ -110,11 +111,12 @@ _ANSWER_FIELD: dict[Endpoint, tuple[str, type]] = {
     Endpoint.SCORE: ("data", list),
     Endpoint.TOKENIZE: ("tokens", list),
     Endpoint.DETOKENIZE: ("prompt", str),
+    Endpoint.COUNT_TOKENS: ("input_tokens", int),
 }
 
 
 def check_one_shot(body: Mapping[str, Any], endpoint: Endpoint) -> None:
-    """Raises OpenAIError (400) naming the parameter at fault."""
+    """Raises OpenAIError (400) naming the parameter at fault. (count_tokens: not here.)"""
     _CHECKS[endpoint](body)
 
 

@@ -23,7 +23,7 @@ from dataplane.relay.resume.failover import Failover
 from dataplane.relay.resume.migration import Migration
 from dataplane.relay.resume.reports import Reporter
 from dataplane.relay.stitch import Stitcher
-from dataplane.request import ClientRequest
+from dataplane.request import ClientRequest, Endpoint
 from dataplane.sse import ClientStream
 from dataplane.upstream.chunks import error_type
 from dataplane.upstream.engine import upstream_events
@@ -201,10 +201,19 @@ class StreamRelay:
         return None
 
 
+# The APIs whose streams carry token ids when asked (the others' streams are relayed).
+TOKEN_ENDPOINTS = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS})
+
+
 def with_token_ids(client: ClientRequest, backend: Backend, raw: bytes) -> bytes:
     """The first attempt's body: ask token-id engines for ids, so a failure can resume
     token-exact. Other backends get the client's bytes untouched."""
-    if not client.stream or backend.kind not in TOKEN_KINDS or client.body.get("return_token_ids"):
+    if (
+        not client.stream
+        or client.endpoint not in TOKEN_ENDPOINTS
+        or backend.kind not in TOKEN_KINDS
+        or client.body.get("return_token_ids")
+    ):
         return raw
     # The body parsed as a JSON object, so its last non-blank byte is its closing brace: the
     # key goes in before it, with no re-serialising of what may be a long prompt. A client's

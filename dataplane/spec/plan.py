@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dataplane.request import ClientRequest, token_limit
+from dataplane.request import ClientRequest, Endpoint, token_limit
 
+# The APIs a speculative round speaks (dataplane/spec/rounds.py); others are served plainly.
+SPEC_ENDPOINTS = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS})
 # Anything that changes the target's distribution or output shape beyond greedy text.
 _INELIGIBLE = (
     "n", "logprobs", "top_logprobs", "tools", "functions", "tool_choice", "response_format",
@@ -36,7 +38,7 @@ def spec_eligible(client: ClientRequest) -> bool:
     the engine's defaults, and nothing but greedy argmax may decide the tokens. (Whether the
     decoding is greedy is control's call when temperature is left to the backend's default.)"""
     body = client.body
-    if token_limit(body) is None:
+    if client.endpoint not in SPEC_ENDPOINTS or token_limit(body) is None:
         return False
     for key in _INELIGIBLE:
         v = body.get(key)

@@ -22,6 +22,7 @@ Attributes = dict[str, str | int | float | bool | list[str]]
 OPERATION = {
     Endpoint.CHAT: "chat",
     Endpoint.RESPONSES: "chat",
+    Endpoint.MESSAGES: "chat",  # Anthropic's Messages API: a chat turn too
     Endpoint.COMPLETIONS: "text_completion",
     Endpoint.EMBEDDINGS: "embeddings",
 }
@@ -30,6 +31,7 @@ REQUEST_PARAMS = {
     "gen_ai.request.max_tokens": ("max_completion_tokens", "max_tokens", "max_output_tokens"),
     "gen_ai.request.temperature": ("temperature",),
     "gen_ai.request.top_p": ("top_p",),
+    "gen_ai.request.top_k": ("top_k",),
     "gen_ai.request.seed": ("seed",),
 }
 
@@ -73,6 +75,8 @@ def answer_attributes(answer: Any) -> Attributes:
                     if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)]  # fmt: skip
     elif answer.get("object") == "response" and isinstance(answer.get("status"), str):
         finishes = [answer["status"]]
+    elif answer.get("type") == "message" and isinstance(answer.get("stop_reason"), str):
+        finishes = [answer["stop_reason"]]
     return result_attributes(
         answer.get("id"),
         answer.get("model"),

@@ -142,6 +142,7 @@ def fleet(
     kind: str = "vllm",
     control_extra: str = "",
     shim_env: dict[str, str] | None = None,
+    backend_extra: str = "",
 ) -> Iterator[Fleet]:
     """n sims s0..s{n-1} (per_sim[i] adds flags to sim i), control, one shim. Round robin
     sends a fresh fleet's first request to s0."""
@@ -158,6 +159,7 @@ def fleet(
             probe_interval=probe_interval,
             kind=kind,
             extra=control_extra,
+            backend_extra=backend_extra,
         )
         control = start_control(config, env=control_env)
         parts.append(control)

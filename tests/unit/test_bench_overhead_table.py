@@ -127,8 +127,8 @@ def test_baton_is_stated_over_the_floor_that_asks_a_decider_when_it_ran() -> Non
     rows = table({"shim": 1.0, "control": 0.5})
     assert ot.decided_lines(rows) == []  # not run: nothing said
     baton = next(r for r in rows if r.target == ot.BATON)
-    decided = ot.Row(ot.DECIDED, baton.p50_ms / 2, baton.rps_16, baton.rps_64 * 2,
-                     baton.ttft_ms, baton.cpu_us_per_req / 1.25, baton.cpu_us_per_event, 0)  # fmt: skip
+    decided = ot.Row(ot.DECIDED, baton.p50_ms / 2, baton.rps_16, baton.rps_64 * 2, baton.ttft_ms,
+                     baton.cpu_us_per_req / 1.25, baton.cpu_us_per_event, 0)  # fmt: skip
     (_, line) = ot.decided_lines([*rows, decided])
     assert "CPU per request 1.25x" in line and "added p50 c=1 2.00x" in line
     assert "rps ratio c=64 0.50x" in line and "CPU per SSE event 1.00x" in line
