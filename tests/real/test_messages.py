@@ -76,22 +76,23 @@ def client(base: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=120)
 
 
-def create(base: str) -> Any:
+def create(base: str, model: str) -> Any:
     return client(base).messages.with_raw_response.create(
-        model=MODEL, system=SYSTEM, messages=MESSAGES, extra_body=GREEDY,  # type: ignore[arg-type]
+        model=model, system=SYSTEM, messages=MESSAGES, extra_body=GREEDY,  # type: ignore[arg-type]
         max_tokens=TOKENS, stream=True,
     )  # fmt: skip
 
 
 def direct(engine: Engine) -> Events:
     """vLLM's own uninterrupted Messages stream: what the client must get."""
-    return Events(items=[e.model_dump(exclude_none=True) for e in create(engine.url).parse()])
+    items = create(engine.url, engine.model).parse()
+    return Events(items=[e.model_dump(exclude_none=True) for e in items])
 
 
-def through(fleet: Fleet, kill: Callable[[str], bool] | None = None) -> Events:
+def through(fleet: Fleet, model: str, kill: Callable[[str], bool] | None = None) -> Events:
     admin = AdminClient(fleet.control.ready, timeout=30.0)
     admin.events(kind="route", limit=1)  # connected before the kill is due
-    raw = create(fleet.shim.ready)
+    raw = create(fleet.shim.ready, model)
     out = Events(raw.headers["x-request-id"])
     deltas = 0
     for e in raw.parse():
@@ -122,12 +123,15 @@ def test_a_message_through_baton_is_vllms_own_and_outlives_a_sigkill(
     types = [e["type"] for e in want.items]
     assert types[0] == "message_start" and types[-1] == "message_stop"
     assert want.items[-2]["usage"]["output_tokens"] == TOKENS
+    blocks = [e["content_block"]["type"] for e in want.items if e["type"] == "content_block_start"]
+    if pair[0].startswith("s"):
+        assert blocks[0] == "thinking", blocks  # the template opens the thinking
     with baton(tmp_path, engines) as fleet:
         # Uninterrupted: Baton's chat request and events are vLLM's own, usage included.
-        same = through(fleet)
+        same = through(fleet, engines[0].model)
         assert same.shape() == want.shape(), "Baton's message differs from vLLM's own"
         for _ in range(3):  # every try is judged; only one without a failover is retried
-            got = through(fleet, kill_vllm_mid_generation(pool))
+            got = through(fleet, engines[0].model, kill_vllm_mid_generation(pool))
             assert got.shape() == want.shape(), "the stream differs from vLLM's own"
             if got.killed and failed_over(fleet, got.request_id):
                 break
