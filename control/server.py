@@ -147,9 +147,9 @@ class ControlPlane:
         self.metrics_port = 0
         self._http: aiohttp.ClientSession | None = None
 
-    async def read_facts(self, backend: Backend) -> Facts:
+    async def read_facts(self, backend: Backend, within: float) -> Facts:
         assert self._http is not None, "read_facts before start()"
-        return await fetch_facts(self._http, backend)
+        return await fetch_facts(self._http, backend, within)
 
     async def start(self) -> int:
         self._http = aiohttp.ClientSession()

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from baton import wire
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control.api import convert
-from control.api.errors import Context, abort_with
+from control.api.errors import Context, abort_with, within
 from control.audit.log import Event, EventQuery
 from control.audit.payloads import Admin
 from control.backend_spec import make_backend
@@ -173,7 +173,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             # Fail closed: the facts come from the two backends now, or there is no pair.
             try:
                 draft_facts, target_facts = await asyncio.gather(
-                    self._read_facts(draft), self._read_facts(target)
+                    self._read_facts(draft, within(context)),
+                    self._read_facts(target, within(context)),
                 )
             except FactsError as exc:
                 raise PairRefused(str(exc)) from exc

@@ -15,7 +15,7 @@ from baton.model import Decision, Snapshot
 from baton.tracing import OFF, SpanKind, Tracing
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.api import convert
-from control.api.errors import Context, abort_with
+from control.api.errors import Context, abort_with, within
 from control.exceptions import FactsError, RegistryError
 from control.metrics import ControlMetrics
 from control.routing.router import Router
@@ -158,7 +158,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             facts = registry.facts.get(target.backend.id)
             if facts is None:
                 with contextlib.suppress(FactsError):
-                    facts = await self._read_facts(target.backend)
+                    facts = await self._read_facts(target.backend, within(context))
         with self._traced("baton.control.gate", request.traceparent, request.request_id):
             try:
                 result = self._router.pairs.gate_pairing(

@@ -165,4 +165,5 @@ def _block(f: Facts) -> str:
 
 
 # How the services read a backend's facts: injected, so tests and benches can stand in.
-ReadFacts = Callable[[Backend], Awaitable[Facts]]
+# (backend, seconds it may take): the caller's own deadline bounds the whole read.
+ReadFacts = Callable[[Backend, float], Awaitable[Facts]]

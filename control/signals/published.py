@@ -33,7 +33,6 @@ from control.signals.facts import (
 )
 
 CALLS_AT_ONCE = 4  # the vocabulary sweep's concurrent calls to one engine
-FACTS_TIMEOUT = 15.0  # per call: a busy engine answers slowly, and a bind is rare
 
 
 async def _get(
@@ -85,11 +84,18 @@ class _Engine:
     """One backend's tokenizer and info endpoints, in its kind's dialect. Every answer that
     is not what the kind promises is a FactsError naming the backend and the endpoint."""
 
-    def __init__(self, session: aiohttp.ClientSession, backend: Backend) -> None:
+    def __init__(self, session: aiohttp.ClientSession, backend: Backend, within: float) -> None:
         self._session = session
         self.backend = backend
         self.kind = backend.kind
         self._limit = asyncio.Semaphore(CALLS_AT_ONCE)
+        # One deadline for the whole read, not one per call: a busy engine may answer one
+        # call slowly (a replica starting beside it on a small machine), and the operator's
+        # --timeout says how long the whole bind may take.
+        self._deadline = asyncio.get_running_loop().time() + within
+
+    def _left(self) -> float:
+        return max(0.001, self._deadline - asyncio.get_running_loop().time())
 
     def error(self, what: str) -> FactsError:
         return FactsError(f"facts: {self.backend.id} {what}")
@@ -104,7 +110,7 @@ class _Engine:
                     data=None if body is None else orjson.dumps(body),
                     headers={**self.backend.call_headers(os.environ),
                              "Content-Type": "application/json"},
-                    timeout=aiohttp.ClientTimeout(total=FACTS_TIMEOUT),
+                    timeout=aiohttp.ClientTimeout(total=self._left()),
                 ) as resp:
                     raw = await resp.read()
                     status = resp.status
@@ -126,7 +132,7 @@ class _Engine:
     async def text(self, path: str) -> str:
         """A GET whose answer is text (a /metrics page)."""
         try:
-            status, text = await _get(self._session, self.backend, path, FACTS_TIMEOUT)
+            status, text = await _get(self._session, self.backend, path, self._left())
         except _UNANSWERED as exc:
             raise self.error(f"unreachable ({type(exc).__name__}) at {path}") from exc
         if status != 200:
@@ -241,11 +247,10 @@ async def _block_size(engine: _Engine) -> int | None:
         raise engine.error(str(exc)) from exc
 
 
-async def fetch_facts(
-    session: aiohttp.ClientSession, backend: Backend, timeout: float = 30.0
-) -> Facts:
-    """Raises FactsError naming the backend when it can't say (no endpoint, down, junk)."""
-    engine = _Engine(session, backend)
+async def fetch_facts(session: aiohttp.ClientSession, backend: Backend, timeout: float) -> Facts:
+    """The backend's facts, read within `timeout` seconds. Raises FactsError naming the
+    backend when it can't say (no endpoint, down, junk, too slow)."""
+    engine = _Engine(session, backend, timeout)
     try:
         return await asyncio.wait_for(_read(engine), timeout)
     except TimeoutError:

@@ -5,6 +5,7 @@ binding and gating the pairs, the shim drafting and verifying
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -197,6 +198,28 @@ def test_bind_refuses_each_broken_invariant_by_name(
         assert out.returncode != 0
         assert "FAILED_PRECONDITION" in out.stderr and invariant in out.stderr, out.stderr
         assert f.pairs() == {}
+
+
+def test_a_bind_on_an_engine_that_never_answers_is_refused_by_name_within_its_timeout(
+    tmp_path: Path,
+) -> None:
+    """The facts are read within the operator's --timeout as a whole (not a fixed time per
+    call): an engine that takes connections and answers nothing gets the bind refused,
+    naming it, before the CLI's deadline, rather than the call cut off by that deadline."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # connections complete in the backlog; nothing is ever read or answered
+    try:
+        with spec_fleet(tmp_path, [()]) as f:
+            url = "http://127.0.0.1:%d" % silent.getsockname()[1]
+            f.ok("backends", "add", "mute", "--url", url, "--model", MODEL)
+            out = f.baton("pairs", "bind", "d", "mute", "--timeout", "3")
+            # Past the 3 s the CLI would say DEADLINE_EXCEEDED: a refusal is an answer in time.
+            assert out.returncode != 0
+            assert "FAILED_PRECONDITION" in out.stderr and "facts: mute" in out.stderr, out.stderr
+            assert f.pairs() == {}
+    finally:
+        silent.close()
 
 
 def test_engine_defaults_do_not_enter_the_pair(tmp_path: Path) -> None:
