@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NewType
 
+from baton.tenancy import Quota, Tenant
+
 BackendId = NewType("BackendId", str)
 
 
@@ -52,6 +54,11 @@ class Reason(StrEnum):
     OWNER_UNKNOWN = "owner-unknown"
     # The lowest predicted time to first token (policy ttft; the detail holds the estimate).
     PREDICTED = "predicted"
+    # Refused for the request's tenant (baton/tenancy.py): at a limit (the decision's quota
+    # says which), a model it may not use, or a tenant removed since the shim's snapshot.
+    TENANT_LIMITED = "tenant-limited"
+    TENANT_MODEL = "tenant-model"
+    TENANT_UNKNOWN = "tenant-unknown"
 
 
 # The cheap GET each kind of backend answers: control's health probes, the shim's standby
@@ -155,6 +162,11 @@ class RequestShape:
     # A client's explicit conversation key (vLLM's `session_id`, or an x-session-id header):
     # pins the conversation by it, across shims. Empty: none.
     session: str = ""
+    # The tenant whose key the request came with (never the key); empty: an open shim.
+    tenant: str = ""
+    # The client's cap on generated tokens (0: none given), reserved against its tenant's
+    # tokens per minute until the engine's usage is known.
+    max_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +210,7 @@ class Decision:
     detail: str = ""
     pairing: Pairing | None = None
     estimate: Estimate | None = None  # a predicting policy's, for its primary
+    quota: Quota | None = None  # the tenant's standing, for rate-limit headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +219,10 @@ class Snapshot:
 
     version: int
     backends: tuple[BackendStatus, ...]
+    tenants: tuple[Tenant, ...] = ()
+    # The shims control counts as live (watching its snapshots): while control is away each
+    # enforces this share of every tenant's limits (baton/ledger.py).
+    shims: int = 0
 
     def serving(self, model: str) -> tuple[BackendStatus, ...]:
         """Backends that serve `model` to clients (drafts only serve through a pair)."""
@@ -263,6 +280,7 @@ class RequestOutcome:
     message_count: int = 0
     spec: SpecStats | None = None
     prompt_tokens: int = 0
+    completion_tokens: int = 0
     blocks: PrefixBlocks | None = None
 
 

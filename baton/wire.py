@@ -34,6 +34,7 @@ from baton.model import (
     SpecStats,
     Verdict,
 )
+from baton.tenancy import Limited, Limits, Priority, Quota, Tenant, TenantKey
 from baton.v1 import fleet_pb2, routing_pb2
 
 KIND_TO_PB = {
@@ -67,6 +68,9 @@ REASON_TO_PB = {
     Reason.OWNER_GONE: routing_pb2.ROUTE_REASON_OWNER_GONE,
     Reason.OWNER_UNKNOWN: routing_pb2.ROUTE_REASON_OWNER_UNKNOWN,
     Reason.PREDICTED: routing_pb2.ROUTE_REASON_PREDICTED,
+    Reason.TENANT_LIMITED: routing_pb2.ROUTE_REASON_TENANT_LIMITED,
+    Reason.TENANT_MODEL: routing_pb2.ROUTE_REASON_TENANT_MODEL,
+    Reason.TENANT_UNKNOWN: routing_pb2.ROUTE_REASON_TENANT_UNKNOWN,
 }
 STATE_FROM_PB = {v: k for k, v in STATE_TO_PB.items()}
 REASON_FROM_PB = {v: k for k, v in REASON_TO_PB.items()}
@@ -118,6 +122,12 @@ FAILURE_TO_PB = {
 }
 FAILURE_FROM_PB = {v: k for k, v in FAILURE_TO_PB.items()}
 PATH_TO_PB = {v: k for k, v in PATH_FROM_PB.items()}
+PRIORITY_TO_PB = {
+    Priority.INTERACTIVE: fleet_pb2.PRIORITY_CLASS_INTERACTIVE,
+    Priority.STANDARD: fleet_pb2.PRIORITY_CLASS_STANDARD,
+    Priority.BATCH: fleet_pb2.PRIORITY_CLASS_BATCH,
+}
+PRIORITY_FROM_PB = {v: k for k, v in PRIORITY_TO_PB.items()}
 SEAM_TO_PB = {v: k for k, v in SEAM_FROM_PB.items()}
 FAILOVER_OUTCOME_TO_PB = {v: k for k, v in FAILOVER_OUTCOME_FROM_PB.items()}
 
@@ -177,7 +187,82 @@ def status_to_pb(s: BackendStatus, in_flight: Mapping[BackendId, int]) -> fleet_
 
 def snapshot_to_pb(s: Snapshot, in_flight: Mapping[BackendId, int]) -> fleet_pb2.Snapshot:
     return fleet_pb2.Snapshot(
-        version=s.version, backends=[status_to_pb(b, in_flight) for b in s.backends]
+        version=s.version,
+        backends=[status_to_pb(b, in_flight) for b in s.backends],
+        tenants=[tenant_to_pb(t) for t in s.tenants],
+        shims=s.shims,
+    )
+
+
+def limits_to_pb(lim: Limits) -> fleet_pb2.TenantLimits:
+    return fleet_pb2.TenantLimits(
+        concurrent=lim.concurrent,
+        requests_per_minute=lim.requests_per_minute,
+        tokens_per_minute=lim.tokens_per_minute,
+        models=sorted(lim.models),
+    )
+
+
+def limits_from_pb(lim: fleet_pb2.TenantLimits) -> Limits:
+    return Limits(
+        concurrent=lim.concurrent if lim.HasField("concurrent") else None,
+        requests_per_minute=(
+            lim.requests_per_minute if lim.HasField("requests_per_minute") else None
+        ),
+        tokens_per_minute=lim.tokens_per_minute if lim.HasField("tokens_per_minute") else None,
+        models=frozenset(lim.models),
+    )
+
+
+def tenant_to_pb(t: Tenant) -> fleet_pb2.Tenant:
+    return fleet_pb2.Tenant(
+        id=t.id,
+        priority=PRIORITY_TO_PB[t.priority],
+        weight=t.weight,
+        limits=limits_to_pb(t.limits),
+        keys=[
+            fleet_pb2.TenantKey(digest=k.digest, key_id=k.key_id, created=timestamp(k.created))
+            for k in t.keys
+        ],
+    )
+
+
+def tenant_from_pb(t: fleet_pb2.Tenant) -> Tenant:
+    """An unknown class is taken as batch: a newer control's class never outranks here."""
+    return Tenant(
+        id=t.id,
+        priority=PRIORITY_FROM_PB.get(t.priority, Priority.BATCH),
+        weight=max(t.weight, 1),
+        limits=limits_from_pb(t.limits),
+        keys=tuple(TenantKey(k.digest, k.created.ToNanoseconds() / 1e9) for k in t.keys),
+    )
+
+
+def quota_to_pb(q: Quota) -> routing_pb2.Quota:
+    return routing_pb2.Quota(
+        limit_requests=q.limit_requests,
+        remaining_requests=q.remaining_requests,
+        reset_requests_ms=round(q.reset_requests_s * 1000),
+        limit_tokens=q.limit_tokens,
+        remaining_tokens=q.remaining_tokens,
+        reset_tokens_ms=round(q.reset_tokens_s * 1000),
+        retry_after_ms=round(q.retry_after_s * 1000),
+        limited_by=q.limited_by.value if q.limited_by is not None else "",
+    )
+
+
+def quota_from_pb(q: routing_pb2.Quota) -> Quota:
+    return Quota(
+        limit_requests=q.limit_requests,
+        remaining_requests=q.remaining_requests,
+        reset_requests_s=q.reset_requests_ms / 1000,
+        limit_tokens=q.limit_tokens,
+        remaining_tokens=q.remaining_tokens,
+        reset_tokens_s=q.reset_tokens_ms / 1000,
+        retry_after_s=q.retry_after_ms / 1000,
+        # A limit this shim does not know by name still refused: say "requests".
+        limited_by=(Limited(q.limited_by) if q.limited_by in Limited._value2member_map_
+                    else Limited.REQUESTS) if q.limited_by else None,  # fmt: skip
     )
 
 
@@ -194,6 +279,8 @@ def shape_from_pb(s: routing_pb2.RequestShape) -> RequestShape:
         sets_temperature=s.sets_temperature,
         owner_key=s.owner_key,
         session=s.session,
+        tenant=s.tenant,
+        max_tokens=s.max_tokens,
     )
 
 
@@ -204,6 +291,7 @@ def _decision_fields(d: Decision) -> dict[str, Any]:
         "snapshot_version": d.snapshot_version,
         "detail": d.detail,
         "pairing": pairing_to_pb(d.pairing) if d.pairing is not None else None,
+        "quota": quota_to_pb(d.quota) if d.quota is not None else None,
     }
 
 
@@ -239,6 +327,8 @@ def shape_to_pb(s: RequestShape) -> routing_pb2.RequestShape:
         sets_temperature=s.sets_temperature,
         owner_key=s.owner_key,
         session=s.session,
+        tenant=s.tenant,
+        max_tokens=s.max_tokens,
     )
 
 
@@ -274,6 +364,7 @@ def decision_from_pb(
         resp.snapshot_version,
         resp.detail,
         pairing_from_pb(resp.pairing) if resp.HasField("pairing") else None,
+        quota=quota_from_pb(resp.quota) if resp.HasField("quota") else None,
     )
 
 
@@ -306,6 +397,8 @@ def snapshot_from_pb(s: fleet_pb2.Snapshot) -> Snapshot:
             )
             for b in s.backends
         ),
+        tuple(tenant_from_pb(t) for t in s.tenants),
+        s.shims,
     )
 
 
@@ -373,6 +466,7 @@ def outcome_to_pb(o: RequestOutcome) -> routing_pb2.RequestOutcome:
         message_count=o.message_count,
         spec=spec_to_pb(o.spec) if o.spec is not None else None,
         prompt_tokens=o.prompt_tokens,
+        completion_tokens=o.completion_tokens,
         **(_blocks_fields(o.blocks) if o.blocks is not None else {}),
     )
 
@@ -390,6 +484,7 @@ def outcome_from_pb(o: routing_pb2.RequestOutcome) -> RequestOutcome:
         message_count=o.message_count,
         spec=spec_from_pb(o),
         prompt_tokens=o.prompt_tokens,
+        completion_tokens=o.completion_tokens,
         blocks=blocks_from_pb(o),
     )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from clients import render
 from clients.client import DEFAULT_CONTROL, AdminClient, AdminError
+from clients.tenant_commands import add_tenant_commands
 
 
 def _admin_parent() -> argparse.ArgumentParser:
@@ -151,6 +152,7 @@ def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     _add_backend_commands(sub, parent)
     sub.add_parser("status", parents=[parent], help="fleet summary").set_defaults(admin=cmd_status)
     _add_pin_and_pair_commands(sub, parent)
+    add_tenant_commands(sub, parent)
     _add_event_command(sub, parent)
 
 

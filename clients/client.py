@@ -16,6 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from baton import wire
 from baton.model import BackendKind, HealthState, Role
+from baton.tenancy import KEY_ID_HEX, Priority
 from baton.tokens import ADMIN_ENV
 from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2
 
@@ -94,6 +95,84 @@ def _pair(p: fleet_pb2.Pair) -> dict[str, Any]:
         "params_hash": p.params_hash.removeprefix("sha256:")[:12],
         "reason": p.reason,
     }
+
+
+def _tenant(t: fleet_pb2.Tenant) -> dict[str, Any]:
+    """A tenant as the CLI shows it: its keys by key id and creation time, never a digest in
+    full (and control never sends a key but once, at its making)."""
+    lim = t.limits
+    priority = wire.PRIORITY_FROM_PB.get(t.priority)
+    return {
+        "id": t.id,
+        "priority": priority.value if priority is not None else "unknown",
+        "weight": t.weight,
+        "limits": {
+            "concurrent": lim.concurrent if lim.HasField("concurrent") else None,
+            "requests_per_minute": (
+                lim.requests_per_minute if lim.HasField("requests_per_minute") else None
+            ),
+            "tokens_per_minute": (
+                lim.tokens_per_minute if lim.HasField("tokens_per_minute") else None
+            ),
+            "models": sorted(lim.models),
+        },
+        "keys": [
+            # A key from the config file (given by digest) has no creation time.
+            {"key_id": k.key_id or k.digest.hex()[:KEY_ID_HEX],
+             "created": _iso(k.created) if k.created.ToNanoseconds() else None}
+            for k in t.keys
+        ],
+    }  # fmt: skip
+
+
+def _usage(u: admin_pb2.TenantUsage) -> dict[str, Any]:
+    return {
+        "tenant": u.tenant_id,
+        "requests": u.requests,
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "refused": dict(sorted(u.refused.items())),
+        "in_flight": u.in_flight,
+        "queued_seconds": round(u.queued_seconds, 3),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSpec:
+    """What an operator configures of a tenant (its keys are control's to make)."""
+
+    id: str
+    priority: str = Priority.STANDARD.value
+    weight: int = 1
+    concurrent: int | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    models: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> TenantSpec:
+        """The spec of a tenant as `tenants()` lists it."""
+        lim = row["limits"]
+        return cls(row["id"], row["priority"], row["weight"], lim["concurrent"],
+                   lim["requests_per_minute"], lim["tokens_per_minute"],
+                   tuple(lim["models"]))  # fmt: skip
+
+    def to_pb(self) -> fleet_pb2.Tenant:
+        try:
+            priority = wire.PRIORITY_TO_PB[Priority(self.priority)]
+            return fleet_pb2.Tenant(
+                id=self.id,
+                priority=priority,
+                weight=self.weight,
+                limits=fleet_pb2.TenantLimits(
+                    concurrent=self.concurrent,
+                    requests_per_minute=self.requests_per_minute,
+                    tokens_per_minute=self.tokens_per_minute,
+                    models=self.models,
+                ),
+            )
+        except ValueError as exc:  # a priority not known, a number the wire cannot carry
+            raise AdminError(f"tenant {self.id!r}: {exc}") from None
 
 
 def _kv_state(pb: int) -> str:
@@ -312,6 +391,41 @@ class AdminClient:
             "ClearPins", admin_pb2.ClearPinsRequest(backend_id=backend_id)
         )
         return resp.cleared
+
+    def tenants(self) -> list[dict[str, Any]]:
+        resp = self._call("ListTenants", admin_pb2.ListTenantsRequest())
+        return [_tenant(t) for t in resp.tenants]  # type: ignore[attr-defined]
+
+    def add_tenant(self, spec: TenantSpec) -> tuple[dict[str, Any], str]:
+        """(the tenant, its first key): the key is shown this once; control keeps its digest."""
+        resp = self._call("AddTenant", admin_pb2.AddTenantRequest(tenant=spec.to_pb()))
+        return _tenant(resp.tenant), resp.key  # type: ignore[attr-defined]
+
+    def update_tenant(self, spec: TenantSpec) -> dict[str, Any]:
+        """Replace the tenant's priority, weight and limits with the spec's (keys unchanged)."""
+        resp = self._call("UpdateTenant", admin_pb2.UpdateTenantRequest(tenant=spec.to_pb()))
+        return _tenant(resp.tenant)  # type: ignore[attr-defined]
+
+    def remove_tenant(self, id: str) -> None:
+        self._call("RemoveTenant", admin_pb2.RemoveTenantRequest(id=id))
+
+    def add_tenant_key(self, id: str) -> tuple[dict[str, Any], str]:
+        """(the tenant, its new key), the key shown this once; its other keys stay valid."""
+        resp = self._call("AddTenantKey", admin_pb2.AddTenantKeyRequest(tenant_id=id))
+        return _tenant(resp.tenant), resp.key  # type: ignore[attr-defined]
+
+    def revoke_tenant_key(self, id: str, key_id: str) -> dict[str, Any]:
+        resp = self._call(
+            "RevokeTenantKey", admin_pb2.RevokeTenantKeyRequest(tenant_id=id, key_id=key_id)
+        )
+        return _tenant(resp.tenant)  # type: ignore[attr-defined]
+
+    def tenant_usage(self, since: float | None = None) -> list[dict[str, Any]]:
+        request = admin_pb2.TenantUsageRequest()
+        if since is not None:
+            request.since.FromNanoseconds(int(since * 1e9))
+        resp = self._call("TenantUsage", request)
+        return [_usage(u) for u in resp.usage]  # type: ignore[attr-defined]
 
     def follow(
         self, *, kind: str = "", request_id: str = "", backend_id: str = ""

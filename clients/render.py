@@ -131,3 +131,49 @@ PAIR_COLUMNS = ("id", "model", "draft", "target", "state", "k", "baseline", "acc
 
 def pairs(rows: Sequence[Mapping[str, Any]]) -> str:
     return table(rows, PAIR_COLUMNS) if rows else "no pairs"
+
+
+TENANT_COLUMNS = ("id", "priority", "weight", "concurrent", "rpm", "tpm", "models", "keys")
+USAGE_COLUMNS = ("tenant", "requests", "prompt_tokens", "completion_tokens", "refused",
+                 "in_flight", "queued_seconds")  # fmt: skip
+KEY_NOTICE = "This key is shown once and will not be shown again: store it now (control keeps \
+only its SHA-256 digest)."
+
+
+def _tenant_cells(t: Mapping[str, Any]) -> dict[str, Any]:
+    lim = t["limits"]
+
+    def limit(v: int | None) -> str:
+        return "-" if v is None else str(v)
+
+    return {
+        **t,
+        "concurrent": limit(lim["concurrent"]),
+        "rpm": limit(lim["requests_per_minute"]),
+        "tpm": limit(lim["tokens_per_minute"]),
+        "models": ",".join(lim["models"]) or "all",
+        # By key id (a prefix of the digest) and when it was made; a config key has no time.
+        "keys": ", ".join(f"{k['key_id']} ({k['created'] or 'config'})" for k in t["keys"])
+        or "none",
+    }
+
+
+def tenants(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "no tenants (add one with `baton tenants add`)"
+    return table([_tenant_cells(t) for t in rows], TENANT_COLUMNS)
+
+
+def new_key(tenant: Mapping[str, Any], key: str, key_id: str, said: str) -> str:
+    """A tenant with a key just made: the one time the key is printed."""
+    return f"{said}\n{tenants([tenant])}\n\nkey {key_id}: {key}\n{KEY_NOTICE}"
+
+
+def usage(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "no tenants and no tenant traffic"
+    return table(
+        [{**u, "refused": " ".join(f"{k}={v}" for k, v in u["refused"].items()) or "0"}
+         for u in rows],
+        USAGE_COLUMNS,
+    )  # fmt: skip

@@ -1,4 +1,5 @@
-"""The control plane's TOML config: backends and settings. Bad config fails loudly at load."""
+"""The control plane's TOML config: backends, tenants and settings. Bad config fails loudly at
+load."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.model import Backend
+from baton.tenancy import Limits, Priority, Tenant, TenantKey, id_problem
 from control.backend_spec import (
     BACKEND_KEYS,
     check_ranks,
@@ -39,6 +41,7 @@ class Config:
     pairs: tuple[PairSpec, ...] = ()
     load: LoadSettings = field(default_factory=LoadSettings)
     kv: KvSettings = field(default_factory=KvSettings)
+    tenants: tuple[Tenant, ...] = ()
 
 
 # What ZMQ's connect takes, and nothing it would refuse later inside a subscriber task: a
@@ -76,7 +79,84 @@ def parse(data: dict[str, Any]) -> Config:
     if "routing" not in data and any(b.kv_events for b in backends):
         # The engines say what they hold: predict from it. `adaptive` stays selectable.
         routing = KV_DEFAULT_POLICY
-    return Config(tuple(backends), routing, probes, health, affinity, audit, pairs, load, kv)
+    tenants = _tenants(data.get("tenants", []))
+    return Config(tuple(backends), routing, probes, health, affinity, audit, pairs, load, kv,
+                  tenants)  # fmt: skip
+
+
+TENANT_KEYS = frozenset({"id", "priority", "weight", "concurrent", "requests_per_minute",
+                         "tokens_per_minute", "models", "key_sha256"})  # fmt: skip
+
+
+def _tenants(raw: object) -> tuple[Tenant, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError("tenants must be an array of tables ([[tenants]])")
+    out = tuple(_tenant(t, f"tenants[{i}]") for i, t in enumerate(raw))
+    ids = [t.id for t in out]
+    if len(ids) != len(set(ids)):
+        raise ConfigError("tenant ids must be unique")
+    digests = [k.digest for t in out for k in t.keys]
+    if len(digests) != len(set(digests)):
+        raise ConfigError("a key_sha256 is listed twice: each key belongs to one tenant, once")
+    return out
+
+
+def _tenant(raw: object, where: str) -> Tenant:
+    """One [[tenants]] table. Keys are given by SHA-256 digest only, so the file holds no
+    credential; a value that is not a digest is refused without being echoed (it may be a
+    key pasted by mistake)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a table")
+    unknown = set(raw) - TENANT_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    tid = raw.get("id")
+    if not isinstance(tid, str):
+        raise ConfigError(f"{where}: missing id (a string)")
+    why = id_problem(tid)
+    if why is not None:
+        raise ConfigError(f"{where}: {why}")
+    priority = raw.get("priority", Priority.STANDARD.value)
+    if priority not in Priority._value2member_map_:
+        raise ConfigError(f"{where}: priority must be one of {', '.join(Priority)}")
+    models = raw.get("models", [])
+    if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+        raise ConfigError(f"{where}: models must be a list of model names")
+    digests = raw.get("key_sha256", [])
+    if not isinstance(digests, list):
+        raise ConfigError(f"{where}: key_sha256 must be a list of SHA-256 digests")
+    limits = Limits(
+        _count(raw, "concurrent", where),
+        _count(raw, "requests_per_minute", where),
+        _count(raw, "tokens_per_minute", where),
+        frozenset(models),
+    )
+    weight = _count(raw, "weight", where)
+    keys = tuple(TenantKey(_digest(d, f"{where}: key_sha256[{j}]"), 0.0)
+                 for j, d in enumerate(digests))  # fmt: skip
+    return Tenant(tid, Priority(priority), 1 if weight is None else weight, limits, keys)
+
+
+def _count(raw: dict[str, Any], key: str, where: str) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    top = 2**64 if key == "tokens_per_minute" else 2**32  # the wire's uint64 and uint32
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < top:
+        raise ConfigError(f"{where}: {key} must be a whole number of at least 1 (or absent)")
+    return value
+
+
+def _digest(value: object, where: str) -> bytes:
+    if isinstance(value, str) and len(value) == 64:
+        try:
+            return bytes.fromhex(value)
+        except ValueError:
+            pass
+    raise ConfigError(
+        f"{where} is not a SHA-256 digest (64 hex digits, from "
+        f'`printf %s "$KEY" | sha256sum`); the value is not shown, in case it is a key'
+    )
 
 
 def with_routing(cfg: Config, routing: str) -> Config:

@@ -11,7 +11,9 @@ _exceptions.py). control/api/errors.py maps each to the gRPC status an admin or 
         ├── PairRefused       a pairing breaks an invariant; the message starts with its name
         │                     (FAILED_PRECONDITION)
         ├── PairNotFound      no pair has the id (NOT_FOUND)
-        └── PairExists        the draft is paired already (ALREADY_EXISTS)
+        ├── PairExists        the draft is paired already (ALREADY_EXISTS)
+        ├── TenantExists      add: the tenant id is taken (ALREADY_EXISTS)
+        └── TenantNotFound    no tenant (or no key of the tenant) has the id (NOT_FOUND)
 
 ConfigError and FactsError are also ValueErrors: both say that a value read from outside
 is wrong. The shared core's TokenError (baton/tokens.py) is a credential file's."""
@@ -54,4 +56,12 @@ class PairNotFound(RegistryError):
 
 
 class PairExists(RegistryError):
+    pass
+
+
+class TenantExists(RegistryError):
+    pass
+
+
+class TenantNotFound(RegistryError):
     pass

@@ -29,7 +29,15 @@ from control.audit.log import EventLog
 from control.audit.payloads import PairChange
 from control.config import Config
 from control.exceptions import RegistryError
-from control.fleet.db import Configured, FleetDB, configured, fleet, shadowed
+from control.fleet.db import (
+    Configured,
+    FleetDB,
+    configured,
+    fleet,
+    shadowed,
+    shadowed_tenants,
+    tenants,
+)
 from control.fleet.kv_subscribers import KvSubscribers
 from control.fleet.load_poller import run_load_poller
 from control.fleet.owners import OwnerTable
@@ -60,6 +68,7 @@ def _registry(
         pins=PinTable(config.affinity.pin_capacity, config.affinity.pin_ttl),
         owners=OwnerTable(config.affinity.owner_capacity, config.affinity.owner_ttl),
         kv_capacity=config.kv.capacity,
+        tenants=tenants(config.tenants, saved),
     )
 
 
@@ -80,6 +89,15 @@ def _warn_shadowed(config: Config, saved: Configured, data_dir: Path | None) -> 
             "file's again, re-add it with the file's fields: `baton backends remove %s`, "
             "then `baton backends add %s --url %s ...`.",
             b.id, data_dir / "fleet.db" if data_dir else "", b.url, b.id, b.id, b.url,
+        )  # fmt: skip
+    for t in shadowed_tenants(config.tenants, saved):
+        db = data_dir / "fleet.db" if data_dir else "fleet.db"
+        log.warning(
+            "tenant %r: the one changed at run time (saved in %s) replaces the config file's: "
+            "run-time changes are the operator's latest word, so the file's entry for it "
+            "(priority, limits, key_sha256) is not used. To use the file's again, stop "
+            "control and run: sqlite3 %s \"DELETE FROM tenants WHERE id = '%s'\"",
+            t.id, db, db, t.id,
         )  # fmt: skip
 
 
@@ -264,7 +282,8 @@ class ControlPlane:
         waiting = [p for p in self._pending_pairs if p.draft in known and p.draft not in
                    {b.draft for b in bound}]  # fmt: skip
         self._db.save(configured(self._config.backends, reg.backends, reg.drained(),
-                                 [*waiting, *bound]))  # fmt: skip
+                                 [*waiting, *bound], config_tenants=self._config.tenants,
+                                 current_tenants=reg.tenants.all()))  # fmt: skip
 
     async def _flush_events(self) -> None:
         while True:

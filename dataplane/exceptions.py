@@ -56,6 +56,9 @@ class ErrorKind(StrEnum):
     # A stored response's follow-up: its backend is gone, or no backend is known to hold it.
     RESPONSE_OWNER_GONE = "response_owner_gone"
     RESPONSE_NOT_FOUND = "response_not_found"
+    # A tenant's (baton/tenancy.py): a model it may not use; one of its limits reached.
+    MODEL_NOT_ALLOWED = "model_not_allowed"
+    RATE_LIMITED = "rate_limit_exceeded"
 
 
 # kind -> (HTTP status, OpenAI error `type`)
@@ -76,6 +79,9 @@ STATUS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.SHUTTING_DOWN: (503, "service_unavailable"),
     ErrorKind.RESPONSE_OWNER_GONE: (404, "invalid_request_error"),
     ErrorKind.RESPONSE_NOT_FOUND: (404, "invalid_request_error"),
+    ErrorKind.MODEL_NOT_ALLOWED: (403, "invalid_request_error"),
+    # OpenAI says which limit in `type` ("requests" or "tokens"): OpenAIError's error_type.
+    ErrorKind.RATE_LIMITED: (429, "requests"),
 }
 
 
@@ -100,6 +106,8 @@ ANTHROPIC: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.SHUTTING_DOWN: (529, "overloaded_error"),
     ErrorKind.RESPONSE_OWNER_GONE: (404, "not_found_error"),
     ErrorKind.RESPONSE_NOT_FOUND: (404, "not_found_error"),
+    ErrorKind.MODEL_NOT_ALLOWED: (403, "permission_error"),
+    ErrorKind.RATE_LIMITED: (429, "rate_limit_error"),
 }
 ANTHROPIC_PATHS = "/v1/messages"  # the prefix of the paths whose clients speak Anthropic's API
 
@@ -112,13 +120,16 @@ class OpenAIError(ShimError):
         param: str | None = None,
         *,
         headers: Mapping[str, str] | None = None,
+        error_type: str | None = None,
     ) -> None:
-        """`headers`: extra response headers (Retry-After with a 429)."""
+        """`headers`: extra response headers (Retry-After with a 429). `error_type`: the
+        OpenAI body's `type` when it is not the kind's own (a rate limit's "tokens")."""
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.param = param
         self.headers = headers
+        self.error_type = error_type
 
     @property
     def status(self) -> int:
@@ -128,7 +139,7 @@ class OpenAIError(ShimError):
         return {
             "error": {
                 "message": self.message,
-                "type": STATUS[self.kind][1],
+                "type": self.error_type or STATUS[self.kind][1],
                 "param": self.param,
                 "code": self.kind.value,
             }

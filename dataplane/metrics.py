@@ -25,6 +25,7 @@ class LinkStats:
     dropped_reports: Mapping[str, int] = field(default_factory=dict)  # by kind
     rejected_reports: int = 0
     route_socket: bool = False  # routes ride control's route socket (False: gRPC, or none yet)
+    tenant_share: int = 1  # enforcing 1/N of each tenant's limits (N > 1 while control is away)
 
 
 class LinkCollector:
@@ -45,6 +46,12 @@ class LinkCollector:
             "1 while routes and outcomes ride control's route socket; 0 on gRPC's RouteStream "
             "(control has none, or it can't be reached from here: see the shim's log).",
             value=float(s.route_socket),
+        )
+        yield GaugeMetricFamily(
+            "baton_shim_tenant_share",
+            "N while this shim enforces 1/N of every tenant's limits alone (control unreachable, "
+            "N the shims it last counted); 1 while control enforces them whole.",
+            value=s.tenant_share,
         )
         yield CounterMetricFamily(
             "baton_shim_control_outages", "Times control became unreachable.", value=s.outages

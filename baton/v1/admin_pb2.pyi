@@ -752,3 +752,348 @@ class ListPairsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListPairsResponse: _TypeAlias = ListPairsResponse  # noqa: Y015
+
+@_typing.final
+class AddTenantRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tenant(self) -> _fleet_pb2.Tenant:
+        """Keys are ignored here: control makes the tenant's first key."""
+
+    def __init__(
+        self,
+        *,
+        tenant: _fleet_pb2.Tenant | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddTenantRequest: _TypeAlias = AddTenantRequest  # noqa: Y015
+
+@_typing.final
+class AddTenantResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """The new key, shown this once."""
+    @_builtins.property
+    def tenant(self) -> _fleet_pb2.Tenant: ...
+    def __init__(
+        self,
+        *,
+        tenant: _fleet_pb2.Tenant | None = ...,
+        key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddTenantResponse: _TypeAlias = AddTenantResponse  # noqa: Y015
+
+@_typing.final
+class UpdateTenantRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tenant(self) -> _fleet_pb2.Tenant:
+        """Priority, weight and limits replace the tenant's (its keys stay as they are)."""
+
+    def __init__(
+        self,
+        *,
+        tenant: _fleet_pb2.Tenant | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateTenantRequest: _TypeAlias = UpdateTenantRequest  # noqa: Y015
+
+@_typing.final
+class UpdateTenantResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tenant(self) -> _fleet_pb2.Tenant: ...
+    def __init__(
+        self,
+        *,
+        tenant: _fleet_pb2.Tenant | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateTenantResponse: _TypeAlias = UpdateTenantResponse  # noqa: Y015
+
+@_typing.final
+class RemoveTenantRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveTenantRequest: _TypeAlias = RemoveTenantRequest  # noqa: Y015
+
+@_typing.final
+class RemoveTenantResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveTenantResponse: _TypeAlias = RemoveTenantResponse  # noqa: Y015
+
+@_typing.final
+class ListTenantsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTenantsRequest: _TypeAlias = ListTenantsRequest  # noqa: Y015
+
+@_typing.final
+class ListTenantsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[_fleet_pb2.Tenant]: ...
+    def __init__(
+        self,
+        *,
+        tenants: _abc.Iterable[_fleet_pb2.Tenant] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenants", b"tenants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTenantsResponse: _TypeAlias = ListTenantsResponse  # noqa: Y015
+
+@_typing.final
+class AddTenantKeyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddTenantKeyRequest: _TypeAlias = AddTenantKeyRequest  # noqa: Y015
+
+@_typing.final
+class AddTenantKeyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    @_builtins.property
+    def tenant(self) -> _fleet_pb2.Tenant: ...
+    def __init__(
+        self,
+        *,
+        tenant: _fleet_pb2.Tenant | None = ...,
+        key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddTenantKeyResponse: _TypeAlias = AddTenantKeyResponse  # noqa: Y015
+
+@_typing.final
+class RevokeTenantKeyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    key_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        key_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_id", b"key_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeTenantKeyRequest: _TypeAlias = RevokeTenantKeyRequest  # noqa: Y015
+
+@_typing.final
+class RevokeTenantKeyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tenant(self) -> _fleet_pb2.Tenant: ...
+    def __init__(
+        self,
+        *,
+        tenant: _fleet_pb2.Tenant | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeTenantKeyResponse: _TypeAlias = RevokeTenantKeyResponse  # noqa: Y015
+
+@_typing.final
+class TenantUsageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SINCE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """Unset: since control started."""
+
+    def __init__(
+        self,
+        *,
+        since: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantUsageRequest: _TypeAlias = TenantUsageRequest  # noqa: Y015
+
+@_typing.final
+class TenantUsage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RefusedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    QUEUED_SECONDS_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    requests: _builtins.int
+    prompt_tokens: _builtins.int
+    completion_tokens: _builtins.int
+    in_flight: _builtins.int
+    """Requests in flight now."""
+    queued_seconds: _builtins.float
+    """Seconds requests spent waiting for admission, in total."""
+    @_builtins.property
+    def refused(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Refused at admission (limits, models), by what refused them."""
+
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        requests: _builtins.int = ...,
+        prompt_tokens: _builtins.int = ...,
+        completion_tokens: _builtins.int = ...,
+        refused: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        in_flight: _builtins.int = ...,
+        queued_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_tokens", b"completion_tokens", "in_flight", b"in_flight", "prompt_tokens", b"prompt_tokens", "queued_seconds", b"queued_seconds", "refused", b"refused", "requests", b"requests", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantUsage: _TypeAlias = TenantUsage  # noqa: Y015
+
+@_typing.final
+class TenantUsageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def usage(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantUsage]: ...
+    def __init__(
+        self,
+        *,
+        usage: _abc.Iterable[Global___TenantUsage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantUsageResponse: _TypeAlias = TenantUsageResponse  # noqa: Y015

@@ -100,6 +100,41 @@ class AdminServiceStub:
                 request_serializer=baton_dot_v1_dot_admin__pb2.ListPairsRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_admin__pb2.ListPairsResponse.FromString,
                 _registered_method=True)
+        self.AddTenant = channel.unary_unary(
+                '/baton.v1.AdminService/AddTenant',
+                request_serializer=baton_dot_v1_dot_admin__pb2.AddTenantRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.AddTenantResponse.FromString,
+                _registered_method=True)
+        self.UpdateTenant = channel.unary_unary(
+                '/baton.v1.AdminService/UpdateTenant',
+                request_serializer=baton_dot_v1_dot_admin__pb2.UpdateTenantRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.UpdateTenantResponse.FromString,
+                _registered_method=True)
+        self.RemoveTenant = channel.unary_unary(
+                '/baton.v1.AdminService/RemoveTenant',
+                request_serializer=baton_dot_v1_dot_admin__pb2.RemoveTenantRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.RemoveTenantResponse.FromString,
+                _registered_method=True)
+        self.ListTenants = channel.unary_unary(
+                '/baton.v1.AdminService/ListTenants',
+                request_serializer=baton_dot_v1_dot_admin__pb2.ListTenantsRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.ListTenantsResponse.FromString,
+                _registered_method=True)
+        self.AddTenantKey = channel.unary_unary(
+                '/baton.v1.AdminService/AddTenantKey',
+                request_serializer=baton_dot_v1_dot_admin__pb2.AddTenantKeyRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.AddTenantKeyResponse.FromString,
+                _registered_method=True)
+        self.RevokeTenantKey = channel.unary_unary(
+                '/baton.v1.AdminService/RevokeTenantKey',
+                request_serializer=baton_dot_v1_dot_admin__pb2.RevokeTenantKeyRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.RevokeTenantKeyResponse.FromString,
+                _registered_method=True)
+        self.TenantUsage = channel.unary_unary(
+                '/baton.v1.AdminService/TenantUsage',
+                request_serializer=baton_dot_v1_dot_admin__pb2.TenantUsageRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.TenantUsageResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -189,6 +224,52 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddTenant(self, request, context):
+        """Tenants: who may use the fleet, with what priority, and within which limits. A key is
+        made by control and returned once, by AddTenant and AddTenantKey; only its digest is kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTenants(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddTenantKey(self, request, context):
+        """A new key beside the tenant's others (rotation: add, move clients, revoke the old one).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeTenantKey(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TenantUsage(self, request, context):
+        """What each tenant used and was refused, since control started (or since `since`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -256,6 +337,41 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListPairs,
                     request_deserializer=baton_dot_v1_dot_admin__pb2.ListPairsRequest.FromString,
                     response_serializer=baton_dot_v1_dot_admin__pb2.ListPairsResponse.SerializeToString,
+            ),
+            'AddTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddTenant,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.AddTenantRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.AddTenantResponse.SerializeToString,
+            ),
+            'UpdateTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateTenant,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.UpdateTenantRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.UpdateTenantResponse.SerializeToString,
+            ),
+            'RemoveTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveTenant,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.RemoveTenantRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.RemoveTenantResponse.SerializeToString,
+            ),
+            'ListTenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTenants,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.ListTenantsRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.ListTenantsResponse.SerializeToString,
+            ),
+            'AddTenantKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddTenantKey,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.AddTenantKeyRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.AddTenantKeyResponse.SerializeToString,
+            ),
+            'RevokeTenantKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeTenantKey,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.RevokeTenantKeyRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.RevokeTenantKeyResponse.SerializeToString,
+            ),
+            'TenantUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.TenantUsage,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.TenantUsageRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.TenantUsageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -610,6 +726,195 @@ class AdminService:
             '/baton.v1.AdminService/ListPairs',
             baton_dot_v1_dot_admin__pb2.ListPairsRequest.SerializeToString,
             baton_dot_v1_dot_admin__pb2.ListPairsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/AddTenant',
+            baton_dot_v1_dot_admin__pb2.AddTenantRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.AddTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/UpdateTenant',
+            baton_dot_v1_dot_admin__pb2.UpdateTenantRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.UpdateTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/RemoveTenant',
+            baton_dot_v1_dot_admin__pb2.RemoveTenantRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.RemoveTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/ListTenants',
+            baton_dot_v1_dot_admin__pb2.ListTenantsRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.ListTenantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddTenantKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/AddTenantKey',
+            baton_dot_v1_dot_admin__pb2.AddTenantKeyRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.AddTenantKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeTenantKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/RevokeTenantKey',
+            baton_dot_v1_dot_admin__pb2.RevokeTenantKeyRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.RevokeTenantKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TenantUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/TenantUsage',
+            baton_dot_v1_dot_admin__pb2.TenantUsageRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.TenantUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -52,6 +52,18 @@ class AdminServiceStub:
     """
     UnbindPair: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UnbindPairRequest, _admin_pb2.UnbindPairResponse]
     ListPairs: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListPairsRequest, _admin_pb2.ListPairsResponse]
+    AddTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AddTenantRequest, _admin_pb2.AddTenantResponse]
+    """Tenants: who may use the fleet, with what priority, and within which limits. A key is
+    made by control and returned once, by AddTenant and AddTenantKey; only its digest is kept.
+    """
+    UpdateTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpdateTenantRequest, _admin_pb2.UpdateTenantResponse]
+    RemoveTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RemoveTenantRequest, _admin_pb2.RemoveTenantResponse]
+    ListTenants: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListTenantsRequest, _admin_pb2.ListTenantsResponse]
+    AddTenantKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AddTenantKeyRequest, _admin_pb2.AddTenantKeyResponse]
+    """A new key beside the tenant's others (rotation: add, move clients, revoke the old one)."""
+    RevokeTenantKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeTenantKeyRequest, _admin_pb2.RevokeTenantKeyResponse]
+    TenantUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.TenantUsageRequest, _admin_pb2.TenantUsageResponse]
+    """What each tenant used and was refused, since control started (or since `since`)."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -77,6 +89,18 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """
     UnbindPair: _aio.UnaryUnaryMultiCallable[_admin_pb2.UnbindPairRequest, _admin_pb2.UnbindPairResponse]  # type: ignore[assignment]
     ListPairs: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListPairsRequest, _admin_pb2.ListPairsResponse]  # type: ignore[assignment]
+    AddTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.AddTenantRequest, _admin_pb2.AddTenantResponse]  # type: ignore[assignment]
+    """Tenants: who may use the fleet, with what priority, and within which limits. A key is
+    made by control and returned once, by AddTenant and AddTenantKey; only its digest is kept.
+    """
+    UpdateTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.UpdateTenantRequest, _admin_pb2.UpdateTenantResponse]  # type: ignore[assignment]
+    RemoveTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.RemoveTenantRequest, _admin_pb2.RemoveTenantResponse]  # type: ignore[assignment]
+    ListTenants: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListTenantsRequest, _admin_pb2.ListTenantsResponse]  # type: ignore[assignment]
+    AddTenantKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.AddTenantKeyRequest, _admin_pb2.AddTenantKeyResponse]  # type: ignore[assignment]
+    """A new key beside the tenant's others (rotation: add, move clients, revoke the old one)."""
+    RevokeTenantKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeTenantKeyRequest, _admin_pb2.RevokeTenantKeyResponse]  # type: ignore[assignment]
+    TenantUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.TenantUsageRequest, _admin_pb2.TenantUsageResponse]  # type: ignore[assignment]
+    """What each tenant used and was refused, since control started (or since `since`)."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Operator-facing fleet management. Requires the admin bearer token when control has one."""
@@ -177,5 +201,59 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.ListPairsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListPairsResponse, _abc.Awaitable[_admin_pb2.ListPairsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AddTenant(
+        self,
+        request: _admin_pb2.AddTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.AddTenantResponse, _abc.Awaitable[_admin_pb2.AddTenantResponse]]:
+        """Tenants: who may use the fleet, with what priority, and within which limits. A key is
+        made by control and returned once, by AddTenant and AddTenantKey; only its digest is kept.
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateTenant(
+        self,
+        request: _admin_pb2.UpdateTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.UpdateTenantResponse, _abc.Awaitable[_admin_pb2.UpdateTenantResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RemoveTenant(
+        self,
+        request: _admin_pb2.RemoveTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.RemoveTenantResponse, _abc.Awaitable[_admin_pb2.RemoveTenantResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListTenants(
+        self,
+        request: _admin_pb2.ListTenantsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListTenantsResponse, _abc.Awaitable[_admin_pb2.ListTenantsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AddTenantKey(
+        self,
+        request: _admin_pb2.AddTenantKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.AddTenantKeyResponse, _abc.Awaitable[_admin_pb2.AddTenantKeyResponse]]:
+        """A new key beside the tenant's others (rotation: add, move clients, revoke the old one)."""
+
+    @_abc_1.abstractmethod
+    def RevokeTenantKey(
+        self,
+        request: _admin_pb2.RevokeTenantKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.RevokeTenantKeyResponse, _abc.Awaitable[_admin_pb2.RevokeTenantKeyResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def TenantUsage(
+        self,
+        request: _admin_pb2.TenantUsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.TenantUsageResponse, _abc.Awaitable[_admin_pb2.TenantUsageResponse]]:
+        """What each tenant used and was refused, since control started (or since `since`)."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -118,6 +118,28 @@ PAIR_STATE_DETACHED: PairState.ValueType  # 3
 """No healthy target matches the draft's facts: requests are served target-only."""
 Global___PairState: _TypeAlias = PairState  # noqa: Y015
 
+class _PriorityClass:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PriorityClassEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PriorityClass.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PRIORITY_CLASS_UNSPECIFIED: _PriorityClass.ValueType  # 0
+    PRIORITY_CLASS_INTERACTIVE: _PriorityClass.ValueType  # 1
+    PRIORITY_CLASS_STANDARD: _PriorityClass.ValueType  # 2
+    PRIORITY_CLASS_BATCH: _PriorityClass.ValueType  # 3
+
+class PriorityClass(_PriorityClass, metaclass=_PriorityClassEnumTypeWrapper):
+    """A tenant's class: when the fleet is saturated, requests wait in bands by class and a band
+    waits only while a higher one has work.
+    """
+
+PRIORITY_CLASS_UNSPECIFIED: PriorityClass.ValueType  # 0
+PRIORITY_CLASS_INTERACTIVE: PriorityClass.ValueType  # 1
+PRIORITY_CLASS_STANDARD: PriorityClass.ValueType  # 2
+PRIORITY_CLASS_BATCH: PriorityClass.ValueType  # 3
+Global___PriorityClass: _TypeAlias = PriorityClass  # noqa: Y015
+
 @_typing.final
 class Backend(_message.Message):
     """The configured identity of a backend."""
@@ -376,22 +398,145 @@ class Snapshot(_message.Message):
 
     VERSION_FIELD_NUMBER: _builtins.int
     BACKENDS_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
+    SHIMS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
+    shims: _builtins.int
+    """Shims watching control's snapshots now: while control is unreachable each enforces this
+    share of every tenant's limits.
+    """
     @_builtins.property
     def backends(self) -> _containers.RepeatedCompositeFieldContainer[Global___BackendStatus]: ...
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tenant]:
+        """Who may use the fleet and what each may ask of it: shims map a client's key to its tenant
+        by these (key digests only), and enforce a share of each limit while control is away.
+        """
+
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
         backends: _abc.Iterable[Global___BackendStatus] | None = ...,
+        tenants: _abc.Iterable[Global___Tenant] | None = ...,
+        shims: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "shims", b"shims", "tenants", b"tenants", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Snapshot: _TypeAlias = Snapshot  # noqa: Y015
+
+@_typing.final
+class TenantLimits(_message.Message):
+    """What a tenant may ask of the fleet. An absent limit is no limit."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONCURRENT_FIELD_NUMBER: _builtins.int
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_MINUTE_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
+    concurrent: _builtins.int
+    requests_per_minute: _builtins.int
+    tokens_per_minute: _builtins.int
+    """Prompt and completion tokens together, from the engines' usage."""
+    @_builtins.property
+    def models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The models it may use; empty: every model."""
+
+    def __init__(
+        self,
+        *,
+        concurrent: _builtins.int | None = ...,
+        requests_per_minute: _builtins.int | None = ...,
+        tokens_per_minute: _builtins.int | None = ...,
+        models: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_concurrent", b"_concurrent", "_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "concurrent", b"concurrent", "requests_per_minute", b"requests_per_minute", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_concurrent", b"_concurrent", "_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "concurrent", b"concurrent", "models", b"models", "requests_per_minute", b"requests_per_minute", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__concurrent: _TypeAlias = _typing.Literal["concurrent"]  # noqa: Y015
+    _WhichOneofArgType__concurrent: _TypeAlias = _typing.Literal["_concurrent", b"_concurrent"]  # noqa: Y015
+    _WhichOneofReturnType__requests_per_minute: _TypeAlias = _typing.Literal["requests_per_minute"]  # noqa: Y015
+    _WhichOneofArgType__requests_per_minute: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute"]  # noqa: Y015
+    _WhichOneofReturnType__tokens_per_minute: _TypeAlias = _typing.Literal["tokens_per_minute"]  # noqa: Y015
+    _WhichOneofArgType__tokens_per_minute: _TypeAlias = _typing.Literal["_tokens_per_minute", b"_tokens_per_minute"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__concurrent) -> _WhichOneofReturnType__concurrent | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__requests_per_minute) -> _WhichOneofReturnType__requests_per_minute | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tokens_per_minute) -> _WhichOneofReturnType__tokens_per_minute | None: ...
+
+Global___TenantLimits: _TypeAlias = TenantLimits  # noqa: Y015
+
+@_typing.final
+class TenantKey(_message.Message):
+    """One of a tenant's API keys, as it is kept: never the key itself."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIGEST_FIELD_NUMBER: _builtins.int
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    digest: _builtins.bytes
+    """SHA-256 of the key."""
+    key_id: _builtins.str
+    """A public name for it (the first hex digits of the digest): what operators see and revoke."""
+    @_builtins.property
+    def created(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        digest: _builtins.bytes = ...,
+        key_id: _builtins.str = ...,
+        created: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created", b"created"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "digest", b"digest", "key_id", b"key_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantKey: _TypeAlias = TenantKey  # noqa: Y015
+
+@_typing.final
+class Tenant(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    priority: Global___PriorityClass.ValueType
+    weight: _builtins.int
+    """Its share of its class, against the other tenants of that class (1 when unset)."""
+    @_builtins.property
+    def limits(self) -> Global___TenantLimits: ...
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantKey]: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        priority: Global___PriorityClass.ValueType = ...,
+        weight: _builtins.int = ...,
+        limits: Global___TenantLimits | None = ...,
+        keys: _abc.Iterable[Global___TenantKey] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "keys", b"keys", "limits", b"limits", "priority", b"priority", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Tenant: _TypeAlias = Tenant  # noqa: Y015
 
 @_typing.final
 class Event(_message.Message):

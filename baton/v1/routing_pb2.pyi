@@ -45,6 +45,12 @@ class _RouteReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RouteReas
     """Refused: no backend is known to hold the stored response."""
     ROUTE_REASON_PREDICTED: _RouteReason.ValueType  # 12
     """The lowest predicted time to first token (detail: the estimate and the runner-up)."""
+    ROUTE_REASON_TENANT_LIMITED: _RouteReason.ValueType  # 13
+    """Refused: the tenant is at one of its limits (RouteResponse.quota says which and when)."""
+    ROUTE_REASON_TENANT_MODEL: _RouteReason.ValueType  # 14
+    """Refused: the tenant may not use the model."""
+    ROUTE_REASON_TENANT_UNKNOWN: _RouteReason.ValueType  # 15
+    """Refused: the key's tenant is no longer known (removed since the shim's snapshot)."""
 
 class RouteReason(_RouteReason, metaclass=_RouteReasonEnumTypeWrapper):
     """Why a routing decision was made; also a span attribute and a metric label."""
@@ -68,6 +74,12 @@ ROUTE_REASON_OWNER_UNKNOWN: RouteReason.ValueType  # 11
 """Refused: no backend is known to hold the stored response."""
 ROUTE_REASON_PREDICTED: RouteReason.ValueType  # 12
 """The lowest predicted time to first token (detail: the estimate and the runner-up)."""
+ROUTE_REASON_TENANT_LIMITED: RouteReason.ValueType  # 13
+"""Refused: the tenant is at one of its limits (RouteResponse.quota says which and when)."""
+ROUTE_REASON_TENANT_MODEL: RouteReason.ValueType  # 14
+"""Refused: the tenant may not use the model."""
+ROUTE_REASON_TENANT_UNKNOWN: RouteReason.ValueType  # 15
+"""Refused: the key's tenant is no longer known (removed since the shim's snapshot)."""
 Global___RouteReason: _TypeAlias = RouteReason  # noqa: Y015
 
 class _FailureClass:
@@ -279,6 +291,8 @@ class RequestShape(_message.Message):
     SETS_TEMPERATURE_FIELD_NUMBER: _builtins.int
     OWNER_KEY_FIELD_NUMBER: _builtins.int
     SESSION_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    MAX_TOKENS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     message_count: _builtins.int
     prompt_chars: _builtins.int
@@ -297,6 +311,12 @@ class RequestShape(_message.Message):
     session: _builtins.str
     """A client's explicit conversation key (vLLM's `session_id`, or the x-session-id header):
     the conversation is pinned by it, across shims, subject to spill, drain and death.
+    """
+    tenant: _builtins.str
+    """The tenant whose key the request came with (never the key); empty: an open shim."""
+    max_tokens: _builtins.int
+    """The client's cap on generated tokens (0: none given): reserved against the tenant's
+    tokens per minute at admission, corrected by the engine's usage at the end.
     """
     @_builtins.property
     def prefix_chain(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
@@ -320,10 +340,12 @@ class RequestShape(_message.Message):
         sets_temperature: _builtins.bool = ...,
         owner_key: _builtins.str = ...,
         session: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+        max_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_turns", b"assistant_turns", "greedy", b"greedy", "message_count", b"message_count", "model", b"model", "owner_key", b"owner_key", "prefix_chain", b"prefix_chain", "prompt_chars", b"prompt_chars", "session", b"session", "sets_temperature", b"sets_temperature", "spec_eligible", b"spec_eligible", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_turns", b"assistant_turns", "greedy", b"greedy", "max_tokens", b"max_tokens", "message_count", b"message_count", "model", b"model", "owner_key", b"owner_key", "prefix_chain", b"prefix_chain", "prompt_chars", b"prompt_chars", "session", b"session", "sets_temperature", b"sets_temperature", "spec_eligible", b"spec_eligible", "stream", b"stream", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -367,6 +389,7 @@ class RouteResponse(_message.Message):
     SNAPSHOT_VERSION_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     PAIRING_FIELD_NUMBER: _builtins.int
+    QUOTA_FIELD_NUMBER: _builtins.int
     reason: Global___RouteReason.ValueType
     snapshot_version: _builtins.int
     detail: _builtins.str
@@ -380,6 +403,12 @@ class RouteResponse(_message.Message):
         `pairing.draft` and verifies on the primary.
         """
 
+    @_builtins.property
+    def quota(self) -> Global___Quota:
+        """The tenant's standing after this decision, for the x-ratelimit-* headers and, on a
+        refusal, Retry-After. Unset for a tenant without request or token limits.
+        """
+
     def __init__(
         self,
         *,
@@ -388,14 +417,61 @@ class RouteResponse(_message.Message):
         snapshot_version: _builtins.int = ...,
         detail: _builtins.str = ...,
         pairing: Global___SpecPairing | None = ...,
+        quota: Global___Quota | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["pairing", b"pairing"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pairing", b"pairing", "quota", b"quota"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "detail", b"detail", "pairing", b"pairing", "reason", b"reason", "snapshot_version", b"snapshot_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "detail", b"detail", "pairing", b"pairing", "quota", b"quota", "reason", b"reason", "snapshot_version", b"snapshot_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RouteResponse: _TypeAlias = RouteResponse  # noqa: Y015
+
+@_typing.final
+class Quota(_message.Message):
+    """OpenAI's rate-limit headers, as control counts them across every shim."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_REQUESTS_FIELD_NUMBER: _builtins.int
+    REMAINING_REQUESTS_FIELD_NUMBER: _builtins.int
+    RESET_REQUESTS_MS_FIELD_NUMBER: _builtins.int
+    LIMIT_TOKENS_FIELD_NUMBER: _builtins.int
+    REMAINING_TOKENS_FIELD_NUMBER: _builtins.int
+    RESET_TOKENS_MS_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
+    LIMITED_BY_FIELD_NUMBER: _builtins.int
+    limit_requests: _builtins.int
+    """Requests per minute: 0 = no such limit."""
+    remaining_requests: _builtins.int
+    reset_requests_ms: _builtins.int
+    """Until the window frees a request (or all of them, when none is used)."""
+    limit_tokens: _builtins.int
+    remaining_tokens: _builtins.int
+    reset_tokens_ms: _builtins.int
+    retry_after_ms: _builtins.int
+    """On a refusal: when a retry can be admitted."""
+    limited_by: _builtins.str
+    """On a refusal: "requests", "tokens" or "concurrent", the limit that refused it."""
+    def __init__(
+        self,
+        *,
+        limit_requests: _builtins.int = ...,
+        remaining_requests: _builtins.int = ...,
+        reset_requests_ms: _builtins.int = ...,
+        limit_tokens: _builtins.int = ...,
+        remaining_tokens: _builtins.int = ...,
+        reset_tokens_ms: _builtins.int = ...,
+        retry_after_ms: _builtins.int = ...,
+        limited_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit_requests", b"limit_requests", "limit_tokens", b"limit_tokens", "limited_by", b"limited_by", "remaining_requests", b"remaining_requests", "remaining_tokens", b"remaining_tokens", "reset_requests_ms", b"reset_requests_ms", "reset_tokens_ms", b"reset_tokens_ms", "retry_after_ms", b"retry_after_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Quota: _TypeAlias = Quota  # noqa: Y015
 
 @_typing.final
 class SpecPairing(_message.Message):
@@ -849,6 +925,7 @@ class FailoverResponse(_message.Message):
     SNAPSHOT_VERSION_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     PAIRING_FIELD_NUMBER: _builtins.int
+    QUOTA_FIELD_NUMBER: _builtins.int
     reason: Global___RouteReason.ValueType
     snapshot_version: _builtins.int
     detail: _builtins.str
@@ -856,6 +933,12 @@ class FailoverResponse(_message.Message):
     def backends(self) -> _containers.RepeatedCompositeFieldContainer[_fleet_pb2.Backend]: ...
     @_builtins.property
     def pairing(self) -> Global___SpecPairing: ...
+    @_builtins.property
+    def quota(self) -> Global___Quota:
+        """Never set: a failover continues an admitted request (the field keeps the two messages
+        the same shape).
+        """
+
     def __init__(
         self,
         *,
@@ -864,10 +947,11 @@ class FailoverResponse(_message.Message):
         snapshot_version: _builtins.int = ...,
         detail: _builtins.str = ...,
         pairing: Global___SpecPairing | None = ...,
+        quota: Global___Quota | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["pairing", b"pairing"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pairing", b"pairing", "quota", b"quota"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "detail", b"detail", "pairing", b"pairing", "reason", b"reason", "snapshot_version", b"snapshot_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "detail", b"detail", "pairing", b"pairing", "quota", b"quota", "reason", b"reason", "snapshot_version", b"snapshot_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

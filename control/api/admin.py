@@ -1,24 +1,34 @@
-"""AdminService: fleet management for operators (the `baton` CLI). Translation only."""
+"""AdminService: fleet management for operators (the `baton` CLI). Translation only.
+
+Tenants' keys: a plaintext key exists only in the answer to AddTenant or AddTenantKey; the
+registry keeps its digest, and events and logs name it by key id."""
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
 from baton import wire
+from baton.tenancy import KEY_PREFIX, digest
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control.api import convert
 from control.api.errors import Context, abort_with, within
 from control.audit.log import Event, EventQuery
-from control.audit.payloads import Admin
+from control.audit.payloads import Admin, Payload
 from control.backend_spec import make_backend
 from control.exceptions import ConfigError, FactsError, PairRefused, RegistryError
 from control.routing.router import Router
 from control.signals.facts import ReadFacts
 
 VERSION = "0.1.0"
+
+
+def new_key() -> str:
+    """A tenant's API key: 256 random bits. Shown once, in the answer that made it."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
@@ -38,6 +48,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self._registry = router.registry
         self._pairs = router.pairs
         self._started = started if started is not None else time.monotonic()
+
+    def _tenants_changed(self, event: Payload) -> None:
+        self._registry.events.record(event)
+        self._changed()
 
     async def ListBackends(
         self, request: admin_pb2.ListBackendsRequest, context: Context
@@ -204,6 +218,82 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return admin_pb2.ListPairsResponse(
             pairs=[convert.pair_to_pb(p, pairs.baseline(p)) for p in pairs]
         )
+
+    async def AddTenant(
+        self, request: admin_pb2.AddTenantRequest, context: Context
+    ) -> admin_pb2.AddTenantResponse:
+        try:
+            wanted = convert.tenant_from_pb(request.tenant)
+            key = new_key()
+            tenant = self._registry.tenants.add(wanted, digest(key), self._router.now())
+        except (RegistryError, ConfigError) as exc:
+            await abort_with(context, exc)
+            raise
+        self._tenants_changed(convert.tenant_event("add-tenant", tenant, tenant.keys[-1].key_id))
+        return admin_pb2.AddTenantResponse(tenant=wire.tenant_to_pb(tenant), key=key)
+
+    async def UpdateTenant(
+        self, request: admin_pb2.UpdateTenantRequest, context: Context
+    ) -> admin_pb2.UpdateTenantResponse:
+        try:
+            t = convert.tenant_from_pb(request.tenant, update=True)
+            tenant = self._registry.tenants.update(t.id, t.priority, t.weight, t.limits)
+        except (RegistryError, ConfigError) as exc:
+            await abort_with(context, exc)
+            raise
+        self._tenants_changed(convert.tenant_event("update-tenant", tenant))
+        return admin_pb2.UpdateTenantResponse(tenant=wire.tenant_to_pb(tenant))
+
+    async def RemoveTenant(
+        self, request: admin_pb2.RemoveTenantRequest, context: Context
+    ) -> admin_pb2.RemoveTenantResponse:
+        try:
+            tenant = self._registry.tenants.get(request.id)
+            self._registry.tenants.remove(request.id)
+        except RegistryError as exc:
+            await abort_with(context, exc)
+            raise
+        self._tenants_changed(convert.tenant_event("remove-tenant", tenant))
+        return admin_pb2.RemoveTenantResponse()
+
+    async def ListTenants(
+        self, request: admin_pb2.ListTenantsRequest, context: Context
+    ) -> admin_pb2.ListTenantsResponse:
+        tenants = self._registry.tenants.all()
+        return admin_pb2.ListTenantsResponse(tenants=[wire.tenant_to_pb(t) for t in tenants])
+
+    async def AddTenantKey(
+        self, request: admin_pb2.AddTenantKeyRequest, context: Context
+    ) -> admin_pb2.AddTenantKeyResponse:
+        try:
+            key = new_key()
+            tenant = self._registry.tenants.add_key(
+                request.tenant_id, digest(key), self._router.now()
+            )
+        except RegistryError as exc:
+            await abort_with(context, exc)
+            raise
+        event = convert.tenant_event("add-tenant-key", tenant, tenant.keys[-1].key_id)
+        self._tenants_changed(event)
+        return admin_pb2.AddTenantKeyResponse(tenant=wire.tenant_to_pb(tenant), key=key)
+
+    async def RevokeTenantKey(
+        self, request: admin_pb2.RevokeTenantKeyRequest, context: Context
+    ) -> admin_pb2.RevokeTenantKeyResponse:
+        try:
+            tenant = self._registry.tenants.revoke_key(request.tenant_id, request.key_id)
+        except RegistryError as exc:
+            await abort_with(context, exc)
+            raise
+        self._tenants_changed(convert.tenant_event("revoke-tenant-key", tenant, request.key_id))
+        return admin_pb2.RevokeTenantKeyResponse(tenant=wire.tenant_to_pb(tenant))
+
+    async def TenantUsage(
+        self, request: admin_pb2.TenantUsageRequest, context: Context
+    ) -> admin_pb2.TenantUsageResponse:
+        since = request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None
+        usage = self._registry.tenants.usage(since)
+        return admin_pb2.TenantUsageResponse(usage=[convert.usage_to_pb(u) for u in usage])
 
     async def WatchEvents(
         self, request: admin_pb2.WatchEventsRequest, context: Context

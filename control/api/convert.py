@@ -1,5 +1,6 @@
-"""Control's own messages (admin answers, audit events, pins, pairs, gate verdicts) to and from
-the generated *_pb2 types; what both sides exchange is converted in baton/wire.py."""
+"""Control's own messages (admin answers, audit events, pins, pairs, gate verdicts, tenants'
+configuration and usage) to and from the generated *_pb2 types; what both sides exchange is
+converted in baton/wire.py."""
 
 from __future__ import annotations
 
@@ -8,24 +9,29 @@ from typing import Any
 import orjson
 
 from baton.model import BackendId, BackendKind, Role, RouteRequest
+from baton.tenancy import Limits, Priority, Tenant
 from baton.v1 import admin_pb2, fleet_pb2, routing_pb2
 from baton.wire import (
     FAILOVER_OUTCOME_FROM_PB,
     KIND_FROM_PB,
     PAIR_STATE_TO_PB,
     PATH_FROM_PB,
+    PRIORITY_FROM_PB,
     ROLE_FROM_PB,
     SEAM_FROM_PB,
     VERDICT_TO_PB,
     backend_to_pb,
     failure_from_pb,
+    limits_from_pb,
     shape_from_pb,
     timestamp,
 )
 from control.audit.log import Event, EventQuery
-from control.audit.payloads import Failover
+from control.audit.payloads import Admin, Failover
+from control.exceptions import ConfigError
 from control.fleet.owners import Owned
 from control.fleet.pins import Pin
+from control.fleet.tenants import Usage
 from control.pairs.flow import GateResult
 from control.pairs.table import Pair
 from control.signals.kv.index import KvState, KvStatus
@@ -161,4 +167,56 @@ def kv_status_to_pb(s: KvStatus) -> admin_pb2.KvIndexStatus:
         blocks=s.blocks,
         block_size=s.block_size,
         next_seq=-1 if s.next_seq is None else s.next_seq,
+    )
+
+
+def tenant_from_pb(t: fleet_pb2.Tenant, *, update: bool = False) -> Tenant:
+    """An operator's tenant (its keys ignored: control makes them). On add, an unset class is
+    standard and an unset weight 1; an update replaces the whole configuration, so it must
+    say both (the CLI sends the current values of what it does not change)."""
+    if t.priority == fleet_pb2.PRIORITY_CLASS_UNSPECIFIED and update:
+        raise ConfigError(f"tenant {t.id!r}: an update says the priority class")
+    unset = t.priority == fleet_pb2.PRIORITY_CLASS_UNSPECIFIED
+    priority = Priority.STANDARD if unset else PRIORITY_FROM_PB.get(t.priority)
+    if priority is None:
+        raise ConfigError(f"tenant {t.id!r}: unknown priority class {t.priority}")
+    limits = limits_from_pb(t.limits)
+    if any(not m.strip() for m in limits.models):
+        raise ConfigError(f"tenant {t.id!r}: a model name is empty")
+    # An update's weight 0 is left to the tenant book to refuse: weights are at least 1.
+    return Tenant(t.id, priority, t.weight if t.weight or update else 1, limits)
+
+
+def limits_text(lim: Limits) -> str:
+    """The limits set, as the audit log says them: "concurrent=4 models=a,b"; "" for none."""
+    named = (("concurrent", lim.concurrent), ("requests_per_minute", lim.requests_per_minute),
+             ("tokens_per_minute", lim.tokens_per_minute))  # fmt: skip
+    said = [f"{name}={v}" for name, v in named if v is not None]
+    if lim.models:
+        said.append("models=" + ",".join(sorted(lim.models)))
+    return " ".join(said)
+
+
+def tenant_event(action: str, t: Tenant, key_id: str | None = None) -> Admin:
+    """The audit event of a change to a tenant: its id and key id, never a key."""
+    configured = action in ("add-tenant", "update-tenant")
+    return Admin(
+        action=action,
+        tenant=t.id,
+        key_id=key_id,
+        priority=t.priority.value if configured else None,
+        weight=t.weight if configured else None,
+        limits=limits_text(t.limits) if configured else None,
+    )
+
+
+def usage_to_pb(u: Usage) -> admin_pb2.TenantUsage:
+    return admin_pb2.TenantUsage(
+        tenant_id=u.tenant_id,
+        requests=u.requests,
+        prompt_tokens=u.prompt_tokens,
+        completion_tokens=u.completion_tokens,
+        refused=u.refused,
+        in_flight=u.in_flight,
+        queued_seconds=u.queued_s,
     )

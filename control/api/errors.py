@@ -13,6 +13,8 @@ from control.exceptions import (
     PairExists,
     PairNotFound,
     PairRefused,
+    TenantExists,
+    TenantNotFound,
 )
 
 # grpc's stubs make the context generic; servicers here handle many message types.
@@ -26,6 +28,8 @@ STATUS_FOR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (PairExists, grpc.StatusCode.ALREADY_EXISTS),
     # A pairing that breaks an invariant: the message names it (tokenizer, block_size, ...).
     (PairRefused, grpc.StatusCode.FAILED_PRECONDITION),
+    (TenantExists, grpc.StatusCode.ALREADY_EXISTS),
+    (TenantNotFound, grpc.StatusCode.NOT_FOUND),
 )
 
 

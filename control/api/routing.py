@@ -196,6 +196,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             changed.set()
 
         unsubscribe = registry.subscribe(on_publish)
+        registry.shims_watching(1)
         sent = request.after_version
         try:
             while True:
@@ -210,3 +211,4 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
                     )
         finally:
             unsubscribe()
+            registry.shims_watching(-1)

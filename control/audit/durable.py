@@ -112,8 +112,8 @@ def _parse(line: bytes) -> list[Entry]:
     try:
         raw: dict[str, Any] = orjson.loads(line)
         if "rows" in raw:
-            if tuple(raw["columns"]) not in (ROUTE_COLUMNS, ROUTE_COLUMNS[:-1]):
-                return []  # a layout this version doesn't know (the shorter: before `detail`)
+            if tuple(raw["columns"]) not in (ROUTE_COLUMNS, ROUTE_COLUMNS[:-1], ROUTE_COLUMNS[:-2]):
+                return []  # a layout this version doesn't know (shorter: before tenant, detail)
             return [_row(r) for r in raw["rows"]]
         data = {k: v for k, v in raw.items() if k not in _HEADER}
         return [
@@ -133,4 +133,5 @@ def _parse(line: bytes) -> list[Entry]:
 def _row(r: list[Any]) -> RouteRow:
     seq, time, rid, bid, reason, policy, model, depth, snap, *rest = r
     return (int(seq), float(time), str(rid), str(bid), str(reason), str(policy), str(model),
-            int(depth), int(snap), str(rest[0]) if rest else "")  # fmt: skip
+            int(depth), int(snap), str(rest[0]) if rest else "",
+            str(rest[1]) if len(rest) > 1 else "")  # fmt: skip

@@ -61,9 +61,10 @@ class EventQuery:
 
 
 # A routing decision as stored: (seq, time, request_id, backend_id, *ROUTE_FIELDS).
-RouteRow = tuple[int, float, str, str, str, str, str, int, int, str]
+RouteRow = tuple[int, float, str, str, str, str, str, int, int, str, str]
 # `detail`: why, in the policy's words (ttft: the estimate and the runner-up); often "".
-ROUTE_FIELDS = ("reason", "policy", "model", "pin_depth", "snapshot", "detail")
+# `tenant`: the request's tenant id (never its key); "" from an open shim.
+ROUTE_FIELDS = ("reason", "policy", "model", "pin_depth", "snapshot", "detail", "tenant")
 ROUTE_COLUMNS = ("seq", "time", "request_id", "backend_id", *ROUTE_FIELDS)
 Entry = Event | RouteRow  # what the ring and the durable sink hold
 
@@ -133,11 +134,12 @@ class EventLog:
         pin_depth: int,
         snapshot: int,
         detail: str = "",
+        tenant: str = "",
     ) -> None:
         """A routing decision (see the module doc for why it is a row)."""
         self._seq += 1
         row = (self._seq, self._clock(), request_id, backend_id, reason, policy, model,
-               pin_depth, snapshot, detail)  # fmt: skip
+               pin_depth, snapshot, detail, tenant)  # fmt: skip
         self._events.append(row)
         if self._sink is not None:
             self._sink(row)

@@ -71,8 +71,10 @@ class KvChange:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Admin:
-    """An operator's change to the fleet. `action`: add, remove, drain, undrain, clear-pins;
-    the other fields are said by the actions they belong to."""
+    """An operator's change to the fleet. `action`: add, remove, drain, undrain, clear-pins
+    (backends); add-tenant, update-tenant, remove-tenant, add-tenant-key, revoke-tenant-key;
+    the other fields are said by the actions they belong to. A tenant's key is never said:
+    only its key id (the first hex digits of its digest)."""
 
     KIND: ClassVar[EventKind] = EventKind.ADMIN
     action: str
@@ -82,6 +84,13 @@ class Admin:
     role: str | None = None  # add
     migrate: bool | None = None  # drain
     cleared: int | None = None  # clear-pins
+    tenant: str | None = None  # the *-tenant and *-tenant-key actions
+    key_id: str | None = None  # add-tenant, add-tenant-key, revoke-tenant-key
+    priority: str | None = None  # add-tenant, update-tenant
+    weight: int | None = None  # add-tenant, update-tenant
+    # add-tenant, update-tenant: the limits set, e.g. "concurrent=4 requests_per_minute=60
+    # models=a,b"; "" for none
+    limits: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,15 +2,17 @@
 control's data dir, so a restarted control plane comes back with the same fleet.
 
 Kept: backends added at run time, config backends removed at run time, drains (with their
-`migrate` flag) and speculative pairs (as bound: draft, the target the operator chose, k).
-Not kept: health, pins and load (soft state, rebuilt from probes and traffic), and pair facts
-(read anew from both backends before a pair is bound again: what held before a restart is
-not trusted).
+`migrate` flag), speculative pairs (as bound: draft, the target the operator chose, k) and
+tenants added, changed or removed at run time (their keys by digest only: a key itself is
+never written). Not kept: health, pins, load and tenants' use (soft state, rebuilt from
+probes and traffic), and pair facts (read anew from both backends before a pair is bound
+again: what held before a restart is not trusted).
 
 The config file stays the base: the database holds an overlay on it (added, removed), so a
-backend later added to the config file still appears. A backend removed at run time stays
-removed even if the config still lists it: the operator's latest word wins; `baton backends
-add` brings it back.
+backend or tenant later added to the config file still appears. One removed at run time
+stays removed even if the config still lists it, and one changed at run time (a tenant's
+new key, say) replaces the file's of its id: the operator's latest word wins; `baton
+backends add` and `baton tenants add` bring them back.
 
 Writes happen on admin changes only (rare), never on the routing path; each is one
 transaction replacing the whole (tiny) configuration, so a crash leaves the old state or the
@@ -19,17 +21,20 @@ new, never half. WAL with synchronous=NORMAL: a commit survives the process bein
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from baton.model import Backend, BackendId
+from baton.tenancy import Limits, Priority, Tenant, TenantKey
 from control.backend_spec import make_backend
 from control.exceptions import ConfigError
 from control.settings import PairSpec
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS added (
     id TEXT PRIMARY KEY, url TEXT NOT NULL, model TEXT NOT NULL,
@@ -43,7 +48,13 @@ CREATE TABLE IF NOT EXISTS drained (id TEXT PRIMARY KEY, migrate INTEGER NOT NUL
 CREATE TABLE IF NOT EXISTS pairs (
     draft TEXT PRIMARY KEY, target TEXT NOT NULL, num_draft_tokens INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS tenants (
+    id TEXT PRIMARY KEY, priority TEXT NOT NULL, weight INTEGER NOT NULL,
+    limits TEXT NOT NULL, keys TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tenants_removed (id TEXT PRIMARY KEY);
 """
+_TABLES = ("added", "removed", "drained", "pairs", "tenants", "tenants_removed")
 
 _ADDED_LATER = ("api_key_env", "reasoning_parser", "tool_parser", "kv_events",
                 "kv_events_replay")  # fmt: skip
@@ -58,6 +69,8 @@ class Configured:
     removed: frozenset[str] = frozenset()  # config backends removed at run time
     drained: Mapping[str, bool] = field(default_factory=dict)  # id -> migrate
     pairs: tuple[PairSpec, ...] = ()
+    tenants: tuple[Tenant, ...] = ()  # added or changed at run time (keys by digest)
+    tenants_removed: frozenset[str] = frozenset()  # config tenants removed at run time
 
 
 def overlay(config: Iterable[Backend], current: Iterable[Backend]) -> Configured:
@@ -84,6 +97,74 @@ def fleet(config: Iterable[Backend], saved: Configured) -> list[Backend]:
     return list(out.values())
 
 
+def tenant_overlay(
+    config: Iterable[Tenant], current: Iterable[Tenant]
+) -> tuple[tuple[Tenant, ...], frozenset[str]]:
+    """(added or changed, removed): the difference between the config file's tenants and the
+    registry's now, as for backends."""
+    base = {t.id: t for t in config}
+    now = {t.id: t for t in current}
+    return (
+        tuple(t for tid, t in sorted(now.items()) if base.get(tid) != t),
+        frozenset(tid for tid in base if tid not in now),
+    )
+
+
+def tenants(config: Iterable[Tenant], saved: Configured) -> list[Tenant]:
+    """The config's tenants minus those removed, plus (replacing by id) those saved."""
+    out = {t.id: t for t in config if t.id not in saved.tenants_removed}
+    out.update((t.id, t) for t in saved.tenants)
+    return list(out.values())
+
+
+def shadowed_tenants(config: Iterable[Tenant], saved: Configured) -> list[Tenant]:
+    """The config file's tenants that one saved at run time replaces (control says so)."""
+    kept = {t.id: t for t in saved.tenants}
+    return [t for t in config if t.id in kept and kept[t.id] != t]
+
+
+def _tenant_row(t: Tenant) -> tuple[str, str, int, str, str]:
+    lim = t.limits
+    limits = {"concurrent": lim.concurrent, "requests_per_minute": lim.requests_per_minute,
+              "tokens_per_minute": lim.tokens_per_minute, "models": sorted(lim.models)}  # fmt: skip
+    keys = [{"sha256": k.digest.hex(), "created": k.created} for k in t.keys]
+    return t.id, t.priority.value, t.weight, json.dumps(limits), json.dumps(keys)
+
+
+def _tenant(tid: str, priority: str, weight: int, limits: str, keys: str) -> Tenant:
+    """A saved row; anything that is not what _tenant_row writes is refused (ConfigError)."""
+    try:
+        lim: dict[str, Any] = json.loads(limits)
+        made: list[dict[str, Any]] = json.loads(keys)
+        return Tenant(
+            tid,
+            Priority(priority),
+            int(weight),
+            Limits(
+                _count(lim["concurrent"]),
+                _count(lim["requests_per_minute"]),
+                _count(lim["tokens_per_minute"]),
+                frozenset(map(str, lim["models"])),
+            ),
+            tuple(TenantKey(_digest(k["sha256"]), float(k["created"])) for k in made),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"tenant {tid!r}: unreadable row ({exc})") from None
+
+
+def _count(value: object) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ValueError(f"a limit is a whole number or null, not {value!r}")
+
+
+def _digest(text: str) -> bytes:
+    digest = bytes.fromhex(text)
+    if len(digest) != 32:
+        raise ValueError("a key digest is 32 bytes (SHA-256)")
+    return digest
+
+
 class FleetDB:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -99,7 +180,7 @@ class FleetDB:
             columns = {r[1] for r in self._db.execute("PRAGMA table_info(added)")}
             # Columns later versions added, in order (version 1 had no key, 2 no parsers, 3 no
             # KV events, 4 no ranks): an older database gets them with their empty default,
-            # which is what it meant.
+            # which is what it meant. Version 5 had no tenant tables: _SCHEMA makes them empty.
             for column in _ADDED_LATER:
                 if column not in columns:
                     self._db.execute(
@@ -127,6 +208,11 @@ class FleetDB:
                     PairSpec(d, t, k)
                     for d, t, k in q("SELECT draft, target, num_draft_tokens FROM pairs")
                 ),
+                tenants=tuple(
+                    _tenant(*row)
+                    for row in q("SELECT id, priority, weight, limits, keys FROM tenants")
+                ),
+                tenants_removed=frozenset(r[0] for r in q("SELECT id FROM tenants_removed")),
             )
         except (sqlite3.DatabaseError, ConfigError) as exc:
             raise ConfigError(f"{self.path}: {exc}") from None
@@ -135,7 +221,7 @@ class FleetDB:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            for table in ("added", "removed", "drained", "pairs"):
+            for table in _TABLES:
                 db.execute(f"DELETE FROM {table}")  # noqa: S608 - names from the tuple above
             db.executemany(
                 f"INSERT INTO added ({', '.join(_ADDED_COLUMNS)}) "  # noqa: S608 - names above
@@ -152,6 +238,12 @@ class FleetDB:
                 "INSERT INTO pairs VALUES (?, ?, ?)",
                 [(p.draft, p.target, p.num_draft_tokens) for p in state.pairs],
             )
+            rows = [_tenant_row(t) for t in state.tenants]
+            db.executemany("INSERT INTO tenants VALUES (?, ?, ?, ?, ?)", rows)
+            db.executemany(
+                "INSERT INTO tenants_removed VALUES (?)",
+                [(i,) for i in sorted(state.tenants_removed)],
+            )
         except BaseException:
             db.execute("ROLLBACK")
             raise
@@ -166,8 +258,14 @@ def configured(
     current: Iterable[Backend],
     drained: Mapping[BackendId, bool],
     pairs: Iterable[PairSpec],
+    *,
+    config_tenants: Iterable[Tenant] = (),
+    current_tenants: Iterable[Tenant] = (),
 ) -> Configured:
-    """What to save: the backend overlay, the drains and the pairs (one per draft), now."""
+    """What to save: the backend overlay, the drains, the pairs (one per draft) and the
+    tenant overlay, now."""
     diff = overlay(config, current)
     unique = tuple({p.draft: p for p in pairs}.values())
-    return Configured(diff.added, diff.removed, {str(k): v for k, v in drained.items()}, unique)
+    added, removed = tenant_overlay(config_tenants, current_tenants)
+    return Configured(diff.added, diff.removed, {str(k): v for k, v in drained.items()}, unique,
+                      added, removed)  # fmt: skip

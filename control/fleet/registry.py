@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 from baton.model import Backend, BackendId, BackendStatus, RequestShape, Snapshot
+from baton.tenancy import Tenant
 from control.audit.log import EventLog
 from control.audit.payloads import Admin, HealthChange, KvChange
 from control.exceptions import BackendExists, BackendNotFound
@@ -25,6 +26,7 @@ from control.fleet.inflight import Load
 from control.fleet.owners import OwnerTable
 from control.fleet.pins import PinTable
 from control.fleet.placement import Placement
+from control.fleet.tenants import TenantBook
 from control.settings import HealthPolicy
 from control.signals.engine_load import EngineLoad, LoadView, Readings
 from control.signals.facts import Facts
@@ -51,6 +53,7 @@ class Registry:
         sessions: PinTable | None = None,
         drained: Mapping[str, bool] | None = None,
         kv_capacity: int = 1_000_000,
+        tenants: Iterable[Tenant] = (),
     ) -> None:
         """`drained`: backends drained before a restart (id -> migrate), restored as they
         were, with no new audit event: nobody drained them just now."""
@@ -91,6 +94,10 @@ class Registry:
                 if migrate:
                     self._migrating.add(known)
         self._snapshot = Snapshot(0, ())
+        self._shims = 0  # watching the snapshots now
+        # Who may use the fleet and what each uses now (control/fleet/tenants.py): a change
+        # of tenants is published in the snapshot, so every shim knows the keys within one.
+        self.tenants = TenantBook(tenants, on_change=self._publish)
         self._publish()
 
     @property
@@ -285,7 +292,14 @@ class Registry:
     def release(self, request_id: str) -> BackendId | None:
         return self._load.release(request_id)
 
+    def shims_watching(self, change: int) -> None:
+        """A shim began (1) or stopped (-1) watching snapshots: each shim's share of the
+        tenants' limits, while control is away, is one of this many."""
+        self._shims += change
+        self._publish()
+
     def expire_load(self, now: float) -> int:
+        self.tenants.expire(now)
         return self._load.expire(now)
 
     # -- KV index: the prefix blocks each engine really holds (control/signals/kv/index.py) --
@@ -341,6 +355,8 @@ class Registry:
 
     def _publish(self) -> None:
         statuses = tuple(self._status(bid) for bid in sorted(self._backends))
-        self._snapshot = Snapshot(self._snapshot.version + 1, statuses)
+        self._snapshot = Snapshot(
+            self._snapshot.version + 1, statuses, self.tenants.all(), self._shims
+        )
         for listener in list(self._listeners):
             listener(self._snapshot)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from random import Random
 
+from baton.ledger import ADMITTED, Admission
 from baton.model import (
     BackendId,
     Decision,
@@ -71,12 +72,43 @@ class Router:
         panic and pairing), commit (load, pins, the prefill prediction, the audit). Only
         commit writes."""
         now = self._clock()
+        if reason is not None:  # a failover's resume: its request was admitted already
+            return self._route(request, reason, preferred, now)
+        admitted = self._admit(request, now)
+        if admitted.refused is not None:
+            refusal = Decision((), admitted.refused, self.registry.snapshot.version,
+                               admitted.detail, quota=admitted.quota)  # fmt: skip
+            if self._route_events:
+                self._audit(request, refusal, None)
+            return refusal
+        decision = self._route(request, reason, preferred, now)
+        if not decision.backends:
+            self.registry.tenants.cancel(request.request_id)
+        elif admitted.quota is not None:
+            decision = replace(decision, quota=admitted.quota)
+        return decision
+
+    def _route(
+        self, request: RouteRequest, reason: Reason | None, preferred: Sequence[str], now: float
+    ) -> Decision:
         if request.shape.owner_key:
             return self._to_owner(request, now)
         view = self._lookup(request, now)
         decision = self._decide(request, view, reason, preferred, now)
         self._commit(request, view, decision, learn=reason is None, now=now)
         return decision
+
+    def _admit(self, request: RouteRequest, now: float) -> Admission:
+        """The tenant's limits (control/fleet/tenants.py), with the request's tokens
+        estimated: its prompt from its characters at the model's learned rate, and the
+        client's cap on its output."""
+        shape = request.shape
+        if not shape.tenant:
+            return ADMITTED
+        prompt = shape.prompt_chars / self.prefill.chars_per_token(shape.model)
+        return self.registry.tenants.admit(
+            request.request_id, shape.tenant, shape.model, round(prompt) + shape.max_tokens, now
+        )
 
     def _lookup(self, request: RouteRequest, now: float) -> RoutingView:
         reg = self.registry
@@ -202,6 +234,7 @@ class Router:
             match.index + 1 if match else 0,
             decision.snapshot_version,
             decision.detail,
+            request.shape.tenant,
         )
 
     def attempt_failed(
@@ -250,8 +283,12 @@ class Router:
 
     def finished(self, outcomes: Iterable[RequestOutcome]) -> None:
         now = self._clock()
+        tenants = self.registry.tenants
         for outcome in outcomes:
             self.registry.release(outcome.request_id)
+            tenants.finished(
+                outcome.request_id, outcome.prompt_tokens, outcome.completion_tokens, now
+            )
             if outcome.ok and outcome.ttft_ms > 0:
                 self.prefill.observed(outcome.request_id, outcome.backend_id, outcome.ttft_ms,
                                       outcome.prompt_tokens)  # fmt: skip

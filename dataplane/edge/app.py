@@ -31,6 +31,7 @@ from dataplane.edge.health import Health
 from dataplane.edge.lifecycle import graceful, install
 from dataplane.edge.limits import StreamSlots
 from dataplane.edge.proxy import Proxy
+from dataplane.edge.quota import add_quota_headers
 from dataplane.link.control_link import ControlLink
 from dataplane.metrics import ShimMetrics
 from dataplane.responses.stored import StoredResponses
@@ -47,6 +48,7 @@ def make_app(settings: ShimSettings) -> web.Application:
         middlewares=[graceful, openai_errors, request_limits],
     )
     install(app)
+    app.on_response_prepare.append(add_quota_headers)
     app[MAX_BODY] = settings.max_body_bytes
     app[LIMITS] = settings.limits
     slots = app[SLOTS] = StreamSlots(settings.limits)

@@ -10,14 +10,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from baton.model import Reason
+from baton.model import Reason, RequestOutcome
 from baton.tracing import SpanKind, Tracing
 from dataplane.edge.as_chat import as_chat_exchange
 from dataplane.edge.health import PATHS as HEALTH_PATHS
 from dataplane.edge.health import Health
 from dataplane.edge.limits import StreamSlots, check_head, check_request
 from dataplane.edge.proxy import Exchange, Proxy
-from dataplane.edge.shape import SESSION_HEADER, session_of, shape_of, with_session
+from dataplane.edge.quota import QUOTA, TENANT, TENANT_REASONS, tenant_refusal
+from dataplane.edge.shape import SESSION_HEADER, session_of, shape_of, with_request
 from dataplane.edge.validate import parse_request
 from dataplane.exceptions import ControlUnavailable, ErrorKind, OpenAIError
 from dataplane.link.needs import Routing
@@ -87,7 +88,11 @@ async def _route_and_serve(
     app = request.app
     try:
         ex = _exchange(
-            client, raw, session_of(client, request.headers.get(SESSION_HEADER)), request.headers
+            client,
+            raw,
+            session_of(client, request.headers.get(SESSION_HEADER)),
+            request.headers,
+            request.get(TENANT, ""),
         )
         started = time.perf_counter()
         tracing = app[TRACING]
@@ -102,7 +107,11 @@ async def _route_and_serve(
         except ControlUnavailable as exc:
             raise OpenAIError(ErrorKind.CONTROL_UNAVAILABLE, str(exc)) from None
         app[METRICS].route.observe(time.perf_counter() - started)
+        if decision.quota is not None:
+            request[QUOTA] = decision.quota  # told in x-ratelimit-* headers (quota_headers)
         if not decision.backends:
+            if decision.reason in TENANT_REASONS:
+                raise tenant_refusal(decision, client.model)
             if decision.reason in OWNER_REASONS:
                 raise refused(decision)
             if decision.reason is Reason.UNKNOWN_MODEL:
@@ -112,13 +121,24 @@ async def _route_and_serve(
                     "model",
                 )
             raise OpenAIError(ErrorKind.NO_BACKEND, decision.detail or "no backend available")
-        return await app[PROXY].serve(request, ex, decision)
+        try:
+            return await app[PROXY].serve(request, ex, decision)
+        except OpenAIError:
+            # No backend served it (each attempt's failure was reported): control must not
+            # count it as in flight for its tenant any longer.
+            app[CONTROL].finished(_unserved(ex))
+            raise
     except OpenAIError as err:
         return error_response(err, request.path)
 
 
+def _unserved(ex: Exchange) -> RequestOutcome:
+    return RequestOutcome(request_id=ex.request_id, backend_id="", model=ex.client.model,
+                          ok=False, http_status=502)  # fmt: skip
+
+
 def _exchange(
-    client: ClientRequest, raw: bytes, session: str, headers: Mapping[str, str]
+    client: ClientRequest, raw: bytes, session: str, headers: Mapping[str, str], tenant: str
 ) -> Exchange:
     rid = os.urandom(16).hex()  # 128 random bits, as uuid4's hex, without building a UUID
     served = as_chat_exchange(client)
@@ -126,9 +146,11 @@ def _exchange(
         # The Messages API's version and beta headers go to the engine with the request.
         sent = {k: v for k in ANTHROPIC_HEADERS if (v := headers.get(k))} if (
             client.endpoint in ANTHROPIC_ENDPOINTS) else {}  # fmt: skip
-        return Exchange(rid, client, raw, with_session(shape_of(client), session), headers=sent)
+        shape = with_request(shape_of(client), session, tenant)
+        return Exchange(rid, client, raw, shape, headers=sent)
     chat, chat_raw, events = served
-    return Exchange(rid, chat, chat_raw, with_session(shape_of(chat), session), events=events)
+    return Exchange(rid, chat, chat_raw, with_request(shape_of(chat), session, tenant),
+                    events=events)  # fmt: skip
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -201,7 +223,7 @@ async def request_limits(request: web.Request, handler):  # type: ignore[no-unty
             raise OpenAIError(
                 ErrorKind.SHUTTING_DOWN, "the shim is shutting down; retry on another"
             )
-        check_head(
+        request[TENANT] = check_head(
             app[LIMITS],
             request.method,
             request.raw_path,
@@ -210,6 +232,7 @@ async def request_limits(request: web.Request, handler):  # type: ignore[no-unty
             request.content_length,
             app[MAX_BODY],
             request.headers.get("x-api-key"),
+            app[CONTROL].fleet.tenant_keys,
         )
         if generating:
             app[SLOTS].acquire()

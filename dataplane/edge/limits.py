@@ -8,11 +8,11 @@ the message count once the body is parsed."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from baton.tenancy import FILE_TENANT, digest
 from dataplane.exceptions import ErrorKind, OpenAIError
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.settings import Limits
@@ -20,10 +20,6 @@ from dataplane.settings import Limits
 API_KEYS_ENV = "BATON_API_KEYS"
 # Paths anyone may call with no key: load balancer health checks and Prometheus scrapes.
 OPEN_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/metrics"})
-
-
-def digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
 
 
 def parse_keys(lines: Iterable[str]) -> frozenset[bytes]:
@@ -62,31 +58,49 @@ def check_head(
     content_length: int | None,
     max_body_bytes: int,
     api_key: str | None = None,
-) -> None:
-    """What can be refused before reading the body. Raises OpenAIError. `api_key`: an
-    `x-api-key` header, as the Anthropic SDK sends its key; either way of sending a key is
-    checked against the same keys."""
+    tenant_keys: Mapping[bytes, str] | None = None,
+) -> str:
+    """What can be refused before reading the body. Raises OpenAIError. Returns the tenant
+    whose key the request came with: one of control's tenants (`tenant_keys`, by digest, from
+    its snapshot), the flat key file's (FILE_TENANT), or "" when the shim is open (no keys
+    anywhere). `api_key`: an `x-api-key` header, as the Anthropic SDK sends its key; either
+    way of sending a key is checked against the same keys."""
     size = header_bytes(method, path, raw_headers)
     if size > limits.max_header_bytes:
         raise OpenAIError(
             ErrorKind.HEADERS_TOO_LARGE,
             f"request headers are {size} bytes; the limit is {limits.max_header_bytes}",
         )
-    if limits.key_digests and path not in OPEN_PATHS:
-        scheme, _, key = (authorization or "").partition(" ")
-        bearer = scheme.lower() == "bearer" and digest(key.strip()) in limits.key_digests
-        if not bearer and not (api_key and digest(api_key.strip()) in limits.key_digests):
-            # Never echo the key back: it may be a real key for something else.
-            raise OpenAIError(
-                ErrorKind.UNAUTHORIZED,
-                "Incorrect or missing API key. Send `Authorization: Bearer <key>` "
-                "(or `x-api-key: <key>`).",
-            )
+    tenant = ""
+    if (limits.key_digests or tenant_keys) and path not in OPEN_PATHS:
+        tenant = _tenant(limits.key_digests, tenant_keys or {}, authorization, api_key)
     if content_length is not None and content_length > max_body_bytes:
         raise OpenAIError(
             ErrorKind.BODY_TOO_LARGE,
             f"request body is {content_length} bytes; the limit is {max_body_bytes}",
         )
+    return tenant
+
+
+def _tenant(
+    file_keys: frozenset[bytes],
+    tenant_keys: Mapping[bytes, str],
+    authorization: str | None,
+    api_key: str | None,
+) -> str:
+    scheme, _, bearer = (authorization or "").partition(" ")
+    sent = [bearer] if scheme.lower() == "bearer" else []
+    for key in (*sent, *([api_key] if api_key else [])):
+        d = digest(key)
+        tenant = tenant_keys.get(d) or (FILE_TENANT if d in file_keys else None)
+        if tenant is not None:
+            return tenant
+    # Never echo the key back: it may be a real key for something else.
+    raise OpenAIError(
+        ErrorKind.UNAUTHORIZED,
+        "Incorrect or missing API key. Send `Authorization: Bearer <key>` "
+        "(or `x-api-key: <key>`).",
+    )
 
 
 def check_request(limits: Limits, client: ClientRequest) -> None:

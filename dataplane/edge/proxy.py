@@ -24,7 +24,7 @@ from dataplane.messages.passthrough import MessagesRelay
 from dataplane.messages.translate import ChatAsMessages
 from dataplane.metrics import ShimMetrics
 from dataplane.prefix_chain import reply_hash
-from dataplane.relay.answers import check_answer
+from dataplane.relay.answers import check_answer, usage_counts
 from dataplane.relay.background import Background
 from dataplane.relay.context import StreamContext
 from dataplane.relay.prefixblocks import prefix_blocks
@@ -179,17 +179,19 @@ class Proxy:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise classify_exception(exc) from exc
         reply = None
+        tokens = (0, 0)
         if upstream.status == 200:
             # Nothing has reached the client yet: a garbled answer is retried on the next
             # backend like any other failure, never relayed as a 200.
             answer, reply = check_answer(ex.client, body)
+            tokens = usage_counts(answer)
             if self._tracing.enabled:
                 self._tracing.annotate(genai.answer_attributes(answer))
             if ex.client.endpoint is Endpoint.RESPONSES and stored(ex.client.body):
                 await self._own(ex, backend, answer)
         elif self._tracing.enabled:
             self._tracing.annotate({"error.type": str(upstream.status)})
-        self._finished(ex, backend, upstream.status, reply)
+        self._finished(ex, backend, upstream.status, reply, None, *tokens)
         return web.Response(
             body=body,
             status=upstream.status,
@@ -249,7 +251,7 @@ class Proxy:
                 )  # fmt: skip
                 self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
             self._finished(ex, end.served_by, 200 if complete else 502, end.reply, blocks,
-                           prompt_tokens)  # fmt: skip
+                           prompt_tokens or end.prompt_tokens, end.completion_tokens)  # fmt: skip
             await resp.write_eof()
             finished = relay.finished_upstreams()
             self._settle(finished)
@@ -281,15 +283,15 @@ class Proxy:
             complete = await relay.run(backend, upstream, first)
         finally:
             ex.first_byte = relay.first_byte
+        message = relay.message or {}
+        inputs = usage_counts(message)[0]
+        outputs = usage_counts({"usage": relay.usage})[1]
         if self._tracing.enabled:
-            message = relay.message or {}
-            usage = relay.usage or {}
             attrs = genai.result_attributes(
-                message.get("id"), message.get("model"), (relay.stop_reason,),
-                (message.get("usage") or {}).get("input_tokens"), usage.get("output_tokens"),
-            )  # fmt: skip
+                message.get("id"), message.get("model"), (relay.stop_reason,), inputs, outputs
+            )
             self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
-        self._finished(ex, backend, 200 if complete else 502)
+        self._finished(ex, backend, 200 if complete else 502, None, None, inputs, outputs)
         await resp.write_eof()
         return resp
 
@@ -321,7 +323,8 @@ class Proxy:
         if self._tracing.enabled:
             attrs = genai.answer_attributes(relay.response)
             self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
-        self._finished(ex, backend, 200 if complete else 502)
+        self._finished(ex, backend, 200 if complete else 502, None, None,
+                       *usage_counts(relay.response))  # fmt: skip
         await resp.write_eof()
         return resp
 
@@ -349,6 +352,7 @@ class Proxy:
         reply: str | None = None,
         blocks: PrefixBlocks | None = None,
         prompt_tokens: int = 0,
+        completion_tokens: int = 0,
     ) -> None:
         now = time.monotonic()
         first = ex.first_byte or now
@@ -367,6 +371,7 @@ class Proxy:
                 reply_chain_hash=reply_hash(ex.shape.prefix_chain, reply or "") if pin else b"",
                 message_count=ex.shape.message_count,
                 prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
                 blocks=blocks,
             )
         )

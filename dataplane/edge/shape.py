@@ -11,7 +11,7 @@ from typing import Any
 from baton.model import RequestShape
 from dataplane.messages.request import hashed_messages
 from dataplane.prefix_chain import DEFAULT_KEY, prefix_chain
-from dataplane.request import ClientRequest, Endpoint
+from dataplane.request import ClientRequest, Endpoint, token_limit
 from dataplane.responses.request import messages_of
 from dataplane.spec.plan import sets_temperature, spec_eligible
 
@@ -61,7 +61,17 @@ def shape_of(req: ClientRequest, key: bytes = DEFAULT_KEY) -> RequestShape:
         sets_temperature=sets_temperature(req),
         owner_key=body.get("previous_response_id") or "" if req.endpoint is Endpoint.RESPONSES
         else "",
+        max_tokens=_output_cap(req),
     )
+
+
+def _output_cap(req: ClientRequest) -> int:
+    """The client's cap on generated tokens, reserved against its tenant's tokens per
+    minute (0: none given). Validated bodies hold ints >= 1 where they hold one."""
+    cap = token_limit(req.body)
+    if cap is None and req.endpoint is Endpoint.RESPONSES:
+        cap = req.body.get("max_output_tokens")
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else 0
 
 
 # A client's explicit conversation key: vLLM's `session_id` body field, or this header.
@@ -76,5 +86,7 @@ def session_of(req: ClientRequest, header: str | None) -> str:
     return key if len(key) <= MAX_SESSION_CHARS else ""
 
 
-def with_session(shape: RequestShape, session: str) -> RequestShape:
-    return replace(shape, session=session) if session else shape
+def with_request(shape: RequestShape, session: str, tenant: str) -> RequestShape:
+    """The shape with what the client's request says beside its body: its session header's
+    key and the tenant its API key belongs to."""
+    return replace(shape, session=session, tenant=tenant) if session or tenant else shape

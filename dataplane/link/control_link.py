@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from baton import wire
+from baton.ledger import CHARS_PER_TOKEN, Ledger
 from baton.model import Decision, FailoverReport, Failure, RequestOutcome, RequestShape
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from dataplane.exceptions import ControlRefused, ControlUnavailable, StreamBroken
@@ -98,6 +99,9 @@ class ControlLink:
         self._outbox = Outbox(max_buffered, up=self._up, on_unreachable=self._unreachable)
         self._calls = Calls(self._stub, self._metadata, route_timeout, self._up, self._unreachable)
         self._local = DegradedRouter()
+        # While control is away: each tenant's share of its limits, counted here alone
+        # (baton/ledger.py). Requests control admitted are not in it.
+        self._ledger = Ledger()
         self._backends = wire.Backends()
         self._fleet = FleetView()
         self._first_snapshot = asyncio.Event()
@@ -134,6 +138,7 @@ class ControlLink:
             buffered_reports=len(self._outbox),
             dropped_reports=dict(self._outbox.dropped),
             rejected_reports=self._outbox.rejected,
+            tenant_share=self.tenant_share,
             route_socket=self._stream.over_socket,
         )
 
@@ -183,7 +188,34 @@ class ControlLink:
             raise ControlUnavailable(
                 f"control plane unreachable: the backend holding {shape.owner_key} is unknown"
             )
-        return self._decide_locally(shape.model)
+        refusal = self._admit_locally(request_id, shape)
+        if refusal is not None:
+            return refusal
+        decision = self._decide_locally(shape.model)
+        if not decision.backends:
+            self._ledger.cancel(request_id)
+        return decision
+
+    def _admit_locally(self, request_id: str, shape: RequestShape) -> Decision | None:
+        """The tenant's share of its limits, while control is away (None: admitted)."""
+        if not shape.tenant:
+            return None
+        snap = self._fleet.snapshot
+        tokens = round(shape.prompt_chars / CHARS_PER_TOKEN) + shape.max_tokens
+        admission = self._ledger.admit(
+            request_id, shape.tenant, self._fleet.tenants.get(shape.tenant), shape.model,
+            tokens, time.time(), share=self.tenant_share,
+        )  # fmt: skip
+        if admission.refused is None:
+            return None
+        return Decision((), admission.refused, snap.version, admission.detail,
+                        quota=admission.quota)  # fmt: skip
+
+    @property
+    def tenant_share(self) -> int:
+        """Of how many shims this one enforces a share of each tenant's limits: the shims
+        control last counted, while it is away; 1 (control enforces them whole) otherwise."""
+        return max(self._fleet.snapshot.shims, 1) if self.degraded else 1
 
     async def failover(
         self,
@@ -276,6 +308,7 @@ class ControlLink:
         )
 
     def finished(self, outcome: RequestOutcome) -> None:
+        self._ledger.finished(outcome.request_id, outcome.prompt_tokens, outcome.completion_tokens)
         self._stream.report(wire.outcome_to_pb(outcome))
 
     async def _flusher(self) -> None:

@@ -21,6 +21,7 @@ from baton.model import (
     Snapshot,
     Verdict,
 )
+from baton.tenancy import Tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +45,17 @@ class FleetView:
     # Ids drained with --migrate, whose streams move elsewhere (dataplane/relay/stream.py checks it
     # at every chunk, hence a set). Derived here so it can never disagree with `snapshot`.
     migrating: frozenset[str] = field(init=False, default=frozenset())
+    # Control's tenants' keys, by digest: the tenant each key belongs to (dataplane/edge/
+    # limits.py). Derived here too, once per snapshot.
+    tenant_keys: Mapping[bytes, str] = field(init=False, default_factory=dict)
+    tenants: Mapping[str, Tenant] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         ids = frozenset(b.backend.id for b in self.snapshot.backends if b.migrating)
         object.__setattr__(self, "migrating", ids)
+        keys = {k.digest: t.id for t in self.snapshot.tenants for k in t.keys}
+        object.__setattr__(self, "tenant_keys", keys)
+        object.__setattr__(self, "tenants", {t.id: t for t in self.snapshot.tenants})
 
 
 class Fleet(Protocol):
@@ -59,6 +67,8 @@ class Routing(Fleet, Protocol):
     async def route(
         self, request_id: str, shape: RequestShape, traceparent: str = ""
     ) -> Decision: ...
+
+    def finished(self, outcome: RequestOutcome) -> None: ...
 
 
 class FailoverAdvice(Fleet, Protocol):

@@ -46,3 +46,23 @@ def check_answer(client: ClientRequest, body: bytes) -> tuple[dict[str, Any], st
     if client.endpoint is not Endpoint.CHAT:
         return obj, None
     return obj, choice_text_whole(cast(dict[str, Any], choices[0])) or None
+
+
+def usage_counts(answer: Any) -> tuple[int, int]:
+    """(prompt, completion) tokens of an answer's usage, in any of the APIs' spellings
+    (chat and completions: prompt_/completion_tokens; Responses and Messages: input_/
+    output_tokens; embeddings: prompt_tokens alone); 0 for what it does not say."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    if not isinstance(usage, dict):
+        return 0, 0
+    return _count(usage, "prompt_tokens", "input_tokens"), _count(
+        usage, "completion_tokens", "output_tokens"
+    )
+
+
+def _count(usage: dict[str, Any], *names: str) -> int:
+    for name in names:
+        v = usage.get(name)
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+            return v
+    return 0

@@ -100,4 +100,5 @@ def request_outcome(run: SpecRun, ok: bool) -> RequestOutcome:
         reply_chain_hash=reply_hash(run.shape.prefix_chain, run.text) if ok and chat else b"",
         message_count=run.shape.message_count,
         spec=stats if stats is not None and stats.pair_id else None,
+        completion_tokens=len(run.generated),
     )

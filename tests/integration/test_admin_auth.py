@@ -59,6 +59,7 @@ def state(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Any]:
     backends = stub.ListBackends(admin_pb2.ListBackendsRequest(), **kw)
     pins = stub.ListPins(admin_pb2.ListPinsRequest(limit=1000), **kw)
     pairs = stub.ListPairs(admin_pb2.ListPairsRequest(), **kw)
+    tenants = stub.ListTenants(admin_pb2.ListTenantsRequest(), **kw)
     audit = [
         (e.seq, e.kind, e.backend_id, e.json)
         for kind in ("admin", "pair")
@@ -76,6 +77,7 @@ def state(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Any]:
             for p in pairs.pairs
         ),
         "audit": audit,
+        "tenants": sorted(t.SerializeToString(deterministic=True) for t in tenants.tenants),
     }
 
 
@@ -128,6 +130,24 @@ CALLS: dict[str, Call] = {
     "ListEvents": _unary("ListEvents", lambda f: admin_pb2.ListEventsRequest()),
     "ListPins": _unary("ListPins", lambda f: admin_pb2.ListPinsRequest()),
     "ListPairs": _unary("ListPairs", lambda f: admin_pb2.ListPairsRequest()),
+    # Tenants (the fleet has none: with the token, the ones naming "t" answer NOT_FOUND).
+    "AddTenant": _unary(
+        "AddTenant", lambda f: admin_pb2.AddTenantRequest(tenant=fleet_pb2.Tenant(id="intruder"))
+    ),
+    "UpdateTenant": _unary(
+        "UpdateTenant",
+        lambda f: admin_pb2.UpdateTenantRequest(
+            tenant=fleet_pb2.Tenant(id="t", priority=fleet_pb2.PRIORITY_CLASS_INTERACTIVE, weight=9)
+        ),
+    ),
+    "RemoveTenant": _unary("RemoveTenant", lambda f: admin_pb2.RemoveTenantRequest(id="t")),
+    "ListTenants": _unary("ListTenants", lambda f: admin_pb2.ListTenantsRequest()),
+    "AddTenantKey": _unary("AddTenantKey", lambda f: admin_pb2.AddTenantKeyRequest(tenant_id="t")),
+    "RevokeTenantKey": _unary(
+        "RevokeTenantKey",
+        lambda f: admin_pb2.RevokeTenantKeyRequest(tenant_id="t", key_id="000000000000"),
+    ),
+    "TenantUsage": _unary("TenantUsage", lambda f: admin_pb2.TenantUsageRequest()),
 }
 
 

@@ -211,7 +211,7 @@ def test_a_bind_on_an_engine_that_never_answers_is_refused_by_name_within_its_ti
     silent.listen(64)  # connections complete in the backlog; nothing is ever read or answered
     try:
         with spec_fleet(tmp_path, [()]) as f:
-            url = "http://127.0.0.1:%d" % silent.getsockname()[1]
+            url = f"http://127.0.0.1:{silent.getsockname()[1]}"
             f.ok("backends", "add", "mute", "--url", url, "--model", MODEL)
             out = f.baton("pairs", "bind", "d", "mute", "--timeout", "3")
             # Past the 3 s the CLI would say DEADLINE_EXCEEDED: a refusal is an answer in time.

@@ -59,7 +59,7 @@ def test_route_decisions_read_back_whole_and_in_order_among_other_events(tmp_pat
     followed: list[Event] = []
     log.subscribe(followed.append)
     log.record_route("r1", "a", "least_loaded", "adaptive", "m", 0, 7)
-    log.record_route("r2", "b", "pin_hit", "adaptive", "m", 2, 7)
+    log.record_route("r2", "b", "pin_hit", "adaptive", "m", 2, 7, tenant="acme")
     log.record(FAILOVER, request_id="r2", backend_id="b")
     log.record_route("r3", "a", "failover", "adaptive", "m", 0, 8)
     store.close()
@@ -75,7 +75,7 @@ def test_route_decisions_read_back_whole_and_in_order_among_other_events(tmp_pat
     assert events[1].to_json() == {
         "v": 1, "seq": 2, "time": 5.0, "kind": "route", "request_id": "r2", "backend_id": "b",
         "reason": "pin_hit", "policy": "adaptive", "model": "m", "pin_depth": 2, "snapshot": 7,
-        "detail": "",
+        "detail": "", "tenant": "acme",
     }  # fmt: skip
     assert followed == events  # live followers see the same events as a later reader
     assert [e.seq for e in restored.query(EventQuery(kind="route", backend_id="a"))] == [1, 4]
@@ -103,4 +103,15 @@ def test_route_rows_written_before_the_detail_column_still_read(tmp_path: Path) 
     path.write_bytes(orjson.dumps(old) + b"\n")
     (event,) = list(EventLog(lambda: 6.0, restored=EventFile(path).load(10)))
     assert event.request_id == "r1" and event.data["reason"] == "spread"
-    assert event.data["detail"] == ""
+    assert event.data["detail"] == "" and event.data["tenant"] == ""
+
+
+def test_route_rows_written_before_the_tenant_column_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    old = {"v": 1, "kind": "route",
+           "columns": ["seq", "time", "request_id", "backend_id", "reason", "policy", "model",
+                       "pin_depth", "snapshot", "detail"],
+           "rows": [[1, 2.0, "r1", "a", "spread", "adaptive", "m", 0, 3, "why"]]}  # fmt: skip
+    path.write_bytes(orjson.dumps(old) + b"\n")
+    (event,) = list(EventLog(lambda: 6.0, restored=EventFile(path).load(10)))
+    assert event.data["detail"] == "why" and event.data["tenant"] == ""

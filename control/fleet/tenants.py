@@ -1,0 +1,213 @@
+"""Tenants: who may use the fleet (their keys, by digest), and what each used. The
+configuration is the operator's (persisted with the fleet); what each is using now is the
+shared ledger's (baton/ledger.py), soft state rebuilt from traffic. Admission is one call in
+control's route decision, which sees every shim's requests, so a tenant's limits hold across
+all shims, not per shim."""
+
+# baton: pure
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from baton.ledger import Admission, Ledger
+from baton.tenancy import Limits, Priority, Tenant, TenantKey, id_problem
+from control.exceptions import ConfigError, TenantExists, TenantNotFound
+
+USAGE_MINUTES = 24 * 60  # how far back `baton tenants usage --since` can look
+
+
+@dataclass
+class _Counts:
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    queued_s: float = 0.0
+    refused: Counter[str] = field(default_factory=Counter)
+
+    def add(self, other: _Counts) -> None:
+        self.requests += other.requests
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.queued_s += other.queued_s
+        self.refused.update(other.refused)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    tenant_id: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    refused: dict[str, int]
+    in_flight: int
+    queued_s: float
+
+
+class _Minutes:
+    """One tenant's counts, minute by minute (unix minutes), for usage reports."""
+
+    def __init__(self) -> None:
+        self.minutes: deque[tuple[int, _Counts]] = deque()
+
+    def now(self, now: float) -> _Counts:
+        minute = int(now // 60)
+        if not self.minutes or self.minutes[-1][0] != minute:
+            self.minutes.append((minute, _Counts()))
+            while self.minutes and self.minutes[0][0] <= minute - USAGE_MINUTES:
+                self.minutes.popleft()
+        return self.minutes[-1][1]
+
+    def since(self, since: float | None) -> _Counts:
+        total = _Counts()
+        for minute, c in self.minutes:
+            if since is None or (minute + 1) * 60 > since:
+                total.add(c)
+        return total
+
+
+class TenantBook:
+    def __init__(
+        self, tenants: Iterable[Tenant] = (), *, on_change: Callable[[], None] | None = None
+    ) -> None:
+        self._tenants: dict[str, Tenant] = {}
+        self._ledger = Ledger()
+        self._counts: dict[str, _Minutes] = {}
+        self._on_change = on_change
+        for t in tenants:
+            self._check(t)
+            if t.id in self._tenants:
+                raise ConfigError(f"tenant {t.id!r} is listed twice")
+            self._tenants[t.id] = t
+        self._check_keys()
+
+    # -- configuration ------------------------------------------------------------------
+
+    def all(self) -> tuple[Tenant, ...]:
+        return tuple(self._tenants[i] for i in sorted(self._tenants))
+
+    def get(self, tenant_id: str) -> Tenant:
+        t = self._tenants.get(tenant_id)
+        if t is None:
+            raise TenantNotFound(f"no tenant {tenant_id!r}")
+        return t
+
+    def add(self, tenant: Tenant, key_digest: bytes, now: float) -> Tenant:
+        """The tenant with its first key, by digest (the key itself is its caller's to show
+        once: control/api/admin.py makes it)."""
+        self._check(tenant)
+        if tenant.id in self._tenants:
+            raise TenantExists(f"tenant {tenant.id!r} exists")
+        added = replace(tenant, keys=(TenantKey(key_digest, now),))
+        self._tenants[tenant.id] = added
+        self._changed()
+        return added
+
+    def update(self, tenant_id: str, priority: Priority, weight: int, limits: Limits) -> Tenant:
+        t = replace(self.get(tenant_id), priority=priority, weight=weight, limits=limits)
+        self._check(t)
+        self._tenants[tenant_id] = t
+        self._changed()
+        return t
+
+    def remove(self, tenant_id: str) -> None:
+        self.get(tenant_id)
+        del self._tenants[tenant_id]
+        self._changed()
+
+    def add_key(self, tenant_id: str, key_digest: bytes, now: float) -> Tenant:
+        t = self.get(tenant_id)
+        t = replace(t, keys=(*t.keys, TenantKey(key_digest, now)))
+        self._tenants[tenant_id] = t
+        self._changed()
+        return t
+
+    def revoke_key(self, tenant_id: str, key_id: str) -> Tenant:
+        t = self.get(tenant_id)
+        kept = tuple(k for k in t.keys if k.key_id != key_id)
+        if len(kept) == len(t.keys):
+            raise TenantNotFound(f"tenant {tenant_id!r} has no key {key_id!r}")
+        t = replace(t, keys=kept)
+        self._tenants[tenant_id] = t
+        self._changed()
+        return t
+
+    def _check(self, t: Tenant) -> None:
+        why = id_problem(t.id)
+        if why is not None:
+            raise ConfigError(f"tenant {t.id!r}: {why}")
+        if t.weight < 1:
+            raise ConfigError(f"tenant {t.id!r}: weight must be at least 1")
+        lim = t.limits
+        named = (("concurrent", lim.concurrent), ("requests_per_minute", lim.requests_per_minute),
+                 ("tokens_per_minute", lim.tokens_per_minute))  # fmt: skip
+        for name, v in named:
+            if v is not None and v < 1:
+                raise ConfigError(f"tenant {t.id!r}: {name} must be at least 1 (or absent)")
+
+    def _check_keys(self) -> None:
+        seen: dict[bytes, str] = {}
+        for t in self._tenants.values():
+            for k in t.keys:
+                if seen.setdefault(k.digest, t.id) != t.id:
+                    raise ConfigError(f"tenants {seen[k.digest]!r} and {t.id!r} share a key")
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()
+
+    # -- admission and use ---------------------------------------------------------------
+
+    def admit(
+        self, request_id: str, tenant_id: str, model: str, tokens: int, now: float
+    ) -> Admission:
+        """The ledger's admission (baton/ledger.py) against the tenant's whole limits."""
+        tenant = self._tenants.get(tenant_id)
+        admission = self._ledger.admit(request_id, tenant_id, tenant, model, tokens, now)
+        if tenant is not None:
+            counts = self._minutes(tenant_id).now(now)
+            if admission.refused is None:
+                counts.requests += 1
+            else:
+                counts.refused[admission.limited.value if admission.limited else "model"] += 1
+        return admission
+
+    def cancel(self, request_id: str) -> None:
+        """An admitted request no backend could take: it used nothing."""
+        tenant_id = self._ledger.cancel(request_id)
+        if tenant_id is not None:
+            self._minutes(tenant_id).now(_last(self._counts[tenant_id])).requests -= 1
+
+    def finished(
+        self, request_id: str, prompt_tokens: int, completion_tokens: int, now: float
+    ) -> None:
+        tenant_id = self._ledger.finished(request_id, prompt_tokens, completion_tokens)
+        if tenant_id is not None:
+            counts = self._minutes(tenant_id).now(now)
+            counts.prompt_tokens += prompt_tokens
+            counts.completion_tokens += completion_tokens
+
+    def expire(self, now: float) -> int:
+        return self._ledger.expire(now)
+
+    def _minutes(self, tenant_id: str) -> _Minutes:
+        return self._counts.setdefault(tenant_id, _Minutes())
+
+    def usage(self, since: float | None = None) -> list[Usage]:
+        """Per tenant (configured, or seen since control started), since `since` (unix
+        seconds, to the minute; None: as far back as kept)."""
+        out = []
+        for tid in sorted(set(self._tenants) | set(self._counts)):
+            m = self._counts.get(tid)
+            total = m.since(since) if m is not None else _Counts()
+            now_in = self._ledger.in_flight(tid)
+            out.append(Usage(tid, total.requests, total.prompt_tokens, total.completion_tokens,
+                             dict(total.refused), now_in, total.queued_s))  # fmt: skip
+        return out
+
+
+def _last(m: _Minutes) -> float:
+    """A time in the newest minute counted (a cancel follows its admission at once)."""
+    return m.minutes[-1][0] * 60.0 if m.minutes else 0.0
