@@ -394,3 +394,4 @@ class FailoverReport:
     outcome: FailoverOutcome
     detail: str = ""
     trace_id: str = ""
+    tenant: str = ""  # the request's tenant id (never its key)

@@ -439,6 +439,7 @@ def failover_report_to_pb(r: FailoverReport) -> routing_pb2.ReportFailoverReques
     return routing_pb2.ReportFailoverRequest(
         request_id=r.request_id,
         trace_id=r.trace_id,
+        tenant=r.tenant,
         from_backend_id=r.from_backend,
         to_backend_id=r.to_backend,
         **failure_fields(r.failure),

@@ -1070,6 +1070,7 @@ class ReportFailoverRequest(_message.Message):
     OUTCOME_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     FAILURE_CLASS_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     trace_id: _builtins.str
     from_backend_id: _builtins.str
@@ -1088,6 +1089,8 @@ class ReportFailoverRequest(_message.Message):
     outcome: Global___FailoverOutcome.ValueType
     detail: _builtins.str
     failure_class: Global___FailureClass.ValueType
+    tenant: _builtins.str
+    """The request's tenant id (never its key); empty from an open shim."""
     def __init__(
         self,
         *,
@@ -1105,10 +1108,11 @@ class ReportFailoverRequest(_message.Message):
         outcome: Global___FailoverOutcome.ValueType = ...,
         detail: _builtins.str = ...,
         failure_class: Global___FailureClass.ValueType = ...,
+        tenant: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "choice_index", b"choice_index", "detail", b"detail", "failure", b"failure", "failure_class", b"failure_class", "from_backend_id", b"from_backend_id", "gap_ms", b"gap_ms", "outcome", b"outcome", "path", b"path", "request_id", b"request_id", "seam", b"seam", "to_backend_id", b"to_backend_id", "tokens_sent", b"tokens_sent", "trace_id", b"trace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "choice_index", b"choice_index", "detail", b"detail", "failure", b"failure", "failure_class", b"failure_class", "from_backend_id", b"from_backend_id", "gap_ms", b"gap_ms", "outcome", b"outcome", "path", b"path", "request_id", b"request_id", "seam", b"seam", "tenant", b"tenant", "to_backend_id", b"to_backend_id", "tokens_sent", b"tokens_sent", "trace_id", b"trace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

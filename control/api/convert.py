@@ -113,6 +113,7 @@ def failover_event(r: routing_pb2.ReportFailoverRequest) -> Failover:
         attempt=r.attempt,
         outcome=str(FAILOVER_OUTCOME_FROM_PB.get(r.outcome, "unknown")),
         detail=r.detail,
+        tenant=r.tenant or None,
     )
 
 

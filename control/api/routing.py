@@ -45,6 +45,8 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             decision = self._router.route(convert.route_request_from_pb(r.request_id, r.shape))
             if span is not None:
                 span.set_attribute("baton.reason", decision.reason.value)
+                if r.shape.tenant:
+                    span.set_attribute("baton.tenant", r.shape.tenant)
                 span.set_attribute(
                     "baton.backend", decision.backends[0].id if decision.backends else ""
                 )

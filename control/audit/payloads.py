@@ -48,6 +48,7 @@ class Failover:
     attempt: int
     outcome: str  # a FailoverOutcome value, or "unknown"
     detail: str = ""
+    tenant: str | None = None  # the request's tenant id (never its key); none: an open shim
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -104,6 +104,8 @@ async def _route_and_serve(
                 decision = await app[CONTROL].route(ex.request_id, ex.shape, traceparent)
                 if span is not None:
                     span.set_attribute("baton.reason", decision.reason.value)
+                    if ex.shape.tenant:  # its id, never its key
+                        span.set_attribute("baton.tenant", ex.shape.tenant)
         except ControlUnavailable as exc:
             raise OpenAIError(ErrorKind.CONTROL_UNAVAILABLE, str(exc)) from None
         app[METRICS].route.observe(time.perf_counter() - started)

@@ -277,7 +277,8 @@ class Proxy:
             out=resp,
             request_id=ex.request_id,
             client=ex.client,
-            reporter=Reporter(self._control, self._metrics, self._tracing, self._background),
+            reporter=Reporter(self._control, self._metrics, self._tracing, self._background,
+                              ex.shape.tenant),  # fmt: skip
         )
         try:
             complete = await relay.run(backend, upstream, first)
@@ -314,7 +315,8 @@ class Proxy:
             out=resp,
             request_id=ex.request_id,
             client=ex.client,
-            reporter=Reporter(self._control, self._metrics, self._tracing, self._background),
+            reporter=Reporter(self._control, self._metrics, self._tracing, self._background,
+                              ex.shape.tenant),  # fmt: skip
         )
         try:
             complete = await relay.run(backend, upstream, first)

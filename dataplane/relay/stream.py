@@ -79,7 +79,8 @@ class StreamRelay:
                                     stitcher=self.stitcher)  # fmt: skip
         self._failover = Failover(
             ctx, stitcher=self.stitcher, resumer=self._resumer, chooser=self._chooser,
-            reporter=Reporter(control, ctx.metrics, ctx.tracing, ctx.background), resp=resp,
+            reporter=Reporter(control, ctx.metrics, ctx.tracing, ctx.background,
+                              ctx.shape.tenant), resp=resp,
         )  # fmt: skip
         self.first_byte: float | None = None
         self._started_on: Backend | None = None

@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import time
+from dataclasses import replace
 from typing import Protocol
 
 import aiohttp
@@ -224,4 +225,5 @@ class SpecServer:
         """Report the pending failover, if one is (run.py's failover_report)."""
         move, run.moving = run.moving, None
         if move is not None:
-            self._control.report_failover(failover_report(run, move, outcome, detail))
+            report = failover_report(run, move, outcome, detail)
+            self._control.report_failover(replace(report, tenant=run.shape.tenant))

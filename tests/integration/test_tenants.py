@@ -263,3 +263,41 @@ def test_with_control_killed_each_shim_enforces_its_share(tmp_path: Path) -> Non
             assert metric(shim.ready, "baton_shim_tenant_share") == 2
             assert [h.join() for h in held] == [200, 200]
             assert wait_until(lambda s=shim: call(s, key)[0] == 200, timeout=10)
+
+
+def test_the_tenant_is_on_route_and_failover_events_and_the_key_nowhere(tmp_path: Path) -> None:
+    with fleet(tmp_path, 2, per_sim=[("--fault", "die-after=5")]) as f:
+        out = f.baton("tenants", "add", "acme", "--json")
+        assert out.returncode == 0, out.stderr
+        key = json.loads(out.stdout)["key"]
+        client = openai.OpenAI(base_url=f.base_url, api_key=key, max_retries=0)
+
+        def streamed() -> str:
+            chunks = client.completions.create(
+                model=MODEL, prompt="who pays", max_tokens=16, temperature=0, stream=True
+            )
+            return "".join(c.choices[0].text for c in chunks if c.choices)
+
+        # The key reaches the shim with control's next snapshot.
+        assert wait_until(lambda: _ok(streamed), timeout=10)
+        assert wait_until(lambda: events(f, "failover"), timeout=10)
+        (failover,) = events(f, "failover")
+        assert failover["tenant"] == "acme" and failover["outcome"] == "resumed", failover
+        routes = events(f, "route")
+        assert routes and {r["tenant"] for r in routes} == {"acme"}, routes
+        everything = f.baton("events", "--json")
+        assert everything.returncode == 0 and key not in everything.stdout
+
+
+def _ok(fn: Any) -> bool:
+    try:
+        fn()
+    except openai.AuthenticationError:
+        return False
+    return True
+
+
+def events(f: Fleet, kind: str) -> list[dict[str, Any]]:
+    out = f.baton("events", "--kind", kind, "--json")
+    assert out.returncode == 0, out.stderr
+    return list(json.loads(out.stdout))

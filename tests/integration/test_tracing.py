@@ -46,6 +46,10 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         with self._lock:
             return [(svc, s) for svc, s in self.spans if s.name == name]
 
+    def all(self) -> list[trace_pb2.Span]:
+        with self._lock:
+            return [s for _, s in self.spans]
+
 
 @pytest.fixture
 def receiver() -> Iterator[tuple[Receiver, str]]:
@@ -169,3 +173,30 @@ def test_upstream_attempts_follow_the_genai_conventions(
         assert embedded["gen_ai.response.id"] == emb.id
         for _, span in rx.spans:  # prompt and completion text are never recorded
             assert secret not in str(attrs(span))
+
+
+def test_a_tenants_request_carries_its_tenant_on_both_route_spans_and_never_its_key(
+    tmp_path: Path, receiver: tuple[Receiver, str]
+) -> None:
+    rx, endpoint = receiver
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    with fleet(tmp_path, n=1, control_env=env, shim_env=env) as f:
+        out = f.baton("tenants", "add", "acme", "--json")
+        assert out.returncode == 0, out.stderr
+        key = json.loads(out.stdout)["key"]
+        c = openai.OpenAI(base_url=f.base_url, api_key=key, max_retries=0)
+
+        def served() -> bool:
+            try:
+                c.completions.create(model=MODEL, prompt="traced", max_tokens=4)
+            except openai.AuthenticationError:  # the shim has not had the key's snapshot yet
+                return False
+            return True
+
+        assert wait_until(served, 10)
+        assert wait_until(lambda: rx.named("baton.route") and rx.named("baton.control.route"), 10)
+        ((_, route),) = rx.named("baton.route")
+        ((_, decided),) = rx.named("baton.control.route")
+        assert attrs(route)["baton.tenant"] == attrs(decided)["baton.tenant"] == "acme"
+        for s in rx.all():
+            assert key not in str(attrs(s)), s.name

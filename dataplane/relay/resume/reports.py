@@ -21,7 +21,10 @@ class Reporter:
         metrics: ShimMetrics,
         tracing: Tracing,
         background: Background,
+        tenant: str = "",
     ) -> None:
+        """`tenant`: the request's tenant id, on each report (never its key)."""
+        self._tenant = tenant
         self._control = control
         self._metrics = metrics
         self._tracing = tracing
@@ -45,6 +48,8 @@ class Reporter:
         self._metrics.seam_checks.dec()
 
     def send(self, report: FailoverReport) -> None:
+        if self._tenant:
+            report = replace(report, tenant=self._tenant)
         self._metrics.count(
             self._metrics.failovers, report.failure, report.seam or "none", report.outcome
         )
@@ -66,6 +71,7 @@ class Reporter:
                     "baton.gap_ms": report.gap_ms,
                     "baton.attempt": report.attempt,
                     "baton.outcome": report.outcome,
+                    **({"baton.tenant": report.tenant} if report.tenant else {}),
                 },
             )
             span.end()
