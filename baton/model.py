@@ -59,6 +59,12 @@ class Reason(StrEnum):
     TENANT_LIMITED = "tenant-limited"
     TENANT_MODEL = "tenant-model"
     TENANT_UNKNOWN = "tenant-unknown"
+    # Not yet: the fleet is saturated and the request waits in its priority band; control
+    # answers again when its turn comes, within the decision's `wait_s`...
+    QUEUED = "queued"
+    # ...or refuses it then: its wait reached the bound, or a higher band's request took its
+    # place in a full queue.
+    SHED = "shed"
 
 
 # The cheap GET each kind of backend answers: control's health probes, the shim's standby
@@ -211,6 +217,7 @@ class Decision:
     pairing: Pairing | None = None
     estimate: Estimate | None = None  # a predicting policy's, for its primary
     quota: Quota | None = None  # the tenant's standing, for rate-limit headers
+    wait_s: float = 0.0  # QUEUED: the longest control will hold it before it answers again
 
 
 @dataclass(frozen=True, slots=True)

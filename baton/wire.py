@@ -71,6 +71,8 @@ REASON_TO_PB = {
     Reason.TENANT_LIMITED: routing_pb2.ROUTE_REASON_TENANT_LIMITED,
     Reason.TENANT_MODEL: routing_pb2.ROUTE_REASON_TENANT_MODEL,
     Reason.TENANT_UNKNOWN: routing_pb2.ROUTE_REASON_TENANT_UNKNOWN,
+    Reason.QUEUED: routing_pb2.ROUTE_REASON_QUEUED,
+    Reason.SHED: routing_pb2.ROUTE_REASON_SHED,
 }
 STATE_FROM_PB = {v: k for k, v in STATE_TO_PB.items()}
 REASON_FROM_PB = {v: k for k, v in REASON_TO_PB.items()}
@@ -292,6 +294,7 @@ def _decision_fields(d: Decision) -> dict[str, Any]:
         "detail": d.detail,
         "pairing": pairing_to_pb(d.pairing) if d.pairing is not None else None,
         "quota": quota_to_pb(d.quota) if d.quota is not None else None,
+        "wait_ms": round(d.wait_s * 1000),
     }
 
 
@@ -365,6 +368,7 @@ def decision_from_pb(
         resp.detail,
         pairing_from_pb(resp.pairing) if resp.HasField("pairing") else None,
         quota=quota_from_pb(resp.quota) if resp.HasField("quota") else None,
+        wait_s=resp.wait_ms / 1000,
     )
 
 

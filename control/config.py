@@ -20,6 +20,7 @@ from control.backend_spec import (
 from control.exceptions import ConfigError
 from control.routing.policy import DEFAULT_POLICY, KV_DEFAULT_POLICY, POLICIES
 from control.settings import (
+    AdmissionSettings,
     AffinitySettings,
     AuditSettings,
     HealthPolicy,
@@ -42,6 +43,7 @@ class Config:
     load: LoadSettings = field(default_factory=LoadSettings)
     kv: KvSettings = field(default_factory=KvSettings)
     tenants: tuple[Tenant, ...] = ()
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
 
 
 # What ZMQ's connect takes, and nothing it would refuse later inside a subscriber task: a
@@ -80,8 +82,12 @@ def parse(data: dict[str, Any]) -> Config:
         # The engines say what they hold: predict from it. `adaptive` stays selectable.
         routing = KV_DEFAULT_POLICY
     tenants = _tenants(data.get("tenants", []))
+    try:
+        admission = AdmissionSettings(**_table(data, "admission", AdmissionSettings))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
     return Config(tuple(backends), routing, probes, health, affinity, audit, pairs, load, kv,
-                  tenants)  # fmt: skip
+                  tenants, admission)  # fmt: skip
 
 
 TENANT_KEYS = frozenset({"id", "priority", "weight", "concurrent", "requests_per_minute",

@@ -53,6 +53,7 @@ from control.signals.facts import Facts
 from control.signals.published import fetch_facts
 
 log = logging.getLogger("baton.control")
+QUEUE_TICK_S = 0.05
 
 
 def _registry(
@@ -145,6 +146,7 @@ class ControlPlane:
             route_events=config.audit.route_events,
             pairs=self.pairs,
             stale_after=config.load.stale_after,
+            admission=config.admission,
         )
         self._config = config
         # Configured and previously bound pairs, bound as soon as both sides' facts are read.
@@ -214,6 +216,8 @@ class ControlPlane:
         self.kv.start()
         self._tasks.append(asyncio.create_task(self._expire_load()))
         self._tasks.append(asyncio.create_task(self._flush_events()))
+        if self._config.admission.enabled:
+            self._tasks.append(asyncio.create_task(self._drain_queue(routing)))
         if self._pending_pairs:
             self._tasks.append(asyncio.create_task(self._bind_pending_pairs()))
         if self._metrics_listen:
@@ -290,6 +294,14 @@ class ControlPlane:
             await asyncio.sleep(0.2)
             if self._event_file is not None:
                 self._event_file.flush()
+
+    async def _drain_queue(self, routing: RoutingServicer) -> None:
+        """Room can free without a message from a shim (a load reading, a backend back), and
+        a wait can reach its bound: the queue is looked at this often too."""
+        while True:
+            await asyncio.sleep(QUEUE_TICK_S)
+            if self.router.waiting:
+                routing.drain()
 
     async def _expire_load(self) -> None:
         while True:

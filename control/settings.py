@@ -49,6 +49,39 @@ class AffinitySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AdmissionSettings:
+    """[admission]: requests wait in priority bands when the fleet is saturated (docs/
+    tenants.md#priority-and-fair-share). Off while `backend_capacity` is unset: a request
+    goes to an engine at once, as before, and the engine's own queue holds it."""
+
+    # Requests one backend serves at once before it counts as full (an engine that reports
+    # requests waiting in its own queue is full too).
+    backend_capacity: int | None = None
+    # The share of each backend's capacity a band leaves to the bands above it: interactive
+    # may fill it, standard all but `headroom`, batch all but twice that (at least 1 each).
+    headroom: float = 0.1
+    max_wait: float = 10.0  # seconds a request may wait for room; then 429 with Retry-After
+    max_queued: int = 10_000  # requests waiting at once; beyond, the lowest band's newest go
+
+    def __post_init__(self) -> None:
+        if self.backend_capacity is not None and self.backend_capacity < 1:
+            raise ValueError("[admission] backend_capacity must be at least 1")
+        if not 0 <= self.headroom < 0.5:
+            raise ValueError("[admission] headroom must be in [0, 0.5)")
+        if self.max_wait <= 0 or self.max_queued < 1:
+            raise ValueError("[admission] max_wait and max_queued must be positive")
+
+    @property
+    def enabled(self) -> bool:
+        return self.backend_capacity is not None
+
+    def capacity(self, band: int) -> int:
+        """What a backend may hold before band `band` (0 first) counts it as full."""
+        cap = self.backend_capacity or 0
+        return max(1, cap - round(cap * self.headroom * band))
+
+
+@dataclass(frozen=True, slots=True)
 class AuditSettings:
     # One event per routing decision. Off keeps failover, retry, health and admin events and
     # saves the per-route cost (bench/events.py measures it).

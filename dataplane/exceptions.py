@@ -59,6 +59,8 @@ class ErrorKind(StrEnum):
     # A tenant's (baton/tenancy.py): a model it may not use; one of its limits reached.
     MODEL_NOT_ALLOWED = "model_not_allowed"
     RATE_LIMITED = "rate_limit_exceeded"
+    # The fleet was saturated and the request's wait in its priority band reached its bound.
+    FLEET_SATURATED = "fleet_saturated"
 
 
 # kind -> (HTTP status, OpenAI error `type`)
@@ -82,6 +84,7 @@ STATUS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.MODEL_NOT_ALLOWED: (403, "invalid_request_error"),
     # OpenAI says which limit in `type` ("requests" or "tokens"): OpenAIError's error_type.
     ErrorKind.RATE_LIMITED: (429, "requests"),
+    ErrorKind.FLEET_SATURATED: (429, "rate_limit_error"),
 }
 
 
@@ -108,6 +111,7 @@ ANTHROPIC: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.RESPONSE_NOT_FOUND: (404, "not_found_error"),
     ErrorKind.MODEL_NOT_ALLOWED: (403, "permission_error"),
     ErrorKind.RATE_LIMITED: (429, "rate_limit_error"),
+    ErrorKind.FLEET_SATURATED: (529, "overloaded_error"),
 }
 ANTHROPIC_PATHS = "/v1/messages"  # the prefix of the paths whose clients speak Anthropic's API
 

@@ -51,6 +51,14 @@ class _RouteReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RouteReas
     """Refused: the tenant may not use the model."""
     ROUTE_REASON_TENANT_UNKNOWN: _RouteReason.ValueType  # 15
     """Refused: the key's tenant is no longer known (removed since the shim's snapshot)."""
+    ROUTE_REASON_QUEUED: _RouteReason.ValueType  # 16
+    """Not an answer yet: the fleet is saturated and the request waits in its priority band.
+    Control sends the request's real answer later on the same stream, within `wait_ms`.
+    """
+    ROUTE_REASON_SHED: _RouteReason.ValueType  # 17
+    """Refused: it waited `wait_ms` in its band without room, or a higher band's request took
+    its place in a full queue.
+    """
 
 class RouteReason(_RouteReason, metaclass=_RouteReasonEnumTypeWrapper):
     """Why a routing decision was made; also a span attribute and a metric label."""
@@ -80,6 +88,14 @@ ROUTE_REASON_TENANT_MODEL: RouteReason.ValueType  # 14
 """Refused: the tenant may not use the model."""
 ROUTE_REASON_TENANT_UNKNOWN: RouteReason.ValueType  # 15
 """Refused: the key's tenant is no longer known (removed since the shim's snapshot)."""
+ROUTE_REASON_QUEUED: RouteReason.ValueType  # 16
+"""Not an answer yet: the fleet is saturated and the request waits in its priority band.
+Control sends the request's real answer later on the same stream, within `wait_ms`.
+"""
+ROUTE_REASON_SHED: RouteReason.ValueType  # 17
+"""Refused: it waited `wait_ms` in its band without room, or a higher band's request took
+its place in a full queue.
+"""
 Global___RouteReason: _TypeAlias = RouteReason  # noqa: Y015
 
 class _FailureClass:
@@ -390,9 +406,12 @@ class RouteResponse(_message.Message):
     DETAIL_FIELD_NUMBER: _builtins.int
     PAIRING_FIELD_NUMBER: _builtins.int
     QUOTA_FIELD_NUMBER: _builtins.int
+    WAIT_MS_FIELD_NUMBER: _builtins.int
     reason: Global___RouteReason.ValueType
     snapshot_version: _builtins.int
     detail: _builtins.str
+    wait_ms: _builtins.int
+    """QUEUED: the longest control holds the request before it answers again."""
     @_builtins.property
     def backends(self) -> _containers.RepeatedCompositeFieldContainer[_fleet_pb2.Backend]:
         """Primary first, then fallbacks in order."""
@@ -418,10 +437,11 @@ class RouteResponse(_message.Message):
         detail: _builtins.str = ...,
         pairing: Global___SpecPairing | None = ...,
         quota: Global___Quota | None = ...,
+        wait_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["pairing", b"pairing", "quota", b"quota"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "detail", b"detail", "pairing", b"pairing", "quota", b"quota", "reason", b"reason", "snapshot_version", b"snapshot_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "detail", b"detail", "pairing", b"pairing", "quota", b"quota", "reason", b"reason", "snapshot_version", b"snapshot_version", "wait_ms", b"wait_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -926,16 +946,18 @@ class FailoverResponse(_message.Message):
     DETAIL_FIELD_NUMBER: _builtins.int
     PAIRING_FIELD_NUMBER: _builtins.int
     QUOTA_FIELD_NUMBER: _builtins.int
+    WAIT_MS_FIELD_NUMBER: _builtins.int
     reason: Global___RouteReason.ValueType
     snapshot_version: _builtins.int
     detail: _builtins.str
+    wait_ms: _builtins.int
     @_builtins.property
     def backends(self) -> _containers.RepeatedCompositeFieldContainer[_fleet_pb2.Backend]: ...
     @_builtins.property
     def pairing(self) -> Global___SpecPairing: ...
     @_builtins.property
     def quota(self) -> Global___Quota:
-        """Never set: a failover continues an admitted request (the field keeps the two messages
+        """Never set: a failover continues an admitted request (the fields keep the two messages
         the same shape).
         """
 
@@ -948,10 +970,11 @@ class FailoverResponse(_message.Message):
         detail: _builtins.str = ...,
         pairing: Global___SpecPairing | None = ...,
         quota: Global___Quota | None = ...,
+        wait_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["pairing", b"pairing", "quota", b"quota"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "detail", b"detail", "pairing", b"pairing", "quota", b"quota", "reason", b"reason", "snapshot_version", b"snapshot_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "detail", b"detail", "pairing", b"pairing", "quota", b"quota", "reason", b"reason", "snapshot_version", b"snapshot_version", "wait_ms", b"wait_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -27,7 +27,11 @@ log = logging.getLogger("baton.control.route_socket")
 
 HELLO_SECONDS = 10.0  # from connecting to a hello
 
-Answer = Callable[[routing_pb2.RouteStreamRequest], "routing_pb2.RouteStreamResponse | None"]
+# (a message, where a later answer to it goes) -> the answer now, if any.
+Answer = Callable[
+    [routing_pb2.RouteStreamRequest, Callable[[routing_pb2.RouteStreamResponse], None]],
+    "routing_pb2.RouteStreamResponse | None",
+]
 
 
 class _Shim(asyncio.Protocol):
@@ -85,7 +89,7 @@ class _Shim(asyncio.Protocol):
                     if not self._welcomed:
                         return
                     continue
-                answer = self._answer(routing_pb2.RouteStreamRequest.FromString(body))
+                answer = self._answer(routing_pb2.RouteStreamRequest.FromString(body), self._later)
                 if answer is not None:
                     transport.write(frame(answer))
         except (FrameError, DecodeError) as exc:
@@ -96,6 +100,11 @@ class _Shim(asyncio.Protocol):
             # routes from its snapshot until control answers again), and control goes on.
             log.exception("route socket: answering %s failed: closing it", self._peer())
             transport.abort()
+
+    def _later(self, answer: routing_pb2.RouteStreamResponse) -> None:
+        """A queued request's answer, when its turn comes (nothing if the shim is gone)."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(frame(answer))
 
     def _hello(self, body: bytes) -> None:
         assert self._transport is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 
 from opentelemetry.trace import Span
@@ -22,6 +22,9 @@ from control.routing.router import Router
 from control.signals.facts import ReadFacts
 
 OK = routing_pb2.OUTCOME_OK
+QUEUED = routing_pb2.ROUTE_REASON_QUEUED
+# Sends a message to the shim a route came from, later (a queued request's answer).
+Send = Callable[[routing_pb2.RouteStreamResponse], None]
 
 
 class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
@@ -38,6 +41,8 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         self._policy = router.policy.name
         self._tracing = tracing
         self.route_port = 0  # control's route socket, told to shims with every snapshot
+        # Queued requests (the fleet was saturated): where each one's answer goes.
+        self._later: dict[str, Send] = {}
 
     def _route(self, r: routing_pb2.RouteRequest) -> routing_pb2.RouteResponse:
         started = time.perf_counter()
@@ -67,27 +72,62 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
     async def Route(
         self, request: routing_pb2.RouteRequest, context: Context
     ) -> routing_pb2.RouteResponse:
-        return self._route(request)
+        answer = self._route(request)
+        if answer.reason != QUEUED:
+            return answer
+        # One question, one answer: a unary caller waits here for its turn.
+        turn: asyncio.Future[routing_pb2.RouteResponse] = asyncio.get_running_loop().create_future()
+
+        def send(msg: routing_pb2.RouteStreamResponse) -> None:
+            if not turn.done():
+                turn.set_result(msg.results[0].response)
+
+        self._later[request.request_id] = send
+        return await turn
 
     async def RouteStream(
         self,
         request_iterator: AsyncIterator[routing_pb2.RouteStreamRequest],
         context: Context,
     ) -> AsyncIterator[routing_pb2.RouteStreamResponse]:
-        async for msg in request_iterator:
-            answer = self.answer(msg)
-            if answer is not None:
-                yield answer
+        # Answers go out as they are ready: at once, or later for a request that waited in
+        # its band, so the reading is a task of its own.
+        out: asyncio.Queue[routing_pb2.RouteStreamResponse | None] = asyncio.Queue()
 
-    def answer(self, msg: routing_pb2.RouteStreamRequest) -> routing_pb2.RouteStreamResponse | None:
+        async def read() -> None:
+            try:
+                async for msg in request_iterator:
+                    answer = self.answer(msg, out.put_nowait)
+                    if answer is not None:
+                        out.put_nowait(answer)
+            finally:
+                out.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answer := await out.get()) is not None:
+                yield answer
+            await reader  # its error, if it ended with one
+        finally:
+            reader.cancel()
+
+    def answer(
+        self, msg: routing_pb2.RouteStreamRequest, later: Send | None = None
+    ) -> routing_pb2.RouteStreamResponse | None:
         """One RouteStream message's outcomes taken in and its questions answered (None: it
-        asked none), whether it came over gRPC or over the route socket."""
+        asked none), whether it came over gRPC or over the route socket. A request that must
+        wait for room is answered QUEUED now, and for real through `later` when its turn
+        comes."""
         if msg.outcomes:
             self._finished(msg.outcomes)
-        results = [
-            routing_pb2.RouteResult(request_id=r.request_id, response=self._route(r))
-            for r in msg.routes
-        ]
+        results = []
+        for r in msg.routes:
+            response = self._route(r)
+            if response.reason == QUEUED and later is not None:
+                self._later[r.request_id] = later
+            results.append(routing_pb2.RouteResult(request_id=r.request_id, response=response))
+        if self._router.waiting:
+            self.drain()
         results += [
             routing_pb2.RouteResult(
                 request_id=f.request_id, response=wire.route_response(self._failover(f))
@@ -98,6 +138,24 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
 
     def _finished(self, outcomes: Iterable[routing_pb2.RequestOutcome]) -> None:
         self._router.finished(wire.outcome_from_pb(o) for o in outcomes)
+        if self._later:
+            for o in outcomes:  # a queued request whose client left: no answer is wanted
+                self._later.pop(o.request_id, None)
+
+    def drain(self) -> None:
+        """Queued requests whose turn came (or whose wait ended) get their answers, batched
+        by the stream they came on."""
+        batches: dict[Send, list[routing_pb2.RouteResult]] = {}
+        for request_id, decision in self._router.dequeue():
+            self._metrics.routes.labels(self._policy, decision.reason.value).inc()
+            send = self._later.pop(request_id, None)
+            if send is not None:
+                result = routing_pb2.RouteResult(
+                    request_id=request_id, response=wire.route_response(decision)
+                )
+                batches.setdefault(send, []).append(result)
+        for send, results in batches.items():
+            send(routing_pb2.RouteStreamResponse(results=results))
 
     async def ReportAttemptFailure(
         self, request: routing_pb2.ReportAttemptFailureRequest, context: Context

@@ -88,6 +88,9 @@ class TenantBook:
     def all(self) -> tuple[Tenant, ...]:
         return tuple(self._tenants[i] for i in sorted(self._tenants))
 
+    def find(self, tenant_id: str) -> Tenant | None:
+        return self._tenants.get(tenant_id)
+
     def get(self, tenant_id: str) -> Tenant:
         t = self._tenants.get(tenant_id)
         if t is None:

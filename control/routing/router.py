@@ -7,8 +7,9 @@ router only asks them, through their methods."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from random import Random
 
 from baton.ledger import ADMITTED, Admission
@@ -21,13 +22,23 @@ from baton.model import (
     RouteRequest,
 )
 from baton.spread import last_resort, prefer
+from baton.tenancy import Priority, Quota
 from control.audit.payloads import Retry
 from control.fleet.pins import PinMatch
 from control.fleet.registry import Registry
 from control.pairs.flow import PairFlow
+from control.routing.bands import Bands, Waiting
 from control.routing.policy import Policy, RoutingView
 from control.routing.policy.base import Prediction
 from control.routing.prefill import Predicted, PrefillRates
+from control.settings import AdmissionSettings
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    request: RouteRequest
+    quota: Quota | None  # the tenant's standing at its admission, for its answer's headers
+
 
 # Decisions that put the request where its pinned prefix already is.
 FOLLOWED_PIN = frozenset({Reason.PIN_HIT})
@@ -44,6 +55,7 @@ class Router:
         route_events: bool = True,
         pairs: PairFlow | None = None,
         stale_after: float = 3.0,
+        admission: AdmissionSettings | None = None,
     ) -> None:
         """`pairs`: the control plane's one pair flow over `registry`; a router of its own
         (tests, benchmarks) gets a fresh one."""
@@ -56,6 +68,10 @@ class Router:
         self._clock = clock
         self._stale_after = stale_after  # an engine's load reading older than this is unused
         self.prefill = PrefillRates()
+        # Saturation: requests wait in priority bands, one queue per model (bands.py).
+        self.admission = admission or AdmissionSettings()
+        self._queues: dict[str, Bands[_Queued]] = {}
+        self._decided: list[tuple[str, Decision]] = []  # answers of queued requests, not yet sent
 
     def now(self) -> float:
         """Control's clock, the one readings and pins are aged by."""
@@ -81,12 +97,127 @@ class Router:
             if self._route_events:
                 self._audit(request, refusal, None)
             return refusal
-        decision = self._route(request, reason, preferred, now)
+        if self.admission.enabled and not request.shape.owner_key:
+            queued = self._wait_for_room(request, admitted, now)
+            if queued is not None:
+                return queued
+            request = self._away_from_full(request, self._band(request), now)
+        return self._routed(request, admitted, now)
+
+    def _routed(self, request: RouteRequest, admitted: Admission, now: float) -> Decision:
+        decision = self._route(request, None, (), now)
         if not decision.backends:
             self.registry.tenants.cancel(request.request_id)
         elif admitted.quota is not None:
             decision = replace(decision, quota=admitted.quota)
         return decision
+
+    # -- saturation: priority bands ---------------------------------------------------------
+
+    def _band(self, request: RouteRequest) -> int:
+        tenant = self.registry.tenants.find(request.shape.tenant)
+        return (tenant.priority if tenant is not None else Priority.STANDARD).band
+
+    def _full(self, model: str, band: int, now: float) -> tuple[set[BackendId], int]:
+        """The model's routable backends that are full for `band`, and how many are
+        routable. Full: Baton's requests on it reach the band's share of its capacity, or
+        its engine's fresh reading says requests wait in its own queue."""
+        cap = self.admission.capacity(band)
+        counts = self.registry.in_flight()
+        full, routable = set(), 0
+        for s in self.registry.snapshot.serving(model):
+            if not s.routable:
+                continue
+            routable += 1
+            bid = s.backend.id
+            load = self.registry.engine_load(bid)
+            queueing = (load is not None and load.waiting > 0
+                        and now - load.read_at <= self._stale_after)  # fmt: skip
+            if counts.get(bid, 0) >= cap or queueing:
+                full.add(bid)
+        return full, routable
+
+    def _away_from_full(self, request: RouteRequest, band: int, now: float) -> RouteRequest:
+        full, _ = self._full(request.shape.model, band, now)
+        return replace(request, exclude=request.exclude | full) if full else request
+
+    def _wait_for_room(
+        self, request: RouteRequest, admitted: Admission, now: float
+    ) -> Decision | None:
+        """A QUEUED answer when the request must wait: every routable backend is full for
+        its band, or requests of its band or a higher one wait already (they go first).
+        None: route it now. No backend routable at all: not a wait (route as ever)."""
+        model, band = request.shape.model, self._band(request)
+        q = self._queues.get(model)
+        ahead = q is not None and q.waiting_at_or_above(band)
+        full, routable = self._full(model, band, now)
+        if not routable or not (ahead or len(full) >= routable):
+            return None
+        q = self._queues.setdefault(model, Bands())
+        version = self.registry.snapshot.version
+        if len(q) >= self.admission.max_queued:
+            victim = q.lowest_newest()
+            if victim is None or victim.band <= band:
+                return self._shed(request.request_id, version, "the queue is full")
+            q.remove(victim.request_id)
+            self._decided.append((victim.request_id, self._shed(
+                victim.request_id, version, "a higher band's request took its place")))  # fmt: skip
+        tenant = self.registry.tenants.find(request.shape.tenant)
+        cost = round(request.shape.prompt_chars / self.prefill.chars_per_token(model))
+        cost += request.shape.max_tokens
+        wait = self.admission.max_wait
+        weight = tenant.weight if tenant is not None else 1
+        q.push(Waiting(request.request_id, request.shape.tenant, band, weight, max(cost, 1),
+                       now, now + wait, _Queued(request, admitted.quota)))  # fmt: skip
+        return Decision((), Reason.QUEUED, version,
+                        f"fleet saturated: waiting in band {band}", quota=admitted.quota,
+                        wait_s=wait)  # fmt: skip
+
+    def _shed(self, request_id: str, version: int, why: str) -> Decision:
+        self.registry.tenants.cancel(request_id)
+        return Decision((), Reason.SHED, version, f"fleet saturated: {why}",
+                        wait_s=self.admission.max_wait)  # fmt: skip
+
+    def dequeue(self) -> list[tuple[str, Decision]]:
+        """Queued requests whose turn came, routed now, and those shed (their wait reached
+        its bound, or the queue was full): each with its answer. Called whenever room may
+        have freed (an outcome, a load reading, a tick)."""
+        now = self._clock()
+        out, self._decided = self._decided, []
+        version = self.registry.snapshot.version
+        for model, q in list(self._queues.items()):
+            for late in q.expired(now):
+                why = f"no room within {self.admission.max_wait:g} s"
+                out.append((late.request_id, self._shed(late.request_id, version, why)))
+            while len(q):
+                w = q.pop(functools.partial(self._has_room, model, now=now))
+                if w is None:
+                    break
+                request = self._away_from_full(w.item.request, w.band, now)
+                admitted = Admission(quota=w.item.quota)
+                out.append((w.request_id, self._routed(request, admitted, now)))
+            if not len(q):
+                del self._queues[model]
+        return out
+
+    def _has_room(self, model: str, band: int, *, now: float) -> bool:
+        full, routable = self._full(model, band, now)
+        return len(full) < routable
+
+    @property
+    def queued(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    @property
+    def waiting(self) -> bool:
+        """Whether dequeue() may have answers to give (requests queued, or shed unsent)."""
+        return bool(self._queues or self._decided)
+
+    def _unqueue(self, request_id: str) -> None:
+        """A queued request whose client left (its shim reported its end)."""
+        for q in self._queues.values():
+            if q.remove(request_id) is not None:
+                return
 
     def _route(
         self, request: RouteRequest, reason: Reason | None, preferred: Sequence[str], now: float
@@ -285,6 +416,8 @@ class Router:
         now = self._clock()
         tenants = self.registry.tenants
         for outcome in outcomes:
+            if self._queues:
+                self._unqueue(outcome.request_id)
             self.registry.release(outcome.request_id)
             tenants.finished(
                 outcome.request_id, outcome.prompt_tokens, outcome.completion_tokens, now

@@ -15,7 +15,9 @@ from dataplane.exceptions import ErrorKind, OpenAIError
 
 TENANT = web.RequestKey("tenant", str)  # the tenant whose key the request came with
 QUOTA = web.RequestKey("quota", Quota)  # its standing, as control's admission left it
-TENANT_REASONS = frozenset({Reason.TENANT_LIMITED, Reason.TENANT_MODEL, Reason.TENANT_UNKNOWN})
+TENANT_REASONS = frozenset({Reason.TENANT_LIMITED, Reason.TENANT_MODEL, Reason.TENANT_UNKNOWN,
+                            Reason.SHED})  # fmt: skip
+SHED_RETRY_S = 1  # a request shed from a saturated fleet: retry soon, room frees continually
 
 
 def duration(seconds: float) -> str:
@@ -53,6 +55,12 @@ def tenant_refusal(decision: Decision, model: str) -> OpenAIError:
         )
     if decision.reason is Reason.TENANT_UNKNOWN:
         return OpenAIError(ErrorKind.UNAUTHORIZED, "Incorrect API key provided.")
+    if decision.reason is Reason.SHED:
+        return OpenAIError(
+            ErrorKind.FLEET_SATURATED,
+            f"The fleet is saturated ({decision.detail}); retry shortly.",
+            headers={"Retry-After": str(SHED_RETRY_S), "retry-after-ms": str(SHED_RETRY_S * 1000)},
+        )
     q = decision.quota or Quota(retry_after_s=1.0, limited_by=Limited.REQUESTS)
     limited = q.limited_by or Limited.REQUESTS
     return OpenAIError(

@@ -182,6 +182,13 @@ class ControlLink:
                 return await self._decision(self._stream.route(request))
             except ControlUnavailable as exc:
                 self._unreachable(str(exc))
+            except asyncio.CancelledError:
+                # The client left before its answer (it may be waiting in its band): control
+                # drops it, and counts it no longer for its tenant.
+                gone = RequestOutcome(request_id=request_id, backend_id="", model=shape.model,
+                                      ok=False, http_status=499)  # fmt: skip
+                self.finished(gone)
+                raise
         if shape.owner_key:
             # Only control knows which backend holds it; any other would answer a misleading
             # 404 (or, worse, hold another response of that id).

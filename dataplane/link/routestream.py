@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
@@ -26,6 +27,15 @@ from dataplane.link.route_socket import SocketCall
 log = logging.getLogger("baton.shim.control")
 
 SOCKET_RETRY_S = 5.0  # a route socket that failed is tried again this long after
+QUEUED = routing_pb2.ROUTE_REASON_QUEUED
+
+
+@dataclass(slots=True)
+class _Waiter:
+    """A question in flight: its answer, and when to stop waiting (on the loop's clock)."""
+
+    fut: asyncio.Future[routing_pb2.RouteResponse]
+    deadline: float
 
 
 class _Call(Protocol):
@@ -112,7 +122,8 @@ class RouteStream:
         # request id -> (answer, deadline on the loop clock) of each question in flight, oldest
         # first: one request can have two (a failover's call made late, then its next failover).
         # An answer goes to the oldest waiter; control answers in the order it was asked.
-        self._pending: dict[str, list[tuple[asyncio.Future[routing_pb2.RouteResponse], float]]] = {}
+        # A QUEUED answer is not an answer: it moves its waiter's deadline to control's bound.
+        self._pending: dict[str, list[_Waiter]] = {}
         self._routes: list[routing_pb2.RouteRequest] = []
         self._failovers: list[routing_pb2.FailoverRequest] = []
         self._outcomes: list[routing_pb2.RequestOutcome] = []
@@ -172,7 +183,7 @@ class RouteStream:
         loop = asyncio.get_running_loop()
         self._start()
         fut: asyncio.Future[routing_pb2.RouteResponse] = loop.create_future()
-        entry = (fut, loop.time() + self._timeout)
+        entry = _Waiter(fut, loop.time() + self._timeout)
         waiting = self._pending.setdefault(request_id, [])
         waiting.append(entry)
         queue.append(request)
@@ -257,9 +268,15 @@ class RouteStream:
 
     def _deliver(self, results: Sequence[routing_pb2.RouteResult]) -> None:
         for result in results:
-            for fut, _ in self._pending.get(result.request_id, ()):
-                if not fut.done():
-                    fut.set_result(result.response)
+            for waiter in self._pending.get(result.request_id, ()):
+                if not waiter.fut.done():
+                    if result.response.reason == QUEUED:
+                        # The fleet is saturated and the request waits in its band: control
+                        # answers again within its bound (a wait is not a hung control).
+                        now = asyncio.get_running_loop().time()
+                        waiter.deadline = now + result.response.wait_ms / 1000 + self._timeout
+                    else:
+                        waiter.fut.set_result(result.response)
                     break
 
     def _closed(self, call: Any, reason: str) -> None:
@@ -271,9 +288,9 @@ class RouteStream:
         call, self._call = self._call, None
         if call is not None:
             call.cancel()
-        for fut, _ in [e for waiting in self._pending.values() for e in waiting]:
-            if not fut.done():
-                fut.set_exception(StreamBroken(reason))
+        for w in [e for waiting in self._pending.values() for e in waiting]:
+            if not w.fut.done():
+                w.fut.set_exception(StreamBroken(reason))
         self._on_broken(reason)
 
     async def _sweep(self) -> None:
@@ -290,9 +307,9 @@ class RouteStream:
                 self._tasks[0] = asyncio.create_task(self._writer())
                 self._write_started = None
                 self._broken("write timed out")
-            for fut, deadline in [e for waiting in self._pending.values() for e in waiting]:
-                if deadline <= now and not fut.done():
-                    fut.set_exception(TimeoutError())
+            for w in [e for waiting in self._pending.values() for e in waiting]:
+                if w.deadline <= now and not w.fut.done():
+                    w.fut.set_exception(TimeoutError())
 
     async def close(self) -> None:
         if self._outcomes and self._tasks:

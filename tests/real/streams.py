@@ -8,8 +8,9 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,6 +219,25 @@ class Stepped:
     def _signal(self, sig: int) -> None:
         for pid in self.cores:
             self.engine.signal_pid(pid, sig)
+
+
+@contextmanager
+def stepped_kill(engines: Sequence[Engine]) -> Iterator[Callable[[str], bool]]:
+    """A kill of the replica serving a stream that lands mid-generation: every replica's
+    cores run in steps (Stepped) for the stream, and the one named is killed whole (its
+    process group) only while its frozen core holds the request unfinished (False: it had
+    finished; the caller judges that stream and tries again). On exit the others run freely."""
+    with ExitStack() as stack:
+        steps = {e.name: stack.enter_context(Stepped(e)) for e in engines}
+
+        def kill(name: str) -> bool:
+            stepped = steps.get(name)
+            if stepped is None or not stepped.halt():
+                return False
+            stepped.engine.kill(signal.SIGKILL)
+            return True
+
+        yield kill
 
 
 def failed_over(fleet: Fleet, request_id: str, timeout: float = 15.0) -> bool:

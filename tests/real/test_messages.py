@@ -25,8 +25,8 @@ from clients.client import AdminClient
 from scripts.engines.replicas import MODEL, Engine
 from tests.integration.harness import Fleet
 from tests.real.conftest import Pool, baton
-from tests.real.streams import failed_over, failover_event
-from tests.real.test_engines import kill_vllm_mid_generation, serving
+from tests.real.streams import failed_over, failover_event, stepped_kill
+from tests.real.test_engines import serving
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
 
@@ -131,12 +131,14 @@ def test_a_message_through_baton_is_vllms_own_and_outlives_a_sigkill(
         same = through(fleet, engines[0].model)
         assert same.shape() == want.shape(), "Baton's message differs from vLLM's own"
         for _ in range(3):  # every try is judged; only one without a failover is retried
-            got = through(fleet, engines[0].model, kill_vllm_mid_generation(pool))
+            # Stepped: on busy cores vLLM would end the stream before the client is 5 deltas in.
+            with stepped_kill(engines) as kill:
+                got = through(fleet, engines[0].model, kill)
             assert got.shape() == want.shape(), "the stream differs from vLLM's own"
             if got.killed and failed_over(fleet, got.request_id):
                 break
             if got.killed:
-                pool.get(*pair)
+                engines = pool.get(*pair)  # the killed one restarted, with new pids
         else:
             raise AssertionError("vLLM finished every stream before the kill could land")
         ev = failover_event(fleet, got.request_id)
