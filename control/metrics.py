@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from baton.model import HealthState, Snapshot
+from baton.tenancy import FILE_TENANT
 from control.fleet.registry import Registry
 from control.pairs.flow import PairFlow
 from control.signals.kv.index import KvState
@@ -130,9 +131,81 @@ class FleetCollector(Collector):
         yield events
 
 
+class TenantCollector(Collector):
+    """Each tenant's use since control started, read from the tenant book at scrape time
+    (the route path only counts). The tenant label is bounded by the operator's tenants:
+    `default` for the shims' flat key file; any other id (a tenant removed since) is `other`."""
+
+    def __init__(
+        self, registry: Registry, queued: Callable[[], Mapping[str, int]] | None = None
+    ) -> None:
+        self._registry = registry
+        self._queued = queued
+
+    def collect(self) -> Iterator[Metric]:
+        book = self._registry.tenants
+        known = {t.id for t in book.all()} | {FILE_TENANT}
+        fams: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
+            "requests": CounterMetricFamily(
+                "baton_tenant_requests", "Requests admitted, by tenant.", labels=["tenant"]
+            ),
+            "refused": CounterMetricFamily(
+                "baton_tenant_refused",
+                "Requests refused at admission, by tenant and by what refused them "
+                "(concurrent, requests, tokens, model, saturated).",
+                labels=["tenant", "limit"],
+            ),
+            "tokens": CounterMetricFamily(
+                "baton_tenant_tokens", "Tokens the engines counted, by tenant.",
+                labels=["tenant", "kind"],
+            ),
+            "queued": CounterMetricFamily(
+                "baton_tenant_queued_seconds",
+                "Seconds requests waited for room on a saturated fleet, by tenant.",
+                labels=["tenant"],
+            ),
+            "in_flight": GaugeMetricFamily(
+                "baton_tenant_in_flight", "Requests admitted and not finished, by tenant.",
+                labels=["tenant"],
+            ),
+        }  # fmt: skip
+        rows: dict[str, list[float]] = {}
+        refused: Tally[tuple[str, str]] = Tally()
+        for u in book.usage(lifetime=True):
+            tid = u.tenant_id if u.tenant_id in known else "other"
+            row = rows.setdefault(tid, [0.0] * 5)
+            for i, v in enumerate((u.requests, u.prompt_tokens, u.completion_tokens,
+                                   u.queued_s, u.in_flight)):  # fmt: skip
+                row[i] += v
+            for limit, n in u.refused.items():
+                refused[(tid, limit)] += n
+        for tid, (requests, prompt, completion, queued, in_flight) in rows.items():
+            fams["requests"].add_metric([tid], requests)
+            fams["tokens"].add_metric([tid, "prompt"], prompt)
+            fams["tokens"].add_metric([tid, "completion"], completion)
+            fams["queued"].add_metric([tid], queued)
+            fams["in_flight"].add_metric([tid], in_flight)
+        for (tid, limit), n in refused.items():
+            fams["refused"].add_metric([tid, limit], n)
+        yield from fams.values()
+        if self._queued is not None:
+            waiting = GaugeMetricFamily(
+                "baton_queued_requests",
+                "Requests waiting for room on a saturated fleet, by priority class.",
+                labels=["priority"],
+            )
+            for band, n in self._queued().items():
+                waiting.add_metric([band], n)
+            yield waiting
+
+
 class ControlMetrics:
     def __init__(
-        self, registry: Registry, pairs: PairFlow, now: Callable[[], float] = time.time
+        self,
+        registry: Registry,
+        pairs: PairFlow,
+        now: Callable[[], float] = time.time,
+        queued: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -167,3 +240,4 @@ class ControlMetrics:
             registry=r,
         )
         r.register(FleetCollector(registry, pairs, now))
+        r.register(TenantCollector(registry, queued))

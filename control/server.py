@@ -160,7 +160,9 @@ class ControlPlane:
         self.server = grpc.aio.server(interceptors=auth.interceptors(admin_token, shim_token))
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
-        self.metrics = ControlMetrics(self.registry, self.pairs, clock)
+        self.metrics = ControlMetrics(
+            self.registry, self.pairs, clock, queued=self.router.queued_by_band
+        )
         self.tracing = tracing_from_env("baton-control")
         self._metrics_listen = metrics_listen
         self._metrics_runner: web.AppRunner | None = None

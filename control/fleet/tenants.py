@@ -47,18 +47,21 @@ class Usage:
 
 
 class _Minutes:
-    """One tenant's counts, minute by minute (unix minutes), for usage reports."""
+    """One tenant's counts, minute by minute (unix minutes) for usage reports, and since
+    control started (Prometheus' counters, which never go down)."""
 
     def __init__(self) -> None:
         self.minutes: deque[tuple[int, _Counts]] = deque()
+        self.total = _Counts()
 
-    def now(self, now: float) -> _Counts:
+    def now(self, now: float) -> tuple[_Counts, _Counts]:
+        """This minute's counts and the total, both to be added to."""
         minute = int(now // 60)
         if not self.minutes or self.minutes[-1][0] != minute:
             self.minutes.append((minute, _Counts()))
             while self.minutes and self.minutes[0][0] <= minute - USAGE_MINUTES:
                 self.minutes.popleft()
-        return self.minutes[-1][1]
+        return self.minutes[-1][1], self.total
 
     def since(self, since: float | None) -> _Counts:
         total = _Counts()
@@ -170,27 +173,37 @@ class TenantBook:
         tenant = self._tenants.get(tenant_id)
         admission = self._ledger.admit(request_id, tenant_id, tenant, model, tokens, now)
         if tenant is not None:
-            counts = self._minutes(tenant_id).now(now)
-            if admission.refused is None:
-                counts.requests += 1
-            else:
-                counts.refused[admission.limited.value if admission.limited else "model"] += 1
+            for counts in self._minutes(tenant_id).now(now):
+                if admission.refused is None:
+                    counts.requests += 1
+                else:
+                    limit = admission.limited.value if admission.limited else "model"
+                    counts.refused[limit] += 1
         return admission
 
     def cancel(self, request_id: str) -> None:
-        """An admitted request no backend could take: it used nothing."""
-        tenant_id = self._ledger.cancel(request_id)
-        if tenant_id is not None:
-            self._minutes(tenant_id).now(_last(self._counts[tenant_id])).requests -= 1
+        """An admitted request no backend could take: it used nothing (it stays counted as
+        a request admitted)."""
+        self._ledger.cancel(request_id)
 
     def finished(
         self, request_id: str, prompt_tokens: int, completion_tokens: int, now: float
     ) -> None:
         tenant_id = self._ledger.finished(request_id, prompt_tokens, completion_tokens)
         if tenant_id is not None:
-            counts = self._minutes(tenant_id).now(now)
-            counts.prompt_tokens += prompt_tokens
-            counts.completion_tokens += completion_tokens
+            for counts in self._minutes(tenant_id).now(now):
+                counts.prompt_tokens += prompt_tokens
+                counts.completion_tokens += completion_tokens
+
+    def waited(self, tenant_id: str, seconds: float, shed: bool, now: float) -> None:
+        """A request of the tenant waited `seconds` for room on a saturated fleet, and was
+        routed, or `shed` past its bound."""
+        if tenant_id not in self._tenants:
+            return
+        for counts in self._minutes(tenant_id).now(now):
+            counts.queued_s += seconds
+            if shed:
+                counts.refused["saturated"] += 1
 
     def expire(self, now: float) -> int:
         return self._ledger.expire(now)
@@ -198,19 +211,19 @@ class TenantBook:
     def _minutes(self, tenant_id: str) -> _Minutes:
         return self._counts.setdefault(tenant_id, _Minutes())
 
-    def usage(self, since: float | None = None) -> list[Usage]:
+    def usage(self, since: float | None = None, *, lifetime: bool = False) -> list[Usage]:
         """Per tenant (configured, or seen since control started), since `since` (unix
-        seconds, to the minute; None: as far back as kept)."""
+        seconds, to the minute; None: as far back as kept), or since control started
+        (`lifetime`: what Prometheus' counters say)."""
         out = []
         for tid in sorted(set(self._tenants) | set(self._counts)):
             m = self._counts.get(tid)
-            total = m.since(since) if m is not None else _Counts()
+            if m is None:
+                total = _Counts()
+            else:
+                total = m.total if lifetime else m.since(since)
             now_in = self._ledger.in_flight(tid)
             out.append(Usage(tid, total.requests, total.prompt_tokens, total.completion_tokens,
                              dict(total.refused), now_in, total.queued_s))  # fmt: skip
         return out
 
-
-def _last(m: _Minutes) -> float:
-    """A time in the newest minute counted (a cancel follows its admission at once)."""
-    return m.minutes[-1][0] * 60.0 if m.minutes else 0.0

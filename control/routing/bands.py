@@ -110,6 +110,9 @@ class Bands(Generic[T]):
         self._bands[w.band].push(w)
         self._tenant_of[w.request_id] = (w.tenant, w.band)
 
+    def sizes(self) -> dict[int, int]:
+        return {band: len(q) for band, q in enumerate(self._bands)}
+
     def waiting_at_or_above(self, band: int) -> bool:
         """Whether a request of `band` or a higher one (a lower number) waits."""
         return any(len(q) for q in self._bands[: band + 1])

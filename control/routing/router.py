@@ -188,11 +188,13 @@ class Router:
         for model, q in list(self._queues.items()):
             for late in q.expired(now):
                 why = f"no room within {self.admission.max_wait:g} s"
+                self.registry.tenants.waited(late.tenant, now - late.since, True, now)
                 out.append((late.request_id, self._shed(late.request_id, version, why)))
             while len(q):
                 w = q.pop(functools.partial(self._has_room, model, now=now))
                 if w is None:
                     break
+                self.registry.tenants.waited(w.tenant, now - w.since, False, now)
                 request = self._away_from_full(w.item.request, w.band, now)
                 admitted = Admission(quota=w.item.quota)
                 out.append((w.request_id, self._routed(request, admitted, now)))
@@ -207,6 +209,15 @@ class Router:
     @property
     def queued(self) -> int:
         return sum(len(q) for q in self._queues.values())
+
+    def queued_by_band(self) -> dict[str, int]:
+        """Requests waiting now, by their class's name (for /metrics)."""
+        out = {p.value: 0 for p in Priority}
+        names = {p.band: p.value for p in Priority}
+        for q in self._queues.values():
+            for band, n in q.sizes().items():
+                out[names[band]] += n
+        return out
 
     @property
     def waiting(self) -> bool:

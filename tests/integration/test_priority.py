@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import MODEL, Fleet, fleet, http_full, wait_until
+from tests.integration.harness import MODEL, Fleet, fleet, http_full, metric, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -118,6 +118,18 @@ def test_interactive_is_served_through_a_batch_flood_and_batch_is_shed_with_retr
         assert batch_results[429] > 0, batch_results  # and shed past its wait
         assert set(batch_results) <= {200, 429}, batch_results
         assert retry_after and all(r.isdigit() and int(r) >= 1 for r in retry_after)
+        # Control's per-tenant series say the same, with the tenant as the label.
+        control = f.control.announced["METRICS"].removesuffix("/metrics")
+        assert metric(control, "baton_tenant_requests_total", 'tenant="app"') >= 18
+        shed = metric(control, "baton_tenant_refused_total", 'limit="saturated",tenant="jobs"')
+        assert shed == batch_results[429], (shed, batch_results)
+        assert metric(control, "baton_tenant_queued_seconds_total", 'tenant="jobs"') > 0
+        assert metric(control, "baton_tenant_tokens_total", 'kind="completion",tenant="jobs"') > 0
+        assert metric(control, "baton_queued_requests", 'priority="batch"') == 0  # all ended
+        # Every request ended is counted out (the last ends' reports land within a flush).
+        assert wait_until(
+            lambda: metric(control, "baton_tenant_in_flight", 'tenant="jobs"') == 0, 10
+        )
 
 
 def test_two_tenants_of_one_class_share_by_weight(tmp_path: Path) -> None:
