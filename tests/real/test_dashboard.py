@@ -189,6 +189,23 @@ def serve_traffic(f: Fleet) -> None:
         raise AssertionError("no failover in 4 streams")
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    # Last (from here on the shim asks every client for a key): a tenant at its limit, for the
+    # Tenants row. Its one request a minute is served; the next is refused for it.
+    out = f.baton("tenants", "add", "acme", "--rpm", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    key = json.loads(out.stdout)["key"]
+    t = openai.OpenAI(base_url=f.base_url, api_key=key, max_retries=0, timeout=30)
+
+    def served() -> bool:
+        try:
+            t.completions.create(model=MODEL, prompt="tenant", max_tokens=4)
+        except openai.AuthenticationError:  # the shim has not had the key's snapshot yet
+            return False
+        return True
+
+    assert wait_until(served, timeout=10)
+    with pytest.raises(openai.RateLimitError):
+        t.completions.create(model=MODEL, prompt="again", max_tokens=4)
 
 
 def test_every_panel_query_returns_data(
