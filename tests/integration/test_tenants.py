@@ -301,3 +301,39 @@ def events(f: Fleet, kind: str) -> list[dict[str, Any]]:
     out = f.baton("events", "--kind", kind, "--json")
     assert out.returncode == 0, out.stderr
     return list(json.loads(out.stdout))
+
+
+ENDPOINTS: dict[str, dict[str, Any]] = {
+    "/v1/chat/completions": {"model": MODEL, "max_tokens": 2,
+                             "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/completions": {"model": MODEL, "prompt": "hi", "max_tokens": 2},
+    "/v1/responses": {"model": MODEL, "input": "hi", "max_output_tokens": 2},
+    "/v1/messages": {"model": MODEL, "max_tokens": 2,
+                     "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/embeddings": {"model": MODEL, "input": "hi"},
+    "/tokenize": {"model": MODEL, "prompt": "hi"},
+}  # fmt: skip
+
+
+def test_every_endpoint_asks_for_a_key_and_counts_against_the_tenant(tmp_path: Path) -> None:
+    with fleet(tmp_path, 1) as f:
+        out = f.baton("tenants", "add", "acme", "--rpm", str(len(ENDPOINTS) + 1), "--json")
+        assert out.returncode == 0, out.stderr
+        key = json.loads(out.stdout)["key"]
+
+        def post(path: str, key: str) -> tuple[int, dict[str, str]]:
+            status, _, headers = http_full(
+                "POST", f.shim.ready + path, json.dumps(ENDPOINTS[path]).encode(),
+                {"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+            )  # fmt: skip
+            return status, {k.lower(): v for k, v in headers.items()}
+
+        assert wait_until(lambda: post("/tokenize", key)[0] == 200, timeout=10)  # key known
+        remaining = []
+        for path in ENDPOINTS:
+            assert post(path, "sk-baton-wrong")[0] == 401, path
+            status, headers = post(path, key)
+            assert status == 200, path
+            remaining.append(int(headers["x-ratelimit-remaining-requests"]))
+        assert remaining == list(range(len(ENDPOINTS) - 1, -1, -1)), remaining
+        assert post("/v1/embeddings", key)[0] == 429  # every endpoint counted
