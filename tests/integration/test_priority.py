@@ -4,6 +4,7 @@ clients over HTTP. Every flood is bounded in requests and time."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import statistics
 import threading
@@ -160,3 +161,34 @@ def test_two_tenants_of_one_class_share_by_weight(tmp_path: Path) -> None:
                 r.result(timeout=200)
         ratio = served["heavy"] / served["light"]
         assert 2.7 <= ratio <= 3.3, served
+
+
+def test_a_client_that_leaves_while_waiting_is_dropped_from_the_queue(tmp_path: Path) -> None:
+    """One backend with room for one request: a stream holds it; a second request waits in
+    its band, and its client gives up. Control drops it at once (the queue empties and its
+    tenant has nothing in flight) while the first still holds the slot."""
+    admission = "[admission]\nbackend_capacity = 1\nmax_wait = 30\n"
+    with fleet(tmp_path, 1, sim_args=("--decode-ms-per-step", "50"),
+               control_extra=admission) as f:  # fmt: skip
+        holder_key = tenant(f, "holder")
+        leaver_key = tenant(f, "leaver")
+        control = f.control.announced["METRICS"].removesuffix("/metrics")
+        held = threading.Thread(target=ask, args=(f, holder_key, 200), daemon=True)  # ~10 s
+        held.start()
+        assert wait_until(
+            lambda: metric(control, "baton_tenant_in_flight", 'tenant="holder"') == 1, 10
+        )
+        body = json.dumps({"model": MODEL, "prompt": "p", "max_tokens": 4}).encode()
+        conn = http.client.HTTPConnection(f.shim.ready.removeprefix("http://"), timeout=10)
+        conn.request("POST", "/v1/completions", body, {
+            "Content-Type": "application/json", "Authorization": f"Bearer {leaver_key}"})
+        assert wait_until(
+            lambda: metric(control, "baton_queued_requests", 'priority="standard"') == 1, 10
+        )
+        conn.close()  # the client leaves while its request waits
+        assert wait_until(
+            lambda: metric(control, "baton_queued_requests", 'priority="standard"') == 0, 10
+        )
+        assert metric(control, "baton_tenant_in_flight", 'tenant="leaver"') == 0
+        assert held.is_alive()  # the slot is still held: the queue was left, not served
+        held.join(timeout=60)
