@@ -44,8 +44,8 @@ class NoEvents(EventLog):
         return None
 
     def record_route(self, request_id: str, backend_id: str, reason: str, policy: str,
-                     model: str, pin_depth: int, snapshot: int,
-                     detail: str = "") -> None:  # fmt: skip
+                     model: str, pin_depth: int, snapshot: int, detail: str = "",
+                     tenant: str = "") -> None:  # fmt: skip
         return None
 
 
