@@ -150,7 +150,7 @@ async def with_control(
     routing_pb2_grpc.add_RoutingServiceServicer_to_server(control, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    sock = RouteSocket(lambda msg: control.answer(msg, "socket"), token)
+    sock = RouteSocket(lambda msg, later: control.answer(msg, "socket"), token)
     socket_port = await sock.start("127.0.0.1", 0)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -242,7 +242,7 @@ def test_a_decision_that_raises_fails_its_socket_not_control() -> None:
 
 def test_a_peer_that_never_says_hello_is_cut_off() -> None:
     async def test() -> bytes:
-        sock = RouteSocket(lambda msg: None, "shim-token", hello_within=0.2)
+        sock = RouteSocket(lambda msg, later: None, "shim-token", hello_within=0.2)
         port = await sock.start("127.0.0.1", 0)
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -263,12 +263,12 @@ def test_a_route_socket_that_failed_is_tried_again_later(monkeypatch: pytest.Mon
     monkeypatch.setattr(routestream, "SOCKET_RETRY_S", 0.3)
 
     async def test(stream: RouteStream, control: EchoControl, port: int) -> list[object]:
-        down = RouteSocket(lambda msg: control.answer(msg, "socket"), "shim-token")
+        down = RouteSocket(lambda msg, later: control.answer(msg, "socket"), "shim-token")
         spare = await down.start("127.0.0.1", 0)
         await down.stop()  # nothing listens there now
         stream.use_socket(("127.0.0.1", spare))
         first = await route(stream, "r1")
-        up = RouteSocket(lambda msg: control.answer(msg, "socket"), "shim-token")
+        up = RouteSocket(lambda msg, later: control.answer(msg, "socket"), "shim-token")
         await up.start("127.0.0.1", spare)
         try:
             soon = await route(stream, "r2")  # within the interval: still gRPC

@@ -20,7 +20,7 @@ from clients.client import AdminClient
 from scripts.engines.replicas import MODEL, Engine
 from tests.integration.harness import Fleet, metric
 from tests.real.conftest import Pool, baton, events, sdk
-from tests.real.streams import Stepped, failed_over, failover_event, generating
+from tests.real.streams import Stepped, failed_over, failover_event, stepped_kill
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
 
@@ -115,32 +115,22 @@ def kill_group(pool: Pool) -> Callable[[str], bool | None]:
     return lambda name: pool.replicas.engines[name].kill(signal.SIGKILL)
 
 
-def kill_vllm_mid_generation(pool: Pool) -> Callable[[str], bool]:
-    def kill(name: str) -> bool:
-        engine = pool.replicas.engines[name]
-        if not generating(engine):
-            return False
-        engine.kill(signal.SIGKILL)
-        return True
-
-    return kill
-
-
 def stream_killed(
-    pool: Pool, fleet: Fleet, endpoint: str, kill: Callable[[str], bool], want: str
+    pool: Pool, fleet: Fleet, endpoint: str, engines: list[Engine], want: str
 ) -> Streamed:
-    """A stream whose serving engine was killed while still generating. Every try is
-    judged: one in which no failover happened (the engine had sent everything before the
-    kill landed, or the kill did not land) must have given the client the whole answer,
-    and only such a try is tried again (bounded; the metrics gauge the kill consults can
-    lag the engine). The caller judges the one that failed over."""
+    """A stream whose serving vLLM replica was killed while still generating: its cores run
+    in steps (stepped_kill), so the kill lands on a request the frozen core holds
+    unfinished. Every try is judged: one in which no failover happened (the engine had
+    finished before the kill was due) must have given the client the whole answer, and
+    only such a try is tried again (bounded). The caller judges the one that failed over."""
     for _ in range(3):
-        got = stream(fleet, endpoint, kill)
+        with stepped_kill(engines) as kill:
+            got = stream(fleet, endpoint, kill)
         if got.killed and failed_over(fleet, got.request_id):
             return got
         assert_whole(got, want)  # no failover: then nothing may be missing either
         if got.killed:
-            pool.get(got.killed)  # restart it: the next try needs it
+            engines = pool.get(*(e.name for e in engines))  # restarted: new pids
     raise AssertionError("the engine finished every stream before the kill could land")
 
 
@@ -186,7 +176,7 @@ def test_vllm_pair_chat_killed_mid_stream(pool: Pool, tmp_path: Path) -> None:
     engines = pool.get("v0", "v1")
     want = reference(engines[1], "chat")
     with baton(tmp_path, engines) as fleet:
-        got = stream_killed(pool, fleet, "chat", kill_vllm_mid_generation(pool), want)
+        got = stream_killed(pool, fleet, "chat", engines, want)
         ev = failover_event(fleet, got.request_id)
     pool.revive(got.killed)  # needed again at the end of the file
     assert_whole(got, want)
@@ -295,7 +285,7 @@ def test_vllm_pair_completions_killed_mid_stream(pool: Pool, tmp_path: Path) -> 
     print(f"waited {time.monotonic() - started:.1f} s for restarted vLLM replicas")
     want = reference(engines[0], "completions")
     with baton(tmp_path, engines) as fleet:
-        got = stream_killed(pool, fleet, "completions", kill_vllm_mid_generation(pool), want)
+        got = stream_killed(pool, fleet, "completions", engines, want)
         ev = failover_event(fleet, got.request_id)
     pool.revive(got.killed)
     assert_whole(got, want)
