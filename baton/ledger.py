@@ -159,17 +159,20 @@ class Ledger:
             use.tokens.correct(hold.tokens, 0)
         return hold.tenant_id
 
-    def finished(self, request_id: str, prompt_tokens: int, completion_tokens: int) -> str | None:
-        """The request ended: its tokens as the engine counted them replace the estimate
-        (an end that says none, a client gone or an error, keeps the estimate). Its tenant's
-        id; None for a request this ledger did not admit."""
+    def finished(
+        self, request_id: str, prompt_tokens: int, completion_tokens: int, refused: bool = False
+    ) -> str | None:
+        """The request ended: its tokens as the engine counted them replace the estimate.
+        An end that says none keeps the estimate (a client gone, an engine that failed: work
+        was done that nobody counted), unless the engine `refused` the request (a 4xx: it
+        generated nothing). Its tenant's id; None for a request this ledger did not admit."""
         hold = self._holds.pop(request_id, None)
         if hold is None:
             return None
         use = self._use[hold.tenant_id]
         use.in_flight -= 1
         used = prompt_tokens + completion_tokens
-        if hold.tokens is not None and used > 0:
+        if hold.tokens is not None and (used > 0 or refused):
             use.tokens.correct(hold.tokens, used)
         return hold.tenant_id
 

@@ -187,9 +187,15 @@ class TenantBook:
         self._ledger.cancel(request_id)
 
     def finished(
-        self, request_id: str, prompt_tokens: int, completion_tokens: int, now: float
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        now: float,
+        refused: bool = False,
     ) -> None:
-        tenant_id = self._ledger.finished(request_id, prompt_tokens, completion_tokens)
+        """`refused`: the engine refused the request (a 4xx): it used no tokens."""
+        tenant_id = self._ledger.finished(request_id, prompt_tokens, completion_tokens, refused)
         if tenant_id is not None:
             for counts in self._minutes(tenant_id).now(now):
                 counts.prompt_tokens += prompt_tokens

@@ -431,8 +431,9 @@ class Router:
                 self._unqueue(outcome.request_id)
             self.registry.release(outcome.request_id)
             tenants.finished(
-                outcome.request_id, outcome.prompt_tokens, outcome.completion_tokens, now
-            )
+                outcome.request_id, outcome.prompt_tokens, outcome.completion_tokens, now,
+                refused=400 <= outcome.http_status < 500 and outcome.http_status != 499,
+            )  # fmt: skip
             if outcome.ok and outcome.ttft_ms > 0:
                 self.prefill.observed(outcome.request_id, outcome.backend_id, outcome.ttft_ms,
                                       outcome.prompt_tokens)  # fmt: skip

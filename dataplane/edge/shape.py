@@ -65,13 +65,18 @@ def shape_of(req: ClientRequest, key: bytes = DEFAULT_KEY) -> RequestShape:
     )
 
 
+MAX_TOKENS_SENT = 2**32 - 1  # RequestShape.max_tokens is a uint32
+
+
 def _output_cap(req: ClientRequest) -> int:
     """The client's cap on generated tokens, reserved against its tenant's tokens per
     minute (0: none given). Validated bodies hold ints >= 1 where they hold one."""
     cap = token_limit(req.body)
     if cap is None and req.endpoint is Endpoint.RESPONSES:
         cap = req.body.get("max_output_tokens")
-    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else 0
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
+        return 0
+    return min(cap, MAX_TOKENS_SENT)  # the engine refuses a cap past its context anyway
 
 
 # A client's explicit conversation key: vLLM's `session_id` body field, or this header.

@@ -315,7 +315,10 @@ class ControlLink:
         )
 
     def finished(self, outcome: RequestOutcome) -> None:
-        self._ledger.finished(outcome.request_id, outcome.prompt_tokens, outcome.completion_tokens)
+        refused = 400 <= outcome.http_status < 500 and outcome.http_status != 499
+        self._ledger.finished(
+            outcome.request_id, outcome.prompt_tokens, outcome.completion_tokens, refused
+        )
         self._stream.report(wire.outcome_to_pb(outcome))
 
     async def _flusher(self) -> None:

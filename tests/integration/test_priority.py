@@ -154,9 +154,9 @@ def test_two_tenants_of_one_class_share_by_weight(tmp_path: Path) -> None:
                         if sum(served.values()) >= target * 12:  # tokens, with [DONE] and a role
                             done.set()
 
-        with ThreadPoolExecutor(32) as pool:
-            runs = [pool.submit(client, "heavy", heavy) for _ in range(16)]
-            runs += [pool.submit(client, "light", light) for _ in range(16)]
+        with ThreadPoolExecutor(48) as pool:
+            runs = [pool.submit(client, "heavy", heavy) for _ in range(24)]
+            runs += [pool.submit(client, "light", light) for _ in range(24)]
             for r in runs:
                 r.result(timeout=200)
         ratio = served["heavy"] / served["light"]

@@ -107,3 +107,12 @@ def test_a_request_whose_end_is_never_reported_is_released_after_a_while() -> No
     assert b.admit("r2", "acme", "m", 0, 10.0).refused is Reason.TENANT_LIMITED
     assert b.expire(10_000.0) == 1
     assert b.admit("r2", "acme", "m", 0, 10_000.0).refused is None
+
+
+def test_a_request_the_engine_refused_costs_no_tokens() -> None:
+    """A 4xx from the engine (say max_tokens past its context): nothing was generated, so its
+    estimate (huge, from that max_tokens) does not hold the tenant's window."""
+    b = book(tokens_per_minute=100)
+    b.admit("r1", "acme", "m", 10**9, 0.0)
+    b.finished("r1", 0, 0, 1.0, refused=True)
+    assert b.admit("r2", "acme", "m", 5, 2.0).refused is None
