@@ -143,6 +143,7 @@ def fleet(
     control_extra: str = "",
     shim_env: dict[str, str] | None = None,
     backend_extra: str = "",
+    control_args: Sequence[str] = (),
 ) -> Iterator[Fleet]:
     """n sims s0..s{n-1} (per_sim[i] adds flags to sim i), control, one shim. Round robin
     sends a fresh fleet's first request to s0."""
@@ -161,7 +162,7 @@ def fleet(
             extra=control_extra,
             backend_extra=backend_extra,
         )
-        control = start_control(config, env=control_env)
+        control = start_control(config, *control_args, env=control_env)
         parts.append(control)
         shim = start_shim(control.ready, *shim_args, env=shim_env)
         parts.append(shim)

@@ -192,3 +192,33 @@ def test_a_client_that_leaves_while_waiting_is_dropped_from_the_queue(tmp_path: 
         assert metric(control, "baton_tenant_in_flight", 'tenant="leaver"') == 0
         assert held.is_alive()  # the slot is still held: the queue was left, not served
         held.join(timeout=60)
+
+
+@pytest.mark.parametrize("route_port", ["0", "off"], ids=["route-socket", "grpc"])
+def test_a_waiting_request_gets_its_answer_when_room_frees(
+    tmp_path: Path, route_port: str
+) -> None:
+    """Control's later answer reaches the shim whichever way its routes ride: the route
+    socket, or gRPC's RouteStream when control has no socket."""
+    admission = "[admission]\nbackend_capacity = 1\nmax_wait = 30\n"
+    with fleet(tmp_path, 1, sim_args=("--decode-ms-per-step", "20"), control_extra=admission,
+               control_args=("--route-port", route_port)) as f:  # fmt: skip
+        key = tenant(f, "acme")
+        control = f.control.announced["METRICS"].removesuffix("/metrics")
+        holder: list[int] = []
+        held = threading.Thread(target=lambda: holder.append(ask(f, key, 100)[0]), daemon=True)
+        held.start()  # about 2 s on the one slot
+        assert wait_until(
+            lambda: metric(control, "baton_tenant_in_flight", 'tenant="acme"') == 1, 10
+        )
+        waited: list[tuple[int, dict[str, Any], float]] = []
+        second = threading.Thread(target=lambda: waited.append(ask(f, key, 4)), daemon=True)
+        second.start()
+        assert wait_until(
+            lambda: metric(control, "baton_queued_requests", 'priority="standard"') == 1, 10
+        )
+        held.join(timeout=60)
+        second.join(timeout=60)
+        assert holder == [200]
+        status, body, _ = waited[0]
+        assert status == 200, body  # served once the first freed the slot
