@@ -158,8 +158,10 @@ class Router:
         if len(q) >= self.admission.max_queued:
             victim = q.lowest_newest()
             if victim is None or victim.band <= band:
+                self.registry.tenants.waited(request.shape.tenant, 0.0, True, now)
                 return self._shed(request.request_id, version, "the queue is full")
             q.remove(victim.request_id)
+            self.registry.tenants.waited(victim.tenant, now - victim.since, True, now)
             self._decided.append((victim.request_id, self._shed(
                 victim.request_id, version, "a higher band's request took its place")))  # fmt: skip
         tenant = self.registry.tenants.find(request.shape.tenant)
