@@ -21,9 +21,6 @@ from dataclasses import dataclass
 from baton.model import Reason
 from baton.tenancy import FILE_TENANT, WINDOW_S, Limited, Limits, Quota, Tenant
 
-# A prompt's tokens from its characters where nothing better is known (control learns each
-# model's rate from the engines' usage; a shim alone uses this).
-CHARS_PER_TOKEN = 4.0
 HOLD_TTL_S = 900.0  # an admitted request whose end was never reported (its shim died)
 
 

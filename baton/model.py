@@ -149,6 +149,11 @@ class BackendStatus:
         return self.health.state is HealthState.HEALTHY
 
 
+# A prompt's characters per token before anything better is known (English text, BPE):
+# control learns each model's own from the engines' usage (control/routing/prefill.py).
+CHARS_PER_TOKEN = 4.0
+
+
 @dataclass(frozen=True, slots=True)
 class RequestShape:
     """What the shim tells control about a request: sizes and hashes, never prompt text."""
@@ -173,6 +178,11 @@ class RequestShape:
     # The client's cap on generated tokens (0: none given), reserved against its tenant's
     # tokens per minute until the engine's usage is known.
     max_tokens: int = 0
+
+    def tokens_estimate(self, chars_per_token: float = CHARS_PER_TOKEN) -> int:
+        """The tokens the request may cost before the engine says: its prompt from its
+        characters, and its cap on output (a tenant's charge, a place in a band's share)."""
+        return round(self.prompt_chars / chars_per_token) + self.max_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +299,11 @@ class RequestOutcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     blocks: PrefixBlocks | None = None
+
+    @property
+    def engine_refused(self) -> bool:
+        """The engine answered a 4xx (not a client that left, 499): it generated nothing."""
+        return 400 <= self.http_status < 500 and self.http_status != 499
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,12 @@ class Limits:
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
 
+    def rates(self) -> tuple[tuple[str, int | None], ...]:
+        """The numeric limits by their config names (None: absent)."""
+        return (("concurrent", self.concurrent),
+                ("requests_per_minute", self.requests_per_minute),
+                ("tokens_per_minute", self.tokens_per_minute))  # fmt: skip
+
 
 @dataclass(frozen=True, slots=True)
 class TenantKey:

@@ -262,10 +262,19 @@ def quota_from_pb(q: routing_pb2.Quota) -> Quota:
         remaining_tokens=q.remaining_tokens,
         reset_tokens_s=q.reset_tokens_ms / 1000,
         retry_after_s=q.retry_after_ms / 1000,
-        # A limit this shim does not know by name still refused: say "requests".
-        limited_by=(Limited(q.limited_by) if q.limited_by in Limited._value2member_map_
-                    else Limited.REQUESTS) if q.limited_by else None,  # fmt: skip
+        limited_by=_limited(q.limited_by),
     )
+
+
+def _limited(name: str) -> Limited | None:
+    """None for an empty name (not refused); a limit this shim does not know by name still
+    refused, as `requests`."""
+    if not name:
+        return None
+    try:
+        return Limited(name)
+    except ValueError:
+        return Limited.REQUESTS
 
 
 def shape_from_pb(s: routing_pb2.RequestShape) -> RequestShape:

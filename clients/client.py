@@ -16,7 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from baton import wire
 from baton.model import BackendKind, HealthState, Role
-from baton.tenancy import KEY_ID_HEX, Priority
+from baton.tenancy import KEY_ID_HEX, Limits, Priority
 from baton.tokens import ADMIN_ENV
 from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2
 
@@ -100,22 +100,13 @@ def _pair(p: fleet_pb2.Pair) -> dict[str, Any]:
 def _tenant(t: fleet_pb2.Tenant) -> dict[str, Any]:
     """A tenant as the CLI shows it: its keys by key id and creation time, never a digest in
     full (and control never sends a key but once, at its making)."""
-    lim = t.limits
+    lim = wire.limits_from_pb(t.limits)
     priority = wire.PRIORITY_FROM_PB.get(t.priority)
     return {
         "id": t.id,
         "priority": priority.value if priority is not None else "unknown",
         "weight": t.weight,
-        "limits": {
-            "concurrent": lim.concurrent if lim.HasField("concurrent") else None,
-            "requests_per_minute": (
-                lim.requests_per_minute if lim.HasField("requests_per_minute") else None
-            ),
-            "tokens_per_minute": (
-                lim.tokens_per_minute if lim.HasField("tokens_per_minute") else None
-            ),
-            "models": sorted(lim.models),
-        },
+        "limits": {**dict(lim.rates()), "models": sorted(lim.models)},
         "keys": [
             # A key from the config file (given by digest) has no creation time.
             {"key_id": k.key_id or k.digest.hex()[:KEY_ID_HEX],
@@ -164,11 +155,9 @@ class TenantSpec:
                 id=self.id,
                 priority=priority,
                 weight=self.weight,
-                limits=fleet_pb2.TenantLimits(
-                    concurrent=self.concurrent,
-                    requests_per_minute=self.requests_per_minute,
-                    tokens_per_minute=self.tokens_per_minute,
-                    models=self.models,
+                limits=wire.limits_to_pb(
+                    Limits(self.concurrent, self.requests_per_minute, self.tokens_per_minute,
+                           frozenset(self.models))  # fmt: skip
                 ),
             )
         except ValueError as exc:  # a priority not known, a number the wire cannot carry

@@ -223,7 +223,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.AddTenantRequest, context: Context
     ) -> admin_pb2.AddTenantResponse:
         try:
-            wanted = convert.tenant_from_pb(request.tenant)
+            wanted = convert.configured_tenant_from_pb(request.tenant)
             key = new_key()
             tenant = self._registry.tenants.add(wanted, digest(key), self._router.now())
         except (RegistryError, ConfigError) as exc:
@@ -236,7 +236,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.UpdateTenantRequest, context: Context
     ) -> admin_pb2.UpdateTenantResponse:
         try:
-            t = convert.tenant_from_pb(request.tenant, update=True)
+            t = convert.configured_tenant_from_pb(request.tenant, update=True)
             tenant = self._registry.tenants.update(t.id, t.priority, t.weight, t.limits)
         except (RegistryError, ConfigError) as exc:
             await abort_with(context, exc)

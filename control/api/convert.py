@@ -171,8 +171,10 @@ def kv_status_to_pb(s: KvStatus) -> admin_pb2.KvIndexStatus:
     )
 
 
-def tenant_from_pb(t: fleet_pb2.Tenant, *, update: bool = False) -> Tenant:
-    """An operator's tenant (its keys ignored: control makes them). On add, an unset class is
+def configured_tenant_from_pb(t: fleet_pb2.Tenant, *, update: bool = False) -> Tenant:
+    """An operator's tenant from AddTenant or UpdateTenant, read strictly (wire.tenant_from_pb
+    reads a snapshot's leniently, as a shim must): its keys are ignored (control makes them),
+    an unknown class is refused. On add, an unset class is
     standard and an unset weight 1; an update replaces the whole configuration, so it must
     say both (the CLI sends the current values of what it does not change)."""
     if t.priority == fleet_pb2.PRIORITY_CLASS_UNSPECIFIED and update:
@@ -190,9 +192,7 @@ def tenant_from_pb(t: fleet_pb2.Tenant, *, update: bool = False) -> Tenant:
 
 def limits_text(lim: Limits) -> str:
     """The limits set, as the audit log says them: "concurrent=4 models=a,b"; "" for none."""
-    named = (("concurrent", lim.concurrent), ("requests_per_minute", lim.requests_per_minute),
-             ("tokens_per_minute", lim.tokens_per_minute))  # fmt: skip
-    said = [f"{name}={v}" for name, v in named if v is not None]
+    said = [f"{name}={v}" for name, v in lim.rates() if v is not None]
     if lim.models:
         said.append("models=" + ",".join(sorted(lim.models)))
     return " ".join(said)

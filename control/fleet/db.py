@@ -125,8 +125,7 @@ def shadowed_tenants(config: Iterable[Tenant], saved: Configured) -> list[Tenant
 
 def _tenant_row(t: Tenant) -> tuple[str, str, int, str, str]:
     lim = t.limits
-    limits = {"concurrent": lim.concurrent, "requests_per_minute": lim.requests_per_minute,
-              "tokens_per_minute": lim.tokens_per_minute, "models": sorted(lim.models)}  # fmt: skip
+    limits = {**dict(lim.rates()), "models": sorted(lim.models)}
     keys = [{"sha256": k.digest.hex(), "created": k.created} for k in t.keys]
     return t.id, t.priority.value, t.weight, json.dumps(limits), json.dumps(keys)
 

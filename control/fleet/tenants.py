@@ -146,10 +146,7 @@ class TenantBook:
             raise ConfigError(f"tenant {t.id!r}: {why}")
         if t.weight < 1:
             raise ConfigError(f"tenant {t.id!r}: weight must be at least 1")
-        lim = t.limits
-        named = (("concurrent", lim.concurrent), ("requests_per_minute", lim.requests_per_minute),
-                 ("tokens_per_minute", lim.tokens_per_minute))  # fmt: skip
-        for name, v in named:
+        for name, v in t.limits.rates():
             if v is not None and v < 1:
                 raise ConfigError(f"tenant {t.id!r}: {name} must be at least 1 (or absent)")
 

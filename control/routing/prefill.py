@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from baton.model import CHARS_PER_TOKEN
+
 # Before a backend has reported anything: a plausible GPU (prefill ~20k tokens/s, a request
 # of unknown size costing about one short prefill). Both are learned away within a few
 # outcomes.
@@ -44,8 +46,6 @@ ALPHA = 0.2  # weight of the newest observation
 MIN_TOKENS_TO_LEARN = 128
 BOUNDS_PER_TOKEN = (1e-4, 50.0)
 BOUNDS_PER_OUTSIDE = (0.0, 60_000.0)
-# A prompt's characters per token before any report says otherwise (English text, BPE).
-DEFAULT_CHARS_PER_TOKEN = 4.0
 # Characters per token is a ratio of sums over recent prompts: the first report replaces
 # the guess at once (a byte-level tokenizer makes 1, not 4: an estimate off by 4x credits a
 # continuation with its whole prompt cached), and older prompts fade by this much per report.
@@ -88,7 +88,7 @@ class PrefillRates:
 
     def chars_per_token(self, model: str) -> float:
         chars, tokens = self._sizes.get(model, (0.0, 0.0))
-        return chars / tokens if tokens else DEFAULT_CHARS_PER_TOKEN
+        return chars / tokens if tokens else CHARS_PER_TOKEN
 
     def rates(self, backend_id: str) -> Rates:
         return self._rates.get(backend_id, Rates())

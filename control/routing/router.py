@@ -90,15 +90,23 @@ class Router:
         now = self._clock()
         if reason is not None:  # a failover's resume: its request was admitted already
             return self._route(request, reason, preferred, now)
-        admitted = self._admit(request, now)
+        shape = request.shape
+        queueing = self.admission.enabled and not shape.owner_key
+        if not (shape.tenant or queueing):  # an open shim's request, no bands: route it
+            return self._routed(request, ADMITTED, now)
+        # What it may cost, at the model's learned characters per token.
+        tokens = shape.tokens_estimate(self.prefill.chars_per_token(shape.model))
+        admitted = self.registry.tenants.admit(
+            request.request_id, shape.tenant, shape.model, tokens, now
+        )
         if admitted.refused is not None:
             refusal = Decision((), admitted.refused, self.registry.snapshot.version,
                                admitted.detail, quota=admitted.quota)  # fmt: skip
             if self._route_events:
                 self._audit(request, refusal, None)
             return refusal
-        if self.admission.enabled and not request.shape.owner_key:
-            queued = self._wait_for_room(request, admitted, now)
+        if queueing:
+            queued = self._wait_for_room(request, admitted, tokens, now)
             if queued is not None:
                 return queued
             request = self._away_from_full(request, self._band(request), now)
@@ -142,7 +150,7 @@ class Router:
         return replace(request, exclude=request.exclude | full) if full else request
 
     def _wait_for_room(
-        self, request: RouteRequest, admitted: Admission, now: float
+        self, request: RouteRequest, admitted: Admission, tokens: int, now: float
     ) -> Decision | None:
         """A QUEUED answer when the request must wait: every routable backend is full for
         its band, or requests of its band or a higher one wait already (they go first).
@@ -165,11 +173,9 @@ class Router:
             self._decided.append((victim.request_id, self._shed(
                 victim.request_id, version, "a higher band's request took its place")))  # fmt: skip
         tenant = self.registry.tenants.find(request.shape.tenant)
-        cost = round(request.shape.prompt_chars / self.prefill.chars_per_token(model))
-        cost += request.shape.max_tokens
         wait = self.admission.max_wait
         weight = tenant.weight if tenant is not None else 1
-        q.push(Waiting(request.request_id, request.shape.tenant, band, weight, max(cost, 1),
+        q.push(Waiting(request.request_id, request.shape.tenant, band, weight, max(tokens, 1),
                        now, now + wait, _Queued(request, admitted.quota)))  # fmt: skip
         return Decision((), Reason.QUEUED, version,
                         f"fleet saturated: waiting in band {band}", quota=admitted.quota,
@@ -208,10 +214,6 @@ class Router:
         full, routable = self._full(model, band, now)
         return len(full) < routable
 
-    @property
-    def queued(self) -> int:
-        return sum(len(q) for q in self._queues.values())
-
     def queued_by_band(self) -> dict[str, int]:
         """Requests waiting now, by their class's name (for /metrics)."""
         out = {p.value: 0 for p in Priority}
@@ -241,18 +243,6 @@ class Router:
         decision = self._decide(request, view, reason, preferred, now)
         self._commit(request, view, decision, learn=reason is None, now=now)
         return decision
-
-    def _admit(self, request: RouteRequest, now: float) -> Admission:
-        """The tenant's limits (control/fleet/tenants.py), with the request's tokens
-        estimated: its prompt from its characters at the model's learned rate, and the
-        client's cap on its output."""
-        shape = request.shape
-        if not shape.tenant:
-            return ADMITTED
-        prompt = shape.prompt_chars / self.prefill.chars_per_token(shape.model)
-        return self.registry.tenants.admit(
-            request.request_id, shape.tenant, shape.model, round(prompt) + shape.max_tokens, now
-        )
 
     def _lookup(self, request: RouteRequest, now: float) -> RoutingView:
         reg = self.registry
@@ -434,7 +424,7 @@ class Router:
             self.registry.release(outcome.request_id)
             tenants.finished(
                 outcome.request_id, outcome.prompt_tokens, outcome.completion_tokens, now,
-                refused=400 <= outcome.http_status < 500 and outcome.http_status != 499,
+                refused=outcome.engine_refused,
             )  # fmt: skip
             if outcome.ok and outcome.ttft_ms > 0:
                 self.prefill.observed(outcome.request_id, outcome.backend_id, outcome.ttft_ms,

@@ -17,7 +17,7 @@ from dataplane.edge.health import PATHS as HEALTH_PATHS
 from dataplane.edge.health import Health
 from dataplane.edge.limits import StreamSlots, check_head, check_request
 from dataplane.edge.proxy import Exchange, Proxy
-from dataplane.edge.quota import QUOTA, TENANT, TENANT_REASONS, tenant_refusal
+from dataplane.edge.quota import ADMISSION_REFUSALS, QUOTA, TENANT, admission_refusal
 from dataplane.edge.shape import SESSION_HEADER, session_of, shape_of, with_request
 from dataplane.edge.validate import parse_request
 from dataplane.exceptions import ControlUnavailable, ErrorKind, OpenAIError
@@ -112,8 +112,8 @@ async def _route_and_serve(
         if decision.quota is not None:
             request[QUOTA] = decision.quota  # told in x-ratelimit-* headers (quota_headers)
         if not decision.backends:
-            if decision.reason in TENANT_REASONS:
-                raise tenant_refusal(decision, client.model)
+            if decision.reason in ADMISSION_REFUSALS:
+                raise admission_refusal(decision, client.model)
             if decision.reason in OWNER_REASONS:
                 raise refused(decision)
             if decision.reason is Reason.UNKNOWN_MODEL:

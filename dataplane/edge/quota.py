@@ -15,8 +15,9 @@ from dataplane.exceptions import ErrorKind, OpenAIError
 
 TENANT = web.RequestKey("tenant", str)  # the tenant whose key the request came with
 QUOTA = web.RequestKey("quota", Quota)  # its standing, as control's admission left it
-TENANT_REASONS = frozenset({Reason.TENANT_LIMITED, Reason.TENANT_MODEL, Reason.TENANT_UNKNOWN,
-                            Reason.SHED})  # fmt: skip
+# Control's admission refused the request: for its tenant, or shed from a saturated fleet.
+ADMISSION_REFUSALS = frozenset({Reason.TENANT_LIMITED, Reason.TENANT_MODEL,
+                                Reason.TENANT_UNKNOWN, Reason.SHED})  # fmt: skip
 SHED_RETRY_S = 1  # a request shed from a saturated fleet: retry soon, room frees continually
 
 
@@ -46,7 +47,7 @@ def quota_headers(q: Quota) -> dict[str, str]:
     return out
 
 
-def tenant_refusal(decision: Decision, model: str) -> OpenAIError:
+def admission_refusal(decision: Decision, model: str) -> OpenAIError:
     if decision.reason is Reason.TENANT_MODEL:
         return OpenAIError(
             ErrorKind.MODEL_NOT_ALLOWED,

@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from baton import wire
-from baton.ledger import CHARS_PER_TOKEN, Ledger
+from baton.ledger import Ledger
 from baton.model import Decision, FailoverReport, Failure, RequestOutcome, RequestShape
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from dataplane.exceptions import ControlRefused, ControlUnavailable, StreamBroken
@@ -208,10 +208,9 @@ class ControlLink:
         if not shape.tenant:
             return None
         snap = self._fleet.snapshot
-        tokens = round(shape.prompt_chars / CHARS_PER_TOKEN) + shape.max_tokens
         admission = self._ledger.admit(
             request_id, shape.tenant, self._fleet.tenants.get(shape.tenant), shape.model,
-            tokens, time.time(), share=self.tenant_share,
+            shape.tokens_estimate(), time.time(), share=self.tenant_share,
         )  # fmt: skip
         if admission.refused is None:
             return None
@@ -315,10 +314,10 @@ class ControlLink:
         )
 
     def finished(self, outcome: RequestOutcome) -> None:
-        refused = 400 <= outcome.http_status < 500 and outcome.http_status != 499
         self._ledger.finished(
-            outcome.request_id, outcome.prompt_tokens, outcome.completion_tokens, refused
-        )
+            outcome.request_id, outcome.prompt_tokens, outcome.completion_tokens,
+            outcome.engine_refused,
+        )  # fmt: skip
         self._stream.report(wire.outcome_to_pb(outcome))
 
     async def _flusher(self) -> None:

@@ -210,3 +210,20 @@ def wait_until(check: Callable[[], bool], timeout: float = 10.0, interval: float
             return True
         time.sleep(interval)
     return check()
+
+
+def once_key_taken(call: Callable[[], object], timeout: float = 10.0) -> bool:
+    """Calls `call` (an OpenAI SDK request with a tenant's new key) until the shim takes the
+    key, which it learns with control's next snapshot; whether it did within `timeout`. A
+    401 is refused before routing, so the call that gets through is the first one routed."""
+    import openai
+
+    def through() -> bool:
+        try:
+            call()
+        except openai.AuthenticationError:
+            return False
+        return True
+
+    return wait_until(through, timeout)
+

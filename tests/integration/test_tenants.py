@@ -23,6 +23,7 @@ from tests.integration.harness import (
     fleet,
     http_full,
     metric,
+    once_key_taken,
     start_shim,
     wait_until,
 )
@@ -279,7 +280,7 @@ def test_the_tenant_is_on_route_and_failover_events_and_the_key_nowhere(tmp_path
             return "".join(c.choices[0].text for c in chunks if c.choices)
 
         # The key reaches the shim with control's next snapshot.
-        assert wait_until(lambda: _ok(streamed), timeout=10)
+        assert once_key_taken(streamed)
         assert wait_until(lambda: events(f, "failover"), timeout=10)
         (failover,) = events(f, "failover")
         assert failover["tenant"] == "acme" and failover["outcome"] == "resumed", failover
@@ -287,14 +288,6 @@ def test_the_tenant_is_on_route_and_failover_events_and_the_key_nowhere(tmp_path
         assert routes and {r["tenant"] for r in routes} == {"acme"}, routes
         everything = f.baton("events", "--json")
         assert everything.returncode == 0 and key not in everything.stdout
-
-
-def _ok(fn: Any) -> bool:
-    try:
-        fn()
-    except openai.AuthenticationError:
-        return False
-    return True
 
 
 def events(f: Fleet, kind: str) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from tests.integration.harness import MODEL, fleet, wait_until
+from tests.integration.harness import MODEL, fleet, once_key_taken, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 SERVER, CLIENT = trace_pb2.Span.SPAN_KIND_SERVER, trace_pb2.Span.SPAN_KIND_CLIENT
@@ -186,14 +186,8 @@ def test_a_tenants_request_carries_its_tenant_on_both_route_spans_and_never_its_
         key = json.loads(out.stdout)["key"]
         c = openai.OpenAI(base_url=f.base_url, api_key=key, max_retries=0)
 
-        def served() -> bool:
-            try:
-                c.completions.create(model=MODEL, prompt="traced", max_tokens=4)
-            except openai.AuthenticationError:  # the shim has not had the key's snapshot yet
-                return False
-            return True
-
-        assert wait_until(served, 10)
+        assert once_key_taken(lambda: c.completions.create(model=MODEL, prompt="traced",
+                                                            max_tokens=4))  # fmt: skip
         assert wait_until(lambda: rx.named("baton.route") and rx.named("baton.control.route"), 10)
         ((_, route),) = rx.named("baton.route")
         ((_, decided),) = rx.named("baton.control.route")

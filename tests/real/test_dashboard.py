@@ -24,7 +24,15 @@ import openai
 import pytest
 
 from scripts.engines.replicas import free_port
-from tests.integration.harness import MODEL, Fleet, fleet, http, start_sim, wait_until
+from tests.integration.harness import (
+    MODEL,
+    Fleet,
+    fleet,
+    http,
+    once_key_taken,
+    start_sim,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(180)]
 
@@ -196,14 +204,8 @@ def serve_traffic(f: Fleet) -> None:
     key = json.loads(out.stdout)["key"]
     t = openai.OpenAI(base_url=f.base_url, api_key=key, max_retries=0, timeout=30)
 
-    def served() -> bool:
-        try:
-            t.completions.create(model=MODEL, prompt="tenant", max_tokens=4)
-        except openai.AuthenticationError:  # the shim has not had the key's snapshot yet
-            return False
-        return True
-
-    assert wait_until(served, timeout=10)
+    assert once_key_taken(lambda: t.completions.create(model=MODEL, prompt="tenant",
+                                                        max_tokens=4))  # fmt: skip
     with pytest.raises(openai.RateLimitError):
         t.completions.create(model=MODEL, prompt="again", max_tokens=4)
 

@@ -73,4 +73,4 @@ def test_a_request_whose_client_left_is_not_routed() -> None:
     r.finished([RequestOutcome(request_id="r2", backend_id="", model="m", ok=False,
                                http_status=499)])  # fmt: skip
     end(r, "r1")
-    assert r.dequeue() == [] and r.queued == 0
+    assert r.dequeue() == [] and sum(r.queued_by_band().values()) == 0

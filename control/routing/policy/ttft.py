@@ -23,12 +23,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from random import Random
 
-from baton.model import Backend, BackendId, Decision, Estimate, Reason, RouteRequest
+from baton.model import (
+    CHARS_PER_TOKEN,
+    Backend,
+    BackendId,
+    Decision,
+    Estimate,
+    Reason,
+    RouteRequest,
+)
 from baton.spread import Spreader, candidates, first
 from control.routing.policy.base import Prediction, RoutingView
 from control.routing.prefill import Rates
 
-CHARS_PER_TOKEN = 4.0  # a prompt's size in tokens, from its characters, before a tokenizer
 # A continuation leaves the card that holds most of its prefix only for an estimate this much
 # lower. The estimate prices the request's own prefill, not what a move costs the others: its
 # prompt's blocks evict other conversations' blocks on the new card (a full cache pays that
