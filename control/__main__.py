@@ -65,6 +65,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "none, shims route over gRPC). Behind a proxy or a Kubernetes Service, give it a "
         "fixed port and expose it next to --listen's",
     )
+    parser.add_argument(
+        "--store",
+        help="etcd://HOST:PORT[,HOST:PORT...]: run as one of several control replicas on etcd "
+        "(the configuration is kept there, not in --data-dir's fleet.db; one replica leads)",
+    )
+    parser.add_argument("--store-prefix", default="/baton", help="the key prefix in etcd")
+    parser.add_argument(
+        "--replica-id", default="", help="this replica's name (default: its address)"
+    )
+    parser.add_argument(
+        "--advertise",
+        default="",
+        help="HOST:PORT where shims and the CLI reach this replica (default: --listen's)",
+    )
+    parser.add_argument(
+        "--lease-ttl",
+        type=int,
+        default=1,
+        help="seconds of the leader's etcd lease: a dead leader is replaced within about this "
+        "(etcd grants at least its own minimum: 1 s with --election-timeout 500, else 2 s)",
+    )
     parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
 
 
@@ -139,6 +160,11 @@ async def _serve(
         shim_token=tokens[1],
         tls=tls,
         route_port=_route_port(args.route_port),
+        store=args.store,
+        store_prefix=args.store_prefix,
+        replica_id=args.replica_id,
+        advertise=args.advertise,
+        lease_ttl=args.lease_ttl,
     )
     port = await plane.start()
     host = args.listen.rsplit(":", 1)[0]

@@ -14,6 +14,10 @@ _exceptions.py). control/api/errors.py maps each to the gRPC status an admin or 
         ├── PairExists        the draft is paired already (ALREADY_EXISTS)
         ├── TenantExists      add: the tenant id is taken (ALREADY_EXISTS)
         └── TenantNotFound    no tenant (or no key of the tenant) has the id (NOT_FOUND)
+    └── StoreError            a replica's write to its store (etcd) was not made
+        ├── StoreUnavailable  etcd did not answer (UNAVAILABLE)
+        ├── NotLeader         this replica does not lead (FAILED_PRECONDITION)
+        └── StoreConflict     another writer changed the configuration first (ABORTED)
 
 ConfigError and FactsError are also ValueErrors: both say that a value read from outside
 is wrong. The shared core's TokenError (baton/tokens.py) is a credential file's."""
@@ -64,4 +68,20 @@ class TenantExists(RegistryError):
 
 
 class TenantNotFound(RegistryError):
+    pass
+
+
+class StoreError(ControlPlaneError):
+    """A control replica's write to etcd was not made (and its change was undone)."""
+
+
+class StoreUnavailable(StoreError):
+    pass
+
+
+class NotLeader(StoreError):
+    pass
+
+
+class StoreConflict(StoreError):
     pass

@@ -19,13 +19,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from baton.model import Backend, BackendId, Role
 from baton.tracing import tracing_from_env
-from baton.v1 import admin_pb2, admin_pb2_grpc, routing_pb2, routing_pb2_grpc
+from baton.v1 import admin_pb2, admin_pb2_grpc, replica_pb2_grpc, routing_pb2, routing_pb2_grpc
 from control.api import auth
 from control.api.admin import AdminServicer
+from control.api.leader_gate import LeaderGate
 from control.api.route_socket import RouteSocket
 from control.api.routing import RoutingServicer
 from control.audit.durable import EventFile
-from control.audit.log import EventLog
+from control.audit.log import Entry, EventLog
 from control.audit.payloads import PairChange
 from control.config import Config
 from control.exceptions import RegistryError
@@ -46,6 +47,9 @@ from control.fleet.prober import run_prober
 from control.fleet.registry import Registry
 from control.metrics import ControlMetrics
 from control.pairs.flow import PairFlow
+from control.replicas.election import Member
+from control.replicas.reconcile import reconcile
+from control.replicas.replica import Replica
 from control.routing.policy import SpillGuard, make_policy
 from control.routing.router import Router
 from control.settings import PairSpec
@@ -54,6 +58,11 @@ from control.signals.published import fetch_facts
 
 log = logging.getLogger("baton.control")
 QUEUE_TICK_S = 0.05
+# A follower replica reports these NOT_SERVING: shims and the CLI look for the one serving.
+_GATED_SERVICES = (
+    routing_pb2.DESCRIPTOR.services_by_name["RoutingService"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+)
 
 
 def _registry(
@@ -73,8 +82,23 @@ def _registry(
     )
 
 
-def _event_log(file: EventFile | None, clock: Callable[[], float]) -> EventLog:
-    """The audit log, written through to `file` and restored from it when there is one."""
+def _event_log(
+    file: EventFile | None,
+    clock: Callable[[], float],
+    replica_sink: Callable[[Entry], None] | None = None,
+) -> EventLog:
+    """The audit log, written through to `file` and restored from it when there is one; a
+    control replica's events also go to etcd (`replica_sink`)."""
+    if replica_sink is not None:
+        if file is None:
+            return EventLog(clock, sink=replica_sink)
+        append = file.append
+
+        def both(entry: Entry) -> None:
+            append(entry)
+            replica_sink(entry)
+
+        return EventLog(clock, sink=both, restored=file.load(100_000), durable=file.flush)
     if file is None:
         return EventLog(clock)
     return EventLog(clock, sink=file.append, restored=file.load(100_000), durable=file.flush)
@@ -119,17 +143,33 @@ class ControlPlane:
         route_port: int | None = 0,
         clock: Callable[[], float] = time.time,
         seed: int | None = None,
+        store: str | None = None,
+        store_prefix: str = "/baton",
+        replica_id: str = "",
+        advertise: str = "",
+        lease_ttl: int = 1,
     ) -> None:
         """`route_port`: where shims' routes come without gRPC (the route socket, on the gRPC
         listen host; 0: any free port, told to shims with each snapshot; None: none, and
-        shims route over gRPC's RouteStream)."""
+        shims route over gRPC's RouteStream). `store`: etcd://HOST:PORT[,...]: this control
+        is one replica of a group on etcd (control/replicas/), its configuration kept there
+        under `store_prefix` rather than in SQLite; `replica_id` names it, `advertise` is
+        where shims reach it (default: the address it listens on), `lease_ttl` its lease's
+        seconds (a dead leader is replaced within about that)."""
         rng = random.Random(seed)
         # The audit log survives restarts when there is a data dir to keep it in.
         self._event_file = EventFile(data_dir / "events.jsonl") if data_dir else None
         self._clock = clock
-        events = _event_log(self._event_file, clock)
-        # What operators changed at run time (backends, drains, pairs) survives a restart.
-        self._db = FleetDB(data_dir / "fleet.db") if data_dir and keep_fleet else None
+        self._store = store
+        self._store_prefix = store_prefix
+        self._replica_id = replica_id
+        self._advertise = advertise
+        self._lease_ttl = lease_ttl
+        self.replica: Replica | None = None
+        events = _event_log(self._event_file, clock, self._to_replica if store else None)
+        # What operators changed at run time (backends, drains, pairs) survives a restart; a
+        # replica keeps it in etcd instead.
+        self._db = FleetDB(data_dir / "fleet.db") if data_dir and keep_fleet and not store else None
         saved = self._db.load() if self._db else Configured()
         _warn_shadowed(config, saved, data_dir)
         self.registry = _registry(config, saved, clock, events)
@@ -157,7 +197,15 @@ class ControlPlane:
         self._route_port = route_port
         self._route_socket: RouteSocket | None = None
         self._rng = rng
-        self.server = grpc.aio.server(interceptors=auth.interceptors(admin_token, shim_token))
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            *auth.interceptors(admin_token, shim_token)
+        ]
+        if store:
+            interceptors.append(LeaderGate(self))
+        self.server = grpc.aio.server(interceptors=interceptors)
+        self._routing: RoutingServicer | None = None
+        self._health: health.aio.HealthServicer | None = None
+        self._binding: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
         self.metrics = ControlMetrics(
@@ -173,15 +221,58 @@ class ControlPlane:
         assert self._http is not None, "read_facts before start()"
         return await fetch_facts(self._http, backend, within)
 
+    # -- a replica's leadership, as control/api/leader_gate.py asks it ---------------------
+
+    @property
+    def leading(self) -> bool:
+        return self.replica is None or self.replica.leading
+
+    def refusal(self) -> tuple[str, str]:
+        if self.replica is None:
+            return "control is starting", ""
+        return self.replica.refusal()
+
+    def _to_replica(self, entry: Entry) -> None:
+        if self.replica is not None:
+            self.replica.record(entry)
+
+    def _apply(self, configured: Configured) -> None:
+        """The registry brought to the configuration in etcd (a replica)."""
+        wanted = reconcile(
+            self.registry, self.pairs, configured, config_backends=self._config.backends,
+            config_tenants=self._config.tenants, config_pairs=self._config.pairs,
+        )  # fmt: skip
+        pending = {p.draft: p for p in self._pending_pairs}
+        pending.update((p.draft, p) for p in wanted)
+        self._pending_pairs = list(pending.values())
+        if self._pending_pairs and (self._binding is None or self._binding.done()):
+            self._binding = asyncio.get_running_loop().create_task(self._bind_pending_pairs())
+
+    def _role(self, leading: bool) -> None:
+        log.warning("replica %s: %s", self._replica_id, "leads" if leading else "follows")
+        if self._routing is not None:
+            self._routing.role_changed()
+        if not leading and self._route_socket is not None:
+            self._route_socket.drop_all()
+        if self._health is not None:
+            status = (health_pb2.HealthCheckResponse.SERVING if leading
+                      else health_pb2.HealthCheckResponse.NOT_SERVING)  # fmt: skip
+            for name in _GATED_SERVICES:
+                self._tasks.append(asyncio.create_task(self._health.set(name, status)))
+
     async def start(self) -> int:
         self._http = aiohttp.ClientSession()
-        routing = RoutingServicer(self.router, self.metrics, self.read_facts, self.tracing)
+        routing = RoutingServicer(self.router, self.metrics, self.read_facts, self.tracing,
+                                  leadership=self if self._store else None)  # fmt: skip
+        self._routing = routing
         routing_pb2_grpc.add_RoutingServiceServicer_to_server(routing, self.server)
+        status = self._replica_status if self._store else None
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(self.router, self.read_facts, on_changed=self._save),
+            AdminServicer(self.router, self.read_facts, on_changed=self._save, status=status),
             self.server,
         )
         health_servicer = health.aio.HealthServicer()
+        self._health = health_servicer
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self.server)
         names = (
             routing_pb2.DESCRIPTOR.services_by_name["RoutingService"].full_name,
@@ -198,13 +289,20 @@ class ControlPlane:
             self.port = self.server.add_insecure_port(self._listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self._listen}")
+        if self._store:
+            await self._join(self._store)
         await self.server.start()
         if self._route_port is not None:
             self._route_socket = RouteSocket(routing.answer, self._shim_token, self._tls)
             host = self._listen.rpartition(":")[0].strip("[]")
             routing.route_port = await self._route_socket.start(host, self._route_port)
         for name in names[:2] + ("",):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+            serving = self.replica is None or name not in _GATED_SERVICES
+            await health_servicer.set(
+                name,
+                health_pb2.HealthCheckResponse.SERVING if serving
+                else health_pb2.HealthCheckResponse.NOT_SERVING,
+            )  # fmt: skip
         self._tasks.append(
             asyncio.create_task(
                 run_prober(
@@ -220,11 +318,33 @@ class ControlPlane:
         self._tasks.append(asyncio.create_task(self._flush_events()))
         if self._config.admission.enabled:
             self._tasks.append(asyncio.create_task(self._drain_queue(routing)))
-        if self._pending_pairs:
-            self._tasks.append(asyncio.create_task(self._bind_pending_pairs()))
+        if self._pending_pairs and self._binding is None:
+            self._binding = asyncio.create_task(self._bind_pending_pairs())
+        if self.replica is not None:
+            self.replica.start()
         if self._metrics_listen:
             self.metrics_port = await self._serve_metrics(self._metrics_listen)
         return self.port
+
+    async def _join(self, url: str) -> None:
+        """As a replica: the configuration in etcd (waiting for etcd a while), then the
+        soft-state service for followers; campaigning starts with the other tasks."""
+        host = self._listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
+        address = self._advertise or f"{host}:{self.port}"
+        me = Member(self._replica_id or address, address)
+        self._replica_id = me.id
+        metadata = (("authorization", f"Bearer {self._shim_token}"),) if self._shim_token else ()
+        self.replica = Replica(
+            url, self._store_prefix, me, self._lease_ttl, self.registry,
+            apply=self._apply, adopt=self.registry.events.adopt, on_role=self._role,
+            metadata=metadata,
+        )  # fmt: skip
+        self._apply(await self.replica.load(timeout=30.0))
+        replica_pb2_grpc.add_ReplicaServiceServicer_to_server(self.replica.soft, self.server)
+
+    async def _replica_status(self, resp: admin_pb2.GetStatusResponse) -> None:
+        if self.replica is not None:
+            await self.replica.status(resp)
 
     async def _serve_metrics(self, listen: str) -> int:
         """Prometheus scrapes control over plain HTTP on its own port."""
@@ -276,20 +396,25 @@ class ControlPlane:
             self._pending_pairs = waiting
             await asyncio.sleep(0.2)
 
-    def _save(self) -> None:
+    async def _save(self) -> None:
         """After an operator's change: the configuration as it is now, in one transaction
-        (a few rows; admin changes are rare and never on the routing path)."""
-        if self._db is None:
-            return
+        (a few rows; admin changes are rare and never on the routing path). A replica writes
+        it to etcd, or undoes the change and raises StoreError."""
+        if self.replica is not None:
+            await self.replica.commit(self._configured())
+        elif self._db is not None:
+            self._db.save(self._configured())
+
+    def _configured(self) -> Configured:
         reg = self.registry
         bound = [PairSpec(p.draft_id, p.bound_target_id, p.num_draft_tokens) for p in self.pairs]
         known = {b.id for b in reg.backends}
         # Pairs still waiting for facts are configuration too, unless their draft is gone.
         waiting = [p for p in self._pending_pairs if p.draft in known and p.draft not in
                    {b.draft for b in bound}]  # fmt: skip
-        self._db.save(configured(self._config.backends, reg.backends, reg.drained(),
-                                 [*waiting, *bound], config_tenants=self._config.tenants,
-                                 current_tenants=reg.tenants.all()))  # fmt: skip
+        return configured(self._config.backends, reg.backends, reg.drained(), [*waiting, *bound],
+                          config_tenants=self._config.tenants,
+                          current_tenants=reg.tenants.all())  # fmt: skip
 
     async def _flush_events(self) -> None:
         while True:
@@ -312,6 +437,10 @@ class ControlPlane:
             self.registry.placement.expire_pins(time.time())
 
     async def stop(self, grace: float = 2.0) -> None:
+        if self.replica is not None:
+            await self.replica.stop()  # a leader hands over at once
+        if self._binding is not None:
+            self._tasks.append(self._binding)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -49,6 +49,7 @@ ROOMS: dict[str, tuple[tuple[str, ...], ...]] = {
         ("routing",),  # the router and the policies
         ("config",),  # the TOML file, checked against the policies
         ("metrics",),
+        ("replicas",),  # control replicas on etcd: election, store, the leader's soft state
         ("api",),  # the gRPC services: translation only
         ("server",),  # wiring
         ("__main__",),

@@ -377,13 +377,29 @@ class GetStatusResponse(_message.Message):
     MODELS_FIELD_NUMBER: _builtins.int
     UPTIME_SECONDS_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    STORE_FIELD_NUMBER: _builtins.int
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     snapshot_version: _builtins.int
     routing_policy: _builtins.str
     uptime_seconds: _builtins.float
     in_flight: _builtins.int
+    leader: _builtins.str
+    """The leading replica's id; empty for a single control, or while none leads."""
+    store: _builtins.str
+    """Where the operator's configuration is kept and whether it answers:
+    "etcd://HOST:PORT: ok", "etcd://...: unreachable (...)", "sqlite DIR/fleet.db", "none".
+    """
+    replica_id: _builtins.str
+    """The replica that answered (empty for a single control)."""
     @_builtins.property
     def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelStatus]: ...
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedCompositeFieldContainer[Global___Replica]:
+        """Control replicas (`baton control --store etcd://...`); empty for a single control."""
+
     def __init__(
         self,
         *,
@@ -393,14 +409,44 @@ class GetStatusResponse(_message.Message):
         models: _abc.Iterable[Global___ModelStatus] | None = ...,
         uptime_seconds: _builtins.float = ...,
         in_flight: _builtins.int = ...,
+        replicas: _abc.Iterable[Global___Replica] | None = ...,
+        leader: _builtins.str = ...,
+        store: _builtins.str = ...,
+        replica_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_flight", b"in_flight", "models", b"models", "routing_policy", b"routing_policy", "snapshot_version", b"snapshot_version", "uptime_seconds", b"uptime_seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_flight", b"in_flight", "leader", b"leader", "models", b"models", "replica_id", b"replica_id", "replicas", b"replicas", "routing_policy", b"routing_policy", "snapshot_version", b"snapshot_version", "store", b"store", "uptime_seconds", b"uptime_seconds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatusResponse: _TypeAlias = GetStatusResponse  # noqa: Y015
+
+@_typing.final
+class Replica(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    address: _builtins.str
+    """Its gRPC address, where shims and the CLI reach it."""
+    leader: _builtins.bool
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        address: _builtins.str = ...,
+        leader: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "id", b"id", "leader", b"leader"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Replica: _TypeAlias = Replica  # noqa: Y015
 
 @_typing.final
 class ListEventsRequest(_message.Message):

@@ -9,7 +9,8 @@ import asyncio
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from baton import wire
 from baton.tenancy import KEY_PREFIX, digest
@@ -19,7 +20,7 @@ from control.api.errors import Context, abort_with, within
 from control.audit.log import Event, EventQuery
 from control.audit.payloads import Admin, Payload
 from control.backend_spec import make_backend
-from control.exceptions import ConfigError, FactsError, PairRefused, RegistryError
+from control.exceptions import ConfigError, FactsError, PairRefused, RegistryError, StoreError
 from control.routing.router import Router
 from control.signals.facts import ReadFacts
 
@@ -31,6 +32,22 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
+_R = TypeVar("_R")
+
+
+def _one_at_a_time(
+    handler: Callable[[Any, Any, Context], Awaitable[_R]],
+) -> Callable[[Any, Any, Context], Awaitable[_R]]:
+    """A write handler, run while no other write runs (AdminServicer._writes)."""
+
+    async def serialized(self: Any, request: Any, context: Context) -> _R:
+        async with self._writes:
+            return await handler(self, request, context)
+
+    serialized.__name__ = handler.__name__
+    return serialized
+
+
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     def __init__(
         self,
@@ -38,20 +55,35 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         read_facts: ReadFacts,
         *,
         started: float | None = None,
-        on_changed: Callable[[], None] = lambda: None,
+        on_changed: Callable[[], Awaitable[None]] | None = None,
+        status: Callable[[admin_pb2.GetStatusResponse], Awaitable[None]] | None = None,
     ) -> None:
-        # Called after each change an operator made (backends, drains, pairs): control
-        # persists its configuration there, off the routing path.
+        # Awaited after each change an operator made (backends, drains, pairs, tenants):
+        # control persists its configuration there, off the routing path. A replica writes
+        # it to etcd; if that fails (StoreError) the change was undone, and the caller is
+        # told so.
         self._changed = on_changed
+        # Writes one at a time: a change and its saving are one step, so a write undone
+        # never takes another's change with it.
+        self._writes = asyncio.Lock()
+        self._status = status  # fills in a replica's part of GetStatus
         self._read_facts = read_facts
         self._router = router
         self._registry = router.registry
         self._pairs = router.pairs
         self._started = started if started is not None else time.monotonic()
 
-    def _tenants_changed(self, event: Payload) -> None:
+    async def _commit(self, context: Context) -> None:
+        if self._changed is None:
+            return
+        try:
+            await self._changed()
+        except StoreError as exc:
+            await abort_with(context, exc)
+
+    async def _tenants_changed(self, event: Payload, context: Context) -> None:
+        await self._commit(context)
         self._registry.events.record(event)
-        self._changed()
 
     async def ListBackends(
         self, request: admin_pb2.ListBackendsRequest, context: Context
@@ -72,6 +104,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             backends=rows, snapshot_version=snap.version, kv_index=kv
         )
 
+    @_one_at_a_time
     async def AddBackend(
         self, request: admin_pb2.AddBackendRequest, context: Context
     ) -> admin_pb2.AddBackendResponse:
@@ -81,12 +114,13 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         except (RegistryError, ConfigError) as exc:
             await abort_with(context, exc)
             raise  # unreachable: abort raises
-        self._changed()
+        await self._commit(context)
         return admin_pb2.AddBackendResponse(
             backend=wire.status_to_pb(status, self._registry.in_flight()),
             snapshot_version=self._registry.snapshot.version,
         )
 
+    @_one_at_a_time
     async def RemoveBackend(
         self, request: admin_pb2.RemoveBackendRequest, context: Context
     ) -> admin_pb2.RemoveBackendResponse:
@@ -94,9 +128,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             self._registry.remove(request.id)
         except RegistryError as exc:
             await abort_with(context, exc)
-        self._changed()
+        await self._commit(context)
         return admin_pb2.RemoveBackendResponse(snapshot_version=self._registry.snapshot.version)
 
+    @_one_at_a_time
     async def DrainBackend(
         self, request: admin_pb2.DrainBackendRequest, context: Context
     ) -> admin_pb2.DrainBackendResponse:
@@ -105,12 +140,13 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         except RegistryError as exc:
             await abort_with(context, exc)
             raise
-        self._changed()
+        await self._commit(context)
         return admin_pb2.DrainBackendResponse(
             backend=wire.status_to_pb(status, self._registry.in_flight()),
             snapshot_version=self._registry.snapshot.version,
         )
 
+    @_one_at_a_time
     async def UndrainBackend(
         self, request: admin_pb2.UndrainBackendRequest, context: Context
     ) -> admin_pb2.UndrainBackendResponse:
@@ -119,7 +155,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         except RegistryError as exc:
             await abort_with(context, exc)
             raise
-        self._changed()
+        await self._commit(context)
         return admin_pb2.UndrainBackendResponse(
             backend=wire.status_to_pb(status, self._registry.in_flight()),
             snapshot_version=self._registry.snapshot.version,
@@ -134,7 +170,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         for b in snap.backends:
             total[b.backend.model] += 1
             healthy[b.backend.model] += b.routable
-        return admin_pb2.GetStatusResponse(
+        resp = admin_pb2.GetStatusResponse(
             version=VERSION,
             snapshot_version=snap.version,
             routing_policy=self._router.policy.name,
@@ -145,6 +181,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             uptime_seconds=time.monotonic() - self._started,
             in_flight=self._registry.in_flight_total(),
         )
+        if self._status is not None:
+            await self._status(resp)
+        return resp
 
     async def ListEvents(
         self, request: admin_pb2.ListEventsRequest, context: Context
@@ -177,6 +216,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         )
         return admin_pb2.ClearPinsResponse(cleared=cleared)
 
+    @_one_at_a_time
     async def BindPair(
         self, request: admin_pb2.BindPairRequest, context: Context
     ) -> admin_pb2.BindPairResponse:
@@ -198,9 +238,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         except RegistryError as exc:
             await abort_with(context, exc)
             raise
-        self._changed()
+        await self._commit(context)
         return admin_pb2.BindPairResponse(pair=convert.pair_to_pb(pair, self._pairs.baseline(pair)))
 
+    @_one_at_a_time
     async def UnbindPair(
         self, request: admin_pb2.UnbindPairRequest, context: Context
     ) -> admin_pb2.UnbindPairResponse:
@@ -208,7 +249,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             self._pairs.unbind_pair(request.id)
         except RegistryError as exc:
             await abort_with(context, exc)
-        self._changed()
+        await self._commit(context)
         return admin_pb2.UnbindPairResponse()
 
     async def ListPairs(
@@ -219,6 +260,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             pairs=[convert.pair_to_pb(p, pairs.baseline(p)) for p in pairs]
         )
 
+    @_one_at_a_time
     async def AddTenant(
         self, request: admin_pb2.AddTenantRequest, context: Context
     ) -> admin_pb2.AddTenantResponse:
@@ -229,9 +271,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         except (RegistryError, ConfigError) as exc:
             await abort_with(context, exc)
             raise
-        self._tenants_changed(convert.tenant_event("add-tenant", tenant, tenant.keys[-1].key_id))
+        event = convert.tenant_event("add-tenant", tenant, tenant.keys[-1].key_id)
+        await self._tenants_changed(event, context)
         return admin_pb2.AddTenantResponse(tenant=wire.tenant_to_pb(tenant), key=key)
 
+    @_one_at_a_time
     async def UpdateTenant(
         self, request: admin_pb2.UpdateTenantRequest, context: Context
     ) -> admin_pb2.UpdateTenantResponse:
@@ -241,9 +285,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         except (RegistryError, ConfigError) as exc:
             await abort_with(context, exc)
             raise
-        self._tenants_changed(convert.tenant_event("update-tenant", tenant))
+        await self._tenants_changed(convert.tenant_event("update-tenant", tenant), context)
         return admin_pb2.UpdateTenantResponse(tenant=wire.tenant_to_pb(tenant))
 
+    @_one_at_a_time
     async def RemoveTenant(
         self, request: admin_pb2.RemoveTenantRequest, context: Context
     ) -> admin_pb2.RemoveTenantResponse:
@@ -253,7 +298,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         except RegistryError as exc:
             await abort_with(context, exc)
             raise
-        self._tenants_changed(convert.tenant_event("remove-tenant", tenant))
+        await self._tenants_changed(convert.tenant_event("remove-tenant", tenant), context)
         return admin_pb2.RemoveTenantResponse()
 
     async def ListTenants(
@@ -262,6 +307,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         tenants = self._registry.tenants.all()
         return admin_pb2.ListTenantsResponse(tenants=[wire.tenant_to_pb(t) for t in tenants])
 
+    @_one_at_a_time
     async def AddTenantKey(
         self, request: admin_pb2.AddTenantKeyRequest, context: Context
     ) -> admin_pb2.AddTenantKeyResponse:
@@ -274,9 +320,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             await abort_with(context, exc)
             raise
         event = convert.tenant_event("add-tenant-key", tenant, tenant.keys[-1].key_id)
-        self._tenants_changed(event)
+        await self._tenants_changed(event, context)
         return admin_pb2.AddTenantKeyResponse(tenant=wire.tenant_to_pb(tenant), key=key)
 
+    @_one_at_a_time
     async def RevokeTenantKey(
         self, request: admin_pb2.RevokeTenantKeyRequest, context: Context
     ) -> admin_pb2.RevokeTenantKeyResponse:
@@ -285,7 +332,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         except RegistryError as exc:
             await abort_with(context, exc)
             raise
-        self._tenants_changed(convert.tenant_event("revoke-tenant-key", tenant, request.key_id))
+        event = convert.tenant_event("revoke-tenant-key", tenant, request.key_id)
+        await self._tenants_changed(event, context)
         return admin_pb2.RevokeTenantKeyResponse(tenant=wire.tenant_to_pb(tenant))
 
     async def TenantUsage(

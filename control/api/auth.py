@@ -15,19 +15,25 @@ from control.api.errors import Context
 
 ADMIN_PREFIX = "/baton.v1.AdminService/"
 ROUTING_PREFIX = "/baton.v1.RoutingService/"
+REPLICA_PREFIX = "/baton.v1.ReplicaService/"
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 
 
-def _denial(message: str, like: Handler) -> Handler:
+def denial(
+    message: str,
+    like: Handler,
+    code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED,
+    trailing: tuple[tuple[str, str], ...] = (),
+) -> Handler:
     """A handler of the same shape as the one refused, that aborts before reading a request:
     the service's code never runs, so nothing changes."""
 
     async def unary(request: Any, context: Context) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message, trailing)
 
     async def streaming(request: Any, context: Context) -> AsyncIterator[Any]:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message, trailing)
         yield  # pragma: no cover - abort raises; this only makes it a generator
 
     respond = streaming if like.response_streaming else unary
@@ -64,7 +70,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             if hmac.compare_digest(given_b, expected):
                 break
             handler = await continuation(details)
-            return None if handler is None else _denial(message, handler)
+            return None if handler is None else denial(message, handler)
         return await continuation(details)
 
 
@@ -80,5 +86,11 @@ def interceptors(admin_token: str | None, shim_token: str | None) -> list[TokenI
             shim_token,
             f"shim token missing or wrong: only shims may call the routing service; "
             f"give the shim control's token ({SHIM_ENV} or --shim-token-file)",
+        )
+        # Control replicas follow their leader's soft state with the same token.
+        tokens[REPLICA_PREFIX] = (
+            shim_token,
+            f"shim token missing or wrong: give every control replica the same token "
+            f"({SHIM_ENV} or --shim-token-file)",
         )
     return [TokenInterceptor(tokens)] if tokens else []

@@ -10,9 +10,12 @@ from control.exceptions import (
     BackendExists,
     BackendNotFound,
     ConfigError,
+    NotLeader,
     PairExists,
     PairNotFound,
     PairRefused,
+    StoreConflict,
+    StoreUnavailable,
     TenantExists,
     TenantNotFound,
 )
@@ -30,6 +33,9 @@ STATUS_FOR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (PairRefused, grpc.StatusCode.FAILED_PRECONDITION),
     (TenantExists, grpc.StatusCode.ALREADY_EXISTS),
     (TenantNotFound, grpc.StatusCode.NOT_FOUND),
+    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (NotLeader, grpc.StatusCode.FAILED_PRECONDITION),
+    (StoreConflict, grpc.StatusCode.ABORTED),
 )
 
 

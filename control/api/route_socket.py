@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from baton.frames import MAX_FRAME, MAX_HELLO, Deframer, FrameError, frame
 from baton.tokens import SHIM_ENV
 from baton.v1 import routing_pb2
+from control.exceptions import NotLeader
 
 log = logging.getLogger("baton.control.route_socket")
 
@@ -94,6 +95,10 @@ class _Shim(asyncio.Protocol):
                     transport.write(frame(answer))
         except (FrameError, DecodeError) as exc:
             log.warning("route socket: %s from %s: closing it", exc, self._peer())
+            transport.abort()
+        except NotLeader:
+            # This replica stopped leading: the shim routes from its snapshot while it finds
+            # the new leader.
             transport.abort()
         except Exception:
             # A decision that raised: the shim's questions on this socket fail at once (it
@@ -172,6 +177,11 @@ class RouteSocket:
             secret.write_bytes(key)
             ctx.load_cert_chain(chain, secret)
         return ctx
+
+    def drop_all(self) -> None:
+        """Closes every shim's connection (this replica stopped leading)."""
+        for conn in list(self._conns):
+            conn.close()
 
     async def stop(self) -> None:
         if self._server is None:

@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 
+import grpc
 from opentelemetry.trace import Span
 
 from baton import wire
@@ -16,7 +17,8 @@ from baton.tracing import OFF, SpanKind, Tracing
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.api import convert
 from control.api.errors import Context, abort_with, within
-from control.exceptions import FactsError, RegistryError
+from control.api.leader_gate import Leadership, trailer
+from control.exceptions import FactsError, NotLeader, RegistryError
 from control.metrics import ControlMetrics
 from control.routing.router import Router
 from control.signals.facts import ReadFacts
@@ -34,7 +36,12 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         metrics: ControlMetrics,
         read_facts: ReadFacts,
         tracing: Tracing = OFF,
+        leadership: Leadership | None = None,
     ) -> None:
+        """`leadership`: a control replica's (control/replicas/): streams already open are
+        ended when it stops leading (new calls are refused by control/api/leader_gate.py)."""
+        self._leadership = leadership
+        self._watchers: set[asyncio.Event] = set()
         self._read_facts = read_facts
         self._router = router
         self._metrics = metrics
@@ -108,8 +115,20 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             while (answer := await out.get()) is not None:
                 yield answer
             await reader  # its error, if it ended with one
+        except NotLeader as exc:
+            await self._refuse(context, str(exc))
         finally:
             reader.cancel()
+
+    async def _refuse(self, context: Context, why: str) -> None:
+        leader = self._leadership.refusal()[1] if self._leadership is not None else ""
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why, trailer(leader))
+
+    def role_changed(self) -> None:
+        """A replica's role changed: snapshot watchers look (and leave, if it stopped
+        leading)."""
+        for changed in self._watchers:
+            changed.set()
 
     def answer(
         self, msg: routing_pb2.RouteStreamRequest, later: Send | None = None
@@ -117,7 +136,9 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         """One RouteStream message's outcomes taken in and its questions answered (None: it
         asked none), whether it came over gRPC or over the route socket. A request that must
         wait for room is answered QUEUED now, and for real through `later` when its turn
-        comes."""
+        comes. A replica that does not lead raises NotLeader, deciding nothing."""
+        if self._leadership is not None and not self._leadership.leading:
+            raise NotLeader(self._leadership.refusal()[0])
         if msg.outcomes:
             self._finished(msg.outcomes)
         results = []
@@ -257,11 +278,14 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
 
         unsubscribe = registry.subscribe(on_publish)
         registry.shims_watching(1)
+        self._watchers.add(changed)
         sent = request.after_version
         try:
             while True:
                 await changed.wait()
                 changed.clear()
+                if self._leadership is not None and not self._leadership.leading:
+                    await self._refuse(context, self._leadership.refusal()[0])
                 snap = registry.snapshot
                 if snap.version > sent:
                     sent = snap.version
@@ -270,5 +294,6 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
                         route_port=self.route_port,
                     )
         finally:
+            self._watchers.discard(changed)
             unsubscribe()
             registry.shims_watching(-1)

@@ -148,6 +148,17 @@ class EventLog:
             for listener in self._listeners:
                 listener(event)
 
+    def adopt(self, events: Iterable[Event]) -> int:
+        """Events another control replica recorded (the last leader's, read from etcd) merged
+        into this log by time; one already here (same time, kind, request and backend) is not
+        taken twice. Their sequence numbers are the other replica's. Returns how many came."""
+        here = {(e[1], e[2], e[3], e[4]) for e in self._events if type(e) is Event}
+        new = [e for e in events if (e.time, e.kind, e.request_id, e.backend_id) not in here]
+        if new:
+            merged = sorted([*self._events, *new], key=lambda e: e[1])
+            self._events = deque(merged, maxlen=self._events.maxlen)
+        return len(new)
+
     def query(self, q: EventQuery) -> list[Event]:
         """The newest `limit` matching events, oldest first."""
         found: list[Event] = []

@@ -60,7 +60,7 @@ _ADDED_LATER = ("api_key_env", "reasoning_parser", "tool_parser", "kv_events",
                 "kv_events_replay")  # fmt: skip
 _RANK = "data_parallel_rank"  # an INTEGER, NULL for none (schema 5)
 # A backend's row: each column is the Backend field (and make_backend argument) of its name.
-_ADDED_COLUMNS = ("id", "url", "model", "kind", "role", *_ADDED_LATER, _RANK)
+BACKEND_COLUMNS = ("id", "url", "model", "kind", "role", *_ADDED_LATER, _RANK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,15 +123,15 @@ def shadowed_tenants(config: Iterable[Tenant], saved: Configured) -> list[Tenant
     return [t for t in config if t.id in kept and kept[t.id] != t]
 
 
-def _tenant_row(t: Tenant) -> tuple[str, str, int, str, str]:
+def tenant_row(t: Tenant) -> tuple[str, str, int, str, str]:
     lim = t.limits
     limits = {**dict(lim.rates()), "models": sorted(lim.models)}
     keys = [{"sha256": k.digest.hex(), "created": k.created} for k in t.keys]
     return t.id, t.priority.value, t.weight, json.dumps(limits), json.dumps(keys)
 
 
-def _tenant(tid: str, priority: str, weight: int, limits: str, keys: str) -> Tenant:
-    """A saved row; anything that is not what _tenant_row writes is refused (ConfigError)."""
+def tenant_from_row(tid: str, priority: str, weight: int, limits: str, keys: str) -> Tenant:
+    """A saved row; anything that is not what tenant_row writes is refused (ConfigError)."""
     try:
         lim: dict[str, Any] = json.loads(limits)
         made: list[dict[str, Any]] = json.loads(keys)
@@ -196,8 +196,8 @@ class FleetDB:
         q = self._db.execute
         try:
             added = tuple(
-                make_backend(**dict(zip(_ADDED_COLUMNS, row, strict=True)))
-                for row in q(f"SELECT {', '.join(_ADDED_COLUMNS)} FROM added")  # noqa: S608
+                make_backend(**dict(zip(BACKEND_COLUMNS, row, strict=True)))
+                for row in q(f"SELECT {', '.join(BACKEND_COLUMNS)} FROM added")  # noqa: S608
             )
             return Configured(
                 added=added,
@@ -208,7 +208,7 @@ class FleetDB:
                     for d, t, k in q("SELECT draft, target, num_draft_tokens FROM pairs")
                 ),
                 tenants=tuple(
-                    _tenant(*row)
+                    tenant_from_row(*row)
                     for row in q("SELECT id, priority, weight, limits, keys FROM tenants")
                 ),
                 tenants_removed=frozenset(r[0] for r in q("SELECT id FROM tenants_removed")),
@@ -223,9 +223,9 @@ class FleetDB:
             for table in _TABLES:
                 db.execute(f"DELETE FROM {table}")  # noqa: S608 - names from the tuple above
             db.executemany(
-                f"INSERT INTO added ({', '.join(_ADDED_COLUMNS)}) "  # noqa: S608 - names above
-                f"VALUES ({', '.join('?' * len(_ADDED_COLUMNS))})",
-                [(*(str(getattr(b, c)) for c in _ADDED_COLUMNS[:-1]), b.data_parallel_rank)
+                f"INSERT INTO added ({', '.join(BACKEND_COLUMNS)}) "  # noqa: S608 - names above
+                f"VALUES ({', '.join('?' * len(BACKEND_COLUMNS))})",
+                [(*(str(getattr(b, c)) for c in BACKEND_COLUMNS[:-1]), b.data_parallel_rank)
                  for b in state.added],  # fmt: skip
             )
             db.executemany("INSERT INTO removed VALUES (?)", [(i,) for i in sorted(state.removed)])
@@ -237,7 +237,7 @@ class FleetDB:
                 "INSERT INTO pairs VALUES (?, ?, ?)",
                 [(p.draft, p.target, p.num_draft_tokens) for p in state.pairs],
             )
-            rows = [_tenant_row(t) for t in state.tenants]
+            rows = [tenant_row(t) for t in state.tenants]
             db.executemany("INSERT INTO tenants VALUES (?, ?, ?, ?, ?)", rows)
             db.executemany(
                 "INSERT INTO tenants_removed VALUES (?)",

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 
 from baton.model import BackendId
@@ -40,6 +40,9 @@ class Load:
         for rid in stale:
             self.release(rid)
         return len(stale)
+
+    def held(self) -> Iterator[tuple[str, BackendId, float]]:
+        return ((rid, bid, t) for rid, (bid, t) in list(self._held.items()))
 
     def counts(self) -> Mapping[BackendId, int]:
         return MappingProxyType(self._counts)

@@ -81,6 +81,13 @@ class PinTable:
         while len(self._pins) > self._capacity:
             self._pins.popitem(last=False)
 
+    def restore(self, pin: Pin) -> None:
+        """A pin as another replica holds it (its times and hits kept)."""
+        self._pins.pop(pin.prefix, None)
+        self._pins[pin.prefix] = pin
+        while len(self._pins) > self._capacity:
+            self._pins.popitem(last=False)
+
     def pin_chain(self, chain: Sequence[bytes], backend_id: BackendId, now: float) -> None:
         for depth, prefix in enumerate(chain, start=1):
             self.pin(prefix, backend_id, depth, now)

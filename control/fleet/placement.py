@@ -8,12 +8,12 @@ the router reads and updates it. Pins are hints a policy may overrule; ownership
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from baton.model import BackendId, PrefixBlocks
 from control.fleet.chainblocks import ChainBlocks, Implied
 from control.fleet.owners import Owned, OwnerTable
-from control.fleet.pins import PinMatch, PinTable, PinView
+from control.fleet.pins import Pin, PinMatch, PinTable, PinView
 
 
 class Placement:
@@ -27,6 +27,9 @@ class Placement:
         self._sessions = sessions if sessions is not None else PinTable()
         self._owners = owners if owners is not None else OwnerTable()
         self._chains = ChainBlocks()
+        # While a leader replica has followers: each change as an op (control/fleet/journal.py),
+        # replayed on their tables so a new leader's pins are warm.
+        self.journal: Callable[[tuple[object, ...]], None] | None = None
 
     # -- prefix pins: where each prefix's KV cache is ---------------------------------------
 
@@ -39,20 +42,32 @@ class Placement:
 
     def follow_pin(self, match: PinMatch, now: float) -> None:
         """A request went where its pin pointed: the pin stays warm."""
+        if self.journal is not None:
+            self.journal(("follow", match.pin.prefix, now))
         self._pins.touch(match, now)
 
     def pin_chain(self, chain: Sequence[bytes], backend_id: BackendId, now: float) -> None:
+        if self.journal is not None:
+            self.journal(("chain", list(chain), backend_id, now))
         self._pins.pin_chain(chain, backend_id, now)
 
     def pin_reply(self, prefix: bytes, backend_id: BackendId, depth: int, now: float) -> None:
+        if self.journal is not None:
+            self.journal(("reply", prefix, backend_id, depth, now))
         self._pins.pin(prefix, backend_id, depth, now)
 
     def clear_pins(self, backend_id: str = "") -> int:
         """Drop one backend's pins, or (no id) all of them; how many went."""
+        if self.journal is not None:
+            self.journal(("clear", backend_id))
         return self._pins.drop_backend(backend_id) if backend_id else self._pins.clear()
 
     def expire_pins(self, now: float) -> int:
         return self._pins.expire(now)
+
+    def restore(self, pin: Pin, session: bool = False) -> None:
+        """A pin (or session) as a leader replica holds it (control/fleet/journal.py)."""
+        (self._sessions if session else self._pins).restore(pin)
 
     # -- sessions: a client's explicit conversation key -------------------------------------
 
@@ -64,6 +79,8 @@ class Placement:
         return self._sessions.longest((session.encode(),), now)
 
     def pin_session(self, session: str, backend_id: BackendId, now: float) -> None:
+        if self.journal is not None:
+            self.journal(("session", session, backend_id, now))
         self._sessions.pin(session.encode(), backend_id, 0, now)
 
     # -- ownership: which backend holds a stored response (control/fleet/owners.py) ---------
@@ -77,9 +94,13 @@ class Placement:
         return len(self._owners)
 
     def record_owner(self, key: str, backend_id: BackendId, model: str, now: float) -> None:
+        if self.journal is not None:
+            self.journal(("own", key, backend_id, model, now))
         self._owners.record(key, backend_id, model, now)
 
     def release_owner(self, key: str) -> bool:
+        if self.journal is not None:
+            self.journal(("disown", key))
         return self._owners.release(key)
 
     def owner_of(self, key: str, now: float) -> Owned | None:
@@ -88,6 +109,9 @@ class Placement:
     # -- which KV blocks a message prefix implies (control/fleet/chainblocks.py) ------------
 
     def learn_blocks(self, blocks: PrefixBlocks, reply_chain_hash: bytes, tokens: int) -> None:
+        if self.journal is not None:
+            self.journal(("learn", blocks.prompt_chain_hash, list(blocks.keys),
+                          blocks.prompt_blocks, blocks.block_size, reply_chain_hash, tokens))
         self._chains.learn(blocks, reply_chain_hash, tokens)
 
     def implied(self, chain: Sequence[bytes]) -> tuple[int, Implied] | None:

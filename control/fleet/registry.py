@@ -12,7 +12,7 @@ methods below (`find`, `routable`, `facts`, `set_facts`, `on_remove`) and owns i
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 
 from baton.model import Backend, BackendId, BackendStatus, RequestShape, Snapshot
@@ -65,6 +65,8 @@ class Registry:
         self._listeners: list[Listener] = []
         self._removed: list[RemoveHook] = []
         self._load = Load()
+        # While a leader replica has followers: in-flight changes as ops (control/fleet/journal.py).
+        self._journal: Callable[[tuple[object, ...]], None] | None = None
         # Where conversations' state is: prefix pins, sessions, stored responses, and which
         # KV blocks a prefix implies (control/fleet/placement.py).
         self.placement = Placement(pins, sessions, owners)
@@ -261,6 +263,8 @@ class Registry:
         return self._load.total()
 
     def acquire(self, request_id: str, backend_id: BackendId, now: float) -> None:
+        if self._journal is not None:
+            self._journal(("acquire", request_id, backend_id, now))
         self._load.acquire(request_id, backend_id, now)
 
     # -- the engines' own load (control/signals/engine_load.py) ---------------------------
@@ -290,7 +294,24 @@ class Registry:
         return self._readings.last(BackendId(backend_id))
 
     def release(self, request_id: str) -> BackendId | None:
+        if self._journal is not None:
+            self._journal(("release", request_id))
         return self._load.release(request_id)
+
+    def held(self) -> Iterator[tuple[str, BackendId, float]]:
+        """Each in-flight request: (id, backend, since)."""
+        return self._load.held()
+
+    def clear_load(self) -> None:
+        """A follower replica takes a new leader's in-flight requests whole."""
+        self._load = Load()
+
+    def journal_to(self, journal: Callable[[tuple[object, ...]], None] | None) -> None:
+        """Every change to soft state (in-flight requests, pins, owners, tenants' use) as an
+        op to `journal` (None: stop): a leader replica's followers replay them."""
+        self._journal = journal
+        self.placement.journal = journal
+        self.tenants.journal = journal
 
     def shims_watching(self, change: int) -> None:
         """A shim began (1) or stopped (-1) watching snapshots: each shim's share of the

@@ -79,6 +79,9 @@ class TenantBook:
         self._ledger = Ledger()
         self._counts: dict[str, _Minutes] = {}
         self._on_change = on_change
+        # While a leader replica has followers: each use as an op (control/fleet/journal.py),
+        # so no tenant gets a fresh window when the leader changes.
+        self.journal: Callable[[tuple[object, ...]], None] | None = None
         for t in tenants:
             self._check(t)
             if t.id in self._tenants:
@@ -140,6 +143,21 @@ class TenantBook:
         self._changed()
         return t
 
+    def replace(self, tenants: Iterable[Tenant]) -> None:
+        """The tenants as the store now says (a follower replica, or a write undone); each
+        tenant's use so far is kept."""
+        wanted = {t.id: t for t in tenants}
+        for t in wanted.values():
+            self._check(t)
+        if wanted != self._tenants:
+            before, self._tenants = self._tenants, wanted
+            try:
+                self._check_keys()
+            except ConfigError:
+                self._tenants = before
+                raise
+            self._changed()
+
     def _check(self, t: Tenant) -> None:
         why = id_problem(t.id)
         if why is not None:
@@ -167,6 +185,8 @@ class TenantBook:
         self, request_id: str, tenant_id: str, model: str, tokens: int, now: float
     ) -> Admission:
         """The ledger's admission (baton/ledger.py) against the tenant's whole limits."""
+        if self.journal is not None:
+            self.journal(("admit", request_id, tenant_id, model, tokens, now))
         tenant = self._tenants.get(tenant_id)
         admission = self._ledger.admit(request_id, tenant_id, tenant, model, tokens, now)
         if tenant is not None:
@@ -181,6 +201,8 @@ class TenantBook:
     def cancel(self, request_id: str) -> None:
         """An admitted request no backend could take: it used nothing (it stays counted as
         a request admitted)."""
+        if self.journal is not None:
+            self.journal(("cancel", request_id))
         self._ledger.cancel(request_id)
 
     def finished(
@@ -192,6 +214,8 @@ class TenantBook:
         refused: bool = False,
     ) -> None:
         """`refused`: the engine refused the request (a 4xx): it used no tokens."""
+        if self.journal is not None:
+            self.journal(("finished", request_id, prompt_tokens, completion_tokens, now, refused))
         tenant_id = self._ledger.finished(request_id, prompt_tokens, completion_tokens, refused)
         if tenant_id is not None:
             for counts in self._minutes(tenant_id).now(now):
@@ -201,6 +225,8 @@ class TenantBook:
     def waited(self, tenant_id: str, seconds: float, shed: bool, now: float) -> None:
         """A request of the tenant waited `seconds` for room on a saturated fleet, and was
         routed, or `shed` past its bound."""
+        if self.journal is not None:
+            self.journal(("waited", tenant_id, seconds, shed, now))
         if tenant_id not in self._tenants:
             return
         for counts in self._minutes(tenant_id).now(now):

@@ -74,7 +74,7 @@ class Admin:
         self.saves = 0
         self.servicer = AdminServicer(router, no_facts, on_changed=self._saved)
 
-    def _saved(self) -> None:
+    async def _saved(self) -> None:
         self.saves += 1
 
     def call(self, method: str, request: object) -> Any:

@@ -1,0 +1,49 @@
+"""Only the leading replica routes and takes admin calls (control/replicas/): on any other,
+every RoutingService, AdminService and ReplicaService call is refused before its code runs,
+with FAILED_PRECONDITION naming the leader, and the leader's address in the `baton-leader`
+trailer so that shims and the CLI go there (GetStatus is answered by every replica: it says
+who leads). Streams already open when a leader stops leading are ended by their servicers."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import grpc
+
+from control.api.auth import ADMIN_PREFIX, REPLICA_PREFIX, ROUTING_PREFIX, Handler, denial
+
+LEADER_METADATA = "baton-leader"
+GATED = (ROUTING_PREFIX, ADMIN_PREFIX, REPLICA_PREFIX)
+OPEN = frozenset({ADMIN_PREFIX + "GetStatus"})
+
+
+class Leadership(Protocol):
+    @property
+    def leading(self) -> bool: ...
+
+    def refusal(self) -> tuple[str, str]:
+        """(why this replica refuses, the leader's address or "")."""
+        ...
+
+
+def trailer(leader: str) -> tuple[tuple[str, str], ...]:
+    return ((LEADER_METADATA, leader),) if leader else ()
+
+
+class LeaderGate(grpc.aio.ServerInterceptor):
+    def __init__(self, leadership: Leadership) -> None:
+        self._leadership = leadership
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
+        details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
+        handler = await continuation(details)
+        if handler is None or self._leadership.leading or details.method in OPEN:
+            return handler
+        if not details.method.startswith(GATED):
+            return handler
+        why, leader = self._leadership.refusal()
+        return denial(why, handler, grpc.StatusCode.FAILED_PRECONDITION, trailer(leader))

@@ -1,0 +1,263 @@
+"""One control replica's part in a group on etcd (`baton control --store etcd://...`): it
+campaigns for leadership (election.py), keeps its registry at the configuration in etcd
+(store.py, reconcile.py), writes the leader's low-rate events to etcd, and follows the
+leader's soft state (follow.py) until it leads itself.
+
+Every replica probes the backends, reads their load and subscribes to their KV events itself
+(control/server.py starts those as for a single control), so a new leader's health, load and
+KV index are its own and warm; pins, owners, in-flight requests and tenants' use come from
+the old leader's stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from baton.v1 import admin_pb2
+from control.audit.log import Entry, Event
+from control.exceptions import ConfigError, NotLeader, StoreUnavailable
+from control.fleet.db import Configured
+from control.fleet.registry import Registry
+from control.replicas.election import Election, Member
+from control.replicas.etcd import Etcd, EtcdUnavailable, parse_endpoints
+from control.replicas.follow import BATCH_S, SoftStateServicer, follow
+from control.replicas.store import ReplicaStore, decode
+
+log = logging.getLogger("baton.control.replicas")
+
+ROLE_CHECK_S = 0.02  # how often the role is looked at (a lease can run out between calls)
+EVENTS_FLUSH_S = 0.2
+EVENTS_HELD = 10_000  # events kept for etcd while it does not answer; older ones go first
+FOLLOW_RETRY_S = 0.1
+
+
+class Replica:
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        me: Member,
+        lease_ttl: int,
+        registry: Registry,
+        *,
+        apply: Callable[[Configured], None],
+        adopt: Callable[[list[Event]], int],
+        on_role: Callable[[bool], None],
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        """`apply(configured)`: bring the registry to it (reconcile). `adopt(events)`: merge
+        events another replica recorded into this one's log. `on_role(leading)`: the role
+        changed (serve as leader, or refuse and close shims' streams). `metadata`: what this
+        replica presents to the leader's Follow (the shim token)."""
+        self.etcd = Etcd(parse_endpoints(url))
+        self.store = ReplicaStore(self.etcd, prefix)
+        self.me = me
+        self.election = Election(
+            self.etcd,
+            self.store.leader_key,
+            self.store.replicas_prefix,
+            me,
+            lease_ttl,
+            on_lead=self._on_lead,
+            on_follow=lambda: None,
+        )
+        self.soft = SoftStateServicer(registry, lambda: self.election.term)
+        self._registry = registry
+        self._apply = apply
+        self._adopt = adopt
+        self._on_role = on_role
+        self._metadata = metadata
+        self.committed = Configured()  # the configuration as etcd last had it
+        self._events: list[Event] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self.leading_now = False  # the role as last told to on_role
+
+    # -- what the servicers ask ------------------------------------------------------------
+
+    @property
+    def leading(self) -> bool:
+        return self.election.leading
+
+    def refusal(self) -> tuple[str, str]:
+        """(why this replica refuses, the leader's address or "")."""
+        leader = self.election.leader
+        if leader is None or leader == self.me:
+            return f"control replica {self.me.id} is not the leader: no leader elected yet", ""
+        return (
+            f"control replica {self.me.id} is not the leader: the leader is {leader.id} at "
+            f"{leader.address}",
+            leader.address,
+        )
+
+    def record(self, entry: Entry) -> None:
+        """The audit log's sink: the leader's events but routing decisions go to etcd."""
+        if type(entry) is Event and self.election.term:
+            self._events.append(entry)
+            if len(self._events) > EVENTS_HELD:
+                del self._events[: len(self._events) - EVENTS_HELD]
+
+    async def status(self, resp: admin_pb2.GetStatusResponse) -> None:
+        resp.replica_id = self.me.id
+        leader = self.election.leader
+        resp.leader = leader.id if leader else ""
+        try:
+            members = await asyncio.wait_for(self.election.members(), 1.0)
+        except (EtcdUnavailable, TimeoutError):
+            members = [self.me] + ([leader] if leader and leader != self.me else [])
+        for m in sorted(members, key=lambda m: m.id):
+            resp.replicas.add(id=m.id, address=m.address, leader=leader == m)
+        why = self.election.store_error
+        resp.store = f"{self.store.url}: {'ok' if not why else 'unreachable (' + why + ')'}"
+
+    async def commit(self, configured: Configured) -> None:
+        """Writes the configuration, fenced by this replica's term; on any failure the
+        registry goes back to what etcd holds, and StoreError says why."""
+        term = self.election.term
+        try:
+            if not term or not self.leading:
+                raise NotLeader(self.refusal()[0])
+            await self.store.save(configured, term)
+        except EtcdUnavailable as exc:
+            self._apply(self.committed)
+            raise StoreUnavailable(f"{exc}: the change was not made") from None
+        except Exception:
+            self._apply(self.committed)
+            raise
+        self.committed = configured
+
+    # -- life ------------------------------------------------------------------------------
+
+    async def load(self, timeout: float) -> Configured:
+        """The configuration in etcd at start, waiting up to `timeout` for etcd."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                configured, _ = await self.store.load()
+                self.committed = configured
+                return configured
+            except EtcdUnavailable as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise ConfigError(f"--store: {exc}") from None
+                await asyncio.sleep(0.2)
+
+    def start(self) -> None:
+        for job in (
+            self.election.run(),
+            self._watch_config(),
+            self._watch_role(),
+            self._flush_events(),
+            self._follow_leader(),
+            self._batch_soft_state(),
+        ):
+            self._tasks.append(asyncio.create_task(job))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self.soft.stop()
+        if self.election.term:
+            # Hand over at once rather than after the lease's TTL.
+            with contextlib.suppress(EtcdUnavailable, grpc.aio.AioRpcError):
+                await self._flush()
+            await self.election.resign()
+        await self.etcd.close()
+
+    async def _on_lead(self, term: int) -> None:
+        """Elected: read the configuration as it is now (at least as new as the election),
+        before serving as leader."""
+        configured, _ = await self.store.load()
+        if configured != self.committed:
+            self._apply(configured)
+            self.committed = configured
+        asyncio.get_running_loop().create_task(self._adopt_events())
+
+    async def _adopt_events(self) -> None:
+        try:
+            events = await self.store.load_events()
+        except EtcdUnavailable as exc:
+            log.warning("the last leader's events could not be read: %s", exc)
+            return
+        log.info("took %d earlier events from etcd", self._adopt(events))
+
+    async def _watch_role(self) -> None:
+        while True:
+            leading = self.election.leading
+            if leading != self.leading_now:
+                self.leading_now = leading
+                if not leading:
+                    self.soft.stop()
+                self._on_role(leading)
+            await asyncio.sleep(ROLE_CHECK_S)
+
+    async def _watch_config(self) -> None:
+        """Every replica keeps its registry at the configuration in etcd (the leader's own
+        writes come back too, and change nothing)."""
+        while True:
+            try:
+                kv, revision = await self.etcd.get(self.store.config_key)
+                if kv is not None:
+                    self._changed(kv.value, kv.mod_revision)
+                async for batch in self.etcd.watch(self.store.config_key, revision + 1):
+                    for kind, kv in batch:
+                        if kind == "put":
+                            self._changed(kv.value, kv.mod_revision)
+            except EtcdUnavailable:
+                await asyncio.sleep(0.2)
+
+    def _changed(self, raw: bytes, revision: int) -> None:
+        if revision <= self.store.revision or self.election.term:
+            return
+        try:
+            configured = decode(raw)
+        except ConfigError as exc:
+            log.error("replica %s: %s; keeping the configuration it has", self.me.id, exc)
+            return
+        self.store.revision = revision
+        if configured != self.committed:
+            self._apply(configured)
+            self.committed = configured
+
+    async def _flush(self) -> None:
+        if self._events and self.election.term:
+            events, term = self._events.copy(), self.election.term
+            if await self.store.append_events(self.me.id, events, term):
+                del self._events[: len(events)]
+            else:
+                self._events.clear()  # no longer the leader: the new one writes its own
+
+    async def _flush_events(self) -> None:
+        while True:
+            await asyncio.sleep(EVENTS_FLUSH_S)
+            with contextlib.suppress(EtcdUnavailable):
+                await self._flush()
+
+    async def _batch_soft_state(self) -> None:
+        while True:
+            await asyncio.sleep(BATCH_S)
+            self.soft.flush()
+
+    async def _follow_leader(self) -> None:
+        while True:
+            leader = self.election.leader
+            if self.election.term or leader is None or leader == self.me:
+                await asyncio.sleep(FOLLOW_RETRY_S)
+                continue
+            task = asyncio.create_task(
+                follow(leader.address, self.me.id, self._registry, self._metadata)
+            )
+            # Until the stream ends, or this replica leads (the old leader may be stopped, its
+            # stream open and silent).
+            while not task.done() and not self.election.term:
+                await asyncio.wait({task}, timeout=FOLLOW_RETRY_S)
+            task.cancel()
+            await asyncio.wait({task})
+            if not task.cancelled() and isinstance(exc := task.exception(), grpc.aio.AioRpcError):
+                log.debug("following %s: %s", leader.id, exc.code().name)
+            await asyncio.sleep(FOLLOW_RETRY_S)
