@@ -263,7 +263,8 @@ class ControlPlane:
     async def start(self) -> int:
         self._http = aiohttp.ClientSession()
         routing = RoutingServicer(self.router, self.metrics, self.read_facts, self.tracing,
-                                  leadership=self if self._store else None)  # fmt: skip
+                                  leadership=self if self._store else None,
+                                  durable=self._sync_events if self._store else None)  # fmt: skip
         self._routing = routing
         routing_pb2_grpc.add_RoutingServiceServicer_to_server(routing, self.server)
         status = self._replica_status if self._store else None
@@ -341,6 +342,10 @@ class ControlPlane:
         )  # fmt: skip
         self._apply(await self.replica.load(timeout=30.0))
         replica_pb2_grpc.add_ReplicaServiceServicer_to_server(self.replica.soft, self.server)
+
+    async def _sync_events(self) -> None:
+        if self.replica is not None:
+            await self.replica.sync()
 
     async def _replica_status(self, resp: admin_pb2.GetStatusResponse) -> None:
         if self.replica is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 
 import grpc
@@ -37,10 +37,14 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         read_facts: ReadFacts,
         tracing: Tracing = OFF,
         leadership: Leadership | None = None,
+        durable: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """`leadership`: a control replica's (control/replicas/): streams already open are
         ended when it stops leading (new calls are refused by control/api/leader_gate.py)."""
         self._leadership = leadership
+        # A replica's: awaited before a failure report is answered, so that the event is in
+        # etcd before the shim forgets it (control/replicas/replica.py sync).
+        self._durable = durable
         self._watchers: set[asyncio.Event] = set()
         self._read_facts = read_facts
         self._router = router
@@ -188,6 +192,8 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             wire.failure_from_pb(request.failure_class, request.failure),
             request.detail,
         )
+        if self._durable is not None:
+            await self._durable()
         return routing_pb2.ReportAttemptFailureResponse()
 
     async def ReportOutcomes(
@@ -224,6 +230,8 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         self._router.registry.events.record(
             fields, request_id=request.request_id, backend_id=request.from_backend_id
         )
+        if self._durable is not None:
+            await self._durable()
         return routing_pb2.ReportFailoverResponse()
 
     async def GatePairing(

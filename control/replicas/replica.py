@@ -73,6 +73,7 @@ class Replica:
         self._metadata = metadata
         self.committed = Configured()  # the configuration as etcd last had it
         self._events: list[Event] = []
+        self._flushing = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self.leading_now = False  # the role as last told to on_role
 
@@ -224,6 +225,15 @@ class Replica:
             self._apply(configured)
             self.committed = configured
 
+    async def sync(self) -> None:
+        """The leader's events so far are in etcd (or etcd does not answer): a shim's
+        failover report is answered after this, so a leader killed right after loses none."""
+        if not self._events:
+            return
+        async with self._flushing:
+            with contextlib.suppress(EtcdUnavailable):
+                await self._flush()
+
     async def _flush(self) -> None:
         if self._events and self.election.term:
             events, term = self._events.copy(), self.election.term
@@ -235,8 +245,7 @@ class Replica:
     async def _flush_events(self) -> None:
         while True:
             await asyncio.sleep(EVENTS_FLUSH_S)
-            with contextlib.suppress(EtcdUnavailable):
-                await self._flush()
+            await self.sync()
 
     async def _batch_soft_state(self) -> None:
         while True:
