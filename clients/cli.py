@@ -21,7 +21,8 @@ def _admin_parent() -> argparse.ArgumentParser:
     parent.add_argument(
         "--control",
         default=os.environ.get("BATON_CONTROL", DEFAULT_CONTROL),
-        help="control plane HOST:PORT (env BATON_CONTROL)",
+        help="control plane HOST:PORT, or control replicas as HOST:PORT,HOST:PORT,... (calls go "
+        "to the leader) (env BATON_CONTROL)",
     )
     parent.add_argument("--json", action="store_true", help="machine-readable output")
     parent.add_argument("--timeout", type=float, default=5.0, help="seconds per admin call")

@@ -1,5 +1,11 @@
 """Typed, synchronous client for control's AdminService (what the CLI and scripts use).
-Errors come out as AdminError with a message a person can act on."""
+Errors come out as AdminError with a message a person can act on.
+
+Control replicas (`--control A,B,C`, one of which leads): a call goes to the address that
+answered last. A replica that does not lead refuses it unapplied (FAILED_PRECONDITION) and names
+the leader (trailing metadata `baton-leader`): the call is made once more there, and that
+address kept. An address that cannot be reached (UNAVAILABLE) gives way to the next. No other
+failure is retried: the call may have been applied."""
 
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2
 DEFAULT_CONTROL = "127.0.0.1:50051"
 TOKEN_FILE = "admin-token"
 SHIM_TOKEN_FILE = "shim-token"  # `baton up` writes it; a shim takes it with --shim-token-file
+LEADER_KEY = "baton-leader"  # a replica's refusal names the leader's HOST:PORT under it
 
 
 def find_token() -> str | None:
@@ -40,6 +47,26 @@ def find_token() -> str | None:
 
 class AdminError(Exception):
     pass
+
+
+def split_targets(text: str) -> tuple[str, ...]:
+    """`A,B,C` -> (A, B, C): blanks dropped, a repeat kept once (the shim's --control reads
+    the same way: dataplane/link/targets.py). Raises AdminError when no address is left."""
+    out = tuple(dict.fromkeys(t for part in text.split(",") if (t := part.strip())))
+    if not out:
+        raise AdminError(f"--control: no address in {text!r} (want HOST:PORT[,HOST:PORT...])")
+    return out
+
+
+def leader_named(exc: grpc.RpcError) -> str:
+    """The leader's address a replica's FAILED_PRECONDITION names ("" for any other error,
+    or a refusal that names none)."""
+    if exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+        return ""
+    for m in exc.trailing_metadata() or ():
+        if m.key == LEADER_KEY:  # a str value for a key without -bin, whatever the stubs say
+            return m.value.decode() if isinstance(m.value, bytes) else str(m.value)
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,24 +238,62 @@ class AdminClient:
         timeout: float = 5.0,
         tls_ca: Path | None = None,
     ) -> None:
-        """`tls_ca`: PEM file of the CA that signed control's certificate; talk TLS."""
-        self.target = target
-        self._tls = tls_ca is not None
+        """`target`: control's HOST:PORT, or its replicas' as A,B,C. `tls_ca`: PEM file of
+        the CA that signed control's certificate; talk TLS."""
+        self.targets = split_targets(target)
+        self.target = self.targets[0]  # where calls go: the last address that answered
+        self._ca: bytes | None = None
         if tls_ca is not None:
             try:
-                ca = tls_ca.read_bytes()
+                self._ca = tls_ca.read_bytes()
             except OSError as exc:
                 raise AdminError(f"--tls-ca: {exc}") from None
-            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(ca))
-        else:
-            self._channel = grpc.insecure_channel(target)
-        self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._tls = tls_ca is not None
+        self._channels: dict[str, grpc.Channel] = {}  # opened when first called, then kept
         token = token if token is not None else find_token()
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout = timeout
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels.values():
+            channel.close()
+
+    def _stub(self, target: str) -> admin_pb2_grpc.AdminServiceStub:
+        if (channel := self._channels.get(target)) is None:
+            if self._ca is not None:
+                creds = grpc.ssl_channel_credentials(self._ca)
+                channel = grpc.secure_channel(target, creds)
+            else:
+                channel = grpc.insecure_channel(target)
+            self._channels[target] = channel
+        return admin_pb2_grpc.AdminServiceStub(channel)
+
+    def _again(self, exc: grpc.RpcError, tried: set[str], redirected: bool) -> str | None:
+        """Where to make a call again that `exc` refused at self.target unapplied (None: it
+        is not made again): the leader a replica named, unless the call was sent on to a
+        leader already; else, when self.target could not be reached, the next address not
+        tried yet."""
+        leader = leader_named(exc)
+        if leader:
+            return None if redirected else leader
+        if exc.code() is grpc.StatusCode.UNAVAILABLE:
+            after = self.targets.index(self.target) + 1 if self.target in self.targets else 0
+            for target in (*self.targets[after:], *self.targets[:after]):
+                if target not in tried:
+                    return target
+        return None
+
+    def _error(self, exc: grpc.RpcError) -> AdminError:
+        code = exc.code()
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            # A TLS/plaintext mismatch looks the same as nobody listening.
+            tls = "with" if self._tls else "without"
+            where = ",".join(self.targets) if len(self.targets) > 1 else self.target
+            return AdminError(
+                f"cannot reach the control plane at {where} ({code.name}); "
+                f"is `baton control` running there, {tls} TLS (--tls-ca)?"
+            )
+        return AdminError(f"{code.name}: {exc.details()}")
 
     def __enter__(self) -> AdminClient:
         return self
@@ -237,20 +302,20 @@ class AdminClient:
         self.close()
 
     def _call(self, method: str, request: object) -> object:
-        try:
-            return getattr(self._stub, method)(
-                request, timeout=self._timeout, metadata=self._metadata
-            )
-        except grpc.RpcError as exc:
-            code = exc.code()
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                # A TLS/plaintext mismatch looks the same as nobody listening.
-                tls = "with" if self._tls else "without"
-                raise AdminError(
-                    f"cannot reach the control plane at {self.target} ({code.name}); "
-                    f"is `baton control` running there, {tls} TLS (--tls-ca)?"
-                ) from None
-            raise AdminError(f"{code.name}: {exc.details()}") from None
+        tried: set[str] = set()
+        redirected = False
+        while True:
+            tried.add(self.target)
+            try:
+                return getattr(self._stub(self.target), method)(
+                    request, timeout=self._timeout, metadata=self._metadata
+                )
+            except grpc.RpcError as exc:
+                again = self._again(exc, tried, redirected)
+                if again is None:
+                    raise self._error(exc) from None
+                redirected = redirected or bool(leader_named(exc))
+                self.target = again
 
     def list_backends(self) -> list[BackendRow]:
         resp = self._call("ListBackends", admin_pb2.ListBackendsRequest())
@@ -333,6 +398,15 @@ class AdminClient:
             "models": [
                 {"model": m.model, "backends": m.backends, "healthy": m.healthy}
                 for m in resp.models
+            ],
+            # Control replicas (none for a single control): who answered, who leads, and
+            # where the configuration is kept.
+            "replica_id": resp.replica_id,
+            "leader": resp.leader,
+            "store": resp.store,
+            "replicas": [
+                {"id": r.id, "address": r.address, "role": "leader" if r.leader else "follower"}
+                for r in resp.replicas
             ],
         }
 
@@ -423,10 +497,22 @@ class AdminClient:
         request = admin_pb2.WatchEventsRequest(
             kind=kind, request_id=request_id, backend_id=backend_id
         )
-        try:
-            for resp in self._stub.WatchEvents(request, metadata=self._metadata):
-                yield json.loads(resp.event.json)
-        except grpc.RpcError as exc:
-            if exc.code() is grpc.StatusCode.CANCELLED:
+        tried: set[str] = set()
+        redirected = seen = False
+        while True:
+            tried.add(self.target)
+            try:
+                for resp in self._stub(self.target).WatchEvents(request, metadata=self._metadata):
+                    seen = True
+                    yield json.loads(resp.event.json)
                 return
-            raise AdminError(f"{exc.code().name}: {exc.details()}") from None
+            except grpc.RpcError as exc:
+                if exc.code() is grpc.StatusCode.CANCELLED:
+                    return
+                # Once events have come, the stream is not started again elsewhere: the
+                # events between would be missed without a word.
+                again = None if seen else self._again(exc, tried, redirected)
+                if again is None:
+                    raise AdminError(f"{exc.code().name}: {exc.details()}") from None
+                redirected = redirected or bool(leader_named(exc))
+                self.target = again

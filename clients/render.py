@@ -62,16 +62,33 @@ def _set_in(rows: Sequence[BackendRow], columns: Sequence[str]) -> list[str]:
     return [c for c in columns if any(getattr(r, c) for r in rows)]
 
 
+REPLICA_COLUMNS = ("replica", "address", "role")
+
+
 def status(s: Mapping[str, Any]) -> str:
     head = (
         f"control {s['control']}  version {s['version']}  policy {s['routing_policy']}  "
         f"snapshot v{s['snapshot_version']}  in flight {s['in_flight']}  "
         f"up {s['uptime_seconds']}s"
     )
+    lines = [head, *_replicas(s)]
     models = s["models"]
-    if not models:
-        return head + "\nno models served"
-    return head + "\n" + table(models, ("model", "backends", "healthy"))
+    lines.append(table(models, ("model", "backends", "healthy")) if models else "no models served")
+    return "\n".join(lines)
+
+
+def _replicas(s: Mapping[str, Any]) -> list[str]:
+    """Control replicas, when control runs as several: who leads, who answered, the store
+    (nothing for a single control)."""
+    replicas = s.get("replicas") or []
+    if not replicas:
+        return []
+    leader = s.get("leader") or "none elected"
+    return [
+        f"replica {s.get('replica_id') or '?'} answered  leader {leader}  "
+        f"store {s.get('store') or '-'}",
+        table([{**r, "replica": r["id"]} for r in replicas], REPLICA_COLUMNS),
+    ]
 
 
 EVENT_COLUMNS = ("time", "kind", "request_id", "backend_id", "summary")

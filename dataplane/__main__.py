@@ -1,4 +1,4 @@
-"""`baton shim --control HOST:PORT --listen HOST:PORT [--workers N]`"""
+"""`baton shim --control HOST:PORT[,HOST:PORT...] --listen HOST:PORT [--workers N]`"""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from dataplane.edge.handlers import HEALTH
 from dataplane.edge.lifecycle import INFLIGHT, Stopping
 from dataplane.edge.limits import API_KEYS_ENV, load_keys
 from dataplane.exceptions import ControlRefused
+from dataplane.link.targets import split_targets
 from dataplane.settings import (
     Limits,
     ProxySettings,
@@ -39,7 +40,12 @@ CONTROL_TLS_CA_ENV = "BATON_CONTROL_TLS_CA"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--control", default="127.0.0.1:50051", help="control plane HOST:PORT")
+    parser.add_argument(
+        "--control",
+        default="127.0.0.1:50051",
+        help="control plane HOST:PORT; control replicas as HOST:PORT,HOST:PORT,... (the shim "
+        "routes through the one that leads, and follows the lead when it moves)",
+    )
     parser.add_argument(
         "--control-tls-ca",
         default=os.environ.get(CONTROL_TLS_CA_ENV) or None,
@@ -196,6 +202,10 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
         raise SystemExit("--standby-connections must not be negative")
     if args.route_timeout <= 0 or args.shutdown_grace < 0:
         raise SystemExit("--route-timeout must be positive and --shutdown-grace not negative")
+    try:
+        split_targets(args.control)
+    except ValueError as exc:
+        raise SystemExit(f"--control: {exc}") from None
     return ShimSettings(
         control=args.control,
         route_timeout=args.route_timeout,

@@ -1,7 +1,7 @@
 """The shim's unary calls to control that a request waits for: a new pairing's gate verdict
 (speculative decoding) and a stored response's owner (Responses API). Each fails fast while
-control is known to be unreachable, and a transient failure marks it so (ControlLink's
-probe then watches for its return)."""
+control is known to be unreachable, and a transient failure or a replica's "not the leader"
+refusal marks it so (ControlLink's probe then watches for its return, or finds the leader)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ from baton.model import Verdict
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from dataplane.exceptions import ControlUnavailable
 from dataplane.link.needs import GateAnswer
-from dataplane.link.outbox import TRANSIENT
+from dataplane.link.outbox import TRANSIENT, not_leader
+
+# Told why control is away, and the leader's address when a refusal named it ("" otherwise).
+Unreachable = Callable[[str, str], None]
 
 
 class Calls:
@@ -25,7 +28,7 @@ class Calls:
         metadata: Sequence[tuple[str, str]],
         timeout: float,
         up: asyncio.Event,
-        unreachable: Callable[[str], None],
+        unreachable: Unreachable,
     ) -> None:
         self._stub = stub
         self._metadata = tuple(metadata)
@@ -33,13 +36,26 @@ class Calls:
         self._up = up
         self._unreachable = unreachable
 
+    def retarget(self, stub: routing_pb2_grpc.RoutingServiceAsyncStub) -> None:
+        """Control's leader moved: later calls go to `stub`."""
+        self._stub = stub
+
+    def _failed(self, what: str, exc: grpc.aio.AioRpcError, stub: object) -> ControlUnavailable:
+        """Control marked away when `exc` says it is (unless the call went to a replica
+        the link has left since); what the caller raises."""
+        leader = not_leader(exc)
+        if (exc.code() in TRANSIENT or leader is not None) and stub is self._stub:
+            self._unreachable(f"{what}: {exc.code().name}", leader or "")
+        return ControlUnavailable(f"control plane: {exc.code().name}")
+
     async def gate_pairing(
         self, request_id: str, pair_id: str, target_id: str, drafted: int, accepted: int
     ) -> GateAnswer:
         if not self._up.is_set():
             raise ControlUnavailable("control plane unreachable")
+        stub = self._stub
         try:
-            resp = await self._stub.GatePairing(
+            resp = await stub.GatePairing(
                 routing_pb2.GatePairingRequest(
                     request_id=request_id,
                     pair_id=pair_id,
@@ -51,9 +67,7 @@ class Calls:
                 metadata=self._metadata,
             )
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in TRANSIENT:
-                self._unreachable(f"gate: {exc.code().name}")
-            raise ControlUnavailable(f"control plane: {exc.code().name}") from None
+            raise self._failed("gate", exc, stub) from None
         target = wire.backend_from_pb(resp.target) if resp.HasField("target") else None
         # A verdict this shim does not know is no permission to serve: fail closed.
         verdict = wire.VERDICT_FROM_PB.get(resp.verdict, Verdict.REJECT)
@@ -70,11 +84,8 @@ class Calls:
         request = routing_pb2.RecordOwnershipRequest(
             key=key, backend_id=backend_id, model=model, released=released, request_id=request_id
         )
+        stub = self._stub
         try:
-            await self._stub.RecordOwnership(
-                request, timeout=self._timeout, metadata=self._metadata
-            )
+            await stub.RecordOwnership(request, timeout=self._timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in TRANSIENT:
-                self._unreachable(f"ownership: {exc.code().name}")
-            raise ControlUnavailable(f"control plane: {exc.code().name}") from None
+            raise self._failed("ownership", exc, stub) from None

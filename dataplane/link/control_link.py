@@ -8,7 +8,14 @@ When control is unreachable (docs/architecture.md#when-control-is-unreachable) t
 serving: routes and failovers are decided from the last snapshot (dataplane/link/degraded.py),
 reports wait in bounded buffers (outcomes in the RouteStream, attempt failures and failover reports
 in the Outbox), and a probe watches control's health service until it answers again, then everything
-buffered is sent."""
+buffered is sent.
+
+Given several addresses (`--control A,B,C`: control replicas, of which one leads) the link talks to
+one at a time, the leader. A replica that refuses as "not the leader" (dataplane/link/targets.py),
+or one that cannot be reached, is an outage like any other, but the probe then asks every address
+(the leader the refusal named first) and moves the link, watch, RouteStream and calls alike, to the
+first whose health service says RoutingService is SERVING; what was buffered goes there, once.
+One address is today's single control: nothing else is asked, nothing costs more."""
 
 from __future__ import annotations
 
@@ -16,7 +23,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -29,9 +37,10 @@ from dataplane.exceptions import ControlRefused, ControlUnavailable, StreamBroke
 from dataplane.link.calls import Calls
 from dataplane.link.degraded import DegradedRouter
 from dataplane.link.needs import FleetView, GateAnswer, fleet_view
-from dataplane.link.outbox import Outbox, Report
+from dataplane.link.outbox import TRANSIENT, Outbox, Report, not_leader
 from dataplane.link.route_socket import split_target
 from dataplane.link.routestream import RouteStream
+from dataplane.link.targets import probe_order, split_targets
 from dataplane.metrics import LinkStats
 
 log = logging.getLogger("baton.shim.control")
@@ -44,6 +53,36 @@ CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
+HealthCheck = Callable[..., Awaitable[health_pb2.HealthCheckResponse]]
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """One control address, its channel and what the link calls there; made when first
+    needed and kept (a replica the link leaves may lead again)."""
+
+    address: str
+    channel: grpc.aio.Channel
+    stub: routing_pb2_grpc.RoutingServiceAsyncStub
+    health: HealthCheck  # grpc.health.v1 Check, served next to RoutingService (no token)
+    # Where its route socket listens (None: an address with a scheme, routed over gRPC).
+    host: str | None
+
+    @classmethod
+    def open(cls, address: str, tls_ca: bytes | None) -> _Target:
+        if tls_ca is not None:
+            creds = grpc.ssl_channel_credentials(tls_ca)
+            channel = grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS)
+        else:
+            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        health = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
+        host = (split_target(address) or (None, 0))[0]
+        return cls(address, channel, routing_pb2_grpc.RoutingServiceStub(channel), health, host)
 
 
 class ControlLink:
@@ -59,25 +98,21 @@ class ControlLink:
         token: str | None = None,
         tls_ca: bytes | None = None,
     ) -> None:
-        """`route_timeout` bounds what a hung control costs a request (a refused connection
-        costs nothing: it fails at once); after the first failure requests are routed
-        locally at once until the probe, every `probe_interval`, finds control serving.
+        """`target`: control's HOST:PORT, or its replicas' as A,B,C (the link finds the
+        leader). `route_timeout` bounds what a hung control costs a request (a refused
+        connection costs nothing: it fails at once); after the first failure requests are
+        routed locally at once until the probe, every `probe_interval`, finds control serving.
         `max_buffered` bounds each buffer (outcomes; other reports) while control is away.
         `token`: the shim token control's routing service asks for (the health probe is open).
         `tls_ca`: PEM of the CA that signed control's certificate: talk TLS."""
-        if tls_ca is not None:
-            creds = grpc.ssl_channel_credentials(tls_ca)
-            self._channel = grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS)
-        else:
-            self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self._stub = routing_pb2_grpc.RoutingServiceStub(self._channel)
+        self._addresses = split_targets(target)
+        self._tls_ca = tls_ca
+        first = _Target.open(self._addresses[0], tls_ca)
+        self._targets = {first.address: first}  # each opened when first asked, then kept
+        self._at = first  # the one talked to: the leader, as far as the link knows
+        self._stub = first.stub  # self._at's, read by every call when it is made
+        self._leader_hint = ""  # the leader a refusal named: the probe asks it first
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        # grpc.health.v1 (served by control next to RoutingService): the probe while away.
-        self._health_check = self._channel.unary_unary(
-            "/grpc.health.v1.Health/Check",
-            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-            response_deserializer=health_pb2.HealthCheckResponse.FromString,
-        )
         self._timeout = route_timeout
         self._report_timeout = report_timeout
         self._flush_interval = flush_interval
@@ -93,10 +128,8 @@ class ControlLink:
             metadata=self._metadata,
             tls_ca=tls_ca,
         )
-        # Control's host, where its route socket listens (None: a target with a scheme,
-        # routed over gRPC's RouteStream).
-        self._control_host = (split_target(target) or (None, 0))[0]
-        self._outbox = Outbox(max_buffered, up=self._up, on_unreachable=self._unreachable)
+        # A report's failure marks control away in _report (which knows where it went).
+        self._outbox = Outbox(max_buffered, up=self._up, on_unreachable=lambda reason: None)
         self._calls = Calls(self._stub, self._metadata, route_timeout, self._up, self._unreachable)
         self._local = DegradedRouter()
         # While control is away: each tenant's share of its limits, counted here alone
@@ -109,6 +142,7 @@ class ControlLink:
         self._refusal = asyncio.Event()
         self._poke = asyncio.Event()  # a snapshot arrived: probe control now
         self._tasks: list[asyncio.Task[None]] = []
+        self._watcher: asyncio.Task[None] | None = None  # _watch, restarted when the leader moves
         self._prober: asyncio.Task[None] | None = None
         self._degraded_routes = 0
         self._outages = 0
@@ -143,7 +177,8 @@ class ControlLink:
         )
 
     async def start(self, wait_for_snapshot: float = 10.0) -> None:
-        self._tasks = [asyncio.create_task(self._watch()), asyncio.create_task(self._flusher())]
+        self._watcher = asyncio.create_task(self._watch())
+        self._tasks = [asyncio.create_task(self._flusher())]
         either = [
             asyncio.create_task(self._first_snapshot.wait()),
             asyncio.create_task(self._refusal.wait()),
@@ -162,14 +197,15 @@ class ControlLink:
         self._closing = True  # the stream breaking now is our doing, not an outage
         # Reports still queued get a moment to reach control before the shim exits.
         await self._outbox.close(self._report_timeout)
-        tasks = [*self._tasks, *([self._prober] if self._prober else [])]
+        tasks = [*self._tasks, *(t for t in (self._watcher, self._prober) if t is not None)]
         for t in tasks:
             t.cancel()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await self._stream.close()
-        await self._channel.close()
+        for target in self._targets.values():
+            await target.channel.close()
 
     # -- decisions -----------------------------------------------------------------------
 
@@ -178,10 +214,11 @@ class ControlLink:
             request = routing_pb2.RouteRequest(
                 request_id=request_id, shape=wire.shape_to_pb(shape), traceparent=traceparent
             )
+            stub = self._stub
             try:
                 return await self._decision(self._stream.route(request))
             except ControlUnavailable as exc:
-                self._unreachable(str(exc))
+                self._unreachable(str(exc), via=stub)
             except asyncio.CancelledError:
                 # The client left before its answer (it may be waiting in its band): control
                 # drops it, and counts it no longer for its tenant.
@@ -245,10 +282,11 @@ class ControlLink:
                 exclude_backend_ids=list(exclude),
                 preferred_backend_ids=list(preferred),
             )
+            stub = self._stub
             try:
                 return await self._decision(self._stream.failover(request))
             except ControlUnavailable as exc:
-                self._unreachable(str(exc))
+                self._unreachable(str(exc), via=stub)
         return self._decide_locally(
             shape.model, exclude=(failed_backend_id, *exclude), preferred=preferred
         )
@@ -294,9 +332,9 @@ class ControlLink:
         )  # fmt: skip
         # The retry proceeds regardless; the prober will demote the backend too.
         self._outbox.put(
-            Report(
+            self._report(
                 "attempt_failure",
-                lambda: self._stub.ReportAttemptFailure(
+                lambda stub: stub.ReportAttemptFailure(
                     msg, timeout=self._report_timeout, metadata=self._metadata
                 ),
             )
@@ -305,13 +343,34 @@ class ControlLink:
     def report_failover(self, report: FailoverReport) -> None:
         msg = wire.failover_report_to_pb(report)
         self._outbox.put(
-            Report(
+            self._report(
                 "failover",
-                lambda: self._stub.ReportFailover(
+                lambda stub: stub.ReportFailover(
                     msg, timeout=self._report_timeout, metadata=self._metadata
                 ),
             )
         )
+
+    def _report(
+        self,
+        kind: str,
+        call: Callable[[routing_pb2_grpc.RoutingServiceAsyncStub], Awaitable[object]],
+    ) -> Report:
+        """A report for the Outbox, sent to whichever replica leads when it goes. A failure
+        that says control is away marks it so here, where the replica it went to is known:
+        the Outbox keeps the report and sends it again once `up`."""
+
+        async def send() -> object:
+            stub = self._stub
+            try:
+                return await call(stub)
+            except grpc.aio.AioRpcError as exc:
+                leader = not_leader(exc)
+                if exc.code() in TRANSIENT or leader is not None:
+                    self._unreachable(f"{kind} report: {exc.code().name}", leader or "", stub)
+                raise
+
+        return Report(kind, send)
 
     def finished(self, outcome: RequestOutcome) -> None:
         self._ledger.finished(
@@ -330,7 +389,14 @@ class ControlLink:
 
     # -- control's reachability ----------------------------------------------------------
 
-    def _unreachable(self, reason: str) -> None:
+    def _unreachable(self, reason: str, leader: str = "", via: object = None) -> None:
+        """Control is away: route from the snapshot, buffer reports, probe. `leader`: the
+        leader a "not the leader" refusal named. `via`: the stub the failed call used; a
+        failure of a replica the link has left since says nothing of the one it talks to."""
+        if via is not None and via is not self._stub:
+            return
+        if leader:
+            self._leader_hint = leader
         if not self._up.is_set() or self._closing:
             return
         self._up.clear()
@@ -344,20 +410,24 @@ class ControlLink:
         self._prober = asyncio.create_task(self._probe())
 
     async def _probe(self) -> None:
-        """Until control's health service says SERVING; then trust control again."""
-        request = health_pb2.HealthCheckRequest(service=ROUTING_SERVICE)
+        """Until an address's health service says SERVING (with several, the leader's); then
+        trust it, moving there first when it is not the one the link talked to."""
         while True:
             self._poke.clear()
-            try:
-                resp = await self._health_check(request, timeout=self._timeout)
-                if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                    break
-            except grpc.aio.AioRpcError:
-                pass
+            found = await self._find_serving()
+            if found is not None:
+                break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), self._probe_interval)
+        was = self._at
+        if found is not was:
+            self._move(found)
+        self._leader_hint = ""
         log.warning(
-            "control plane back after %.1fs: sending %d outcomes and %d reports",
+            "%s after %.1fs: sending %d outcomes and %d reports",
+            f"control leader is now {found.address} (was {was.address})"
+            if found is not was
+            else "control plane back",
             time.monotonic() - self._down_since,
             self._stream.buffered_outcomes,
             len(self._outbox),
@@ -365,21 +435,62 @@ class ControlLink:
         self._up.set()
         self._stream.flush()
 
+    async def _find_serving(self) -> _Target | None:
+        """The first address, in probe order, whose health says RoutingService is SERVING
+        (a replica that does not lead says NOT_SERVING). All are asked at once: a hung one
+        costs one route timeout, not one each."""
+        addresses = probe_order(self._addresses, self._at.address, self._leader_hint)
+        order = [self._target(a) for a in addresses]
+        checks = [asyncio.create_task(self._serving(t)) for t in order]
+        try:
+            for target, check in zip(order, checks, strict=True):
+                if await check:
+                    return target
+            return None
+        finally:
+            for check in checks:
+                check.cancel()
+
+    async def _serving(self, target: _Target) -> bool:
+        request = health_pb2.HealthCheckRequest(service=ROUTING_SERVICE)
+        try:
+            resp = await target.health(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(resp.status == SERVING)
+
+    def _target(self, address: str) -> _Target:
+        if (target := self._targets.get(address)) is None:
+            target = self._targets[address] = _Target.open(address, self._tls_ca)
+        return target
+
+    def _move(self, to: _Target) -> None:
+        """Talk to `to` from now on: RouteStream, calls and reports (which read self._stub
+        when they go), and the snapshot watch, restarted there (versions start again per
+        replica: it takes whatever the new leader sends)."""
+        self._at, self._stub = to, to.stub
+        self._stream.retarget(to.stub)
+        self._calls.retarget(to.stub)
+        if self._watcher is not None:
+            self._watcher.cancel()
+        self._watcher = asyncio.create_task(self._watch())
+
     async def _watch(self) -> None:
+        at = self._at  # this watch's address: a move starts another watch
+        several = len(self._addresses) > 1
         after = 0
         while True:
+            why, leader, probe = "snapshot watch ended", "", several
             try:
-                stream = self._stub.WatchSnapshots(
+                stream = at.stub.WatchSnapshots(
                     routing_pb2.WatchSnapshotsRequest(after_version=after),
                     metadata=self._metadata,
                 )
                 fresh = True
                 async for msg in stream:
-                    if self._control_host is not None:
+                    if at.host is not None:
                         port = msg.route_port
-                        self._stream.use_socket(
-                            (self._control_host, port) if port else None, fresh=fresh
-                        )
+                        self._stream.use_socket((at.host, port) if port else None, fresh=fresh)
                         fresh = False
                     snapshot = wire.snapshot_from_pb(msg.snapshot)
                     after = snapshot.version
@@ -392,8 +503,17 @@ class ControlLink:
                         log.error("control refused this shim: %s", exc.details())
                     self._refused = f"control refused this shim: {exc.details()}"
                     self._refusal.set()
+                    probe = False  # one token for every replica: none would take it
                 else:
                     log.debug("snapshot watch: %s; reconnecting", exc.code().name)
+                why = f"snapshot watch: {exc.code().name}: {exc.details()}"
+                leader = not_leader(exc) or ""
+            if probe:
+                # Lost the leader, or it lost its lease: find it. This watch goes on once
+                # the probe finds this address serving again (a move starts another).
+                self._unreachable(why, leader, at.stub)
             # Control restarts start versions again from 1: accept whatever it sends next.
             after = 0
             await asyncio.sleep(0.5)
+            if probe:
+                await self._up.wait()

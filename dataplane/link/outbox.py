@@ -3,9 +3,10 @@ audit event in control).
 
 While control is reachable they go at once, in order, sent by one task. While it is not they
 wait here, bounded (when full the newest report is dropped and counted), and go when control
-is back, which may be a new control process on the same address. Delivery is at least once:
-a report whose answer was lost (control died after taking it) is sent again and may show up
-twice in the audit log; a report lost without a trace would be worse."""
+is back, which may be a new control process on the same address, or another replica that leads
+now (a replica that does not lead refuses a report unapplied: it is kept for the leader).
+Delivery is at least once: a report whose answer was lost (control died after taking it) is sent
+again and may show up twice in the audit log; a report lost without a trace would be worse."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
+
+from dataplane.link.targets import leader_in, says_not_leader
 
 log = logging.getLogger("baton.shim.outbox")
 
@@ -31,6 +34,15 @@ TRANSIENT = frozenset(
         grpc.StatusCode.CANCELLED,
     }
 )
+
+
+def not_leader(exc: grpc.aio.AioRpcError) -> str | None:
+    """None unless `exc` is a control replica's "not the leader" refusal; then the leader's
+    address it names ("" when it knows none)."""
+    if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+        return None
+    leader = leader_in(exc.trailing_metadata())
+    return leader if says_not_leader(exc.details(), leader) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +97,7 @@ class Outbox:
             try:
                 await report.send()
             except grpc.aio.AioRpcError as exc:
-                if exc.code() in TRANSIENT:
+                if exc.code() in TRANSIENT or not_leader(exc) is not None:
                     # Kept at the head: order is preserved and it goes first when control
                     # is back. ControlLink clears `up`, so this does not spin.
                     self._on_unreachable(f"{report.kind} report: {exc.code().name}")

@@ -7,7 +7,12 @@ share one message. One writer task sends whatever has queued since its last writ
 
 The messages ride control's route socket (dataplane/link/route_socket.py) once control has
 told its port, which costs each end a fraction of a gRPC message; gRPC's RouteStream call
-(`_GrpcCall`) where it has none, or it can't be reached: the same messages either way."""
+(`_GrpcCall`) where it has none, or it can't be reached: the same messages either way.
+
+When control's leader moves to another replica, retarget() points the stream at it: what is
+buffered (outcomes) goes there, questions in flight are failed at once (their requests are
+routed from the snapshot) and the old replica's socket is forgotten until the new one tells
+its own."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import grpc
 
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from dataplane.exceptions import ControlRefused, StreamBroken
+from dataplane.link.outbox import not_leader
 from dataplane.link.route_socket import SocketCall
 
 log = logging.getLogger("baton.shim.control")
@@ -56,8 +62,10 @@ class _GrpcCall:
         stub: routing_pb2_grpc.RoutingServiceStub,
         metadata: tuple[tuple[str, str], ...],
         deliver: Callable[[Sequence[routing_pb2.RouteResult]], None],
-        closed: Callable[[Any, str], None],
+        closed: Callable[[Any, str, str], None],
     ) -> None:
+        """`closed(call, reason, leader)`: the leader's address when a replica that does not
+        lead refused the stream and named it ("" otherwise)."""
         self._call: Any = stub.RouteStream(metadata=metadata)  # type: ignore[call-arg]
         self._deliver = deliver
         self._closed = closed
@@ -70,13 +78,13 @@ class _GrpcCall:
             raise StreamBroken(type(exc).__name__) from None
 
     async def _read(self) -> None:
-        reason = "stream closed by control"
+        reason, leader = "stream closed by control", ""
         try:
             async for msg in self._call:
                 self._deliver(msg.results)
         except grpc.aio.AioRpcError as exc:
-            reason = f"{exc.code().name}: {exc.details()}"
-        self._closed(self, reason)
+            reason, leader = f"{exc.code().name}: {exc.details()}", not_leader(exc) or ""
+        self._closed(self, reason, leader)
 
     async def finish(self, timeout: float) -> None:
         """Closed for writing; control answers what it was asked and ends the call (within
@@ -99,12 +107,13 @@ class RouteStream:
         *,
         max_outcomes: int,
         timeout: float,
-        on_broken: Callable[[str], None] = lambda reason: None,
+        on_broken: Callable[[str, str], None] = lambda reason, leader: None,
         metadata: tuple[tuple[str, str], ...] = (),
         tls_ca: bytes | None = None,
     ) -> None:
-        """`on_broken`: told why whenever the stream breaks (control gone, or hung on a
-        write), so ControlLink can stop asking control until it answers again. `metadata`:
+        """`on_broken`: told why whenever the stream breaks (control gone, hung on a write, or
+        a replica that does not lead refused it; then the leader's address when it named one,
+        else ""), so ControlLink can stop asking control until it answers again. `metadata`:
         sent when each stream opens (the shim token). `tls_ca`: control's CA, for its route
         socket as for its gRPC."""
         self._stub = stub
@@ -119,6 +128,7 @@ class RouteStream:
         self._socket_failed: tuple[str, int] | None = None
         self._failed_at = 0.0  # loop time of that failure: tried again SOCKET_RETRY_S later
         self._retiring: set[asyncio.Task[None]] = set()  # gRPC calls closing after a switch
+        self._moves = 0  # retarget()s so far: a socket opened across one is not kept
         # request id -> (answer, deadline on the loop clock) of each question in flight, oldest
         # first: one request can have two (a failover's call made late, then its next failover).
         # An answer goes to the oldest waiter; control answers in the order it was asked.
@@ -156,6 +166,25 @@ class RouteStream:
         if fresh or address != self._socket:
             self._socket_failed = None
         self._socket = address
+
+    def retarget(self, stub: routing_pb2_grpc.RoutingServiceStub) -> None:
+        """Control's leader moved: later streams go to `stub`. The open one is dropped, and
+        each question asked on it fails now (StreamBroken): an answer from a replica that
+        no longer leads is not wanted, and its request is routed from the snapshot at once
+        rather than after the route timeout. Outcomes not yet sent stay queued for the new
+        leader; the old leader's route socket is forgotten until the new one tells its own."""
+        self._stub = stub
+        self._moves += 1
+        self._socket = self._socket_failed = None
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+        # Nobody waits for these any more (their waiters fail below): not asked again.
+        self._routes.clear()
+        self._failovers.clear()
+        for w in [e for waiting in self._pending.values() for e in waiting]:
+            if not w.fut.done():
+                w.fut.set_exception(StreamBroken("control's leader moved"))
 
     def _socket_usable(self, now: float) -> bool:
         """Control has told a socket, and it has not failed, or failed long enough ago (a
@@ -235,16 +264,17 @@ class RouteStream:
                 )
             except StreamBroken as exc:
                 self._outcomes = outcomes + self._outcomes  # resent on the next stream
-                self._broken(str(exc))
+                if self._call is call:  # not a call dropped meanwhile (retarget, sweep)
+                    self._broken(str(exc))
             finally:
                 self._write_started = None
 
     async def _open(self) -> _Call:
         """The route socket when control has told one that has not failed; else gRPC."""
-        address = self._socket
+        address, moves = self._socket, self._moves
         if address is not None and self._socket_usable(asyncio.get_running_loop().time()):
             try:
-                self._call = await SocketCall.open(
+                call = await SocketCall.open(
                     *address,
                     authorization=dict(self._metadata).get("authorization", ""),
                     tls_ca=self._tls_ca,
@@ -254,7 +284,10 @@ class RouteStream:
                     deliver=self._deliver,
                     closed=self._closed,
                 )
-                return self._call
+                if moves == self._moves:
+                    self._call = call
+                    return call
+                call.cancel()  # the old leader's, opened while the leader moved
             except (OSError, TimeoutError, ControlRefused, StreamBroken) as exc:
                 # Unreachable from here (a port not exposed) or refused: gRPC still may be.
                 self._socket_failed = address
@@ -279,11 +312,11 @@ class RouteStream:
                         waiter.fut.set_result(result.response)
                     break
 
-    def _closed(self, call: Any, reason: str) -> None:
+    def _closed(self, call: Any, reason: str, leader: str = "") -> None:
         if self._call is call:
-            self._broken(reason)
+            self._broken(reason, leader)
 
-    def _broken(self, reason: str) -> None:
+    def _broken(self, reason: str, leader: str = "") -> None:
         """Fail every waiting request now; the next route() opens a fresh stream."""
         call, self._call = self._call, None
         if call is not None:
@@ -291,7 +324,7 @@ class RouteStream:
         for w in [e for waiting in self._pending.values() for e in waiting]:
             if not w.fut.done():
                 w.fut.set_exception(StreamBroken(reason))
-        self._on_broken(reason)
+        self._on_broken(reason, leader)
 
     async def _sweep(self) -> None:
         """Deadlines are enforced here, ten times a second, not by a timer per request: at
