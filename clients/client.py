@@ -32,6 +32,10 @@ SHIM_TOKEN_FILE = "shim-token"  # `baton up` writes it; a shim takes it with --s
 LEADER_KEY = "baton-leader"  # a replica's refusal names the leader's HOST:PORT under it
 
 
+# Set by a control replica on an error from its store (control/api/admin.py).
+STORE_METADATA = "baton-store"
+
+
 def find_token() -> str | None:
     """BATON_ADMIN_TOKEN, else the token file `baton up` wrote ($BATON_DATA_DIR or ./.baton)."""
     if os.environ.get(ADMIN_ENV):
@@ -229,6 +233,12 @@ def _engine(s: fleet_pb2.BackendStatus) -> str:
     return f"{s.engine_running:g}+{s.engine_waiting:g}{kv}"
 
 
+def from_store(exc: grpc.RpcError) -> bool:
+    """The leader answered, and its store (etcd) did not: the change was not made, and no
+    other replica would make it either."""
+    return any(k == STORE_METADATA for k, _ in exc.trailing_metadata() or ())  # type: ignore[attr-defined]
+
+
 class AdminClient:
     def __init__(
         self,
@@ -276,7 +286,7 @@ class AdminClient:
         leader = leader_named(exc)
         if leader:
             return None if redirected else leader
-        if exc.code() is grpc.StatusCode.UNAVAILABLE:
+        if exc.code() is grpc.StatusCode.UNAVAILABLE and not from_store(exc):
             after = self.targets.index(self.target) + 1 if self.target in self.targets else 0
             for target in (*self.targets[after:], *self.targets[:after]):
                 if target not in tried:
@@ -285,6 +295,8 @@ class AdminClient:
 
     def _error(self, exc: grpc.RpcError) -> AdminError:
         code = exc.code()
+        if from_store(exc):
+            return AdminError(f"{code.name}: {exc.details()}")
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             # A TLS/plaintext mismatch looks the same as nobody listening.
             tls = "with" if self._tls else "without"

@@ -81,6 +81,11 @@ class FleetCollector(Collector):
         yield GaugeMetricFamily(
             "baton_snapshot_version", "Current fleet snapshot version.", snap.version
         )
+        yield GaugeMetricFamily(
+            "baton_shims_watching",
+            "Shims following this control's snapshots (a replica: those that found it leads).",
+            snap.shims,
+        )
         pairs = self._pairs
         labels = ["pair", "draft", "target", "params_hash", "state"]
         baseline = GaugeMetricFamily(

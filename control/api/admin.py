@@ -25,6 +25,7 @@ from control.routing.router import Router
 from control.signals.facts import ReadFacts
 
 VERSION = "0.1.0"
+STORE_METADATA = "baton-store"  # on an error from a replica's store (clients/client.py)
 
 
 def new_key() -> str:
@@ -79,7 +80,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         try:
             await self._changed()
         except StoreError as exc:
-            await abort_with(context, exc)
+            # The store's answer, not an unreachable replica's: clients don't try another.
+            await abort_with(context, exc, ((STORE_METADATA, "etcd"),))
 
     async def _tenants_changed(self, event: Payload, context: Context) -> None:
         await self._commit(context)

@@ -62,8 +62,10 @@ def status_for(exc: Exception) -> grpc.StatusCode | None:
     return None
 
 
-async def abort_with(context: Context, exc: Exception) -> None:
+async def abort_with(
+    context: Context, exc: Exception, trailing: tuple[tuple[str, str], ...] = ()
+) -> None:
     code = status_for(exc)
     if code is None:
         raise exc
-    await context.abort(code, str(exc))
+    await context.abort(code, str(exc), trailing)

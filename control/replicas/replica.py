@@ -104,6 +104,8 @@ class Replica:
     async def status(self, resp: admin_pb2.GetStatusResponse) -> None:
         resp.replica_id = self.me.id
         leader = self.election.leader
+        if leader == self.me and not self.leading:
+            leader = None  # its lease ran out by its clock: who leads is not known here
         resp.leader = leader.id if leader else ""
         try:
             members = await asyncio.wait_for(self.election.members(), 1.0)

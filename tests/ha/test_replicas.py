@@ -1,0 +1,273 @@
+"""Control replicas on a real etcd (docs/replicas.md): leadership and fencing, the store
+through a leader's death and etcd's, admin writes from two CLIs, soft state through a
+takeover. Real processes: etcd 3.5, `baton control --store etcd://...`, sims, shims."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2
+from control.exceptions import StoreConflict
+from control.fleet.db import Configured
+from control.replicas import etcd as etcd_ops
+from control.replicas.etcd import Etcd
+from control.replicas.store import ReplicaStore
+from tests.ha.group import Group, group
+from tests.integration.harness import MODEL, http, http_full, start_etcd, wait_until
+
+pytestmark = [pytest.mark.ha, pytest.mark.timeout(240)]
+
+
+def add_backend(g: Group, rid: str, bid: str) -> grpc.StatusCode:
+    """AddBackend straight to one replica (no CLI, no following): OK or its refusal."""
+    backend = fleet_pb2.Backend(id=bid, url=f"http://127.0.0.1:9/{bid}", model="other")
+    with grpc.insecure_channel(g.replicas[rid].ready) as ch:
+        try:
+            admin_pb2_grpc.AdminServiceStub(ch).AddBackend(
+                admin_pb2.AddBackendRequest(backend=backend), timeout=5
+            )
+            return grpc.StatusCode.OK
+        except grpc.RpcError as exc:
+            return exc.code()  # type: ignore[no-any-return]
+
+
+def routed(g: Group, rid: str, reason: str = "") -> float:
+    """Routes the replica decided (of `reason`: 0 before the first), of the test's model."""
+    _, text = http("GET", g.replicas[rid].announced["METRICS"])
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.decode().splitlines()
+        if line.startswith("baton_routes_total{") and f'reason="{reason or ""}' in line
+        and 'reason="unknown-model"' not in line
+    )
+
+
+def pins_held(g: Group, rid: str) -> float:
+    _, text = http("GET", g.replicas[rid].announced["METRICS"])
+    return next(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.decode().splitlines()
+        if line.startswith('baton_pins{kind="prefix"}')
+    )
+
+
+def pin_hits(g: Group, rid: str) -> float:
+    return routed(g, rid, "pin-hit")
+
+
+def backend_ids(g: Group) -> set[str]:
+    out = g.baton("backends", "list", "--json")
+    assert out.returncode == 0, out.stderr
+    return {row["id"] for row in json.loads(out.stdout)}
+
+
+def test_followers_refuse_naming_the_leader_and_status_shows_the_group(tmp_path: Path) -> None:
+    with group(tmp_path) as g:
+        leader = g.wait_leader()
+        follower = next(r for r in g.replicas if r != leader)
+        with grpc.insecure_channel(g.replicas[follower].ready) as ch:
+            with pytest.raises(grpc.RpcError) as refused:
+                admin_pb2_grpc.AdminServiceStub(ch).ListBackends(
+                    admin_pb2.ListBackendsRequest(), timeout=5
+                )
+        err = refused.value
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert f"the leader is {leader} at {g.replicas[leader].ready}" in err.details()
+        assert ("baton-leader", g.replicas[leader].ready) in tuple(err.trailing_metadata())
+        assert g.route(follower) == grpc.StatusCode.FAILED_PRECONDITION
+        status = g.status(follower)
+        assert status is not None and status.leader == leader
+        assert {r.id for r in status.replicas} == set(g.replicas)
+        assert [r.id for r in status.replicas if r.leader] == [leader]
+        assert status.store == f"{g.etcd.store_url}: ok"
+        shown = g.baton("status")  # through the follower first: the CLI goes to the leader
+        assert shown.returncode == 0, shown.stderr
+        assert leader in shown.stdout and "follower" in shown.stdout
+
+
+def test_a_stopped_leader_resumed_after_its_lease_refuses_routes_and_writes(
+    tmp_path: Path,
+) -> None:
+    with group(tmp_path) as g:
+        old = g.wait_leader()
+        seen: list[list[str]] = []
+        g.stop(old, signal.SIGSTOP)
+        try:
+            new = g.wait_leader(not_=old)  # its lease ran out; another took the key
+            assert add_backend(g, new, "while-stopped") == grpc.StatusCode.OK
+        finally:
+            g.stop(old, signal.SIGCONT)
+        # At once after it wakes: nothing it decides or writes counts.
+        assert g.route(old, "after-wake") == grpc.StatusCode.FAILED_PRECONDITION
+        assert add_backend(g, old, "from-the-old-leader") == grpc.StatusCode.FAILED_PRECONDITION
+        for _ in range(20):
+            seen.append(g.claims())
+        assert all(claims == [new] for claims in seen), seen  # one leader, ever
+        assert g.routes(new)
+        ids = backend_ids(g)
+        assert "while-stopped" in ids and "from-the-old-leader" not in ids
+
+
+def test_the_leader_killed_another_routes_within_seconds_and_the_config_is_intact(
+    tmp_path: Path,
+) -> None:
+    with group(tmp_path, shims=1) as g:
+        old = g.wait_leader()
+        for bid in ("added-1", "added-2"):
+            assert add_backend(g, old, bid) == grpc.StatusCode.OK
+        out = g.baton("backends", "drain", "s1")
+        assert out.returncode == 0, out.stderr
+        out = g.baton("tenants", "add", "acme", "--rpm", "100", "--json")
+        assert out.returncode == 0, out.stderr
+        key = json.loads(out.stdout)["key"]
+        before = g.baton("backends", "list", "--json").stdout
+        g.stop(old)
+        killed = time.monotonic()
+        new = g.wait_leader(not_=old)
+        took = time.monotonic() - killed
+        assert took < 5.0, f"a new leader routed {took:.2f}s after the kill"
+        rows = {r["id"]: r for r in json.loads(g.baton("backends", "list", "--json").stdout)}
+        assert {r["id"] for r in json.loads(before)} == set(rows)
+        assert rows["s1"]["state"] == "draining"
+        tenants = json.loads(g.baton("tenants", "list", "--json").stdout)
+        assert [t["id"] for t in tenants] == ["acme"]
+        # The shim follows: a request through it is served, routed by the new leader.
+        assert g.followed(new)
+        status, _, _ = http_full(
+            "POST", g.shims[0].ready + "/v1/completions",
+            json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2}).encode(),
+            {"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+        )  # fmt: skip
+        assert status == 200
+        assert routed(g, new) >= 1
+        assert g.claims() == [new]
+
+
+def test_etcd_killed_control_routes_from_memory_and_admin_names_etcd(tmp_path: Path) -> None:
+    with group(tmp_path) as g:
+        leader = g.wait_leader()
+        assert add_backend(g, leader, "before") == grpc.StatusCode.OK
+        g.etcd.kill()
+        # Well past the lease (1 s): the leader goes on deciding routes from memory.
+        deadline = time.monotonic() + 3.0
+        n = 0
+        while time.monotonic() < deadline:
+            assert g.route(leader, f"r{n}") == grpc.StatusCode.OK
+            n += 1
+        out = g.baton("backends", "add", "during", "--url", "http://127.0.0.1:9/", "--model", "x")
+        assert out.returncode != 0
+        assert "etcd" in out.stderr, out.stderr
+        g.etcd.restart()
+        # Once etcd answers: the same leader, writes taken, and everything from before there.
+        assert wait_until(lambda: add_backend(g, leader, "after") == grpc.StatusCode.OK, 15)
+        assert g.claims() == [leader]
+        ids = backend_ids(g)
+        assert {"before", "after"} <= ids and "during" not in ids
+
+
+def test_two_clis_writing_at_once_lose_nothing(tmp_path: Path) -> None:
+    with group(tmp_path) as g:
+        failures: list[str] = []
+
+        def writer(prefix: str) -> None:
+            for i in range(6):
+                out = g.baton("backends", "add", f"{prefix}{i}", "--url",
+                              f"http://127.0.0.1:9/{prefix}{i}", "--model", "other")  # fmt: skip
+                if out.returncode != 0:
+                    failures.append(out.stderr)
+
+        threads = [threading.Thread(target=writer, args=(p,)) for p in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert failures == []
+        want = {f"{p}{i}" for p in "ab" for i in range(6)}
+        assert want <= backend_ids(g)
+        # And in etcd, as the next leader reads it.
+        old = g.wait_leader()
+        g.stop(old)
+        g.wait_leader(not_=old)
+        assert want <= backend_ids(g)
+
+
+def test_a_stale_writer_is_refused_by_etcd_not_silently_overwritten(tmp_path: Path) -> None:
+    async def scenario(url: str) -> None:
+        client = Etcd(url.removeprefix("etcd://").split(","))
+        first, second = ReplicaStore(client, "/t"), ReplicaStore(client, "/t")
+        ok, resp = await client.txn(
+            [etcd_ops.compare_create(first.leader_key, 0)], [etcd_ops.put(first.leader_key, b"x")]
+        )
+        assert ok
+        term = resp.header.revision
+        await first.load()
+        await second.load()  # both read the same revision
+        await first.save(Configured(removed=frozenset({"a"})), term)
+        with pytest.raises(StoreConflict):
+            await second.save(Configured(removed=frozenset({"b"})), term)
+        await second.load()
+        assert (await second.load())[0].removed == frozenset({"a"})
+        await client.close()
+
+    server = start_etcd(tmp_path)
+    try:
+        asyncio.run(scenario(server.store_url))
+    finally:
+        server.stop()
+
+
+def test_pins_and_tenants_windows_survive_a_takeover(tmp_path: Path) -> None:
+    with group(tmp_path, shims=1, sims=3) as g:
+        shim = g.shims[0].ready
+        out = g.baton("tenants", "add", "acme", "--rpm", "30", "--json")
+        assert out.returncode == 0, out.stderr
+        key = json.loads(out.stdout)["key"]
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+
+        def chat(messages: list[dict[str, str]]) -> tuple[int, str]:
+            body = {"model": MODEL, "messages": messages, "max_tokens": 3, "temperature": 0}
+            status, raw, _ = http_full(
+                "POST", shim + "/v1/chat/completions", json.dumps(body).encode(), headers
+            )
+            if status != 200:
+                return status, raw.decode()
+            return status, json.loads(raw)["choices"][0]["message"]["content"]
+
+        assert wait_until(lambda: chat([{"role": "user", "content": "x"}])[0] != 401)
+        convs: list[list[dict[str, str]]] = []
+        for i in range(8):  # first turns: spread over the sims, each one pinned where it went
+            msgs = [{"role": "user", "content": f"conversation {i}"}]
+            status, text = chat(msgs)
+            assert status == 200, text
+            convs.append([*msgs, {"role": "assistant", "content": text}])
+        old = g.wait_leader()
+        hits = pin_hits(g, old)
+        for msgs in convs:  # second turns: pinned
+            msgs.append({"role": "user", "content": "and then?"})
+            assert chat(msgs)[0] == 200
+        assert pin_hits(g, old) - hits == len(convs)
+        # The leader streams its changes every 50 ms: the followers have them (a kill in
+        # the middle of a stream of changes loses at most the last batch; bench/ha.py
+        # measures the pin-hit rate through one).
+        assert wait_until(lambda: len({pins_held(g, rid) for rid in g.replicas}) == 1)
+        # 1 + 8 + 8 requests in the window; the new leader must count them.
+        g.stop(old)
+        new = g.wait_leader(not_=old)
+        assert g.followed(new)
+        for msgs in convs:  # third turns, through the new leader: the pins held
+            msgs.append({"role": "user", "content": "more"})
+            assert chat(msgs)[0] == 200
+        assert pin_hits(g, new) == len(convs)
+        statuses = [chat([{"role": "user", "content": f"fill {i}"}])[0] for i in range(8)]
+        # 25 counted before these 8: 5 more fit under 30, not 8 (a fresh window would take
+        # all of them).
+        assert statuses.count(200) == 5, statuses
+        assert statuses.count(429) == 3, statuses
