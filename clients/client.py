@@ -236,7 +236,7 @@ def _engine(s: fleet_pb2.BackendStatus) -> str:
 def from_store(exc: grpc.RpcError) -> bool:
     """The leader answered, and its store (etcd) did not: the change was not made, and no
     other replica would make it either."""
-    return any(k == STORE_METADATA for k, _ in exc.trailing_metadata() or ())  # type: ignore[attr-defined]
+    return any(m.key == STORE_METADATA for m in exc.trailing_metadata() or ())
 
 
 class AdminClient:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 
 def signal_group(proc: subprocess.Popen[str] | subprocess.Popen[bytes], sig: int) -> None:
@@ -26,10 +28,57 @@ class StartFailed(RuntimeError):
     pass
 
 
+class Child(Protocol):
+    """What `baton up` watches and stops at the end: a Part, or its EtcdServer."""
+
+    name: str
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def stop(self, grace: float = 5.0) -> int | None: ...
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (a child told to bind it may still lose a race)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def free_ports(n: int, host: str = "127.0.0.1", first: int = 0) -> list[int]:
+    """n consecutive free ports, the lowest run at or above `first`; `first` 0: any n free
+    ports. Checked as gRPC binds (SO_REUSEADDR): a port the last run's connections left in
+    TIME_WAIT counts as free, so a restarted `baton up` gets the same ports again."""
+    if first == 0:
+        return [free_port(host) for _ in range(n)]
+    base = first
+    while base + n <= 65536:
+        taken = next((p for p in range(base, base + n) if not _bindable(host, p)), None)
+        if taken is None:
+            return list(range(base, base + n))
+        base = taken + 1
+    raise StartFailed(f"no {n} consecutive free ports from {first} on {host}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 _PR_SET_PDEATHSIG = 1
 
 
-def _term_on_parent_death() -> None:
+def term_on_parent_death() -> None:
     """In the child before exec: SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG)."""
     if sys.platform.startswith("linux"):
         import ctypes
@@ -61,7 +110,7 @@ class Part:
             env={**os.environ, **(env or {})},
             # Own process group: Ctrl-C reaches the parent, which stops parts in order.
             start_new_session=True,
-            preexec_fn=_term_on_parent_death if die_with_parent else None,  # noqa: PLW1509
+            preexec_fn=term_on_parent_death if die_with_parent else None,  # noqa: PLW1509
         )
         self.ready = self._await_ready(timeout)
 
@@ -92,6 +141,10 @@ class Part:
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
 
     @property
     def pid(self) -> int:

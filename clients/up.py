@@ -1,6 +1,10 @@
 """`baton up`: control + one shim, and an embedded fleet of simulated engines when the
 config lists no backends. Each part is its own process, as in production; this only
-starts them, registers the sims through the admin API and stops everything on a signal."""
+starts them, registers the sims through the admin API and stops everything on a signal.
+
+`--replicas N` (N > 1): a local etcd (clients/etcd_server.py) and N control replicas on it
+(`--store etcd://...`, docs/replicas.md) in place of the one control; the shim and the
+registrations follow whichever replica leads."""
 
 from __future__ import annotations
 
@@ -11,11 +15,13 @@ import signal
 import sys
 import threading
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 
 from baton.tokens import ADMIN_ENV, SHIM_ENV
 from clients.client import SHIM_TOKEN_FILE, TOKEN_FILE, AdminClient, AdminError
-from clients.procs import Part, StartFailed
+from clients.procs import Child, Part, StartFailed
+from clients.up_replicas import register_with_leader, start_replicas
 
 SIM_MODEL = "baton-sim"
 
@@ -41,6 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-listen", default="127.0.0.1:9464", help="control's Prometheus HOST:PORT"
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N > 1: N control replicas on a local etcd (its data in DATA_DIR/etcd), on the "
+        "first N consecutive free ports from --control-listen's (and --metrics-listen's)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,39 +67,52 @@ def run(args: argparse.Namespace) -> int:
     if tokens is None:
         print("baton up: BATON_ADMIN_TOKEN and BATON_SHIM_TOKEN must differ", file=sys.stderr)
         return 2
-    children: list[Part] = []
+    if args.replicas < 1:
+        print("baton up: --replicas must be 1 or more", file=sys.stderr)
+        return 2
+    children: list[Child] = []
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        control = Part(
-            "control",
-            _control_argv(args, has_backends),
-            timeout=args.ready_timeout,
-            env=tokens,
-            die_with_parent=True,
-        )
-        children.append(control)
+        if args.replicas > 1:
+            controls = start_replicas(args, has_backends, tokens, children)
+        else:
+            controls = [
+                Part(
+                    "control",
+                    _control_argv(args, has_backends),
+                    timeout=args.ready_timeout,
+                    env=tokens,
+                    die_with_parent=True,
+                )
+            ]
+            children.append(controls[0])
         # Every part is started before this process opens a gRPC channel: a fork beside
         # gRPC's threads can abort in the child (seen once: "epoll_wait error: Bad file
         # descriptor", a sim's exit -6), and gRPC's threads outlive a closed channel.
         sims = _start_sims(args, children) if not has_backends else []
+        control_at = ",".join(c.ready for c in controls)
         shim = Part(
             "shim",
-            ["dataplane", "--control", control.ready, "--listen", args.listen],
+            ["dataplane", "--control", control_at, "--listen", args.listen],
             timeout=args.ready_timeout,
             env={SHIM_ENV: tokens[SHIM_ENV]},
             die_with_parent=True,
         )
         children.append(shim)
-        if sims:
-            _register(args, control.ready, sims, tokens.get(ADMIN_ENV))
+        if sims and args.replicas > 1:
+            register_with_leader(args, control_at, sims, tokens.get(ADMIN_ENV))
+        elif sims:
+            _register(args, control_at, sims, tokens.get(ADMIN_ENV))
         print(
-            f"Baton is up. OpenAI base URL: {shim.ready}/v1   (control: {control.ready})",
+            f"Baton is up. OpenAI base URL: {shim.ready}/v1   (control: {control_at})",
             flush=True,
         )
         print("Stop with Ctrl-C.", flush=True)
-        return _watch(stop, (control, shim))
+        if args.replicas > 1:
+            return _watch(stop, (children[0], shim), replicas=controls)
+        return _watch(stop, (controls[0], shim))
     except (StartFailed, AdminError) as exc:
         print(f"baton up: {exc}", file=sys.stderr)
         return 1
@@ -123,13 +150,26 @@ def _control_argv(args: argparse.Namespace, has_backends: bool) -> list[str]:
     return argv
 
 
-def _watch(stop: threading.Event, parts: tuple[Part, ...]) -> int:
-    """Until a stop signal (0), or until a part exits on its own (1)."""
+def _watch(stop: threading.Event, parts: Sequence[Child], replicas: Sequence[Part] = ()) -> int:
+    """Until a stop signal (0), or until a part exits on its own (1). A control replica's
+    exit is told, not fatal while another is left: killing the leader to watch another
+    take over is what replicas are for."""
+    gone: set[str] = set()
     while not stop.wait(0.5):
-        dead = [c for c in parts if c.proc.poll() is not None]
+        dead = [c for c in parts if not c.alive]
+        for r in replicas:
+            if not r.alive and r.name not in gone:
+                gone.add(r.name)
+                left = len(replicas) - len(gone)
+                print(
+                    f"baton up: {r.name} exited ({r.returncode}); {left} replica(s) left",
+                    file=sys.stderr,
+                )
+        if replicas and len(gone) == len(replicas):
+            dead.append(replicas[-1])
         if dead:
             print(
-                f"baton up: {dead[0].name} exited ({dead[0].proc.returncode}); stopping",
+                f"baton up: {dead[0].name} exited ({dead[0].returncode}); stopping",
                 file=sys.stderr,
             )
             return 1
@@ -159,7 +199,7 @@ def ensure_token_file(data_dir: Path, name: str = TOKEN_FILE) -> str:
     return token
 
 
-def _start_sims(args: argparse.Namespace, children: list[Part]) -> list[Part]:
+def _start_sims(args: argparse.Namespace, children: list[Child]) -> list[Part]:
     sims = []
     for i in range(args.sim):
         sim = Part(

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clients.procs import Part
+from clients.etcd_server import EtcdServer
+from clients.procs import Part, free_port
 
 MODEL = "toy"
 # The sim's cost model zeroed: tests measure behaviour, not speed.
@@ -66,6 +67,60 @@ def start_shim(
     """`log`: as start_control's."""
     argv = ["dataplane", "--control", control, "--listen", "127.0.0.1:0"]
     return _start("shim", argv, extra, env, log)
+
+
+def start_etcd(tmp_path: Path, *, die_with_parent: bool = False) -> EtcdServer:
+    """A single-member etcd on free ports, its data under tmp_path/etcd, started: timings
+    for fast leases (etcd grants 1 s). The caller stops it; kill() and restart() play a crash
+    and a recovery with the same data and ports."""
+    return EtcdServer(tmp_path / "etcd", die_with_parent=die_with_parent).start()
+
+
+def start_control_replica(
+    etcd: EtcdServer | str,
+    replica_id: str,
+    *extra: str,
+    config: Path | None = None,
+    port: int = 0,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+) -> Part:
+    """One control replica on `etcd` (an EtcdServer, or a `--store` URL), as start_control
+    starts a control. It listens on `port` (0: a free one), told as such rather than port 0,
+    since what it listens on is what it advertises to shims and the other replicas; a
+    restarted replica takes its old port back. `log`: as start_control's."""
+    store = etcd.store_url if isinstance(etcd, EtcdServer) else etcd
+    argv = ["control", "--listen", f"127.0.0.1:{port or free_port()}", "--metrics-listen",
+            "127.0.0.1:0", "--store", store, "--replica-id", replica_id]  # fmt: skip
+    if config is not None:
+        argv += ["--config", str(config)]
+    return _start(replica_id, argv, extra, env, log)
+
+
+def start_control_replicas(
+    n: int,
+    etcd: EtcdServer | str,
+    *extra: str,
+    config: Path | None = None,
+    env: dict[str, str] | None = None,
+    log_dir: Path | None = None,
+) -> list[Part]:
+    """Replicas c0..c{n-1} (start_control_replica), started one after the other; whichever
+    takes etcd's lease first leads (c0, unless it is slow), and nothing here waits for that.
+    `log_dir`: each replica logs to log_dir/cI.log. If one does not start, the ones started
+    are stopped."""
+    parts: list[Part] = []
+    try:
+        for i in range(n):
+            log = log_dir / f"c{i}.log" if log_dir is not None else None
+            parts.append(
+                start_control_replica(etcd, f"c{i}", *extra, config=config, env=env, log=log)
+            )
+    except BaseException:
+        for p in reversed(parts):
+            p.stop(grace=3)
+        raise
+    return parts
 
 
 def _start(
