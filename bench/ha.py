@@ -68,7 +68,10 @@ class HaFleet(Fleet):
     shims that follow the leader; plus, for the latency comparison, a single control and a
     shim of its own on the same sims."""
 
-    def __init__(self, logdir: Path, backends: int, replicas: int = 3) -> None:
+    def __init__(
+        self, logdir: Path, backends: int, replicas: int = 3, *, single: bool = True
+    ) -> None:
+        """`single`: also the single control and its shim (the latency comparison)."""
         self._init_sims(logdir, backends)
         self.etcd: EtcdServer | None = None
         try:
@@ -80,6 +83,8 @@ class HaFleet(Fleet):
             for rid in self.addresses:
                 self.replicas[rid] = self._start(rid, self._replica_argv(rid))
             self.shims = [self._start(f"shim{i}", shim_argv(self.group)) for i in (0, 1)]
+            if not single:
+                return
             self.single = self._start(
                 "single",
                 [
