@@ -68,4 +68,7 @@ async def abort_with(
     code = status_for(exc)
     if code is None:
         raise exc
-    await context.abort(code, str(exc), trailing)
+    if trailing:
+        await context.abort(code, str(exc), trailing)
+    else:
+        await context.abort(code, str(exc))
