@@ -210,6 +210,10 @@ class EtcdServer:
             "--initial-cluster-state", "new",
             "--heartbeat-interval", str(HEARTBEAT_MS),
             "--election-timeout", str(ELECTION_MS),
+            # Old revisions go: Baton's event keys and the config's history would grow the
+            # database for ever (etcd keeps every revision until compacted).
+            "--auto-compaction-mode", "periodic",
+            "--auto-compaction-retention", "10m",
         ]  # fmt: skip
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(

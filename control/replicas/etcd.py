@@ -130,6 +130,17 @@ class Etcd:
         kvs = [_kv(kv) for kv in resp.kvs]
         return (kvs[::-1] if limit else kvs), resp.header.revision
 
+    async def count_prefix(self, prefix: bytes) -> int:
+        request = rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), count_only=True)
+        return int((await self._call(self._kv.Range, request)).count)
+
+    async def keys_prefix(self, prefix: bytes, limit: int) -> list[bytes]:
+        """The first `limit` keys under `prefix`, in key order (no values)."""
+        request = rpc.RangeRequest(
+            key=prefix, range_end=prefix_end(prefix), limit=limit, keys_only=True
+        )
+        return [kv.key for kv in (await self._call(self._kv.Range, request)).kvs]
+
     async def txn(
         self, compare: Sequence[Any], success: Sequence[Any], failure: Sequence[Any] = ()
     ) -> tuple[bool, Any]:

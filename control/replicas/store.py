@@ -14,10 +14,9 @@ each other, and a deposed leader writes nothing.
 Routing decisions are not written here (one per request): each replica keeps its own, in its
 own data dir when it has one."""
 
-# baton: pure
-
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -39,6 +38,7 @@ log = logging.getLogger("baton.control.replicas")
 FORMAT = 1
 EVENTS_KEPT = 100_000  # the newest events kept in etcd; older ones are trimmed
 TRIM_EVERY = 200  # flushes between trims
+PAGE = 2_000  # events parsed between looks at the loop
 
 
 def encode(c: Configured) -> bytes:
@@ -145,15 +145,20 @@ class ReplicaStore:
         return ok
 
     async def _trim(self) -> None:
-        newest, _ = await self.etcd.get_prefix(self.events_prefix, limit=EVENTS_KEPT)
-        if len(newest) >= EVENTS_KEPT:
-            await self.etcd.delete_range(self.events_prefix, newest[0].key)
+        """The oldest events past EVENTS_KEPT go (keys only are read: events sort by time)."""
+        extra = await self.etcd.count_prefix(self.events_prefix) - EVENTS_KEPT
+        if extra > 0:
+            oldest = await self.etcd.keys_prefix(self.events_prefix, extra)
+            await self.etcd.delete_range(self.events_prefix, oldest[-1] + b"\0")
 
     async def load_events(self, limit: int = EVENTS_KEPT) -> list[Event]:
-        """The newest `limit` events, oldest first."""
+        """The newest `limit` events, oldest first. Parsed a page at a time, letting the
+        loop run between pages: a new leader reads them while it routes."""
         kvs, _ = await self.etcd.get_prefix(self.events_prefix, limit=limit)
         out = []
-        for kv in kvs:
+        for i, kv in enumerate(kvs):
+            if i % PAGE == PAGE - 1:
+                await asyncio.sleep(0)
             try:
                 raw = orjson.loads(kv.value)
                 data = {
