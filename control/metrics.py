@@ -204,6 +204,34 @@ class TenantCollector(Collector):
             yield waiting
 
 
+class ReplicaCollector(Collector):
+    """A control replica's role, its store's health and its followers (docs/replicas.md):
+    what to alert on is no replica leading, or etcd not answering."""
+
+    def __init__(
+        self,
+        leading: Callable[[], bool],
+        store_up: Callable[[], bool],
+        followers: Callable[[], int],
+    ) -> None:
+        self._leading = leading
+        self._store_up = store_up
+        self._followers = followers
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "baton_replica_leading", "1 while this control replica leads.", float(self._leading())
+        )
+        yield GaugeMetricFamily(
+            "baton_replica_store_up", "1 while etcd answers this replica.", float(self._store_up())
+        )
+        yield GaugeMetricFamily(
+            "baton_replica_followers",
+            "Replicas following this leader's soft state.",
+            float(self._followers()),
+        )
+
+
 class ControlMetrics:
     def __init__(
         self,

@@ -45,7 +45,7 @@ from control.fleet.owners import OwnerTable
 from control.fleet.pins import PinTable
 from control.fleet.prober import run_prober
 from control.fleet.registry import Registry
-from control.metrics import ControlMetrics
+from control.metrics import ControlMetrics, ReplicaCollector
 from control.pairs.flow import PairFlow
 from control.replicas.election import Member
 from control.replicas.reconcile import reconcile
@@ -339,6 +339,11 @@ class ControlPlane:
             url, self._store_prefix, me, self._lease_ttl, self.registry,
             apply=self._apply, adopt=self.registry.events.adopt, on_role=self._role,
             metadata=metadata,
+        )  # fmt: skip
+        replica = self.replica
+        self.metrics.registry.register(
+            ReplicaCollector(lambda: replica.leading, lambda: replica.election.store_ok,
+                             lambda: replica.soft.followers)
         )  # fmt: skip
         self._apply(await self.replica.load(timeout=30.0))
         replica_pb2_grpc.add_ReplicaServiceServicer_to_server(self.replica.soft, self.server)

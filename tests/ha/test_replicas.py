@@ -88,6 +88,15 @@ def test_followers_refuse_naming_the_leader_and_status_shows_the_group(tmp_path:
         assert {r.id for r in status.replicas} == set(g.replicas)
         assert [r.id for r in status.replicas if r.leader] == [leader]
         assert status.store == f"{g.etcd.store_url}: ok"
+        def gauge(rid: str, name: str) -> float:
+            _, text = http("GET", g.replicas[rid].announced["METRICS"])
+            return next(float(x.split()[1]) for x in text.decode().splitlines()
+                        if x.startswith(name + " "))  # fmt: skip
+
+        assert gauge(leader, "baton_replica_leading") == 1.0
+        assert gauge(follower, "baton_replica_leading") == 0.0
+        assert gauge(follower, "baton_replica_store_up") == 1.0
+        assert wait_until(lambda: gauge(leader, "baton_replica_followers") == len(g.replicas) - 1)
         shown = g.baton("status")  # through the follower first: the CLI goes to the leader
         assert shown.returncode == 0, shown.stderr
         assert leader in shown.stdout and "follower" in shown.stdout
