@@ -264,7 +264,8 @@ class ControlPlane:
         self._http = aiohttp.ClientSession()
         routing = RoutingServicer(self.router, self.metrics, self.read_facts, self.tracing,
                                   leadership=self if self._store else None,
-                                  durable=self._sync_events if self._store else None)  # fmt: skip
+                                  durable=self._sync_events if self._store else None,
+                                  owners=self._store_owner if self._store else None)  # fmt: skip
         self._routing = routing
         routing_pb2_grpc.add_RoutingServiceServicer_to_server(routing, self.server)
         status = self._replica_status if self._store else None
@@ -338,7 +339,7 @@ class ControlPlane:
         self.replica = Replica(
             url, self._store_prefix, me, self._lease_ttl, self.registry,
             apply=self._apply, adopt=self.registry.events.adopt, on_role=self._role,
-            metadata=metadata,
+            metadata=metadata, owner_ttl=self._config.affinity.owner_ttl,
         )  # fmt: skip
         replica = self.replica
         self.metrics.registry.register(
@@ -347,6 +348,10 @@ class ControlPlane:
         )  # fmt: skip
         self._apply(await self.replica.load(timeout=30.0))
         replica_pb2_grpc.add_ReplicaServiceServicer_to_server(self.replica.soft, self.server)
+
+    async def _store_owner(self, r: routing_pb2.RecordOwnershipRequest) -> None:
+        if self.replica is not None:
+            await self.replica.own(r.key, r.backend_id, r.model, self._clock(), r.released)
 
     async def _sync_events(self) -> None:
         if self.replica is not None:

@@ -38,6 +38,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         tracing: Tracing = OFF,
         leadership: Leadership | None = None,
         durable: Callable[[], Awaitable[None]] | None = None,
+        owners: Callable[[routing_pb2.RecordOwnershipRequest], Awaitable[None]] | None = None,
     ) -> None:
         """`leadership`: a control replica's (control/replicas/): streams already open are
         ended when it stops leading (new calls are refused by control/api/leader_gate.py)."""
@@ -45,6 +46,8 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         # A replica's: awaited before a failure report is answered, so that the event is in
         # etcd before the shim forgets it (control/replicas/replica.py sync).
         self._durable = durable
+        # A replica's: a stored response's owner is in etcd before the shim is answered.
+        self._owners = owners
         self._watchers: set[asyncio.Event] = set()
         self._read_facts = read_facts
         self._router = router
@@ -270,6 +273,10 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             self._router.release_owner(request.key)
         elif request.key and request.backend_id:
             self._router.record_owner(request.key, request.backend_id, request.model)
+        else:
+            return routing_pb2.RecordOwnershipResponse()
+        if self._owners is not None:
+            await self._owners(request)
         return routing_pb2.RecordOwnershipResponse()
 
     async def WatchSnapshots(

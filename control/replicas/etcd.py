@@ -237,5 +237,9 @@ def put(key: bytes, value: bytes, lease: int = 0) -> Any:
     return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
 
 
+def delete(key: bytes) -> Any:
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
+
+
 def get(key: bytes) -> Any:
     return rpc.RequestOp(request_range=rpc.RangeRequest(key=key))

@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 import grpc
 
+from baton.model import BackendId
 from baton.v1 import admin_pb2
 from control.audit.log import Entry, Event
 from control.exceptions import ConfigError, NotLeader, StoreUnavailable
@@ -25,7 +27,7 @@ from control.fleet.registry import Registry
 from control.replicas.election import Election, Member
 from control.replicas.etcd import Etcd, EtcdUnavailable, parse_endpoints
 from control.replicas.follow import BATCH_S, SoftStateServicer, follow
-from control.replicas.store import ReplicaStore, decode
+from control.replicas.store import Owner, ReplicaStore, decode
 
 log = logging.getLogger("baton.control.replicas")
 
@@ -33,6 +35,7 @@ ROLE_CHECK_S = 0.02  # how often the role is looked at (a lease can run out betw
 EVENTS_FLUSH_S = 0.2
 EVENTS_HELD = 10_000  # events kept for etcd while it does not answer; older ones go first
 FOLLOW_RETRY_S = 0.1
+OWNER_LEASE_EVERY_S = 3600.0
 
 
 class Replica:
@@ -48,6 +51,7 @@ class Replica:
         adopt: Callable[[list[Event]], int],
         on_role: Callable[[bool], None],
         metadata: tuple[tuple[str, str], ...] = (),
+        owner_ttl: float = 86_400.0,
     ) -> None:
         """`apply(configured)`: bring the registry to it (reconcile). `adopt(events)`: merge
         events another replica recorded into this one's log. `on_role(leading)`: the role
@@ -74,8 +78,15 @@ class Replica:
         self.committed = Configured()  # the configuration as etcd last had it
         self._events: list[Event] = []
         self._flushing = asyncio.Lock()
+        # Stored responses' owners on their way to etcd, and the lease they go on: one an
+        # hour, living the owner TTL past it, so etcd forgets an owner when control would.
+        self._owners: list[Owner | str] = []
+        self._owning = asyncio.Lock()
+        self._owner_ttl = owner_ttl
+        self._owner_lease = (0, 0.0)  # (id, when granted, monotonic)
         self._tasks: list[asyncio.Task[None]] = []
         self.leading_now = False  # the role as last told to on_role
+        self._adopting: list[asyncio.Task[None]] = []
 
     # -- what the servicers ask ------------------------------------------------------------
 
@@ -159,9 +170,9 @@ class Replica:
             self._tasks.append(asyncio.create_task(job))
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        for t in [*self._tasks, *self._adopting]:
             t.cancel()
-        for t in self._tasks:
+        for t in [*self._tasks, *self._adopting]:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self.soft.stop()
@@ -179,7 +190,11 @@ class Replica:
         if configured != self.committed:
             self._apply(configured)
             self.committed = configured
-        asyncio.get_running_loop().create_task(self._adopt_events())
+        loop = asyncio.get_running_loop()
+        self._adopting = [
+            loop.create_task(self._adopt_events()),
+            loop.create_task(self._adopt_owners()),
+        ]
 
     async def _adopt_events(self) -> None:
         try:
@@ -226,6 +241,45 @@ class Replica:
         if configured != self.committed:
             self._apply(configured)
             self.committed = configured
+
+    async def own(self, key: str, backend_id: str, model: str, at: float, released: bool) -> None:
+        """A stored response's owner (or its release) is in etcd when this returns, or etcd
+        did not answer (logged: the owner is in every replica's memory all the same)."""
+        self._owners.append(key if released else Owner(key, backend_id, model, at))
+        async with self._owning:
+            if not self._owners or not self.election.term:
+                return
+            changes, term = self._owners.copy(), self.election.term
+            try:
+                if await self.store.write_owners(changes, await self._lease_for_owners(), term):
+                    del self._owners[: len(changes)]
+                else:
+                    self._owners.clear()  # no longer the leader
+            except EtcdUnavailable as exc:
+                del self._owners[: max(0, len(self._owners) - EVENTS_HELD)]
+                log.warning("stored responses' owners not written: %s", exc)
+
+    async def _lease_for_owners(self) -> int:
+        lease, granted = self._owner_lease
+        now = asyncio.get_running_loop().time()
+        if not lease or now - granted > OWNER_LEASE_EVERY_S:
+            ttl = int(self._owner_ttl + OWNER_LEASE_EVERY_S)
+            lease = (await self.etcd.grant(ttl))[0]
+            self._owner_lease = (lease, now)
+        return lease
+
+    async def _adopt_owners(self) -> None:
+        """Owners etcd holds that this replica does not (a whole group restarted, or one
+        joined late): taken, so a follow-up still reaches the backend that stored it."""
+        try:
+            owners = await self.store.load_owners()
+        except EtcdUnavailable as exc:
+            log.warning("stored responses' owners could not be read: %s", exc)
+            return
+        placement, now = self._registry.placement, time.time()
+        for o in owners:
+            if placement.owner_of(o.key, now) is None:
+                placement.record_owner(o.key, BackendId(o.backend_id), o.model, o.at)
 
     async def sync(self) -> None:
         """The leader's events so far are in etcd (or etcd does not answer): a shim's

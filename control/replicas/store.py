@@ -5,6 +5,8 @@ key prefix (`--store etcd://...`, `--store-prefix`):
     PREFIX/leader          the leading replica (control/replicas/election.py)
     PREFIX/replicas/ID     each live replica's address, on its lease
     PREFIX/events/KEY      failover, retry, health, admin, pair, KV and tenant events
+    PREFIX/owners/ID       which backend stores each Responses API response, on an hourly
+                           lease that outlives the owner TTL, so etcd itself forgets them
 
 Writes are optimistic on revisions and fenced by the term: a configuration write succeeds
 only if the config key is still at the revision this replica last read or wrote, and the
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -78,6 +81,19 @@ def decode(raw: bytes) -> Configured:
         raise ConfigError(f"the configuration in etcd is unreadable ({exc})") from None
 
 
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """A stored response's owner, as etcd keeps it."""
+
+    key: str
+    backend_id: str
+    model: str
+    at: float
+
+    def row(self) -> tuple[str, str, float]:
+        return (self.backend_id, self.model, self.at)
+
+
 def _event_key(prefix: bytes, replica: str, e: Event) -> bytes:
     # Time first, so keys sort as events happened, across replicas.
     return prefix + f"/events/{int(e.time * 1e9):020d}/{replica}/{e.seq}".encode()
@@ -91,6 +107,7 @@ class ReplicaStore:
         self.leader_key = self.prefix + b"/leader"
         self.replicas_prefix = self.prefix + b"/replicas/"
         self.events_prefix = self.prefix + b"/events/"
+        self.owners_prefix = self.prefix + b"/owners/"
         # The config key's revision as this replica last read or wrote it (0: absent).
         self.revision = 0
         self._flushes = 0
@@ -150,6 +167,30 @@ class ReplicaStore:
         if extra > 0:
             oldest = await self.etcd.keys_prefix(self.events_prefix, extra)
             await self.etcd.delete_range(self.events_prefix, oldest[-1] + b"\0")
+
+    async def write_owners(self, changes: list[Owner | str], lease: int, term: int) -> bool:
+        """Each change an owner recorded (on `lease`) or, a plain key, released; if this
+        replica still leads in `term` (False: it does not)."""
+        ops = [
+            etcd.delete(self.owners_prefix + c.encode()) if isinstance(c, str)
+            else etcd.put(self.owners_prefix + c.key.encode(), orjson.dumps(c.row()), lease)
+            for c in changes
+        ]  # fmt: skip
+        ok, _ = await self.etcd.txn([etcd.compare_create(self.leader_key, term)], ops)
+        return ok
+
+    async def load_owners(self) -> list[Owner]:
+        kvs, _ = await self.etcd.get_prefix(self.owners_prefix)
+        out = []
+        for i, kv in enumerate(kvs):
+            if i % PAGE == PAGE - 1:
+                await asyncio.sleep(0)
+            try:
+                bid, model, at = orjson.loads(kv.value)
+                out.append(Owner(kv.key[len(self.owners_prefix) :].decode(), bid, model, at))
+            except (orjson.JSONDecodeError, ValueError, TypeError):
+                log.warning("owner %s in etcd is unreadable: skipped", kv.key[:200])
+        return out
 
     async def load_events(self, limit: int = EVENTS_KEPT) -> list[Event]:
         """The newest `limit` events, oldest first. Parsed a page at a time, letting the

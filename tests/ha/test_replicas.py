@@ -21,7 +21,14 @@ from control.replicas import etcd as etcd_ops
 from control.replicas.etcd import Etcd
 from control.replicas.store import ReplicaStore
 from tests.ha.group import Group, group
-from tests.integration.harness import MODEL, http, http_full, start_etcd, wait_until
+from tests.integration.harness import (
+    MODEL,
+    http,
+    http_full,
+    start_control_replica,
+    start_etcd,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.ha, pytest.mark.timeout(240)]
 
@@ -280,3 +287,37 @@ def test_pins_and_tenants_windows_survive_a_takeover(tmp_path: Path) -> None:
         # all of them).
         assert statuses.count(200) == 5, statuses
         assert statuses.count(429) == 3, statuses
+
+
+def test_stored_responses_owners_outlive_every_replica(tmp_path: Path) -> None:
+    """The owners are in etcd: a whole group restarted (every replica SIGKILLed) still sends
+    a follow-up to the backend that stores its response; without them it would not know."""
+    import openai
+
+    with group(tmp_path, shims=1, sims=3) as g:
+        client = openai.OpenAI(base_url=g.shims[0].ready + "/v1", api_key="x", max_retries=0)
+        made = [client.responses.create(model=MODEL, input=f"remember {i}", max_output_tokens=4)
+                for i in range(4)]  # fmt: skip
+        listed = g.baton("pins", "list", "--kind", "response", "--json").stdout
+        owners = {p["key"]: p["backend_id"] for p in json.loads(listed)["pins"]}
+        assert set(owners) == {r.id for r in made}
+        for rid in list(g.replicas):
+            g.stop(rid)
+        for rid, old in list(g.replicas.items()):
+            g.replicas[rid] = start_control_replica(
+                g.etcd, rid, config=g.config, port=int(old.ready.rsplit(":", 1)[1]),
+                log=tmp_path / f"{rid}.again.log",
+            )  # fmt: skip
+            g.parts.append(g.replicas[rid])
+        leader = g.wait_leader()
+        assert g.followed(leader)
+        for r in made:
+            follow = client.responses.create(
+                model=MODEL, input="and then?", previous_response_id=r.id, max_output_tokens=2
+            )
+            assert follow.previous_response_id == r.id and follow.output_text
+        # Each went to its owner (a sim answers 404 for a response it does not hold, and a
+        # control that did not know the owner would have refused it): the new leader says so.
+        routed = json.loads(g.baton("events", "--kind", "route", "--json").stdout)
+        owned = [e["backend_id"] for e in routed if e["reason"] == "owner"]
+        assert sorted(owned) == sorted(owners.values())
