@@ -340,6 +340,9 @@ class ControlPlane:
             url, self._store_prefix, me, self._lease_ttl, self.registry,
             apply=self._apply, adopt=self.registry.events.adopt, on_role=self._role,
             metadata=metadata, owner_ttl=self._config.affinity.owner_ttl,
+            # With TLS, a follower checks the leader's certificate against the chain it
+            # serves itself: the replicas share a certificate, or a chain ending in the CA.
+            tls_ca=self._tls[0] if self._tls else None,
         )  # fmt: skip
         replica = self.replica
         self.metrics.registry.register(

@@ -102,11 +102,17 @@ async def follow(
     registry: Registry,
     metadata: tuple[tuple[str, str], ...],
     *,
+    tls_ca: bytes | None = None,
     on_caught_up: Callable[[], None] = lambda: None,
 ) -> None:
     """A follower's side: replays the leader's soft state on `registry` until the stream
-    ends (the leader stopped leading or died) or the caller cancels."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    ends (the leader stopped leading or died) or the caller cancels. `tls_ca`: the leader
+    serves TLS, its certificate signed by this (PEM)."""
+    if tls_ca is not None:
+        opened = grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(tls_ca))
+    else:
+        opened = grpc.aio.insecure_channel(address)
+    async with opened as channel:
         stub = replica_pb2_grpc.ReplicaServiceStub(channel)
         fresh = True
         async for batch in stub.Follow(replica_pb2.FollowRequest(replica_id=me),

@@ -52,6 +52,7 @@ class Replica:
         on_role: Callable[[bool], None],
         metadata: tuple[tuple[str, str], ...] = (),
         owner_ttl: float = 86_400.0,
+        tls_ca: bytes | None = None,
     ) -> None:
         """`apply(configured)`: bring the registry to it (reconcile). `adopt(events)`: merge
         events another replica recorded into this one's log. `on_role(leading)`: the role
@@ -75,6 +76,7 @@ class Replica:
         self._adopt = adopt
         self._on_role = on_role
         self._metadata = metadata
+        self._tls_ca = tls_ca  # the replicas serve TLS: the leader's certificate's CA
         self.committed = Configured()  # the configuration as etcd last had it
         self._events: list[Event] = []
         self._flushing = asyncio.Lock()
@@ -315,7 +317,9 @@ class Replica:
                 await asyncio.sleep(FOLLOW_RETRY_S)
                 continue
             task = asyncio.create_task(
-                follow(leader.address, self.me.id, self._registry, self._metadata)
+                follow(
+                    leader.address, self.me.id, self._registry, self._metadata, tls_ca=self._tls_ca
+                )
             )
             # Until the stream ends, or this replica leads (the old leader may be stopped, its
             # stream open and silent).

@@ -38,6 +38,13 @@ class Group:
     sims: dict[str, Part]
     shims: list[Part] = field(default_factory=list)
     parts: list[Part] = field(default_factory=list)
+    ca: Path | None = None  # the replicas serve TLS, their certificate signed by this (PEM)
+
+    def channel(self, rid: str) -> grpc.Channel:
+        address = self.replicas[rid].ready
+        if self.ca is None:
+            return grpc.insecure_channel(address)
+        return grpc.secure_channel(address, grpc.ssl_channel_credentials(self.ca.read_bytes()))
 
     @property
     def control(self) -> str:
@@ -48,7 +55,7 @@ class Group:
         return {rid: p for rid, p in self.replicas.items() if p.alive}
 
     def status(self, rid: str, timeout: float = 1.0) -> admin_pb2.GetStatusResponse | None:
-        with grpc.insecure_channel(self.replicas[rid].ready) as ch:
+        with self.channel(rid) as ch:
             try:
                 return admin_pb2_grpc.AdminServiceStub(ch).GetStatus(
                     admin_pb2.GetStatusRequest(), timeout=timeout
@@ -81,7 +88,7 @@ class Group:
         """A routing question to the replica: OK, or the status it refused with. For a model
         nobody serves by default: decided, and holding no backend."""
         shape = routing_pb2.RequestShape(model=model, message_count=1, prompt_chars=10)
-        with grpc.insecure_channel(self.replicas[rid].ready) as ch:
+        with self.channel(rid) as ch:
             try:
                 routing_pb2_grpc.RoutingServiceStub(ch).Route(
                     routing_pb2.RouteRequest(request_id=request_id, shape=shape), timeout=timeout
@@ -108,8 +115,10 @@ class Group:
 
     def baton(self, *args: str, control: str = "") -> subprocess.CompletedProcess[str]:
         """The real CLI, given every replica (or `control`)."""
+        tls = ["--tls-ca", str(self.ca)] if self.ca else []
         return subprocess.run(
-            [sys.executable, "-m", "clients.cli", *args, "--control", control or self.control],
+            [sys.executable, "-m", "clients.cli", *args, "--control", control or self.control,
+             *tls],
             capture_output=True, text=True, timeout=30, env=dict(os.environ),
         )  # fmt: skip
 
@@ -127,7 +136,9 @@ def group(
     sim_args: Sequence[str] = (),
     extra: str = "",
     control_args: Sequence[str] = (),
+    ca: Path | None = None,
 ) -> Iterator[Group]:
+    """`ca`: the replicas serve TLS (control_args has --tls-cert), signed by this."""
     parts: list[Part] = []
     etcd = start_etcd(tmp_path)
     try:
@@ -143,7 +154,7 @@ def group(
                 etcd, rid, *control_args, config=config, log=tmp_path / f"{rid}.log"
             )
             parts.append(reps[rid])
-        g = Group(etcd, config, reps, started, parts=parts)
+        g = Group(etcd, config, reps, started, parts=parts, ca=ca)
         g.wait_leader()
         for _ in range(shims):
             g.shims.append(start_shim(g.control))

@@ -27,6 +27,7 @@ from tests.integration.harness import (
     http_full,
     start_control_replica,
     start_etcd,
+    start_shim,
     wait_until,
 )
 
@@ -321,3 +322,31 @@ def test_stored_responses_owners_outlive_every_replica(tmp_path: Path) -> None:
         routed = json.loads(g.baton("events", "--kind", "route", "--json").stdout)
         owned = [e["backend_id"] for e in routed if e["reason"] == "owner"]
         assert sorted(owned) == sorted(owners.values())
+
+
+def test_replicas_serving_tls_follow_their_leader_and_its_shims_move(tmp_path: Path) -> None:
+    """With --tls-cert every replica serves TLS, the soft-state stream between them too."""
+    from tests.integration.test_tls import self_signed
+
+    cert, key = self_signed(tmp_path)
+    tls = ("--tls-cert", str(cert), "--tls-key", str(key))
+    with group(tmp_path, control_args=tls, ca=cert) as g:
+        shim = start_shim(g.control, "--control-tls-ca", str(cert))
+        g.shims.append(shim)
+        g.parts.append(shim)
+        old = g.wait_leader()
+
+        def followers(rid: str) -> float:
+            _, text = http("GET", g.replicas[rid].announced["METRICS"])
+            return next(float(x.split()[1]) for x in text.decode().splitlines()
+                        if x.startswith("baton_replica_followers "))  # fmt: skip
+
+        assert wait_until(lambda: followers(old) == len(g.replicas) - 1)
+        g.stop(old)
+        new = g.wait_leader(not_=old)
+        assert g.followed(new)
+        body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2}).encode()
+        status, _, _ = http_full("POST", shim.ready + "/v1/completions", body,
+                                 {"Content-Type": "application/json"})  # fmt: skip
+        assert status == 200
+        assert wait_until(lambda: followers(new) == 1)
