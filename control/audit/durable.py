@@ -25,7 +25,6 @@ from control.audit.log import (
     Event,
     RouteRow,
 )
-from control.audit.payloads import EventKind
 
 
 class EventFile:
@@ -105,9 +104,6 @@ def _rows_line(rows: list[Entry]) -> bytes:
     return orjson.dumps(batch) + b"\n"
 
 
-_HEADER = ("v", "seq", "time", "kind", "request_id", "backend_id")
-
-
 def _parse(line: bytes) -> list[Entry]:
     try:
         raw: dict[str, Any] = orjson.loads(line)
@@ -115,17 +111,7 @@ def _parse(line: bytes) -> list[Entry]:
             if tuple(raw["columns"]) not in (ROUTE_COLUMNS, ROUTE_COLUMNS[:-1], ROUTE_COLUMNS[:-2]):
                 return []  # a layout this version doesn't know (shorter: before tenant, detail)
             return [_row(r) for r in raw["rows"]]
-        data = {k: v for k, v in raw.items() if k not in _HEADER}
-        return [
-            Event(
-                int(raw["seq"]),
-                float(raw["time"]),
-                EventKind(raw["kind"]),
-                raw.get("request_id", ""),
-                raw.get("backend_id", ""),
-                data,
-            )
-        ]
+        return [Event.from_json(raw)]
     except (orjson.JSONDecodeError, KeyError, ValueError, TypeError):
         return []
 

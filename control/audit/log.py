@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from control.audit.payloads import EventKind, Payload, data_of
 
 SCHEMA_VERSION = 1
+_HEADER = ("v", "seq", "time", "kind", "request_id", "backend_id")  # an event's own fields
 
 
 class Event(NamedTuple):
@@ -30,6 +31,13 @@ class Event(NamedTuple):
     request_id: str = ""
     backend_id: str = ""
     data: Mapping[str, Any] = {}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Event:
+        """What to_json wrote (KeyError, ValueError or TypeError: it is not that)."""
+        data = {k: v for k, v in raw.items() if k not in _HEADER}
+        return cls(int(raw["seq"]), float(raw["time"]), EventKind(raw["kind"]),
+                   raw.get("request_id", ""), raw.get("backend_id", ""), data)  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -28,7 +28,6 @@ import orjson
 
 from baton.model import Backend
 from control.audit.log import Event
-from control.audit.payloads import EventKind
 from control.backend_spec import make_backend
 from control.exceptions import ConfigError, NotLeader, StoreConflict
 from control.fleet.db import BACKEND_COLUMNS, Configured, tenant_from_row, tenant_row
@@ -202,21 +201,7 @@ class ReplicaStore:
                 await asyncio.sleep(0)
             try:
                 raw = orjson.loads(kv.value)
-                data = {
-                    k: v
-                    for k, v in raw.items()
-                    if k not in ("v", "seq", "time", "kind", "request_id", "backend_id")
-                }
-                out.append(
-                    Event(
-                        int(raw["seq"]),
-                        float(raw["time"]),
-                        EventKind(raw["kind"]),
-                        raw.get("request_id", ""),
-                        raw.get("backend_id", ""),
-                        data,
-                    )
-                )
+                out.append(Event.from_json(raw))
             except (orjson.JSONDecodeError, KeyError, ValueError, TypeError):
                 log.warning(
                     "event %s in etcd is unreadable: skipped", kv.key.decode(errors="replace")
