@@ -137,16 +137,28 @@ def group(
     extra: str = "",
     control_args: Sequence[str] = (),
     ca: Path | None = None,
+    kv_events: bool = False,
 ) -> Iterator[Group]:
-    """`ca`: the replicas serve TLS (control_args has --tls-cert), signed by this."""
+    """`ca`: the replicas serve TLS (control_args has --tls-cert), signed by this.
+    `kv_events`: each sim publishes its KV-cache events (ZMQ), every replica subscribes."""
     parts: list[Part] = []
     etcd = start_etcd(tmp_path)
     try:
-        started = {f"s{i}": start_sim(*sim_args) for i in range(sims)}
+        started = {}
+        for i in range(sims):
+            kv = (("--kv-block-size", "8", "--kv-events-endpoint", f"ipc://{tmp_path}/s{i}.pub")
+                  if kv_events else ())  # fmt: skip
+            started[f"s{i}"] = start_sim(*sim_args, *kv)
         parts += started.values()
         config = write_config(
             tmp_path / "control.toml", [(k, p.ready) for k, p in started.items()], extra=extra
         )
+        if kv_events:  # each backend's own endpoint
+            text = config.read_text()
+            for i in range(sims):
+                endpoint = f'kv_events = "ipc://{tmp_path}/s{i}.pub"'
+                text = text.replace(f'id = "s{i}"\n', f'id = "s{i}"\n{endpoint}\n')
+            config.write_text(text)
         reps = {}
         for i in range(replicas):
             rid = f"c{i}"

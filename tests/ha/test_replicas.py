@@ -350,3 +350,31 @@ def test_replicas_serving_tls_follow_their_leader_and_its_shims_move(tmp_path: P
                                  {"Content-Type": "application/json"})  # fmt: skip
         assert status == 200
         assert wait_until(lambda: followers(new) == 1)
+
+
+def test_every_replica_reads_the_engines_kv_events_so_a_new_leaders_index_is_warm(
+    tmp_path: Path,
+) -> None:
+    with group(tmp_path, shims=1, sims=2, kv_events=True) as g:
+
+        def blocks(rid: str) -> float:
+            _, text = http("GET", g.replicas[rid].announced["METRICS"])
+            return sum(float(x.rsplit(" ", 1)[1]) for x in text.decode().splitlines()
+                       if x.startswith("baton_kv_blocks{"))  # fmt: skip
+
+        system = {"role": "system", "content": "You are a careful assistant. " * 12}
+        for i in range(6):
+            body = {"model": MODEL, "messages": [system, {"role": "user", "content": f"q{i}"}],
+                    "max_tokens": 4}  # fmt: skip
+            status, raw, _ = http_full("POST", g.shims[0].ready + "/v1/chat/completions",
+                                       json.dumps(body).encode(),
+                                       {"Content-Type": "application/json"})  # fmt: skip
+            assert status == 200, raw
+        # Each replica's own subscriptions: the same blocks on every one, the leader's or not.
+        assert wait_until(lambda: blocks("c0") > 0 and
+                          len({blocks(rid) for rid in g.replicas}) == 1)  # fmt: skip
+        held = blocks("c0")
+        old = g.wait_leader()
+        g.stop(old)
+        new = g.wait_leader(not_=old)
+        assert blocks(new) == held  # warm the moment it leads
