@@ -83,6 +83,7 @@ class Election:
         self._valid_until = 0.0  # monotonic: this replica's lease holds until then
         self._ok_at = 0.0  # the last keep-alive etcd answered
         self._failed_at = 0.0  # the last keep-alive etcd did not answer
+        self._first_failed_at = 0.0  # the first of those since the last it answered
         self.store_error = ""  # why etcd did not answer last, "" while it does
         self._lost = asyncio.Event()
         self._lease = 0
@@ -97,8 +98,14 @@ class Election:
         if now < self._valid_until:
             return True
         # The lease may have run out. Only an etcd that answers nobody lets us keep routing:
-        # its latest keep-alive failed, recently, after the last one it answered.
-        return self._failed_at > self._ok_at and now - self._failed_at < self.ttl
+        # it stopped answering while the lease still held (so nobody else could be elected
+        # since), and it still does not. A leader that wakes from a stop past its lease and
+        # then fails to reach etcd is not one of these: its first failure came after.
+        return (
+            self._failed_at > self._ok_at
+            and self._first_failed_at < self._valid_until
+            and now - self._failed_at < self.ttl
+        )
 
     @property
     def store_ok(self) -> bool:
@@ -169,7 +176,10 @@ class Election:
         if not self.store_error:
             log.warning("replica %s: %s", self.me.id, why)
         self.store_error = why
-        self._failed_at = self._clock()
+        now = self._clock()
+        if self._failed_at <= self._ok_at:
+            self._first_failed_at = now  # the first failure since etcd last answered
+        self._failed_at = now
 
     async def _campaign(self, lease: int) -> None:
         """Until the lease is lost: lead if nobody does, else follow and watch the leader."""
