@@ -63,12 +63,11 @@ class Election:
         ttl: int,
         *,
         on_lead: Callable[[int], Awaitable[None]],
-        on_follow: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`on_lead(term)`: runs once elected, before this replica serves as leader (it reads
-        the configuration at least as new as its election). `on_follow()`: it stopped
-        leading (or never did), and another may lead."""
+        the configuration at least as new as its election). Who watches the role reads
+        `leading`: a lease runs out between any two calls."""
         self._etcd = client
         self._key = leader_key
         self._replicas = replicas_prefix
@@ -76,7 +75,6 @@ class Election:
         self._ttl_asked = ttl
         self.ttl = float(ttl)
         self._on_lead = on_lead
-        self._on_follow = on_follow
         self._clock = clock
         self.term = 0  # the leader key's create revision while this replica leads; else 0
         self.leader: Member | None = None  # who leads, as last seen (None: nobody, unknown)
@@ -199,10 +197,7 @@ class Election:
             self.leader = Member.of(kvs[0].value)
             if self.leader is None:
                 log.error("the leader key holds no replica: %r", kvs[0].value[:100])
-            if self.leader == self.me and kvs[0].lease != lease:
-                # Our own key from an earlier lease: it goes when that lease expires.
-                pass
-            self._on_follow()
+            # (Our own key from an earlier lease, say after a restart, goes with that lease.)
             await self._wait(self._deleted(resp.header.revision + 1))
 
     async def _lead(self, term: int) -> None:
@@ -238,7 +233,6 @@ class Election:
             if self.leader == self.me:
                 self.leader = None
         self.term = 0
-        self._on_follow()
 
     async def members(self) -> list[Member]:
         kvs, _ = await self._etcd.get_prefix(self._replicas)

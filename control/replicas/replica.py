@@ -68,7 +68,6 @@ class Replica:
             me,
             lease_ttl,
             on_lead=self._on_lead,
-            on_follow=lambda: None,
         )
         self.soft = SoftStateServicer(registry, lambda: self.election.term)
         self._registry = registry

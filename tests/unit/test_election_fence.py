@@ -24,8 +24,7 @@ async def _noop(term: int) -> None:
 
 def leader(clock: Clock) -> Election:
     etcd: Any = None  # the fence reads no etcd
-    e = Election(etcd, b"/l", b"/r/", Member("c0", "a:1"), 1, on_lead=_noop,
-                 on_follow=lambda: None, clock=clock)  # fmt: skip
+    e = Election(etcd, b"/l", b"/r/", Member("c0", "a:1"), 1, on_lead=_noop, clock=clock)
     e.term, e.ttl = 7, 1.0
     e._valid_until, e._ok_at = clock.now + 1.0, clock.now  # a keep-alive answered just now
     return e
