@@ -333,6 +333,12 @@ class ControlPlane:
         soft-state service for followers; campaigning starts with the other tasks."""
         host = self._listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
         address = self._advertise or f"{host}:{self.port}"
+        if not self._advertise and host in ("0.0.0.0", "::"):  # noqa: S104 - a check, no bind
+            log.warning(
+                "--listen %s with no --advertise: other replicas and the shims are told to "
+                "find this one at %s; give --advertise HOST:PORT they can reach", self._listen,
+                address,
+            )  # fmt: skip
         me = Member(self._replica_id or address, address)
         self._replica_id = me.id
         metadata = (("authorization", f"Bearer {self._shim_token}"),) if self._shim_token else ()
