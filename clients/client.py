@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from baton import wire
+from baton import replicas, wire
 from baton.model import BackendKind, HealthState, Role
 from baton.tenancy import KEY_ID_HEX, Limits, Priority
 from baton.tokens import ADMIN_ENV
@@ -29,11 +29,6 @@ from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2
 DEFAULT_CONTROL = "127.0.0.1:50051"
 TOKEN_FILE = "admin-token"
 SHIM_TOKEN_FILE = "shim-token"  # `baton up` writes it; a shim takes it with --shim-token-file
-LEADER_KEY = "baton-leader"  # a replica's refusal names the leader's HOST:PORT under it
-
-
-# Set by a control replica on an error from its store (control/api/admin.py).
-STORE_METADATA = "baton-store"
 
 
 def find_token() -> str | None:
@@ -54,12 +49,16 @@ class AdminError(Exception):
 
 
 def split_targets(text: str) -> tuple[str, ...]:
-    """`A,B,C` -> (A, B, C): blanks dropped, a repeat kept once (the shim's --control reads
-    the same way: dataplane/link/targets.py). Raises AdminError when no address is left."""
-    out = tuple(dict.fromkeys(t for part in text.split(",") if (t := part.strip())))
-    if not out:
-        raise AdminError(f"--control: no address in {text!r} (want HOST:PORT[,HOST:PORT...])")
-    return out
+    """--control's addresses, as the shim reads its own (baton/replicas.py); AdminError when
+    none is given."""
+    try:
+        return replicas.split_targets(text)
+    except ValueError as exc:
+        raise AdminError(f"--control: {exc}") from None
+
+
+def _trailing(exc: grpc.RpcError) -> list[tuple[str, str | bytes]]:
+    return [(m.key, m.value) for m in exc.trailing_metadata() or ()]
 
 
 def leader_named(exc: grpc.RpcError) -> str:
@@ -67,10 +66,7 @@ def leader_named(exc: grpc.RpcError) -> str:
     or a refusal that names none)."""
     if exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
         return ""
-    for m in exc.trailing_metadata() or ():
-        if m.key == LEADER_KEY:  # a str value for a key without -bin, whatever the stubs say
-            return m.value.decode() if isinstance(m.value, bytes) else str(m.value)
-    return ""
+    return replicas.leader_in(_trailing(exc))
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +232,7 @@ def _engine(s: fleet_pb2.BackendStatus) -> str:
 def from_store(exc: grpc.RpcError) -> bool:
     """The leader answered, and its store (etcd) did not: the change was not made, and no
     other replica would make it either."""
-    return any(m.key == STORE_METADATA for m in exc.trailing_metadata() or ())
+    return replicas.from_store(_trailing(exc))
 
 
 class AdminClient:

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from baton import aio
 from baton.model import SeamMode
+from baton.replicas import split_targets
 from baton.tokens import SHIM_ENV, SHIM_FILE_ENV, TokenError, shim_token
 from dataplane.edge import workers
 from dataplane.edge.app import make_app
@@ -22,7 +23,6 @@ from dataplane.edge.handlers import HEALTH
 from dataplane.edge.lifecycle import INFLIGHT, Stopping
 from dataplane.edge.limits import API_KEYS_ENV, load_keys
 from dataplane.exceptions import ControlRefused
-from dataplane.link.targets import split_targets
 from dataplane.settings import (
     Limits,
     ProxySettings,

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from baton import wire
+from baton.replicas import STORE_METADATA
 from baton.tenancy import KEY_PREFIX, digest
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control.api import convert
@@ -25,7 +26,6 @@ from control.routing.router import Router
 from control.signals.facts import ReadFacts
 
 VERSION = "0.1.0"
-STORE_METADATA = "baton-store"  # on an error from a replica's store (clients/client.py)
 
 
 def new_key() -> str:

@@ -11,9 +11,9 @@ from typing import Protocol
 
 import grpc
 
+from baton.replicas import LEADER_METADATA
 from control.api.auth import ADMIN_PREFIX, REPLICA_PREFIX, ROUTING_PREFIX, Handler, denial
 
-LEADER_METADATA = "baton-leader"
 GATED = (ROUTING_PREFIX, ADMIN_PREFIX, REPLICA_PREFIX)
 OPEN = frozenset({ADMIN_PREFIX + "GetStatus"})
 

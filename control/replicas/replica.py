@@ -19,6 +19,7 @@ from collections.abc import Callable
 import grpc
 
 from baton.model import BackendId
+from baton.replicas import not_leader
 from baton.v1 import admin_pb2
 from control.audit.log import Entry, Event
 from control.exceptions import ConfigError, NotLeader, StoreUnavailable
@@ -99,12 +100,8 @@ class Replica:
         """(why this replica refuses, the leader's address or "")."""
         leader = self.election.leader
         if leader is None or leader == self.me:
-            return f"control replica {self.me.id} is not the leader: no leader elected yet", ""
-        return (
-            f"control replica {self.me.id} is not the leader: the leader is {leader.id} at "
-            f"{leader.address}",
-            leader.address,
-        )
+            return not_leader(self.me.id), ""
+        return not_leader(self.me.id, leader.id, leader.address), leader.address
 
     def record(self, entry: Entry) -> None:
         """The audit log's sink: the leader's events but routing decisions go to etcd."""

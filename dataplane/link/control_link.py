@@ -32,6 +32,7 @@ from grpc_health.v1 import health_pb2
 from baton import wire
 from baton.ledger import Ledger
 from baton.model import Decision, FailoverReport, Failure, RequestOutcome, RequestShape
+from baton.replicas import split_targets
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from dataplane.exceptions import ControlRefused, ControlUnavailable, StreamBroken
 from dataplane.link.calls import Calls
@@ -40,7 +41,7 @@ from dataplane.link.needs import FleetView, GateAnswer, fleet_view
 from dataplane.link.outbox import TRANSIENT, Outbox, Report, not_leader
 from dataplane.link.route_socket import split_target
 from dataplane.link.routestream import RouteStream
-from dataplane.link.targets import probe_order, split_targets
+from dataplane.link.targets import probe_order
 from dataplane.metrics import LinkStats
 
 log = logging.getLogger("baton.shim.control")

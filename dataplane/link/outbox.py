@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from dataplane.link.targets import leader_in, says_not_leader
+from baton.replicas import leader_in, says_not_leader
 
 log = logging.getLogger("baton.shim.outbox")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from baton.replicas import LEADER_METADATA
 from baton.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2
 from control.exceptions import StoreConflict
 from control.fleet.db import Configured
@@ -89,7 +90,7 @@ def test_followers_refuse_naming_the_leader_and_status_shows_the_group(tmp_path:
         err = refused.value
         assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert f"the leader is {leader} at {g.replicas[leader].ready}" in err.details()
-        assert ("baton-leader", g.replicas[leader].ready) in tuple(err.trailing_metadata())
+        assert (LEADER_METADATA, g.replicas[leader].ready) in tuple(err.trailing_metadata())
         assert g.route(follower) == grpc.StatusCode.FAILED_PRECONDITION
         status = g.status(follower)
         assert status is not None and status.leader == leader

@@ -34,6 +34,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from baton.replicas import LEADER_METADATA
 from baton.v1 import admin_pb2, routing_pb2
 from clients.procs import Part
 from tests.integration.harness import (
@@ -59,7 +60,6 @@ GET_STATUS = f"/{ADMIN.full_name}/GetStatus"
 WATCH = f"/{ROUTING.full_name}/WatchSnapshots"
 ROUTE_STREAM = f"/{ROUTING.full_name}/RouteStream"
 REPORT_FAILOVER = f"/{ROUTING.full_name}/ReportFailover"
-LEADER_KEY = "baton-leader"
 
 
 class Replica(grpc.GenericRpcHandler):
@@ -134,7 +134,7 @@ class Replica(grpc.GenericRpcHandler):
         with self._lock:
             self.refused[method] += 1
         if address:
-            context.set_trailing_metadata(((LEADER_KEY, address),))
+            context.set_trailing_metadata(((LEADER_METADATA, address),))
         where = f"the leader is {leader_id} at {address}" if address else "no leader elected yet"
         context.abort(
             grpc.StatusCode.FAILED_PRECONDITION,
