@@ -19,7 +19,7 @@ from baton.v1 import admin_pb2, admin_pb2_grpc, routing_pb2, routing_pb2_grpc
 from clients.etcd_server import EtcdServer
 from clients.procs import Part
 from tests.integration.harness import (
-    http,
+    control_metric,
     metric,
     start_control_replica,
     start_etcd,
@@ -103,15 +103,17 @@ class Group:
     def followed(self, rid: str, timeout: float = 10.0) -> bool:
         """Until every shim follows replica `rid` (its snapshots), and routes through it."""
 
-        def watching() -> float:
-            _, text = http("GET", self.replicas[rid].announced["METRICS"])
-            lines = text.decode().splitlines()
-            return next(float(x.split()[1]) for x in lines if x.startswith("baton_shims_watching "))
-
-        return wait_until(lambda: watching() == len(self.shims), timeout) and all(
+        shims = len(self.shims)
+        if not wait_until(lambda: self.metric(rid, "baton_shims_watching") == shims, timeout):
+            return False
+        return all(
             wait_until(lambda s=s: metric(s.ready, "baton_shim_degraded") == 0, timeout)
             for s in self.shims
         )
+
+    def metric(self, rid: str, name: str, labels: str = "") -> float:
+        """A sum over one of the replica's series (0 before its first sample)."""
+        return control_metric(self.replicas[rid], name, labels)
 
     def baton(self, *args: str, control: str = "") -> subprocess.CompletedProcess[str]:
         """The real CLI, given every replica (or `control`)."""

@@ -24,7 +24,6 @@ from control.replicas.store import ReplicaStore
 from tests.ha.group import Group, group
 from tests.integration.harness import (
     MODEL,
-    http,
     http_full,
     start_control_replica,
     start_etcd,
@@ -48,28 +47,18 @@ def add_backend(g: Group, rid: str, bid: str) -> grpc.StatusCode:
             return exc.code()  # type: ignore[no-any-return]
 
 
-def routed(g: Group, rid: str, reason: str = "") -> float:
-    """Routes the replica decided (of `reason`: 0 before the first), of the test's model."""
-    _, text = http("GET", g.replicas[rid].announced["METRICS"])
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.decode().splitlines()
-        if line.startswith("baton_routes_total{") and f'reason="{reason or ""}' in line
-        and 'reason="unknown-model"' not in line
-    )
+def routed(g: Group, rid: str) -> float:
+    """Routes the replica decided for a model served (Group.route's probes are for none)."""
+    total = g.metric(rid, "baton_routes_total")
+    return total - g.metric(rid, "baton_routes_total", 'reason="unknown-model"')
 
 
 def pins_held(g: Group, rid: str) -> float:
-    _, text = http("GET", g.replicas[rid].announced["METRICS"])
-    return next(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.decode().splitlines()
-        if line.startswith('baton_pins{kind="prefix"}')
-    )
+    return g.metric(rid, "baton_pins", 'kind="prefix"')
 
 
 def pin_hits(g: Group, rid: str) -> float:
-    return routed(g, rid, "pin-hit")
+    return g.metric(rid, "baton_routes_total", 'reason="pin-hit"')
 
 
 def backend_ids(g: Group) -> set[str]:
@@ -97,15 +86,11 @@ def test_followers_refuse_naming_the_leader_and_status_shows_the_group(tmp_path:
         assert {r.id for r in status.replicas} == set(g.replicas)
         assert [r.id for r in status.replicas if r.leader] == [leader]
         assert status.store == f"{g.etcd.store_url}: ok"
-        def gauge(rid: str, name: str) -> float:
-            _, text = http("GET", g.replicas[rid].announced["METRICS"])
-            return next(float(x.split()[1]) for x in text.decode().splitlines()
-                        if x.startswith(name + " "))  # fmt: skip
-
-        assert gauge(leader, "baton_replica_leading") == 1.0
-        assert gauge(follower, "baton_replica_leading") == 0.0
-        assert gauge(follower, "baton_replica_store_up") == 1.0
-        assert wait_until(lambda: gauge(leader, "baton_replica_followers") == len(g.replicas) - 1)
+        assert g.metric(leader, "baton_replica_leading") == 1.0
+        assert g.metric(follower, "baton_replica_leading") == 0.0
+        assert g.metric(follower, "baton_replica_store_up") == 1.0
+        followers = len(g.replicas) - 1
+        assert wait_until(lambda: g.metric(leader, "baton_replica_followers") == followers)
         shown = g.baton("status")  # through the follower first: the CLI goes to the leader
         assert shown.returncode == 0, shown.stderr
         assert leader in shown.stdout and "follower" in shown.stdout
@@ -338,9 +323,7 @@ def test_replicas_serving_tls_follow_their_leader_and_its_shims_move(tmp_path: P
         old = g.wait_leader()
 
         def followers(rid: str) -> float:
-            _, text = http("GET", g.replicas[rid].announced["METRICS"])
-            return next(float(x.split()[1]) for x in text.decode().splitlines()
-                        if x.startswith("baton_replica_followers "))  # fmt: skip
+            return g.metric(rid, "baton_replica_followers")
 
         assert wait_until(lambda: followers(old) == len(g.replicas) - 1)
         g.stop(old)
@@ -359,9 +342,7 @@ def test_every_replica_reads_the_engines_kv_events_so_a_new_leaders_index_is_war
     with group(tmp_path, shims=1, sims=2, kv_events=True) as g:
 
         def blocks(rid: str) -> float:
-            _, text = http("GET", g.replicas[rid].announced["METRICS"])
-            return sum(float(x.rsplit(" ", 1)[1]) for x in text.decode().splitlines()
-                       if x.startswith("baton_kv_blocks{"))  # fmt: skip
+            return g.metric(rid, "baton_kv_blocks")
 
         system = {"role": "system", "content": "You are a careful assistant. " * 12}
         for i in range(6):

@@ -10,6 +10,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
@@ -245,17 +246,84 @@ def http_full(
         return err.code, err.read(), dict(err.headers)
 
 
+def _samples(text: str, name: str, labels: str) -> list[float]:
+    """The values of `name`'s samples whose label set contains `labels`."""
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{")
+        and labels in line
+    ]  # fmt: skip
+
+
 def metric(base: str, name: str, labels: str = "") -> float:
     """One sample from a sim's Prometheus /metrics (summed over label sets matching `labels`)."""
     _, text = http("GET", base + "/metrics")
-    total = 0.0
-    found = False
-    for line in text.decode().splitlines():
-        if line.startswith(name) and (line[len(name)] in " {") and labels in line:
-            total += float(line.rsplit(" ", 1)[1])
-            found = True
+    found = _samples(text.decode(), name, labels)
     assert found, f"metric {name}{{{labels}}} not exported"
-    return total
+    return sum(found)
+
+
+def control_metric(control: Part, name: str, labels: str = "") -> float:
+    """A sum over one of control's series (its --metrics-listen, as it announced it), over
+    the label sets matching `labels`; 0 before its first sample."""
+    _, text = http("GET", control.announced["METRICS"])
+    return sum(_samples(text.decode(), name, labels))
+
+
+PROMPT = "the quick brown fox"
+
+
+@dataclass
+class Streamed:
+    """What a client saw of one streamed completion."""
+
+    max_tokens: int
+    status: int
+    text: str = ""
+    finish: str | None = None
+    done: bool = False
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.done and self.error is None
+
+
+def stream(base: str, max_tokens: int, prompt: str = PROMPT) -> Streamed:
+    """One greedy streaming completion of the toy model over plain HTTP: every event checked,
+    nothing assumed."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    conn = HTTPConnection(host, int(port), timeout=30)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True}  # fmt: skip
+    try:
+        conn.request(
+            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        resp = conn.getresponse()
+        out = Streamed(max_tokens, resp.status)
+        if resp.status != 200:
+            out.error = resp.read().decode()
+            return out
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            data = line.removeprefix("data: ")
+            if data == "[DONE]":
+                out.done = True
+                continue
+            event = json.loads(data)
+            if "error" in event:
+                out.error = json.dumps(event["error"])
+                continue
+            for choice in event.get("choices") or []:
+                out.text += choice.get("text") or ""
+                out.finish = choice.get("finish_reason") or out.finish
+        return out
+    finally:
+        conn.close()
 
 
 def wait_until(check: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> bool:

@@ -4,14 +4,12 @@ buffers its reports, and delivers them to a new control process on the same addr
 
 from __future__ import annotations
 
-import http.client
 import json
 import signal
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,65 +17,21 @@ import pytest
 from clients.procs import Part
 from tests.integration.harness import (
     Fleet,
+    Streamed,
     metric,
     start_control,
     start_shim,
     start_sim,
+    stream,
     wait_until,
     write_config,
 )
 
 pytestmark = pytest.mark.timeout(90)
 
-PROMPT = "the quick brown fox"
 SHORT, LONG = 8, 24  # s0 dies after 10 tokens: short streams never see it, long ones do
 REQUESTS, CONCURRENCY, KILL_AFTER = 40, 4, 8
 PACE = ("--decode-ms-per-step", "4")  # ~0.1 s a long stream: the kill lands mid-stream
-
-
-@dataclass
-class Streamed:
-    max_tokens: int
-    status: int
-    text: str = ""
-    finish: str | None = None
-    done: bool = False
-    error: str | None = None
-
-
-def stream(base: str, max_tokens: int) -> Streamed:
-    """One streaming completion over plain HTTP: every event checked, nothing assumed."""
-    host, port = base.removeprefix("http://").rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    body = {"model": "toy", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True}  # fmt: skip
-    try:
-        conn.request(
-            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
-        )
-        resp = conn.getresponse()
-        out = Streamed(max_tokens, resp.status)
-        if resp.status != 200:
-            out.error = resp.read().decode()
-            return out
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data: "):
-                continue
-            data = line.removeprefix("data: ")
-            if data == "[DONE]":
-                out.done = True
-                continue
-            event = json.loads(data)
-            if "error" in event:
-                out.error = json.dumps(event["error"])
-                continue
-            for choice in event.get("choices") or []:
-                out.text += choice.get("text") or ""
-                out.finish = choice.get("finish_reason") or out.finish
-        return out
-    finally:
-        conn.close()
 
 
 @pytest.fixture

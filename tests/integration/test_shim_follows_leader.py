@@ -14,19 +14,15 @@ a refusal names, or on to the next address when one is down, and applies a chang
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +32,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from baton.replicas import LEADER_METADATA
 from baton.v1 import admin_pb2, routing_pb2
-from clients.procs import Part
+from clients.procs import Part, free_port
 from tests.integration.harness import (
+    Streamed,
+    control_metric,
     metric,
     start_control,
     start_shim,
     start_sim,
+    stream,
     wait_until,
     write_config,
 )
@@ -224,49 +223,7 @@ class Replica(grpc.GenericRpcHandler):
 
 # -- helpers ---------------------------------------------------------------------------------
 
-PROMPT = "the quick brown fox"
 SHORT, LONG = 8, 24  # s0 dies after 10 tokens: short streams never see it, long ones do
-
-
-@dataclass
-class Streamed:
-    status: int
-    text: str = ""
-    done: bool = False
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == 200 and self.done and self.error is None
-
-
-def stream(base: str, max_tokens: int) -> Streamed:
-    """One streaming completion through the shim, every event read."""
-    host, port = base.removeprefix("http://").rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    body = {"model": "toy", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True}  # fmt: skip
-    try:
-        conn.request("POST", "/v1/completions", json.dumps(body),
-                     {"Content-Type": "application/json"})  # fmt: skip
-        resp = conn.getresponse()
-        out = Streamed(resp.status)
-        if resp.status != 200:
-            out.error = resp.read().decode()
-            return out
-        for raw in resp:
-            data = raw.decode().strip().removeprefix("data: ")
-            if data == "[DONE]":
-                out.done = True
-            elif data.startswith("{"):
-                event = json.loads(data)
-                if "error" in event:
-                    out.error = json.dumps(event["error"])
-                for choice in event.get("choices") or []:
-                    out.text += choice.get("text") or ""
-        return out
-    finally:
-        conn.close()
 
 
 def baton(control: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -280,23 +237,6 @@ def baton(control: str, *args: str) -> subprocess.CompletedProcess[str]:
 def ok_json(out: subprocess.CompletedProcess[str]) -> Any:
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
-
-
-def control_metric(control: Part, name: str) -> float:
-    """A sum over one of control's Prometheus series; 0 before its first sample."""
-    with urllib.request.urlopen(control.announced["METRICS"], timeout=10) as resp:
-        text = resp.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name) and line[len(name)] in " {"
-    )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
