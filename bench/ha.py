@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import subprocess
 import sys
 import time
 import urllib.request
@@ -183,8 +184,6 @@ def _get(url: str) -> str:
 
 
 def _cli_json(control: str, *args: str) -> Any:
-    import subprocess
-
     out = subprocess.run(
         [sys.executable, "-m", "clients.cli", *args, "--json", "--control", control],
         capture_output=True,

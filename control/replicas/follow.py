@@ -37,7 +37,6 @@ class SoftStateServicer(replica_pb2_grpc.ReplicaServiceServicer):
         self._term = term  # the leader's term now; 0: it does not lead
         self._ops: list[Op] = []
         self._followers: set[asyncio.Queue[replica_pb2.FollowResponse | None]] = set()
-        self.sent_ops = 0
 
     @property
     def followers(self) -> int:
@@ -52,7 +51,6 @@ class SoftStateServicer(replica_pb2_grpc.ReplicaServiceServicer):
         ops = self._ops.copy()
         self._ops.clear()
         batch = replica_pb2.FollowResponse(term=self._term(), ops=[_encode(op) for op in ops])
-        self.sent_ops += len(ops)
         for q in list(self._followers):
             if q.qsize() >= MAX_QUEUED:
                 log.warning("a follower replica fell %d batches behind: dropped", MAX_QUEUED)
@@ -103,7 +101,6 @@ async def follow(
     metadata: tuple[tuple[str, str], ...],
     *,
     tls_ca: bytes | None = None,
-    on_caught_up: Callable[[], None] = lambda: None,
 ) -> None:
     """A follower's side: replays the leader's soft state on `registry` until the stream
     ends (the leader stopped leading or died) or the caller cancels. `tls_ca`: the leader
@@ -114,15 +111,15 @@ async def follow(
         opened = grpc.aio.insecure_channel(address)
     async with opened as channel:
         stub = replica_pb2_grpc.ReplicaServiceStub(channel)
-        fresh = True
+        term = 0  # the leader's, as its first batch said
         async for batch in stub.Follow(replica_pb2.FollowRequest(replica_id=me),
                                        metadata=metadata):  # fmt: skip
-            if fresh:
+            if not batch.term or (term and batch.term != term):
+                return  # its term ended (a leader whose lease just ran out): not applied
+            if not term:
+                term = batch.term
                 # The new leader's in-flight requests replace what the last one had.
                 registry.clear_load()
-                fresh = False
             for raw in batch.ops:
                 with contextlib.suppress(TypeError, ValueError, IndexError):
                     replay(registry, _decode(raw))
-            if batch.caught_up:
-                on_caught_up()
