@@ -221,7 +221,7 @@ class ControlPlane:
         assert self._http is not None, "read_facts before start()"
         return await fetch_facts(self._http, backend, within)
 
-    # -- a replica's leadership, as control/api/leader_gate.py asks it ---------------------
+    # -- a replica's part, as control/api/leader_gate.py and the routing service ask it ----
 
     @property
     def leading(self) -> bool:
@@ -231,6 +231,14 @@ class ControlPlane:
         if self.replica is None:
             return "control is starting", ""
         return self.replica.refusal()
+
+    async def sync(self) -> None:
+        if self.replica is not None:
+            await self.replica.sync()
+
+    async def own(self, key: str, backend_id: str, model: str, released: bool) -> None:
+        if self.replica is not None:
+            await self.replica.own(key, backend_id, model, self._clock(), released)
 
     def _to_replica(self, entry: Entry) -> None:
         if self.replica is not None:
@@ -263,9 +271,7 @@ class ControlPlane:
     async def start(self) -> int:
         self._http = aiohttp.ClientSession()
         routing = RoutingServicer(self.router, self.metrics, self.read_facts, self.tracing,
-                                  leadership=self if self._store else None,
-                                  durable=self._sync_events if self._store else None,
-                                  owners=self._store_owner if self._store else None)  # fmt: skip
+                                  replica=self if self._store else None)  # fmt: skip
         self._routing = routing
         routing_pb2_grpc.add_RoutingServiceServicer_to_server(routing, self.server)
         status = self._replica_status if self._store else None
@@ -357,14 +363,6 @@ class ControlPlane:
         )  # fmt: skip
         self._apply(await self.replica.load(timeout=30.0))
         replica_pb2_grpc.add_ReplicaServiceServicer_to_server(self.replica.soft, self.server)
-
-    async def _store_owner(self, r: routing_pb2.RecordOwnershipRequest) -> None:
-        if self.replica is not None:
-            await self.replica.own(r.key, r.backend_id, r.model, self._clock(), r.released)
-
-    async def _sync_events(self) -> None:
-        if self.replica is not None:
-            await self.replica.sync()
 
     async def _replica_status(self, resp: admin_pb2.GetStatusResponse) -> None:
         if self.replica is not None:

@@ -27,6 +27,19 @@ class Leadership(Protocol):
         ...
 
 
+class Replica(Leadership, Protocol):
+    """What the routing service asks of a replica beyond its role: that what a shim reports
+    is in the store before the shim is answered."""
+
+    async def sync(self) -> None:
+        """The events recorded so far are in the store (or the store does not answer)."""
+        ...
+
+    async def own(self, key: str, backend_id: str, model: str, released: bool) -> None:
+        """A stored response's owner (or its release) is in the store."""
+        ...
+
+
 def trailer(leader: str) -> tuple[tuple[str, str], ...]:
     return ((LEADER_METADATA, leader),) if leader else ()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 
 import grpc
@@ -17,7 +17,7 @@ from baton.tracing import OFF, SpanKind, Tracing
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.api import convert
 from control.api.errors import Context, abort_with, within
-from control.api.leader_gate import Leadership, trailer
+from control.api.leader_gate import Replica, trailer
 from control.exceptions import FactsError, NotLeader, RegistryError
 from control.metrics import ControlMetrics
 from control.routing.router import Router
@@ -36,18 +36,13 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         metrics: ControlMetrics,
         read_facts: ReadFacts,
         tracing: Tracing = OFF,
-        leadership: Leadership | None = None,
-        durable: Callable[[], Awaitable[None]] | None = None,
-        owners: Callable[[routing_pb2.RecordOwnershipRequest], Awaitable[None]] | None = None,
+        replica: Replica | None = None,
     ) -> None:
-        """`leadership`: a control replica's (control/replicas/): streams already open are
-        ended when it stops leading (new calls are refused by control/api/leader_gate.py)."""
-        self._leadership = leadership
-        # A replica's: awaited before a failure report is answered, so that the event is in
-        # etcd before the shim forgets it (control/replicas/replica.py sync).
-        self._durable = durable
-        # A replica's: a stored response's owner is in etcd before the shim is answered.
-        self._owners = owners
+        """`replica`: this control is one of several on etcd (control/replicas/): streams
+        already open end when it stops leading (new calls are refused by
+        control/api/leader_gate.py), and what a shim must not lose is in etcd before the
+        shim is answered."""
+        self._leadership = replica
         self._watchers: set[asyncio.Event] = set()
         self._read_facts = read_facts
         self._router = router
@@ -195,8 +190,8 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             wire.failure_from_pb(request.failure_class, request.failure),
             request.detail,
         )
-        if self._durable is not None:
-            await self._durable()
+        if self._leadership is not None:
+            await self._leadership.sync()
         return routing_pb2.ReportAttemptFailureResponse()
 
     async def ReportOutcomes(
@@ -233,8 +228,8 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         self._router.registry.events.record(
             fields, request_id=request.request_id, backend_id=request.from_backend_id
         )
-        if self._durable is not None:
-            await self._durable()
+        if self._leadership is not None:
+            await self._leadership.sync()
         return routing_pb2.ReportFailoverResponse()
 
     async def GatePairing(
@@ -275,8 +270,9 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             self._router.record_owner(request.key, request.backend_id, request.model)
         else:
             return routing_pb2.RecordOwnershipResponse()
-        if self._owners is not None:
-            await self._owners(request)
+        if self._leadership is not None:
+            await self._leadership.own(request.key, request.backend_id, request.model,
+                                       request.released)  # fmt: skip
         return routing_pb2.RecordOwnershipResponse()
 
     async def WatchSnapshots(
