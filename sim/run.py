@@ -268,11 +268,12 @@ class Run:
         if meta.chat:
             buf.extend(r.sse(r.role_chunk(meta, i, req.prompt_ids)) for i in range(req.n))
         first = [not meta.chat] * req.n  # completions carry prompt ids on the first token
-        # vLLM's stream_interval: several tokens per chunk (the parsers' deltas stay per
-        # token here, so a parsed stream is never merged).
+        # vLLM's stream_interval: several tokens per chunk. A reasoning parser then sees
+        # the merged delta, as vLLM's does (a skipped special end tag among other tokens
+        # is mis-split there: sim.reasoning); a tool parser's deltas stay per token here.
         merged = (
             [_Merged(req.stream_interval) for _ in range(req.n)]
-            if req.stream_interval > 1 and not self._parsed else None
+            if req.stream_interval > 1 and self._tool_parsers is None else None
         )  # fmt: skip
         step_no = 0
         while any(not s.finished for s in seqs):
@@ -303,23 +304,23 @@ class Run:
                 prompt = req.prompt_ids if first[i] else None
                 first[i] = False
                 delta, finish = None, ev.finish_reason
+                text, ids = ev.text, [ev.token_id]
+                if merged is not None:
+                    text, ids, prompt = merged[i].take(text, ids, prompt, finish is not None)
+                    if not ids:
+                        continue  # waits for the chunk's other tokens
                 if self._tool_parsers is not None:
                     tp = self._tool_parsers[i]
-                    delta = tp.delta(ev.text, (ev.token_id,), finished=finish is not None)
+                    delta = tp.delta(text, tuple(ids), finished=finish is not None)
                     finish = tp.finish_reason(finish)
                 elif self._parsers is not None:
-                    delta = self._parsers[i].delta(ev.text, (ev.token_id,))
+                    delta = self._parsers[i].delta(text, tuple(ids))
                 if delta is None and self._parsed:
                     # vLLM skips the chunk, unless it ends the choice or the
                     # client asked for token ids (then: an empty delta).
                     if finish is None and not meta.return_token_ids:
                         continue
                     delta = {}
-                text, ids = ev.text, [ev.token_id]
-                if merged is not None:
-                    text, ids, prompt = merged[i].take(text, ids, prompt, finish is not None)
-                    if not ids:
-                        continue  # waits for the chunk's other tokens
                 buf.append(
                     r.sse(r.token_chunk(meta, i, text, ids, finish, ev.stop_reason, prompt,
                                         delta, self._usage_so_far(seq)))

@@ -7,6 +7,7 @@ chunk the client gets, from the first stream and from resumed ones; everyone els
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -48,20 +49,24 @@ class ChoiceProgress:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     tool_call: bool = False
-    # Reasoning (dataplane/reasoning.py): the delta field it came in ("" = none seen yet),
-    # whether it is still open, and whether its end tag's token was generated while the
-    # text around it has not come yet. `pieces` hold the engine's raw text, the tag's as
-    # the stream shows it ("" for a skipped special tag), as a resume's /v1/completions
-    # would decode it; the reply (content) starts at reply_start.
+    # Reasoning (dataplane/relay/resume/reasoning.py): the delta field it came in ("" =
+    # none seen yet), whether it is still open, and whether its end tag's token was
+    # generated while the text around it has not come yet. `pieces` hold the engine's raw
+    # text, the tags' as the stream shows them ("" for a skipped special tag), as a resume's
+    # /v1/completions would decode it. Split by the tags' ids, the reasoning is
+    # text[thought_from:thought_to] (thought_to None while it is open) and the reply
+    # (content) text[reply_start:]: what an uninterrupted stream of one token a chunk gives.
     reasoning_field: str = ""
     reasoning: bool = False
     end_pending: bool = False
     end_at: int = 0  # with end_pending: the end tag's index among token_ids
-    # A chunk whose last character vLLM's parser lost (a special end tag merged with other
-    # tokens, text shorter than the tag): its tokens [first, end) and where in the text the
-    # character belongs. Stitcher.lost_character puts it back before a resume.
-    lost: tuple[int, int, int] | None = None
+    thought_from: int = 0
+    thought_to: int | None = 0
     reply_start: int = 0
+    # What the client was actually sent in each field (reasoning streams only): the seam
+    # verdict compares it with the split by ids (fields_agree).
+    said_reasoning: Tally = field(default_factory=lambda: Tally())
+    said_content: Tally = field(default_factory=lambda: Tally())
     # Structure in the stream that no resume can keep (a parser Baton cannot follow): why.
     unfollowed: str = ""
 
@@ -79,6 +84,19 @@ class ChoiceProgress:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def by_ids(self) -> tuple[str, str]:
+        """(reasoning, content) as an uninterrupted stream splits this text: by where the
+        think tags' ids are, never by what a chunk happened to carry."""
+        text = self.text
+        if self.thought_to is None:
+            return text[self.thought_from :], ""
+        return text[self.thought_from : self.thought_to], text[self.reply_start :]
+
+    def fields_agree(self) -> bool:
+        """Whether the reasoning and content the client assembled are the split by ids."""
+        thought, content = self.by_ids()
+        return self.said_reasoning.matches(thought) and self.said_content.matches(content)
 
     def add(self, text: str, ids: list[int] | None, *, settled: bool = False) -> None:
         """One chunk's text and ids, as the client got them. `settled`: the caller knows the
@@ -126,6 +144,25 @@ class ChoiceProgress:
         from."""
         at, text_at = self.settled[-1] if self.settles else (0, 0)
         return Held(tuple(self.token_ids[at:]), self.text[text_at:])
+
+@dataclass(slots=True)
+class Tally:
+    """What a client has of one delta field, as its length and a CRC-32 of its UTF-8: enough
+    to compare with a reference text without holding a second copy of the stream."""
+
+    chars: int = 0
+    crc: int = 0
+
+    def add(self, text: str) -> None:
+        if text:
+            self.chars += len(text)
+            self.crc = zlib.crc32(text.encode("utf-8", "surrogatepass"), self.crc)
+
+    def matches(self, text: str) -> bool:
+        return self.chars == len(text) and self.crc == zlib.crc32(
+            text.encode("utf-8", "surrogatepass")
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Held:

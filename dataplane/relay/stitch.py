@@ -9,7 +9,7 @@ across the seam and answers include_usage over the whole generation."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,38 @@ from dataplane.upstream.chunks import FAILED_FINISH, Choice, as_dict, parse_chun
 # `,"token_ids":[1,2]` or `,"prompt_token_ids":[...]` as engines write them (never first key).
 TOKEN_FIELDS = re.compile(rb',\s*"(?:prompt_)?token_ids"\s*:\s*\[[\d,\s]*\]')
 _EMPTY: dict[str, Any] = {}  # read only
+_NO_CUT = object()  # original(): no decoded texts were asked for this choice
+_PARSED = ("content", *REASONING_FIELDS)
+
+
+def _other_fields(delta: Mapping[str, Any]) -> dict[str, Any]:
+    """A delta less the fields its parser filled (role, tool calls... stay)."""
+    return {k: v for k, v in delta.items() if k not in _PARSED}
+
+
+@dataclass(frozen=True, slots=True)
+class TagCut:
+    """A first-stream chunk in which the engine merged a skipped end tag with other tokens
+    (Stitcher._split_merged): what Baton must decode to split it by ids."""
+
+    index: int  # the choice
+    before: list[int]  # ids from the last known character boundary up to the tag
+    after: list[int]  # ids after the tag, when the engine lost the chunk's last character
+    sent: str  # the client's raw text since that boundary
+
+
+@dataclass(frozen=True, slots=True)
+class CutText:
+    """A TagCut's ids decoded: `before` from the boundary (what the client has since it
+    included), `after` (settled to a character boundary) or None when not asked."""
+
+    sent: str
+    before: str
+    after: str | None
+
+    def before_part(self) -> str | None:
+        """The chunk's text before the tag; None when the ids' text does not lead up to it."""
+        return self.before[len(self.sent) :] if self.before.startswith(self.sent) else None
 
 
 @dataclass(slots=True)
@@ -59,6 +91,8 @@ class Stitcher:
         # tags when Baton can follow them across a resume.
         self._parser = ""
         self.markers: Markers | None = None
+        # original(): the chunk just offered needs these texts decoded first (TagCut).
+        self.wants: list[TagCut] = []
         self.usage: dict[str, Any] | None = None
         self.resumed = False
         self.extra_prompt_tokens: int | None = None  # text path: learned from a resume's usage
@@ -87,11 +121,23 @@ class Stitcher:
 
     # -- the first backend's stream ------------------------------------------------------
 
-    def original(self, data: bytes, raw: bytes) -> tuple[bytes | None, Failure | None]:
-        """One event of the first stream: (bytes for the client or None, failure or None)."""
+    def original(
+        self, data: bytes, raw: bytes, cuts: Mapping[int, CutText | None] | None = None
+    ) -> tuple[bytes | None, Failure | None]:
+        """One event of the first stream: (bytes for the client or None, failure or None).
+
+        A chunk in which the engine merged a skipped end tag with other tokens is mis-split
+        by vLLM's parser (TagCut): then nothing is tracked or sent yet, `wants` lists the
+        texts Baton needs, and the caller calls again with them decoded (`cuts`, by choice
+        index; None where they could not be had)."""
         chunk, failure = parse_chunk(data, len(self.choices))
+        self.wants = []
         if chunk is None:
             return None, failure
+        if cuts is None and self.markers is not None and self.markers.skipped:
+            self.wants = [w for ch in chunk.choices or () if (w := self._tag_cut(ch))]
+            if self.wants:
+                return None, None
         if not self.ident.id:
             self.ident = Identity(chunk.id, chunk.created, chunk.model)
         if chunk.system_fingerprint:
@@ -103,18 +149,23 @@ class Stitcher:
                 p.prompt_ids = self._prompt_ids
                 if self.markers is not None:
                     p.reasoning = reasoning.open_after(p.prompt_ids, self.markers)
+                    p.thought_to = None if p.reasoning else 0
         choices = chunk.choices or ()
         if not choices and chunk.usage is not None:
             self.usage = chunk.usage
             return (self._clean(data, raw) if self.want_usage else None), None
         failed = False
         bare = True
+        fixed: dict[int, dict[str, Any]] = {}
         for ch in choices:
-            tracked = self._track(ch)
+            tracked = self._track(ch, cuts, fixed)
             if tracked is not None:
                 failure, failed = tracked, True
-            elif bare and (ch.delta != _EMPTY or ch.finish_reason is not None or ch.logprobs):
+            delta = fixed.get(ch.index, ch.delta)
+            if bare and (delta != _EMPTY or ch.finish_reason is not None or ch.logprobs):
                 bare = False
+        if fixed:
+            return self._repaired(data, fixed), failure
         if failed:
             return self._edited(data), failure
         if bare and self.strip_ids and self.chat:
@@ -123,7 +174,31 @@ class Stitcher:
             return None, None
         return self._clean(data, raw), None
 
-    def _track(self, ch: Choice) -> Failure | None:
+    def _tag_cut(self, ch: Choice) -> TagCut | None:
+        """What Baton must decode to send this chunk right, when it holds a skipped end tag
+        among other tokens while reasoning is open; else None."""
+        ids = ch.token_ids
+        m = self.markers
+        if not self.chat or m is None or not ids or len(ids) < 2 or m.end_id not in ids:
+            return None
+        p = self.choices.get(ch.index) or self.choice(ch.index)
+        if not p.reasoning:
+            return None
+        j = list(ids).index(m.end_id)
+        tag_at = len(p.token_ids) + j
+        at, text_at = 0, 0
+        if p.settles:
+            at, text_at = next(((a, t) for a, t in reversed(p.settled) if a <= tag_at), (0, 0))
+        before = p.token_ids[at:] + list(ids[:j])
+        delta = ch.delta or _EMPTY
+        # vLLM sends content = text[7:]: empty when the text is shorter than the tag, and
+        # then the chunk's last character never came; its ids after the tag give it.
+        after = list(ids[j + 1 :]) if not delta.get("content") else []
+        return TagCut(ch.index, before, after, p.text[text_at:])
+
+    def _track(
+        self, ch: Choice, cuts: Mapping[int, CutText | None] | None, fixed: dict[int, Any]
+    ) -> Failure | None:
         p = self.choices.get(ch.index) or self.choice(ch.index)
         if ch.prompt_token_ids is not None:  # vLLM: null after the first chunk
             p.prompt_ids = ch.prompt_token_ids
@@ -132,7 +207,14 @@ class Stitcher:
             delta = ch.delta or _EMPTY
             if delta.get("tool_calls"):
                 p.tool_call = True
-            p.add(self._raw(p, delta, ids or ()), ids)
+            cut = cuts.get(ch.index) if cuts is not None and ch.index in cuts else _NO_CUT
+            text, repaired = self._raw(p, delta, ids or (), cut)
+            p.add(text, ids)
+            if repaired is not None:
+                fixed[ch.index] = {**_other_fields(delta), **repaired}
+                delta = repaired
+            if self.markers is not None:
+                self._said(p, delta)
         else:
             p.add(ch.text or "", ids)
         finish = ch.finish_reason
@@ -146,6 +228,17 @@ class Stitcher:
             p.stop_reason = ch.stop_reason
         return None
 
+    @staticmethod
+    def _said(p: ChoiceProgress, delta: Mapping[str, Any]) -> None:
+        """The client gets `delta`: kept as what it has of each field."""
+        for key in REASONING_FIELDS:
+            value = delta.get(key)
+            if isinstance(value, str):
+                p.said_reasoning.add(value)
+        content = delta.get("content")
+        if isinstance(content, str):
+            p.said_content.add(content)
+
     def _edited(self, data: bytes) -> bytes:
         """The chunk with an engine's failed finish taken out (the text in it is real and
         goes to the client; the stream fails over after it)."""
@@ -156,10 +249,30 @@ class Stitcher:
                 ch.pop("stop_reason", None)
         return self._clean(b"", b"", obj)
 
-    def _raw(self, p: ChoiceProgress, delta: dict[str, Any], ids: Sequence[int]) -> str:
+    def _repaired(self, data: bytes, fixed: Mapping[int, dict[str, Any]]) -> bytes | None:
+        """The chunk with the deltas Baton split by ids in place of the parser's (and an
+        engine's failed finish taken out); None when no choice is left with anything."""
+        obj = as_dict(data)
+        for ch in obj.get("choices") or ():
+            if ch.get("index") in fixed:
+                ch["delta"] = fixed[ch["index"]]
+            if ch.get("finish_reason") in FAILED_FINISH:
+                ch["finish_reason"] = None
+                ch.pop("stop_reason", None)
+        return self._clean(b"", b"", obj)
+
+    def _raw(
+        self,
+        p: ChoiceProgress,
+        delta: Mapping[str, Any],
+        ids: Sequence[int],
+        cut: CutText | None | object = None,
+    ) -> tuple[str, dict[str, Any] | None]:
         """A parsed delta's text as the engine generated it (reasoning, the end tag's text
         as the stream shows it if its token is here, content), keeping track of where
-        reasoning ends: by the tags' ids, whatever their text."""
+        reasoning ends: by the tags' ids, whatever their text. The second item: the delta
+        the client gets instead of the engine's, where the engine's parser mis-split it
+        (`cut`: the decoded texts _tag_cut asked for; None: they could not be had)."""
         content = delta.get("content") or ""
         thought = ""
         for key in REASONING_FIELDS:
@@ -175,46 +288,54 @@ class Stitcher:
             )
         m = self.markers
         if m is None:
-            return thought + content
+            return thought + content, None
         if len(ids) == 1 and ids[0] == m.start_id:
-            return m.start_text  # the tag alone: the parser sends no text for it
+            if p.reasoning:
+                p.thought_from = p.text_len + len(m.start_text)
+            return m.start_text, None  # the tag alone: the parser sends no text for it
         if p.reasoning and m.end_id in ids:
             p.reasoning = False
             if m.end_text or len(ids) == 1:
-                p.reply_start = p.text_len + len(thought) + len(m.end_text)
-                return thought + m.end_text + content
-            # Merged with other tokens, its text skipped: vLLM's parser cut the chunk where
-            # it did not find the tag. The client has what it sent; the raw text is rebuilt.
-            raw = reasoning.unmangle(thought, content, THINK_TAGS[self._parser][1])
-            if raw is None:
-                # Its last character never reached the client: a resume asks the engine
-                # for it first (lost_character), so the raw text Baton keeps stays whole.
-                raw = thought
-                p.lost = (len(p.token_ids), len(p.token_ids) + len(ids), p.text_len + len(raw))
-            p.reply_start = p.text_len + len(raw) - len(content)
-            return raw
+                p.thought_to = p.text_len + len(thought)
+                p.reply_start = p.thought_to + len(m.end_text)
+                return thought + m.end_text + content, None
+            return self._split_merged(p, thought, content, cut)
         if content and p.reasoning:
             # Content while reasoning looked open: the engine's parser knows better.
             p.reasoning = False
-            p.reply_start = p.text_len + len(thought)
-        return thought + content
+            p.thought_to = p.reply_start = p.text_len + len(thought)
+        return thought + content, None
 
-    def lost_character(self, p: ChoiceProgress, text: str) -> None:
-        """The text of the chunk whose last character vLLM's parser lost (p.lost), decoded
-        from its ids: that character goes back into the raw text Baton keeps (the client
-        never had it, so the reply, its content, still starts after it)."""
-        assert p.lost is not None  # noqa: S101 - the caller checks
-        _, _, at = p.lost
-        missing = text[-1:]
-        whole = p.text
-        p.pieces[:] = [whole[:at] + missing + whole[at:]]
-        p.text_len += len(missing)
-        p.settled = type(p.settled)(
-            ((n, t + len(missing) if t > at else t) for n, t in p.settled), p.settled.maxlen
+    def _split_merged(
+        self, p: ChoiceProgress, thought: str, content: str, cut: CutText | None | object
+    ) -> tuple[str, dict[str, Any] | None]:
+        """A skipped end tag merged with other tokens. vLLM's parser cut the chunk at
+        text.find(tag) == -1, so it sent reasoning = text[:-1] and content = text[7:] (for
+        "</think>"): the answer's start labelled reasoning, the reasoning's tail repeated as
+        content, and, for a text shorter than the tag, its last character lost (vLLM
+        PR #53303, open). Baton knows the tag's place among the ids, so it rebuilds the text
+        and splits it there: `cut` holds the text of the ids before the tag (and after it,
+        where the engine lost the last character)."""
+        tag = THINK_TAGS[self._parser][1]
+        text = reasoning.unmangle(thought, content, tag)
+        if isinstance(cut, CutText):
+            before = cut.before_part()
+            if text is None and before is not None and cut.after is not None:
+                text = before + cut.after
+            if text is not None and before is not None and text.startswith(before):
+                if text[:-1] == thought or (not text and not thought):
+                    p.thought_to = p.reply_start = p.text_len + len(before)
+                    field = p.reasoning_field or REASONING_FIELDS[0]
+                    fixed = {field: text[: len(before)], "content": text[len(before) :]}
+                    return text, {k: v for k, v in fixed.items() if v}
+        # The ids' text does not lead up to the chunk's (or could not be had): relay what
+        # the engine sent, and refuse to resume a stream whose split Baton cannot keep.
+        p.unfollowed = (
+            "the end of thinking could not be placed in a chunk the engine merged with it"
         )
-        if p.reply_start >= at:
-            p.reply_start += len(missing)
-        p.lost = None
+        raw = text if text is not None else thought
+        p.thought_to = p.reply_start = p.text_len + len(raw) - len(content)
+        return raw, None
 
     def needs_cut(self, p: ChoiceProgress, ids: Sequence[int], raw: str) -> int | None:
         """For a resumed chunk about to be shaped (not yet in `p`): when its text must be
@@ -246,7 +367,7 @@ class Stitcher:
         if p.end_pending and not raw and not m.end_text and p.settled[-1][0] == p.end_at:
             # A skipped tag at a character boundary: all reasoning is out, the rest is content.
             p.reasoning = p.end_pending = False
-            p.reply_start = p.text_len
+            p.thought_to = p.reply_start = p.text_len
             return {}
         if not p.end_pending or not raw:
             return {field: raw} if raw else {}
@@ -264,6 +385,7 @@ class Stitcher:
         thought, content = parts
         p.reasoning = p.end_pending = False
         p.reply_start = p.text_len - len(content)
+        p.thought_to = p.reply_start - len(m.end_text)
         delta: dict[str, Any] = {}
         if thought:
             delta[field] = thought
@@ -336,7 +458,10 @@ class Stitcher:
         comes through here: it keeps the reasoning state."""
         choice: dict[str, Any] = {"index": index}
         if self.chat:
-            choice["delta"] = delta = self._delta(self.choice(index), text, ids, cut)
+            p = self.choice(index)
+            choice["delta"] = delta = self._delta(p, text, ids, cut)
+            if self.markers is not None:
+                self._said(p, delta)
             empty = not delta
         else:
             choice["text"] = text

@@ -178,6 +178,10 @@ class StreamRelay:
                         raise StreamFailed(Failure.TRUNCATED, "[DONE] before every choice finished")
                     return None
                 piece, failure = original(event.data, event.raw)
+                if self.stitcher.wants:
+                    # A tag chunk the engine's parser mis-split: split by ids (once a stream).
+                    texts = await self._resumer.cut_texts(backend, self.stitcher.wants)
+                    piece, failure = original(event.data, event.raw, texts)
                 if piece:
                     if self.first_byte is None and not failure:
                         # The client's first token goes out now, not after the rest of a read

@@ -15,6 +15,9 @@ from typing import Any
 
 import openai
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 from clients.client import AdminClient
 from clients.procs import Part
@@ -45,6 +48,7 @@ class BytesFleet:
     arm: Arm
     shims: dict[str, Part]  # seam mode -> shim
     admin: AdminClient
+    special: bool = False  # reasoning fleets: the think tags are special tokens
 
     def client(self, mode: str) -> openai.OpenAI:
         return sdk(self.shims[mode].ready + "/v1")
@@ -306,13 +310,16 @@ def rf(
     flags = THINK if request.param == "plain" else (*THINK, "--think-special")
     tmp = tmp_path_factory.mktemp(f"reasoning-{request.param}")
     with seam_fleet(tmp, flags, 'reasoning_parser = "deepseek_r1"') as f:
+        f.special = request.param == "special"
         yield f
 
 
-def parsed(c: openai.OpenAI, **kw: Any) -> tuple[str, str, list[Any]]:
+def parsed(
+    c: openai.OpenAI, messages: Sequence[Any] = MESSAGES, **kw: Any
+) -> tuple[str, str, list[Any]]:
     """(reasoning text, content text, chunks) of a greedy chat stream."""
     chunks = list(c.chat.completions.create(
-        model=MODEL, messages=MESSAGES, temperature=0, stream=True, max_tokens=TOKENS, **kw
+        model=MODEL, messages=messages, temperature=0, stream=True, max_tokens=TOKENS, **kw
     ))  # fmt: skip
     thought = content = ""
     for ch in chunks:
@@ -336,15 +343,13 @@ def test_reasoning_and_content_survive_a_cut_at_every_position(
     rf: BytesFleet, mode: str, per_chunk: int
 ) -> None:
     """Cut after every token, the end tag's own position and those either side of it
-    included: the client's reasoning and content are those of an uninterrupted stream, the
-    switch at the end tag's id whatever the tag's kind.
+    included: the client's reasoning and content are those of an uninterrupted stream of one
+    token a chunk (the split by ids), the switch at the end tag's id whatever the tag's kind.
 
-    The reference for a cut before the end tag reached the client is the split by ids (an
-    uninterrupted stream of one token a chunk, where the tag comes alone). After it, the
-    client has the engine's own chunk holding the tag: vLLM's parser cuts a merged chunk
-    whose special tag shows no text at text.find(tag) == -1, and Baton relays what the
-    engine sent (the sim does as vLLM), so the reference is the uninterrupted merged
-    stream."""
+    In merged chunks a special tag shows no text, and vLLM's parser (the sim does as vLLM)
+    cuts such a chunk at text.find(tag) == -1: the answer's start labelled reasoning, the
+    reasoning's tail repeated as content. Baton splits that chunk by its ids instead, so
+    the engine's own merged stream is not the reference: the split by ids is, always."""
     interval = {"stream_interval": per_chunk} if per_chunk > 1 else {}
     ref = sdk(rf.ref.ready + "/v1")
     by_ids = parsed(ref, extra_body={"return_token_ids": True})
@@ -355,6 +360,10 @@ def test_reasoning_and_content_survive_a_cut_at_every_position(
     end = rf.ref_think_end()
     think_at = ids.index(end)  # the end tag's place among the generated tokens
     assert 0 < think_at < len(ids) - 4
+    if rf.special and per_chunk > 1 and think_at % per_chunk not in (0, per_chunk - 1):
+        assert as_sent[:2] != by_ids[:2]  # the engine mis-splits: what Baton must not relay
+    # Uninterrupted through Baton: the split by ids too.
+    assert parsed(rf.client(mode), extra_body=interval or None)[:2] == by_ids[:2]
     before = len(rf.admin.events(kind="failover", limit=10_000))
     landed = set()
     for k in range(1, len(ids)):
@@ -365,8 +374,7 @@ def test_reasoning_and_content_survive_a_cut_at_every_position(
         rf.settled(before + k)
         event = rf.admin.events(kind="failover", limit=10_000)[before + k - 1]
         sent = int(event["tokens_sent"])
-        want = by_ids if sent <= think_at else as_sent
-        assert (thought, content) == want[:2], f"cut after {k} tokens ({sent} sent): {event}"
+        assert (thought, content) == by_ids[:2], f"cut after {k} tokens ({sent} sent): {event}"
         landed.add("before" if sent < think_at else "on" if sent == think_at + 1 else
                    "after" if sent > think_at else "just before")  # fmt: skip
     seams = [e["seam"] for e in rf.admin.events(kind="failover", limit=10_000)[before:]]
@@ -375,3 +383,35 @@ def test_reasoning_and_content_survive_a_cut_at_every_position(
     # land where a chunk ends.
     assert landed >= ({"before", "just before", "on", "after"} if per_chunk == 1 else
                       {"before", "after"}), landed  # fmt: skip
+
+
+PROMPTS = ("once upon a time", "the cache", "a tale of two", "hi", "where the road ends")
+
+
+@hyp_settings(max_examples=40, derandomize=True, database=None, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(prompt=st.sampled_from(PROMPTS), per_chunk=st.integers(1, 6),
+       mode=st.sampled_from(["parallel", "inline"]), at=st.floats(0.0, 1.0))  # fmt: skip
+def test_no_seam_is_verified_where_the_clients_fields_are_not_an_uninterrupted_streams(
+    rf: BytesFleet, prompt: str, per_chunk: int, mode: str, at: float
+) -> None:
+    """Random prompts (the end tag lands elsewhere), chunkings and cut positions: whatever
+    the verdict, the client's reasoning and content are the split by ids; so no seam is
+    ever verified over other text (and the fields were never anything else here, so every
+    seam that could be checked is verified)."""
+    messages = [{"role": "user", "content": prompt}]
+    interval = {"stream_interval": per_chunk} if per_chunk > 1 else {}
+    want = parsed(sdk(rf.ref.ready + "/v1"), messages=messages,
+                  extra_body={"return_token_ids": True})  # fmt: skip
+    ids = token_ids(want[2])
+    k = 1 + int(at * (len(ids) - 2))
+    before = len(rf.admin.events(kind="failover", limit=10_000))
+    rf.settled(before)
+    rf.arm.set(k)
+    thought, content, _ = parsed(rf.client(mode), messages=messages, extra_body=interval or None)
+    assert rf.arm.fired.is_set()
+    rf.settled(before + 1)
+    event = rf.admin.events(kind="failover", limit=10_000)[before]
+    assert event["outcome"] == "resumed", event
+    assert (thought, content) == want[:2], f"cut after {k} tokens: {event}"
+    assert event["seam"] in ("verified", "unchecked"), event

@@ -4,11 +4,16 @@ splits it, by the end tag's token id."""
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import orjson
 
+from baton.model import Seam
 from dataplane.relay.resume.plan import plan_resume
 from dataplane.relay.resume.reasoning import Markers, open_after, split
-from dataplane.relay.stitch import Stitcher
+from dataplane.relay.resume.seam import judge_fields
+from dataplane.relay.stitch import CutText, Stitcher
 from dataplane.request import ClientRequest, Endpoint
 from tests.factories import client_request
 
@@ -143,32 +148,63 @@ def test_first_stream_with_a_special_tag_is_tracked_without_its_text() -> None:
     assert p.text == "hmyes" and p.reply == "yes" and not p.reasoning
 
 
-def test_vllms_split_of_a_merged_chunk_with_a_skipped_tag_is_undone_in_the_raw_text() -> None:
-    # vLLM cuts at text.find("</think>") == -1: reasoning = text[:-1], content = text[7:].
-    text = "abcdefghij"  # the tokens before the tag gave "abcde", after it "fghij"
+def merged(s: Stitcher, delta: dict[str, object], ids: list[int], cut: CutText | None) -> Any:
+    """A first-stream chunk holding the skipped tag among other tokens: held until Baton has
+    the texts it asks for (TagCut), then sent split by ids. The sent delta, or None."""
+    obj = orjson.dumps({"id": "c", "created": 1, "model": "m",
+                        "choices": [{"index": 0, "delta": delta, "token_ids": ids}]})  # fmt: skip
+    out, failure = s.original(obj, b"")
+    assert out is None and failure is None and len(s.wants) == 1
+    want = s.wants[0]
+    out, failure = s.original(obj, b"", {want.index: cut})
+    assert failure is None and not s.wants
+    return None if out is None else delta_of(out)
+
+
+def delta_of(out: bytes) -> dict[str, object]:
+    return orjson.loads(out[6:].split(b"\n\n")[0])["choices"][0]["delta"]  # type: ignore[no-any-return]
+
+
+def test_vllms_split_of_a_merged_chunk_with_a_skipped_tag_is_redone_by_ids() -> None:
+    # vLLM cuts at text.find("</think>") == -1: reasoning = text[:-1], content = text[7:]:
+    # "abcdefghi" as reasoning and "hij" as content, where the ids say "abcde" | "fghij".
+    text = "abcdefghij"
     s = special_stitcher()
-    first(s, {"reasoning": text[:-1], "content": text[7:]}, [10, 11, END, 12, 13])
+    first(s, {"reasoning": "xy"}, [9])
+    sent = merged(s, {"reasoning": text[:-1], "content": text[7:]}, [10, 11, END, 12, 13],
+                  CutText("xy", "xyabcde", None))  # fmt: skip
+    assert s.wants == [] and sent == {"reasoning": "abcde", "content": "fghij"}
     p = s.choices[0]
-    assert p.text == text and not p.reasoning and not p.unfollowed
-    assert p.reply == text[7:]  # what the client has as content, for the next turn's pin
-    # "abcd" shorter than the tag: vLLM sends reasoning "abc" and no content, the "d" is
-    # lost to the client. A resume first decodes the chunk and puts it back in the raw text.
+    assert p.text == "xy" + text and p.reply == "fghij" and not p.reasoning and not p.unfollowed
+    assert p.by_ids() == ("xyabcde", "fghij") and p.fields_agree()
+    # "abcd" shorter than the tag: vLLM sends reasoning "abc" and no content, the "d" never
+    # reaches the client; Baton decodes the ids after the tag for it.
     short = special_stitcher()
-    first(short, {"reasoning": "abc"}, [10, END, 12])
+    assert merged(short, {"reasoning": "abc"}, [10, END, 12], CutText("", "ab", "cd")) == {
+        "reasoning": "ab", "content": "cd"}  # fmt: skip
     first(short, {"content": "e"}, [13])
     q = short.choices[0]
-    assert q.lost == (0, 3, 3) and q.text == "abce" and q.reply == "e"
-    short.lost_character(q, "abcd")  # what the engine decodes [10, END, 12] to
-    assert q.lost is None and q.text == "abcde" and q.reply == "e" and not q.unfollowed
+    assert q.text == "abcde" and q.reply == "cde" and q.fields_agree()
     # One character before the tag: vLLM sends nothing at all for the chunk (measured on
-    # vLLM 0.32: [52, 264], text "4", came as an empty delta); it too comes back.
+    # vLLM 0.32: [52, 264], text "4", came as an empty delta); Baton sends it as reasoning.
     one = special_stitcher()
-    first(one, {}, [14, END])
+    assert merged(one, {}, [14, END], CutText("", "4", "")) == {"reasoning": "4"}
     first(one, {"content": "x"}, [15])
     r = one.choices[0]
-    assert r.lost == (0, 2, 0) and r.text == "x" and r.reply == "x" and not r.reasoning
-    one.lost_character(r, "4")
-    assert r.text == "4x" and r.reply == "x"
+    assert r.text == "4x" and r.reply == "x" and r.by_ids() == ("4", "x") and r.fields_agree()
+
+
+def test_a_merged_tag_chunk_whose_ids_do_not_lead_to_its_text_is_relayed_and_not_resumed() -> None:
+    s = special_stitcher()
+    got = merged(s, {"reasoning": "abcdefghi", "content": "hij"}, [10, 11, END, 12, 13],
+                 CutText("", "zzz", None))  # fmt: skip
+    p = s.choices[0]
+    assert got == {"reasoning": "abcdefghi", "content": "hij"}  # the engine's, as it came
+    assert "end of thinking" in p.unfollowed and not p.fields_agree()
+    # The texts could not be had at all (the engine's /detokenize failed): the same.
+    t = special_stitcher()
+    assert merged(t, {"reasoning": "ab"}, [10, END, 12], None) == {"reasoning": "ab"}
+    assert t.choices[0].unfollowed
 
 
 def test_resumed_raw_text_with_a_skipped_tag_is_cut_where_the_ids_say() -> None:
@@ -202,3 +238,32 @@ def test_resumed_raw_text_with_a_skipped_tag_is_cut_where_the_ids_say() -> None:
     assert delta(s4.resumed_chunk(t, "\ufffdx", [14], cut=1)) == {
         "reasoning": "\ufffd", "content": "x",
     }  # fmt: skip
+
+
+def test_the_seam_verdict_judges_the_fields_the_client_assembled() -> None:
+    """Ids and overlap text can match while the client was given the wrong fields: the
+    verdict compares what the client assembled, per field, with the split by ids."""
+    s = stitcher()
+    for d, ids in (({"reasoning": "hm"}, [10]), ({}, [END]), ({"content": "yes"}, [11]),
+                   ({"content": " no"}, [12])):  # fmt: skip
+        first(s, d, ids)
+    p = s.choices[0]
+    assert p.by_ids() == ("hm", "yes no") and p.fields_agree()
+    assert judge_fields(Seam.VERIFIED, True, p) is Seam.VERIFIED
+    assert judge_fields(None, True, p) is None  # a side check's verdict still to come
+    # The overlap (" no") sent again after the seam: repeated content.
+    repeated = copy.deepcopy(p)
+    repeated.said_content.add(" no")
+    assert not repeated.fields_agree()
+    assert judge_fields(Seam.VERIFIED, True, repeated) is Seam.DIVERGENT
+    # The overlap relabelled: the client has it as reasoning, the ids say content.
+    relabelled = stitcher()
+    for d, ids in (({"reasoning": "hm"}, [10]), ({}, [END]), ({"content": "yes"}, [11]),
+                   ({"reasoning": " no"}, [12])):  # fmt: skip
+        first(relabelled, d, ids)
+    q = relabelled.choices[0]
+    assert q.by_ids() == ("hm", "yes no") and not q.fields_agree()
+    assert judge_fields(Seam.VERIFIED, True, q) is Seam.DIVERGENT
+    # Wrong before the seam already (the resume itself was right): still not verified.
+    assert judge_fields(Seam.VERIFIED, False, p) is Seam.DIVERGENT
+    assert judge_fields(Seam.UNCHECKED, False, p) is Seam.DIVERGENT

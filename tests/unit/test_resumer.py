@@ -17,6 +17,7 @@ import pytest
 from baton.model import Backend, BackendKind, Failure, ResumePath, Seam, SeamMode
 from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume.attempt import Resumer
+from dataplane.relay.resume.reasoning import Markers
 from dataplane.relay.stitch import Stitcher
 from dataplane.request import Endpoint
 from dataplane.settings import ResumeSettings, Timeouts
@@ -299,3 +300,41 @@ def test_a_resume_on_a_migrating_backend_hands_over_at_a_chunk_boundary() -> Non
         assert r.down.kept == []
 
     run(scenario)
+
+
+def test_a_seam_with_matching_ids_is_divergent_when_the_clients_fields_are_not_by_ids() -> None:
+    """The engine labelled part of the answer as reasoning before it died: the resume's
+    overlap regenerates the same ids and text, yet the client's reasoning and content are
+    not an uninterrupted stream's, so the seam is not reported verified."""
+    start, end = 300, 301
+
+    def think(delta: dict[str, Any], ids: list[int], first: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                               "created": 7, "model": "m",
+                               "choices": [{"index": 0, "delta": delta, "token_ids": ids}]}
+        if first:
+            out["prompt_token_ids"] = [1, 2, start]
+        return out  # fmt: skip
+
+    async def scenario(relabel: bool) -> Seam | None:
+        rest = Stream([chunk([13], with_ids=True), chunk([14], with_ids=True),
+                       chunk([15], with_ids=True, finish="length")])  # fmt: skip
+        b = await engine(BackendKind.VLLM, rest)
+        settings = ResumeSettings(seam_mode=SeamMode.INLINE, seam_tokens=2)
+        messages = [{"role": "user", "content": "hi"}]
+        async with rig(settings, messages=messages, max_tokens=6) as r:
+            r.stitcher.follow_reasoning("deepseek_r1", Markers(start, end, "<think>", "</think>"))
+            answer = "reasoning" if relabel else "content"
+            p = r.first_stream([
+                think({"role": "assistant", "content": ""}, [], first=True),
+                think({"reasoning": spell([10])}, [10]), think({}, [end]),
+                think({answer: spell([12])}, [12]), think({"content": spell([13])}, [13]),
+                think({"content": spell([14])}, [14]),
+            ])  # fmt: skip
+            result = await r.resumer.run(b.backend, p, time.perf_counter())
+        await b.close()
+        assert result.failure is None and r.down.text == spell([15])
+        return result.seam
+
+    assert run(lambda: scenario(relabel=False)) is Seam.VERIFIED
+    assert run(lambda: scenario(relabel=True)) is Seam.DIVERGENT

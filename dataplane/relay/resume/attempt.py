@@ -19,10 +19,10 @@ from dataplane.relay.resume import detok
 from dataplane.relay.resume.plan import ResumePlan, plan_resume, tokens_allowed
 from dataplane.relay.resume.reasoning import segments
 from dataplane.relay.resume.resumed import ChoiceResume, Downstream, ResumedStream, ResumeState
-from dataplane.relay.resume.seam import HeldText, SeamCheck
+from dataplane.relay.resume.seam import HeldText, SeamCheck, judge_fields
 from dataplane.relay.resume.sidecheck import SideCheck
 from dataplane.relay.resume.stops import StopMatcher
-from dataplane.relay.stitch import Stitcher
+from dataplane.relay.stitch import CutText, Stitcher, TagCut
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.settings import ResumeSettings, Timeouts
 from dataplane.upstream.engine import detokenize, error_kind, open_attempt, resume_failure
@@ -67,10 +67,6 @@ class Resumer:
     async def start(self, backend: Backend, p: ChoiceProgress, *, exact: bool) -> Started:
         """Plan and open one resume request. Raises Refused or AttemptFailed. The plans are
         taken from `p` as it is now, before any resumed token is added to it."""
-        if p.lost is not None:  # first: the plan is made from the whole raw text
-            first, end, _ = p.lost
-            chunk = await self._decode(backend, p.token_ids[first:end])
-            self._stitcher.lost_character(p, chunk)
         token_path = backend.kind in TOKEN_KINDS
         m = self._settings.seam_tokens
         plan = plan_resume(self._client, p, token_path=token_path, seam_tokens=m, exact=exact)
@@ -91,7 +87,17 @@ class Resumer:
         """Resume `p` on `backend` to its end. `early`: a start() already open there (this
         call owns it from now on)."""
         state = ResumeState()
+        fields = self._stitcher.markers is not None  # reasoning: fields split by ids
+        agreed = not fields or p.fields_agree()  # the client's text up to the seam
         await self._run(state, backend, p, detected, early)
+        if fields and state.failure is None:
+            judged = judge_fields(state.seam, agreed, p)
+            if judged is not Seam.DIVERGENT:
+                return state.result()
+            state.seam = judged  # whatever the overlap said: not a verified seam
+            if state.verdict is not None:
+                state.verdict.cancel()
+                state.verdict = None
         return state.result()
 
     async def _run(
@@ -243,6 +249,22 @@ class Resumer:
         why = await error_kind(upstream, self._timeouts.connect)
         upstream.close()
         raise AttemptFailed(resume_failure(status), f"resume answered {status}{why}")
+
+    async def cut_texts(
+        self, backend: Backend, wants: list[TagCut]
+    ) -> dict[int, CutText | None]:
+        """The texts the stitcher asked for to split a first-stream chunk by ids (TagCut),
+        decoded by `backend`'s tokenizer; None for a choice whose texts could not be had."""
+        out: dict[int, CutText | None] = {}
+        for want in wants:
+            try:
+                before = await self._decode(backend, want.before) if want.before else ""
+                after = await self._settled_decode(backend, want.after) if want.after else ""
+            except AttemptFailed:
+                out[want.index] = None
+            else:
+                out[want.index] = CutText(want.sent, before, after)
+        return out
 
     async def _settled_decode(self, backend: Backend, ids: list[int]) -> str:
         return await detok.settled(functools.partial(self._decode, backend), ids)
