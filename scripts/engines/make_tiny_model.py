@@ -38,6 +38,10 @@ The variants differ in what greedy decoding can emit:
   reasoning models' tokenizers mark them): the same weights and ids, but with
   skip_special_tokens (vLLM's default) a stream never shows the tags' text, while vLLM's
   parser still splits by their ids and /detokenize (no skipping) still spells them.
+- tiny-think-early and tiny-think-early-special: the same two, but their generation prompt
+  ends <think> and a newline (DeepSeek-R1's own template) and </think> comes early, at
+  position THINK_EARLY_AT + 2 (~16 tokens into the reply to "hi"): a cut just past the
+  tag lands where a loaded engine has merged the tag with the answer's first tokens.
 - tiny-merge and tiny-added: tiny's weights behind a tokenizer one merge ("h" "e", and the
   token "he" it makes) or one added token ("<|extra|>") apart, for speculative pairs that
   must be refused (their ids mean other text, or a text is cut otherwise).
@@ -97,6 +101,10 @@ THINK_TEMPLATE = CHAT_TEMPLATE.replace(
     "{% if add_generation_prompt %}<|assistant|>{% endif %}",
     "{% if add_generation_prompt %}<|assistant|><think>{% endif %}",
 )
+# tiny-think-early(-special): DeepSeek-R1's own generation prompt, <think> and a newline.
+THINK_NL_TEMPLATE = THINK_TEMPLATE.replace("<think>{% endif %}", "<think>\n{% endif %}")
+# ...and </think> early: at position THINK_EARLY_AT + 2, ~16 tokens into the reply to "hi".
+THINK_EARLY_AT = 22
 # tiny-wide (bench/kv_routing.py's real fleet): the tiny recipe, wider and deeper, so that a
 # prefill costs what a cache saves (scripts/engines/README.md has the measured numbers), with
 # room for an agent's growing context.
@@ -165,7 +173,7 @@ def byte_vocab() -> dict[str, int]:
 
 def tokenizer(
     think: bool = False, special: bool = False, merge: tuple[str, str] | None = None,
-    added: str | None = None,
+    added: str | None = None, template: str | None = None,
 ) -> PreTrainedTokenizerFast:
     vocab = byte_vocab()
     for i, tok in enumerate(SPECIALS):
@@ -190,7 +198,7 @@ def tokenizer(
         eos_token="<|eos|>",
         pad_token="<|pad|>",
         additional_special_tokens=SPECIALS[3:] + (THINK if special else []),
-        chat_template=THINK_TEMPLATE if think else CHAT_TEMPLATE,
+        chat_template=template or (THINK_TEMPLATE if think else CHAT_TEMPLATE),
         add_bos_token=False,  # the chat template writes <|bos|> itself
     )
     text = "hi there, {x}!\n"
@@ -293,8 +301,10 @@ def build_bytes(model_dir: Path) -> None:
     save(model, fast, model_dir)
 
 
-def build_think(model_dir: Path, special: bool = False) -> None:
-    fast = tokenizer(think=True, special=special)
+def build_think(
+    model_dir: Path, special: bool = False, at: int = THINK_AT, template: str | None = None
+) -> None:
+    fast = tokenizer(think=True, special=special, template=template)
     think_end = fast.convert_tokens_to_ids("</think>")
     bos = fast.convert_tokens_to_ids("<|bos|>")
     model = random_model(THINK_VOCAB)
@@ -338,7 +348,7 @@ def build_think(model_dir: Path, special: bool = False) -> None:
         row = model.lm_head.weight[think_end]
         row[:] = 0.0  # no random part: the logit is exactly the one above
         row[D_CONST] = THINK_GAIN
-        row[D_COUNT] = -THINK_GAIN * CONST * (THINK_AT + 1.5) / count
+        row[D_COUNT] = -THINK_GAIN * CONST * (at + 1.5) / count
         row[D_SEEN] = -2 * THINK_GAIN * CONST / seen
     save(model, fast, model_dir)
 
@@ -431,6 +441,10 @@ VARIANTS: dict[str, Callable[[Path], None]] = {
     "tiny-bytes": build_bytes,
     "tiny-think": build_think,
     "tiny-think-special": lambda d: build_think(d, special=True),
+    "tiny-think-early": lambda d: build_think(d, at=THINK_EARLY_AT, template=THINK_NL_TEMPLATE),
+    "tiny-think-early-special": lambda d: build_think(
+        d, special=True, at=THINK_EARLY_AT, template=THINK_NL_TEMPLATE
+    ),
     "tiny-wide": build_wide,
     "tiny-merge": lambda d: build_altered(d, merge=("h", "e")),
     "tiny-added": lambda d: build_altered(d, added="<|extra|>"),

@@ -33,7 +33,8 @@ from clients.procs import signal_group
 
 MODEL = "tiny"  # the default model; a replica serves its model under the model's name
 # make_tiny_model.py's variants the real suite serves
-MODELS = ("tiny", "tiny-bytes", "tiny-think", "tiny-think-special", "tiny-merge", "tiny-added")
+MODELS = ("tiny", "tiny-bytes", "tiny-think", "tiny-think-special", "tiny-think-early",
+          "tiny-think-early-special", "tiny-merge", "tiny-added")  # fmt: skip
 GGUF_MODELS = ("tiny", "tiny-bytes")  # the ones setup.sh converts for llama-server
 CONTEXT = 4096  # tokens; the tiny models' max_position_embeddings (make_tiny_model.py)
 VLLM_START_S = 240.0  # a cold vLLM start is 30-50 s idle; several at once on 2 cores take longer

@@ -9,6 +9,8 @@
 #   model/tiny-bytes/ (+ .gguf) the same recipe emitting any byte: split and invalid UTF-8
 #   model/tiny-think/ with non-special <think>/</think> tokens, for --reasoning-parser deepseek_r1
 #   model/tiny-think-special/ the same weights, its tags special tokens (text skipped)
+#   model/tiny-think-early{,-special}/ the same two with a "<think>\n" generation prompt and
+#                     </think> ~16 tokens into a reply (issue 38's case)
 #   model/tiny-wide/  the tiny recipe wider, with a 16k context: bench/kv_routing.py --real
 #   model/tiny-merge/, model/tiny-added/  tiny behind a tokenizer one merge or one added
 #                     token apart (speculative pairs that must be refused)
@@ -97,6 +99,8 @@ model() {
   one_model tiny-bytes "$BYTES_VERSION" gguf
   one_model tiny-think "$THINK_VERSION"  # served by vLLM only (--reasoning-parser deepseek_r1)
   one_model tiny-think-special "$THINK_VERSION"  # the same, its tags special tokens
+  one_model tiny-think-early "$THINK_VERSION"  # <think>\n prompt, </think> ~16 tokens in
+  one_model tiny-think-early-special "$THINK_VERSION"
   one_model tiny-wide "$WIDE_VERSION"    # vLLM only: bench/kv_routing.py --real
   one_model tiny-merge "$ALTERED_VERSION"  # tiny behind a tokenizer one merge apart
   one_model tiny-added "$ALTERED_VERSION"  # tiny behind a tokenizer one added token apart

@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
+from bench.cutproxy import Arm, cut_proxies
 from clients.client import AdminClient
 from clients.procs import Part
 from tests.factories import sdk
-from tests.integration.cutproxy import Arm, cut_proxies
 from tests.integration.harness import (
     MODEL,
     http,
@@ -240,7 +240,7 @@ def test_a_multibyte_stop_string_is_found_across_the_seam(bf: BytesFleet, endpoi
 
 
 MERGED = 3  # tokens per chunk: vLLM's stream_interval, or what it sends when loaded
-LONG = 100  # tokens: the cuts below land past MAX_OVERLAP (64) merged tokens
+LONG = 100  # tokens: the cuts below land far past the last character boundary known
 
 
 @pytest.mark.parametrize("mode", ["parallel", "inline"])

@@ -13,6 +13,7 @@ in front of the replicas it names.
 | lb0, lb1, lb2 | llama-server | tiny-bytes.gguf |
 | t0, t1 | vLLM `--reasoning-parser deepseek_r1` | tiny-think (<think>...</think>, not special) |
 | s0, s1 | vLLM `--reasoning-parser deepseek_r1` | tiny-think-special (the tags special tokens) |
+| te0, se0 | vLLM `--reasoning-parser deepseek_r1` | tiny-think-early(-special): </think> ~16 tokens in |
 | pm, pa | vLLM | tiny-merge, tiny-added (tiny behind a tokenizer one merge / added token apart) |
 | pb | vLLM `--block-size 64` | tiny |
 | e0 | vLLM `--runner pooling --convert embed` | tiny, as an embedding model |
@@ -63,6 +64,8 @@ def _specs() -> dict[str, Spec]:
         ("b", "tiny-bytes", ()),
         ("t", "tiny-think", REASONING),
         ("s", "tiny-think-special", REASONING),
+        ("te", "tiny-think-early", REASONING),
+        ("se", "tiny-think-early-special", REASONING),
     ]
     for prefix, model, args in vllm:
         for i in range(2):

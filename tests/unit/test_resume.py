@@ -4,7 +4,7 @@ import pytest
 
 from baton.model import ResumePath, Seam
 from dataplane.exceptions import Refused
-from dataplane.relay.progress import MAX_OVERLAP, ChoiceProgress, Held, overlap
+from dataplane.relay.progress import OVERLAP_SLACK, ChoiceProgress, Held, overlap
 from dataplane.relay.resume.plan import plan_resume, static_refusal
 from dataplane.relay.resume.seam import HeldText, SeamCheck
 from dataplane.request import ClientRequest, Endpoint
@@ -80,9 +80,12 @@ def test_overlap_starts_at_a_settled_boundary() -> None:
     assert overlap(q, 2) == (5, "abcde")
     assert overlap(q, 4) == (5, "abcde")
     assert overlap(q, 0) == (0, "")
-    # No boundary within MAX_OVERLAP tokens: no overlap at all.
-    far = progress([(list(range(MAX_OVERLAP + 1)), "x" * 10)])
+    # No boundary within OVERLAP_SLACK tokens of m: no overlap at a boundary (the plan
+    # checks the last m ids alone: each overlap token costs the new engine a decode step).
+    far = progress([(list(range(2 + OVERLAP_SLACK + 1)), "x" * 10)])
     assert overlap(far, 2) == (0, "")
+    near = progress([(list(range(2 + OVERLAP_SLACK)), "x" * 10)])
+    assert overlap(near, 2) == (2 + OVERLAP_SLACK, "x" * 10)
 
 
 def test_held_tokens_past_the_last_boundary() -> None:

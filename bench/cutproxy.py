@@ -1,7 +1,10 @@
-"""A real HTTP hop in front of a sim that cuts one chosen stream after k tokens: tests arm it
-per request, so one fleet can fail a stream at every position in turn. The cut is the sim's
-own (`X-Sim-Fault: die-after=k` added to the armed request; the sim drops the connection
-mid-stream without [DONE]), and the proxy drops its client connection when that happens."""
+"""A real HTTP hop in front of an engine that cuts one chosen stream after k tokens: tests arm
+it per request, so one fleet can fail a stream at every position in turn. In front of a sim
+the cut is the sim's own (`X-Sim-Fault: die-after=k` added to the armed request; the sim
+drops the connection mid-stream without [DONE]), and the proxy drops its client connection
+when that happens. In front of a real engine (`count_ids`) the proxy counts the token ids of
+the events it relays and drops the connection after the event that brings them to k: to the
+shim that is the engine dying there (the engine itself goes on; nothing of it is used)."""
 
 from __future__ import annotations
 
@@ -51,7 +54,9 @@ class Arm:
         return k
 
 
-async def _serve(target: str, arm: Arm, ready: asyncio.Future[str]) -> None:
+async def _serve(
+    target: str, arm: Arm, ready: asyncio.Future[str], count_ids: bool = False
+) -> None:
     session = aiohttp.ClientSession(auto_decompress=False)
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -61,7 +66,7 @@ async def _serve(target: str, arm: Arm, ready: asyncio.Future[str]) -> None:
         # shows for a think tag (dataplane/relay/resume/markers.py: allowed_token_ids).
         generation = request.path.endswith("/completions") and body and not _is_probe(body)
         k = arm.take() if generation else None
-        if k is not None:
+        if k is not None and not count_ids:
             headers["X-Sim-Fault"] = f"die-after={k}"
         garble = k is None and _is_resume(body) and arm.take_garble()
         async with session.request(
@@ -76,6 +81,11 @@ async def _serve(target: str, arm: Arm, ready: asyncio.Future[str]) -> None:
                 if garble:
                     await _relay_garbled(up, resp)
                     await resp.write_eof()
+                    return resp
+                if k is not None and count_ids:
+                    await _relay_until(up, resp, k)
+                    if request.transport is not None:
+                        request.transport.abort()
                     return resp
                 async for piece in up.content.iter_any():
                     await resp.write(piece)
@@ -117,6 +127,18 @@ def _is_resume(body: bytes) -> bool:
     return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], int)
 
 
+async def _relay_until(up: aiohttp.ClientResponse, resp: web.StreamResponse, k: int) -> None:
+    """Relay SSE events until the one that brings the token ids relayed to k or more."""
+    seen = 0
+    async for line in up.content:
+        await resp.write(line)
+        if line.startswith(b"data: {"):
+            for ch in orjson.loads(line[6:]).get("choices") or ():
+                seen += len(ch.get("token_ids") or ())
+        elif line.strip() == b"" and seen >= k:
+            return  # the event is whole: the engine "dies" right after it
+
+
 async def _relay_garbled(up: aiohttp.ClientResponse, resp: web.StreamResponse) -> None:
     """Relay SSE events, with "X" put in front of the first event's text that has any."""
     done = False
@@ -132,8 +154,9 @@ async def _relay_garbled(up: aiohttp.ClientResponse, resp: web.StreamResponse) -
 
 
 @contextmanager
-def cut_proxies(targets: list[str], arm: Arm) -> Iterator[list[str]]:
-    """One proxy per target URL, on their own event loop thread; yields their URLs."""
+def cut_proxies(targets: list[str], arm: Arm, count_ids: bool = False) -> Iterator[list[str]]:
+    """One proxy per target URL, on their own event loop thread; yields their URLs.
+    `count_ids`: the targets are real engines (the proxy counts ids and cuts itself)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -141,7 +164,7 @@ def cut_proxies(targets: list[str], arm: Arm) -> Iterator[list[str]]:
     try:
         for t in targets:
             ready: asyncio.Future[str] = loop.create_future()
-            serving.append(asyncio.run_coroutine_threadsafe(_serve(t, arm, ready), loop))
+            serving.append(asyncio.run_coroutine_threadsafe(_serve(t, arm, ready, count_ids), loop))
             urls.append(asyncio.run_coroutine_threadsafe(_wait(ready), loop).result(10))
         yield urls
     finally:
