@@ -13,7 +13,7 @@ in front of the replicas it names.
 | lb0, lb1, lb2 | llama-server | tiny-bytes.gguf |
 | t0, t1 | vLLM `--reasoning-parser deepseek_r1` | tiny-think (<think>...</think>, not special) |
 | s0, s1 | vLLM `--reasoning-parser deepseek_r1` | tiny-think-special (the tags special tokens) |
-| te0, se0 | vLLM `--reasoning-parser deepseek_r1` | tiny-think-early(-special): </think> ~16 tokens in |
+| te0, se0 | vLLM `--reasoning-parser deepseek_r1` | tiny-think-early(-special) |
 | pm, pa | vLLM | tiny-merge, tiny-added (tiny behind a tokenizer one merge / added token apart) |
 | pb | vLLM `--block-size 64` | tiny |
 | e0 | vLLM `--runner pooling --convert embed` | tiny, as an embedding model |
