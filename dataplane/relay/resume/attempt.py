@@ -58,6 +58,7 @@ class Resumer:
         self._settings = settings
         self._client = client
         self._stitcher = stitcher
+        self._stable: dict[tuple[int, ...], str] = {}  # _decode's parts before a tag
         self._side = SideCheck(session, self._decode, settings.max_resume_seconds)
         self._stream = ResumedStream(
             settings=settings, stitcher=stitcher, downstream=downstream,
@@ -259,6 +260,8 @@ class Resumer:
         for want in wants:
             try:
                 before = await self._decode(backend, want.before) if want.before else ""
+                # The ids before a tag: a later resume's text starts with them again.
+                self._stable[tuple(want.before)] = before
                 after = await self._settled_decode(backend, want.after) if want.after else ""
             except AttemptFailed:
                 out[want.index] = None
@@ -276,8 +279,18 @@ class Resumer:
         skipped = markers.skipped if markers is not None else frozenset()
         if not skipped.intersection(ids):
             return await self._detokenize(backend, ids)
-        parts = [await self._detokenize(backend, part) for part in segments(ids, skipped)]
-        return "".join(parts)
+        parts = segments(ids, skipped)
+        if not parts:
+            return ""
+        # The parts before the last tag do not change as a stream grows (the reasoning, when
+        # the end tag is skipped): decoded once a request, not at every release of a resume.
+        *stable, last = parts
+        for part in stable:
+            key = tuple(part)
+            if key not in self._stable:
+                self._stable[key] = await self._detokenize(backend, part)
+        return "".join([*(self._stable[tuple(p)] for p in stable),
+                        await self._detokenize(backend, last)])  # fmt: skip
 
     async def _detokenize(self, backend: Backend, ids: list[int]) -> str:
         return await detokenize(
