@@ -13,7 +13,7 @@ from typing import Protocol
 import aiohttp
 
 from baton.model import Backend, Failure
-from dataplane.exceptions import StreamFailed
+from dataplane.exceptions import AttemptFailed, StreamFailed
 from dataplane.link.needs import FailoverAdvice, FailoverAudit
 from dataplane.relay.context import StreamContext
 from dataplane.relay.progress import ChoiceProgress
@@ -180,7 +180,15 @@ class StreamRelay:
                 piece, failure = original(event.data, event.raw)
                 if self.stitcher.wants:
                     # A tag chunk the engine's parser mis-split: split by ids (once a stream).
-                    texts = await self._resumer.cut_texts(backend, self.stitcher.wants)
+                    try:
+                        texts = await self._resumer.cut_texts(backend, self.stitcher.wants)
+                    except AttemptFailed as failed:
+                        # The engine cannot say (it died right after the chunk, as seen on a
+                        # SIGKILL): the chunk is dropped, untracked, and the stream fails
+                        # over before it; the resume splits those tokens by ids itself.
+                        if out:
+                            await self.write(b"".join(out))
+                        raise StreamFailed(failed.failure, failed.detail) from None
                     piece, failure = original(event.data, event.raw, texts)
                 if piece:
                     if self.first_byte is None and not failure:

@@ -255,18 +255,15 @@ class Resumer:
         self, backend: Backend, wants: list[TagCut]
     ) -> dict[int, CutText | None]:
         """The texts the stitcher asked for to split a first-stream chunk by ids (TagCut),
-        decoded by `backend`'s tokenizer; None for a choice whose texts could not be had."""
+        decoded by `backend`'s tokenizer. Raises AttemptFailed when they cannot be had (the
+        engine died under the question: the caller fails the stream before that chunk)."""
         out: dict[int, CutText | None] = {}
         for want in wants:
-            try:
-                before = await self._decode(backend, want.before) if want.before else ""
-                # The ids before a tag: a later resume's text starts with them again.
-                self._stable[tuple(want.before)] = before
-                after = await self._settled_decode(backend, want.after) if want.after else ""
-            except AttemptFailed:
-                out[want.index] = None
-            else:
-                out[want.index] = CutText(want.sent, before, after)
+            before = await self._decode(backend, want.before) if want.before else ""
+            # The ids before a tag: a later resume's text starts with them again.
+            self._stable[tuple(want.before)] = before
+            after = await self._settled_decode(backend, want.after) if want.after else ""
+            out[want.index] = CutText(want.sent, before, after)
         return out
 
     async def _settled_decode(self, backend: Backend, ids: list[int]) -> str:
