@@ -140,6 +140,7 @@ class FakeEngine:
         self.replies: list[Reply] = []
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.detokenized: list[list[int]] = []
+        self.detokenize_status = 200  # another status: /detokenize fails (a dying engine)
         app = web.Application()
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/v1/chat/completions", self._generate)
@@ -188,6 +189,8 @@ class FakeEngine:
     async def _detokenize(self, request: web.Request) -> web.Response:
         ids = (await request.json())["tokens"]
         self.detokenized.append(ids)
+        if self.detokenize_status != 200:
+            return web.json_response({"error": {"type": "x"}}, status=self.detokenize_status)
         return web.json_response({"prompt": spell(ids)})
 
 

@@ -6,6 +6,7 @@ silence. Engines are in-process fakes over HTTP and control a recording fake
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,7 +22,10 @@ from baton.model import (
     Failure,
     ResumePath,
     Seam,
+    SeamMode,
 )
+from dataplane.relay.resume.markers import MarkerCache
+from dataplane.relay.resume.reasoning import Markers
 from dataplane.relay.stream import StreamRelay
 from dataplane.request import Endpoint
 from dataplane.settings import ResumeSettings
@@ -265,5 +269,67 @@ def test_a_stream_on_a_migrating_backend_moves_at_a_chunk_boundary() -> None:
         assert (call.failed, call.failure) == ("a", Failure.MIGRATE)
         (report,) = out.control.reports
         assert report.failure == Failure.MIGRATE and report.outcome is FailoverOutcome.RESUMED
+
+    run(scenario)
+
+
+class KnownTags(MarkerCache):
+    """A shim that has learned the model's think tags (special: streams skip their text)."""
+
+    def __init__(self, markers: Markers) -> None:
+        self._markers_known = markers
+
+    async def get(self, backend: Backend) -> Markers | None:
+        return self._markers_known
+
+
+def test_a_mis_split_tag_chunk_the_dying_engine_cannot_decode_fails_over_before_it() -> None:
+    """vLLM sent the special </think> merged with other tokens, split at find() == -1, and
+    died: its /detokenize cannot say where the tag's chunk splits. The chunk never reaches
+    the client; the stream fails over before it and the resume splits those tokens by ids."""
+    start, end = 300, 301
+
+    def think(delta: dict[str, Any], ids: list[int], **top: Any) -> dict[str, Any]:
+        return {"id": "c1", "object": "chat.completion.chunk", "created": 7, "model": "m",
+                "choices": [{"index": 0, "delta": delta, "token_ids": ids}], **top}  # fmt: skip
+
+    async def scenario() -> None:
+        async with fleet("a", "b", kind=BackendKind.VLLM) as (a, b):
+            mangled = spell([11, 12])  # vLLM: reasoning text[:-1], content text[7:]
+            a.script(Stream([
+                think({"role": "assistant", "content": ""}, [], prompt_token_ids=[1, 2, start]),
+                think({"reasoning": spell([10])}, [10]),
+                think({"reasoning": mangled[:-1], "content": mangled[7:]}, [11, end, 12]),
+            ], done=False))  # fmt: skip
+            a.detokenize_status = 503
+            b.script(Stream([chunk([11], with_ids=True), chunk([end], with_ids=True, text=""),
+                             chunk([12], with_ids=True),
+                             chunk([13], with_ids=True, finish="length")]))  # fmt: skip
+            a.backend = dataclasses.replace(a.backend, reasoning_parser="deepseek_r1")
+            control = FakeControl()
+            client = Client()
+            request = client_request(Endpoint.CHAT, max_tokens=5)
+            settings = ResumeSettings(seam_mode=SeamMode.INLINE, seam_tokens=0)
+            tags = KnownTags(Markers(start, end, "<think>", "</think>", special=True))
+            ctx = dataclasses.replace(stream_context(request, [b.backend], settings), markers=tags)
+            async with aiohttp.ClientSession() as session:
+                r = StreamRelay(ctx, session=session, control=control, resp=client)
+                upstream = await open_stream(session, a, dict(request.body))
+                try:
+                    complete = await r.run(a.backend, upstream, b"")
+                    await settle(ctx.background)
+                finally:
+                    r.close()
+                    upstream.close()
+            await control.until(lambda: bool(control.reports))
+        deltas = [ch.get("delta") or {} for e in client.events if isinstance(e, dict)
+                  for ch in e.get("choices") or ()]  # fmt: skip
+        thought = "".join(d.get("reasoning") or "" for d in deltas)
+        assert complete and client.errors == []
+        assert (thought, client.text) == (spell([10, 11]), spell([12, 13]))
+        (report,) = control.reports
+        assert report.tokens_sent == 1 and report.outcome is FailoverOutcome.RESUMED
+        (asked,) = b.generations
+        assert asked["prompt"] == [1, 2, start, 10]  # from before the chunk nobody saw
 
     run(scenario)
