@@ -21,6 +21,7 @@ from tests.integration.harness import (
     MODEL,
     fleet,
     http_full,
+    metric,
     start_control,
     start_shim,
     wait_until,
@@ -185,6 +186,27 @@ def test_body_header_and_message_limits_answer_in_openai_shape(tmp_path: Path) -
         assert err.value.status_code == 400
         assert c.chat.completions.create(**CHAT).choices[0].message.content  # type: ignore[call-overload]
         assert f.shim.alive
+
+
+def test_an_over_long_model_name_gets_a_400_that_does_not_echo_it(tmp_path: Path) -> None:
+    """A 5 MB `model` is refused at the edge (OpenAI's shape; Anthropic's on /v1/messages),
+    its error does not carry the name back, and control is never asked about it."""
+    name = "m" * (5 * 1024 * 1024)
+    with fleet(tmp_path, n=1) as f:
+        base = f.shim.ready
+        status, body, _ = post(base, {**CHAT, "model": name})
+        assert status == 400
+        assert_openai_error(body, "invalid_request_error")
+        assert body["error"]["param"] == "model" and len(body["error"]["message"]) < 200
+        messages = {"model": name, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        status, body, _ = post(base, messages, path="/v1/messages")
+        assert status == 400 and body["type"] == "error"
+        assert body["error"]["type"] == "invalid_request_error"
+        assert len(body["error"]["message"]) < 200
+        # Neither reached control's route question; a real name still does.
+        assert metric(base, "baton_shim_route_seconds_count") == 0
+        assert post(base, CHAT)[0] == 200
+        assert metric(base, "baton_shim_route_seconds_count") == 1
 
 
 # -- concurrent streams -------------------------------------------------------------------------

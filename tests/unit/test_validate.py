@@ -24,6 +24,9 @@ def parse(body: object, endpoint: Endpoint = CHAT, limit: int = 10_000):  # type
         (b"[1,2]", CHAT, ErrorKind.INVALID_REQUEST, 400, None),
         ({"messages": MSGS}, CHAT, ErrorKind.INVALID_REQUEST, 400, "model"),
         ({"model": 3, "messages": MSGS}, CHAT, ErrorKind.INVALID_REQUEST, 400, "model"),
+        ({"model": "m" * 257, "messages": MSGS}, CHAT, ErrorKind.INVALID_REQUEST, 400, "model"),
+        ({"model": "m" * 257, "input": [1]}, Endpoint.EMBEDDINGS, ErrorKind.INVALID_REQUEST, 400,
+         "model"),  # fmt: skip
         ({"model": "m"}, CHAT, ErrorKind.INVALID_REQUEST, 400, "messages"),
         ({"model": "m", "messages": []}, CHAT, ErrorKind.INVALID_REQUEST, 400, "messages"),
         ({"model": "m", "messages": "hi"}, CHAT, ErrorKind.INVALID_REQUEST, 400, "messages"),
