@@ -1,8 +1,9 @@
 """Control replicas (`--control A,B,C`) as the shim and the CLI read them: the addresses, the
 order the shim's probe asks them in, a replica's "not the leader" refusal told from control's
 other refusals; what the link does with a refusal (a report kept, a call marking control away,
-the RouteStream moved to the new leader with its outcomes and without its questions), where
-the CLI makes a refused call again, and `baton status` with replicas."""
+the Leader heeding only the replica it talks to, the RouteStream moved to the new leader with
+its outcomes and without its questions), where the CLI makes a refused call again, and
+`baton status` with replicas."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from clients.client import AdminClient, AdminError, leader_named
 from clients.client import split_targets as cli_targets
 from dataplane.exceptions import ControlUnavailable, StreamBroken
 from dataplane.link.calls import Calls
+from dataplane.link.leader import Leader
 from dataplane.link.outbox import Outbox, Report, not_leader
 from dataplane.link.routestream import RouteStream
 from dataplane.link.targets import probe_order
@@ -150,28 +152,80 @@ class RefusingStub:
         raise self.error
 
 
+class Following:
+    """What Calls needs of the link's Leader: the stub a call goes to, `up`, and where a
+    failure is told, with the stub it went to."""
+
+    def __init__(self, stub: Any) -> None:
+        self.stub = stub
+        self.up = asyncio.Event()
+        self.up.set()
+        self.told: list[tuple[str, str, Any]] = []
+
+    def unreachable(self, reason: str, leader: str = "", via: object = None) -> None:
+        self.told.append((reason, leader, via))
+
+
 def test_a_call_refused_by_a_follower_marks_control_away_and_names_the_leader() -> None:
-    async def scenario() -> list[tuple[str, str]]:
-        up = asyncio.Event()
-        up.set()
-        away: list[tuple[str, str]] = []
+    async def scenario() -> None:
         refusing = RefusingStub(rpc_error(FP, REFUSAL, "h:1"))
-        calls = Calls(refusing, (), 1.0, up, lambda why, leader: away.append((why, leader)))  # type: ignore[arg-type]
+        control = Following(refusing)
+        calls = Calls(control, (), 1.0)
         with pytest.raises(ControlUnavailable):
             await calls.gate_pairing("r", "p", "t", 4, 2)
-        # Unreachable, but a replica the link has left meanwhile: says nothing of the new one.
+        assert control.told == [("gate: FAILED_PRECONDITION", "h:1", refusing)]
+        # The leader moves while a call is out: its failure names the replica it went to
+        # (the Leader ignores it), and the next call goes to the new one.
         left = RefusingStub(rpc_error(grpc.StatusCode.UNAVAILABLE))
         left.release.clear()
-        calls.retarget(left)  # type: ignore[arg-type]
+        control.stub = left
         asking = asyncio.create_task(calls.gate_pairing("r", "p", "t", 4, 2))
         await left.asked.wait()
-        calls.retarget(RefusingStub(rpc_error(FP, "pair refused")))  # type: ignore[arg-type]
+        control.stub = now = RefusingStub(rpc_error(FP, "pair refused"))
         left.release.set()
         with pytest.raises(ControlUnavailable):
             await asking
-        return away
+        assert control.told[1:] == [("gate: UNAVAILABLE", "", left)]
+        with pytest.raises(ControlUnavailable):
+            await calls.gate_pairing("r", "p", "t", 4, 2)
+        assert now.asked.is_set() and len(control.told) == 2  # control's own refusal
+        control.up.clear()
+        with pytest.raises(ControlUnavailable, match="unreachable"):
+            await calls.record_owner("r", "resp_1", "b1", "toy")
 
-    assert asyncio.run(scenario()) == [("gate: FAILED_PRECONDITION", "h:1")]
+    asyncio.run(scenario())
+
+
+def test_the_leader_hears_only_of_the_replica_it_talks_to() -> None:
+    async def scenario() -> None:
+        downs: list[str] = []
+        leader = Leader(
+            "127.0.0.1:1,127.0.0.1:2",
+            tls_ca=None,
+            timeout=0.1,
+            probe_interval=60.0,
+            on_down=downs.append,
+            on_move=lambda to: None,
+            on_back=lambda was, now, away: None,
+        )
+        assert leader.several and leader.at.address == "127.0.0.1:1"
+        leader.unreachable("left", "127.0.0.1:2", via=object())  # a replica it has left
+        assert leader.up.is_set() and downs == [] and leader.outages == 0
+        leader.unreachable("gone", via=leader.stub)
+        leader.unreachable("still gone")  # one outage, told once
+        assert not leader.up.is_set() and downs == ["gone"] and leader.outages == 1
+        await leader.close()
+
+        closing = Leader("127.0.0.1:1", tls_ca=None, timeout=0.1, probe_interval=60.0,
+                         on_down=downs.append, on_move=lambda to: None,
+                         on_back=lambda was, now, away: None)  # fmt: skip
+        assert not closing.several
+        closing.closing()
+        closing.unreachable("closed by us")  # the link closing: not an outage
+        assert closing.up.is_set() and closing.outages == 0
+        await closing.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
 
 
 class FakeCall:
