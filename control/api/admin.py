@@ -17,11 +17,11 @@ from baton.replicas import STORE_METADATA
 from baton.tenancy import KEY_PREFIX, digest
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control.api import convert
-from control.api.errors import Context, abort_with, within
+from control.api.errors import Context, Trailing, map_errors, within
 from control.audit.log import Event, EventQuery
 from control.audit.payloads import Admin, Payload
 from control.backend_spec import make_backend
-from control.exceptions import ConfigError, FactsError, PairRefused, RegistryError, StoreError
+from control.exceptions import FactsError, PairRefused, StoreError
 from control.routing.router import Router
 from control.signals.facts import ReadFacts
 
@@ -36,14 +36,23 @@ def new_key() -> str:
 _R = TypeVar("_R")
 
 
-def _one_at_a_time(
+def _from_store(exc: Exception) -> Trailing:
+    # The store's answer (a commit etcd refused), not an unreachable replica's: clients
+    # don't try another.
+    return ((STORE_METADATA, "etcd"),) if isinstance(exc, StoreError) else ()
+
+
+def _write(
     handler: Callable[[Any, Any, Context], Awaitable[_R]],
 ) -> Callable[[Any, Any, Context], Awaitable[_R]]:
-    """A write handler, run while no other write runs (AdminServicer._writes)."""
+    """A write handler, run while no other write runs (AdminServicer._writes). What it
+    raises answers the call through the one table (control/api/errors.py) while it holds
+    the lock; a StoreError (its commit refused) with the baton-store trailer."""
+    answered = map_errors(handler, trailing=_from_store)
 
     async def serialized(self: Any, request: Any, context: Context) -> _R:
         async with self._writes:
-            return await handler(self, request, context)
+            return await answered(self, request, context)
 
     serialized.__name__ = handler.__name__
     return serialized
@@ -74,17 +83,12 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self._pairs = router.pairs
         self._started = started if started is not None else time.monotonic()
 
-    async def _commit(self, context: Context) -> None:
-        if self._changed is None:
-            return
-        try:
-            await self._changed()
-        except StoreError as exc:
-            # The store's answer, not an unreachable replica's: clients don't try another.
-            await abort_with(context, exc, ((STORE_METADATA, "etcd"),))
+    async def _commit(self) -> None:
+        if self._changed is not None:
+            await self._changed()  # a StoreError undid the change; _write answers it
 
-    async def _tenants_changed(self, event: Payload, context: Context) -> None:
-        await self._commit(context)
+    async def _tenants_changed(self, event: Payload) -> None:
+        await self._commit()
         self._registry.events.record(event)
 
     async def ListBackends(
@@ -106,58 +110,43 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             backends=rows, snapshot_version=snap.version, kv_index=kv
         )
 
-    @_one_at_a_time
+    @_write
     async def AddBackend(
         self, request: admin_pb2.AddBackendRequest, context: Context
     ) -> admin_pb2.AddBackendResponse:
-        try:
-            backend = make_backend(**convert.backend_fields_from_pb(request.backend))
-            status = self._registry.add(backend)
-        except (RegistryError, ConfigError) as exc:
-            await abort_with(context, exc)
-            raise  # unreachable: abort raises
-        await self._commit(context)
+        backend = make_backend(**convert.backend_fields_from_pb(request.backend))
+        status = self._registry.add(backend)
+        await self._commit()
         return admin_pb2.AddBackendResponse(
             backend=wire.status_to_pb(status, self._registry.in_flight()),
             snapshot_version=self._registry.snapshot.version,
         )
 
-    @_one_at_a_time
+    @_write
     async def RemoveBackend(
         self, request: admin_pb2.RemoveBackendRequest, context: Context
     ) -> admin_pb2.RemoveBackendResponse:
-        try:
-            self._registry.remove(request.id)
-        except RegistryError as exc:
-            await abort_with(context, exc)
-        await self._commit(context)
+        self._registry.remove(request.id)
+        await self._commit()
         return admin_pb2.RemoveBackendResponse(snapshot_version=self._registry.snapshot.version)
 
-    @_one_at_a_time
+    @_write
     async def DrainBackend(
         self, request: admin_pb2.DrainBackendRequest, context: Context
     ) -> admin_pb2.DrainBackendResponse:
-        try:
-            status = self._registry.drain(request.id, migrate=request.migrate)
-        except RegistryError as exc:
-            await abort_with(context, exc)
-            raise
-        await self._commit(context)
+        status = self._registry.drain(request.id, migrate=request.migrate)
+        await self._commit()
         return admin_pb2.DrainBackendResponse(
             backend=wire.status_to_pb(status, self._registry.in_flight()),
             snapshot_version=self._registry.snapshot.version,
         )
 
-    @_one_at_a_time
+    @_write
     async def UndrainBackend(
         self, request: admin_pb2.UndrainBackendRequest, context: Context
     ) -> admin_pb2.UndrainBackendResponse:
-        try:
-            status = self._registry.undrain(request.id)
-        except RegistryError as exc:
-            await abort_with(context, exc)
-            raise
-        await self._commit(context)
+        status = self._registry.undrain(request.id)
+        await self._commit()
         return admin_pb2.UndrainBackendResponse(
             backend=wire.status_to_pb(status, self._registry.in_flight()),
             snapshot_version=self._registry.snapshot.version,
@@ -218,40 +207,33 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         )
         return admin_pb2.ClearPinsResponse(cleared=cleared)
 
-    @_one_at_a_time
+    @_write
     async def BindPair(
         self, request: admin_pb2.BindPairRequest, context: Context
     ) -> admin_pb2.BindPairResponse:
         reg = self._registry
+        draft = reg.backend(request.draft_backend_id)
+        target = reg.backend(request.target_backend_id)
+        # Fail closed: the facts come from the two backends now, or there is no pair.
         try:
-            draft = reg.backend(request.draft_backend_id)
-            target = reg.backend(request.target_backend_id)
-            # Fail closed: the facts come from the two backends now, or there is no pair.
-            try:
-                draft_facts, target_facts = await asyncio.gather(
-                    self._read_facts(draft, within(context)),
-                    self._read_facts(target, within(context)),
-                )
-            except FactsError as exc:
-                raise PairRefused(str(exc)) from exc
-            pair = self._pairs.bind_pair(
-                draft.id, target.id, request.num_draft_tokens, draft_facts, target_facts
+            draft_facts, target_facts = await asyncio.gather(
+                self._read_facts(draft, within(context)),
+                self._read_facts(target, within(context)),
             )
-        except RegistryError as exc:
-            await abort_with(context, exc)
-            raise
-        await self._commit(context)
+        except FactsError as exc:
+            raise PairRefused(str(exc)) from exc
+        pair = self._pairs.bind_pair(
+            draft.id, target.id, request.num_draft_tokens, draft_facts, target_facts
+        )
+        await self._commit()
         return admin_pb2.BindPairResponse(pair=convert.pair_to_pb(pair, self._pairs.baseline(pair)))
 
-    @_one_at_a_time
+    @_write
     async def UnbindPair(
         self, request: admin_pb2.UnbindPairRequest, context: Context
     ) -> admin_pb2.UnbindPairResponse:
-        try:
-            self._pairs.unbind_pair(request.id)
-        except RegistryError as exc:
-            await abort_with(context, exc)
-        await self._commit(context)
+        self._pairs.unbind_pair(request.id)
+        await self._commit()
         return admin_pb2.UnbindPairResponse()
 
     async def ListPairs(
@@ -262,45 +244,33 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             pairs=[convert.pair_to_pb(p, pairs.baseline(p)) for p in pairs]
         )
 
-    @_one_at_a_time
+    @_write
     async def AddTenant(
         self, request: admin_pb2.AddTenantRequest, context: Context
     ) -> admin_pb2.AddTenantResponse:
-        try:
-            wanted = convert.configured_tenant_from_pb(request.tenant)
-            key = new_key()
-            tenant = self._registry.tenants.add(wanted, digest(key), self._router.now())
-        except (RegistryError, ConfigError) as exc:
-            await abort_with(context, exc)
-            raise
+        wanted = convert.configured_tenant_from_pb(request.tenant)
+        key = new_key()
+        tenant = self._registry.tenants.add(wanted, digest(key), self._router.now())
         event = convert.tenant_event("add-tenant", tenant, tenant.keys[-1].key_id)
-        await self._tenants_changed(event, context)
+        await self._tenants_changed(event)
         return admin_pb2.AddTenantResponse(tenant=wire.tenant_to_pb(tenant), key=key)
 
-    @_one_at_a_time
+    @_write
     async def UpdateTenant(
         self, request: admin_pb2.UpdateTenantRequest, context: Context
     ) -> admin_pb2.UpdateTenantResponse:
-        try:
-            t = convert.configured_tenant_from_pb(request.tenant, update=True)
-            tenant = self._registry.tenants.update(t.id, t.priority, t.weight, t.limits)
-        except (RegistryError, ConfigError) as exc:
-            await abort_with(context, exc)
-            raise
-        await self._tenants_changed(convert.tenant_event("update-tenant", tenant), context)
+        t = convert.configured_tenant_from_pb(request.tenant, update=True)
+        tenant = self._registry.tenants.update(t.id, t.priority, t.weight, t.limits)
+        await self._tenants_changed(convert.tenant_event("update-tenant", tenant))
         return admin_pb2.UpdateTenantResponse(tenant=wire.tenant_to_pb(tenant))
 
-    @_one_at_a_time
+    @_write
     async def RemoveTenant(
         self, request: admin_pb2.RemoveTenantRequest, context: Context
     ) -> admin_pb2.RemoveTenantResponse:
-        try:
-            tenant = self._registry.tenants.get(request.id)
-            self._registry.tenants.remove(request.id)
-        except RegistryError as exc:
-            await abort_with(context, exc)
-            raise
-        await self._tenants_changed(convert.tenant_event("remove-tenant", tenant), context)
+        tenant = self._registry.tenants.get(request.id)
+        self._registry.tenants.remove(request.id)
+        await self._tenants_changed(convert.tenant_event("remove-tenant", tenant))
         return admin_pb2.RemoveTenantResponse()
 
     async def ListTenants(
@@ -309,33 +279,23 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         tenants = self._registry.tenants.all()
         return admin_pb2.ListTenantsResponse(tenants=[wire.tenant_to_pb(t) for t in tenants])
 
-    @_one_at_a_time
+    @_write
     async def AddTenantKey(
         self, request: admin_pb2.AddTenantKeyRequest, context: Context
     ) -> admin_pb2.AddTenantKeyResponse:
-        try:
-            key = new_key()
-            tenant = self._registry.tenants.add_key(
-                request.tenant_id, digest(key), self._router.now()
-            )
-        except RegistryError as exc:
-            await abort_with(context, exc)
-            raise
+        key = new_key()
+        tenant = self._registry.tenants.add_key(request.tenant_id, digest(key), self._router.now())
         event = convert.tenant_event("add-tenant-key", tenant, tenant.keys[-1].key_id)
-        await self._tenants_changed(event, context)
+        await self._tenants_changed(event)
         return admin_pb2.AddTenantKeyResponse(tenant=wire.tenant_to_pb(tenant), key=key)
 
-    @_one_at_a_time
+    @_write
     async def RevokeTenantKey(
         self, request: admin_pb2.RevokeTenantKeyRequest, context: Context
     ) -> admin_pb2.RevokeTenantKeyResponse:
-        try:
-            tenant = self._registry.tenants.revoke_key(request.tenant_id, request.key_id)
-        except RegistryError as exc:
-            await abort_with(context, exc)
-            raise
+        tenant = self._registry.tenants.revoke_key(request.tenant_id, request.key_id)
         event = convert.tenant_event("revoke-tenant-key", tenant, request.key_id)
-        await self._tenants_changed(event, context)
+        await self._tenants_changed(event)
         return admin_pb2.RevokeTenantKeyResponse(tenant=wire.tenant_to_pb(tenant))
 
     async def TenantUsage(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeAlias, TypeVar
 
 import grpc
 
@@ -22,6 +24,7 @@ from control.exceptions import (
 
 # grpc's stubs make the context generic; servicers here handle many message types.
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+Trailing: TypeAlias = tuple[tuple[str, str], ...]
 
 STATUS_FOR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (BackendNotFound, grpc.StatusCode.NOT_FOUND),
@@ -62,9 +65,9 @@ def status_for(exc: Exception) -> grpc.StatusCode | None:
     return None
 
 
-async def abort_with(
-    context: Context, exc: Exception, trailing: tuple[tuple[str, str], ...] = ()
-) -> None:
+async def abort_with(context: Context, exc: Exception, trailing: Trailing = ()) -> NoReturn:
+    """Ends the call with `exc`'s status from the table, or raises `exc` when the table has
+    none (the caller sees UNKNOWN). Never returns: grpc.aio's abort raises."""
     code = status_for(exc)
     if code is None:
         raise exc
@@ -72,3 +75,31 @@ async def abort_with(
         await context.abort(code, str(exc), trailing)
     else:
         await context.abort(code, str(exc))
+
+
+def no_trailing(exc: Exception) -> Trailing:
+    return ()
+
+
+_S = TypeVar("_S")
+_Q = TypeVar("_Q")
+_R = TypeVar("_R")
+
+
+def map_errors(
+    handler: Callable[[_S, _Q, Context], Awaitable[_R]],
+    *,
+    trailing: Callable[[Exception], Trailing] = no_trailing,
+) -> Callable[[_S, _Q, Context], Awaitable[_R]]:
+    """A servicer method whose exceptions answer the call through the table once, as httpx's
+    map_exceptions does: one in STATUS_FOR ends the call with its status, its message as the
+    details and `trailing(exc)` as trailing metadata; any other propagates (UNKNOWN)."""
+
+    @functools.wraps(handler)
+    async def mapped(self: _S, request: _Q, context: Context) -> _R:
+        try:
+            return await handler(self, request, context)
+        except Exception as exc:
+            await abort_with(context, exc, trailing(exc))
+
+    return mapped
