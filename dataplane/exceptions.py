@@ -116,6 +116,17 @@ ANTHROPIC: dict[ErrorKind, tuple[int, str]] = {
 ANTHROPIC_PATHS = "/v1/messages"  # the prefix of the paths whose clients speak Anthropic's API
 
 
+class ErrorShape(StrEnum):
+    """Whose error body a client reads (each API says which: dataplane/apis/)."""
+
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+
+    @staticmethod
+    def of_path(path: str) -> ErrorShape:
+        return ErrorShape.ANTHROPIC if path.startswith(ANTHROPIC_PATHS) else ErrorShape.OPENAI
+
+
 class OpenAIError(ShimError):
     def __init__(
         self,
@@ -152,12 +163,16 @@ class OpenAIError(ShimError):
     def json(self) -> bytes:
         return orjson.dumps(self.body())
 
-    def for_path(self, path: str) -> tuple[int, bytes]:
-        """Status and body in the shape the client on `path` reads: Anthropic's
-        `{"type": "error", "error": {"type", "message"}}` on the Messages API, else OpenAI's."""
-        if not path.startswith(ANTHROPIC_PATHS):
+    def shaped(self, shape: ErrorShape) -> tuple[int, bytes]:
+        """Status and body in the shape its client reads: Anthropic's
+        `{"type": "error", "error": {"type", "message"}}`, or OpenAI's."""
+        if shape is ErrorShape.OPENAI:
             return self.status, self.json()
         return ANTHROPIC[self.kind][0], self._anthropic()
+
+    def for_path(self, path: str) -> tuple[int, bytes]:
+        """shaped() for a request on `path` (one no API was chosen for: a 404, a 405...)."""
+        return self.shaped(ErrorShape.of_path(path))
 
     def _anthropic(self) -> bytes:
         error = {"type": ANTHROPIC[self.kind][1], "message": self.message}
@@ -173,6 +188,11 @@ class OpenAIError(ShimError):
         if not path.startswith(ANTHROPIC_PATHS):
             return self.sse()
         return b"event: error\ndata: " + self._anthropic() + b"\n\n"
+
+
+def bad_request(message: str, param: str | None) -> OpenAIError:
+    """A 400 naming the parameter at fault: what every API's validation raises."""
+    return OpenAIError(ErrorKind.INVALID_REQUEST, message, param)
 
 
 class BackendFailed(ShimError):

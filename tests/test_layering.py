@@ -62,6 +62,7 @@ ROOMS: dict[str, tuple[tuple[str, ...], ...]] = {
         ("relay",),  # a client's stream relayed, and resumed on failure (relay/resume)
         # The Responses and Messages APIs; router-level speculative decoding
         ("responses", "messages", "spec"),
+        ("apis",),  # each API in one place: its protocol, the endpoint table, the passthrough
         ("edge",),  # the HTTP edge: the front door, the handlers, the proxy
         ("__main__",),
     ),

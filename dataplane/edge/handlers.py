@@ -12,15 +12,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from baton.model import Reason, RequestOutcome
 from baton.tracing import SpanKind, Tracing
-from dataplane.edge.as_chat import as_chat_exchange
+from dataplane.apis.table import APIS, parse_request
 from dataplane.edge.health import PATHS as HEALTH_PATHS
 from dataplane.edge.health import Health
 from dataplane.edge.limits import StreamSlots, check_head, check_request
 from dataplane.edge.proxy import Exchange, Proxy
 from dataplane.edge.quota import ADMISSION_REFUSALS, QUOTA, TENANT, admission_refusal
 from dataplane.edge.shape import SESSION_HEADER, session_of, shape_of, with_request
-from dataplane.edge.validate import parse_request
-from dataplane.exceptions import ControlUnavailable, ErrorKind, OpenAIError
+from dataplane.exceptions import ControlUnavailable, ErrorKind, ErrorShape, OpenAIError
 from dataplane.link.needs import Routing
 from dataplane.metrics import ShimMetrics
 from dataplane.request import ClientRequest, Endpoint
@@ -38,13 +37,12 @@ SLOTS = web.AppKey("stream_slots", StreamSlots)
 STORED = web.AppKey("stored", StoredResponses)
 HEALTH = web.AppKey("health", Health)
 GENERATING_PATHS = frozenset(e.value for e in Endpoint if e.generates)
-ANTHROPIC_ENDPOINTS = frozenset({Endpoint.MESSAGES, Endpoint.COUNT_TOKENS})
-ANTHROPIC_HEADERS = ("anthropic-version", "anthropic-beta")
 
 
-def error_response(err: OpenAIError, path: str) -> web.Response:
-    """`path`: the request's, which says whose error shape its client reads."""
-    status, body = err.for_path(path)
+def error_response(err: OpenAIError, shape: ErrorShape) -> web.Response:
+    """`shape`: whose error shape the client reads (its API's; a path's where none was
+    chosen: ErrorShape.of_path)."""
+    status, body = err.shaped(shape)
     return web.Response(
         body=body, status=status, content_type="application/json", headers=err.headers
     )
@@ -79,7 +77,7 @@ async def _answer(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
         check_request(app[LIMITS], client)
         return await _route_and_serve(request, client, raw)
     except OpenAIError as err:
-        return error_response(err, request.path)
+        return error_response(err, APIS[endpoint].errors)
 
 
 async def _route_and_serve(
@@ -131,7 +129,7 @@ async def _route_and_serve(
             app[CONTROL].finished(_unserved(ex))
             raise
     except OpenAIError as err:
-        return error_response(err, request.path)
+        return error_response(err, APIS[client.endpoint].errors)
 
 
 def _unserved(ex: Exchange) -> RequestOutcome:
@@ -143,16 +141,15 @@ def _exchange(
     client: ClientRequest, raw: bytes, session: str, headers: Mapping[str, str], tenant: str
 ) -> Exchange:
     rid = os.urandom(16).hex()  # 128 random bits, as uuid4's hex, without building a UUID
-    served = as_chat_exchange(client)
+    api = APIS[client.endpoint]
+    served = api.as_chat(client)
     if served is None:
-        # The Messages API's version and beta headers go to the engine with the request.
-        sent = {k: v for k in ANTHROPIC_HEADERS if (v := headers.get(k))} if (
-            client.endpoint in ANTHROPIC_ENDPOINTS) else {}  # fmt: skip
+        sent = {k: v for k in api.forwarded if (v := headers.get(k))}
         shape = with_request(shape_of(client), session, tenant)
-        return Exchange(rid, client, raw, shape, headers=sent)
-    chat, chat_raw, events = served
-    return Exchange(rid, chat, chat_raw, with_request(shape_of(chat), session, tenant),
-                    events=events)  # fmt: skip
+        return Exchange(rid, client, api, raw, shape, headers=sent)
+    chat = served.client
+    shape = with_request(shape_of(chat), session, tenant)
+    return Exchange(rid, chat, APIS[chat.endpoint], served.raw, shape, events=served.events)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -199,18 +196,19 @@ async def health(request: web.Request) -> web.Response:
 @web.middleware
 async def openai_errors(request: web.Request, handler):  # type: ignore[no-untyped-def]
     """aiohttp's own 404/405 are plain text; OpenAI clients expect the JSON error shape."""
+    shape = ErrorShape.of_path(request.path)
     try:
         return await handler(request)
     except web.HTTPNotFound:
         return error_response(
-            OpenAIError(ErrorKind.NOT_FOUND, f"no route for {request.path}"), request.path
+            OpenAIError(ErrorKind.NOT_FOUND, f"no route for {request.path}"), shape
         )
     except web.HTTPMethodNotAllowed:
         return error_response(
             OpenAIError(
                 ErrorKind.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {request.path}"
             ),
-            request.path,
+            shape,
         )
 
 
@@ -239,7 +237,7 @@ async def request_limits(request: web.Request, handler):  # type: ignore[no-unty
         if generating:
             app[SLOTS].acquire()
     except OpenAIError as err:
-        return error_response(err, request.path)
+        return error_response(err, ErrorShape.of_path(request.path))
     if not generating:
         return await handler(request)
     try:

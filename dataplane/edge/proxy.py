@@ -7,9 +7,9 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
 from aiohttp import web
@@ -17,14 +17,13 @@ from opentelemetry.util.types import AttributeValue
 
 from baton.model import Backend, Decision, Failure, PrefixBlocks, RequestOutcome, RequestShape
 from baton.tracing import Tracing
+from dataplane.apis.answers import check_answer, usage_counts
+from dataplane.apis.api import Api, EngineStream
+from dataplane.apis.passthrough import PassthroughRelay
 from dataplane.exceptions import AttemptFailed, ControlUnavailable, ErrorKind, OpenAIError
 from dataplane.link.needs import Outcomes, Ownership
-from dataplane.messages.events import MessageEvents
-from dataplane.messages.passthrough import MessagesRelay
-from dataplane.messages.translate import ChatAsMessages
 from dataplane.metrics import ShimMetrics
 from dataplane.prefix_chain import reply_hash
-from dataplane.relay.answers import check_answer, usage_counts
 from dataplane.relay.background import Background
 from dataplane.relay.context import StreamContext
 from dataplane.relay.prefixblocks import prefix_blocks
@@ -32,10 +31,6 @@ from dataplane.relay.resume.markers import MarkerCache
 from dataplane.relay.resume.reports import Reporter
 from dataplane.relay.stream import RelayControl, StreamRelay, with_token_ids
 from dataplane.request import ClientRequest, Endpoint
-from dataplane.responses.events import ResponseEvents
-from dataplane.responses.passthrough import ResponsesRelay
-from dataplane.responses.request import stored
-from dataplane.responses.translate import ChatAsResponses
 from dataplane.settings import ProxySettings
 from dataplane.spec.server import SpecControl, SpecServer
 from dataplane.sse import ClientStream
@@ -57,14 +52,15 @@ class Exchange:
     """One client request on its way through the proxy (lifecycle only, no wire objects)."""
 
     request_id: str
-    client: ClientRequest
+    client: ClientRequest  # what goes to the engine (the chat request, when served as chat)
+    api: Api  # the API of `client` (dataplane/apis/table.py)
     raw: bytes
     shape: RequestShape
     started: float = field(default_factory=time.monotonic)
     first_byte: float | None = None
-    # A Responses or Messages request served as chat (dataplane/edge/as_chat.py): the
-    # client's events.
-    events: ResponseEvents | MessageEvents | None = None
+    # A Responses or Messages request served as chat (Api.as_chat): the client's stream in
+    # its own API's events around the relay's chat stream.
+    events: Callable[[ClientStream], ClientStream] | None = None
     # Headers of the client's that go to the engine with the request (the Messages API's
     # anthropic-version and -beta); nothing else of the client's request goes upstream.
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -135,10 +131,9 @@ class Proxy:
         settling = False  # handed to _settle: its connection goes back to the pool
         try:
             if ex.client.stream and upstream.status == 200:
-                if ex.client.endpoint is Endpoint.RESPONSES:
-                    return await self._relay_responses(request, ex, backend, upstream)
-                if ex.client.endpoint is Endpoint.MESSAGES:
-                    return await self._relay_messages(request, ex, backend, upstream)
+                engine = ex.api.engine_stream(ex.client)
+                if engine is not None:
+                    return await self._relay_engine(request, ex, backend, upstream, engine)
                 fallbacks = decision.backends[attempt + 1 :]
                 resp, settling = await self._relay_stream(
                     request, ex, backend, upstream, fallbacks
@@ -183,12 +178,13 @@ class Proxy:
         if upstream.status == 200:
             # Nothing has reached the client yet: a garbled answer is retried on the next
             # backend like any other failure, never relayed as a 200.
-            answer, reply = check_answer(ex.client, body)
+            answer, reply = check_answer(ex.api, body)
             tokens = usage_counts(answer)
             if self._tracing.enabled:
                 self._tracing.annotate(genai.answer_attributes(answer))
-            if ex.client.endpoint is Endpoint.RESPONSES and stored(ex.client.body):
-                await self._own(ex, backend, answer)
+            key = ex.api.owned(ex.client, answer)
+            if key is not None:
+                await self._own(ex, backend, key)
         elif self._tracing.enabled:
             self._tracing.annotate({"error.type": str(upstream.status)})
         self._finished(ex, backend, upstream.status, reply, None, *tokens)
@@ -210,11 +206,7 @@ class Proxy:
         fallbacks: tuple[Backend, ...],
     ) -> tuple[web.StreamResponse, bool]:
         """The response, and whether `upstream` was handed to _settle."""
-        first = await _first_piece(upstream)
-        resp = web.StreamResponse(
-            status=200, headers={**SSE_HEADERS, "X-Request-Id": ex.request_id}
-        )
-        await resp.prepare(request)
+        first, resp = await _start_stream(request, ex, upstream)
         ctx = StreamContext(
             request_id=ex.request_id,
             client=ex.client,
@@ -227,11 +219,7 @@ class Proxy:
             tracing=self._tracing,
             markers=self._markers,
         )
-        out: ClientStream = resp
-        if isinstance(ex.events, ResponseEvents):
-            out = ChatAsResponses(resp, ex.events)
-        elif isinstance(ex.events, MessageEvents):
-            out = ChatAsMessages(resp, ex.events)
+        out: ClientStream = resp if ex.events is None else ex.events(resp)
         relay = StreamRelay(ctx, session=self._resumes, control=self._control, resp=out)
         try:
             try:
@@ -259,57 +247,19 @@ class Proxy:
             relay.close()
         return resp, any(u is upstream for u in finished)
 
-    async def _relay_messages(
+    async def _relay_engine(
         self,
         request: web.Request,
         ex: Exchange,
         backend: Backend,
         upstream: aiohttp.ClientResponse,
+        engine: EngineStream,
     ) -> web.StreamResponse:
-        """An engine's own Messages stream (one that cannot be replayed elsewhere)."""
-        first = await _first_piece(upstream)
-        resp = web.StreamResponse(
-            status=200, headers={**SSE_HEADERS, "X-Request-Id": ex.request_id}
-        )
-        await resp.prepare(request)
-        relay = MessagesRelay(
-            settings=self._settings.resume,
-            out=resp,
-            request_id=ex.request_id,
-            client=ex.client,
-            reporter=Reporter(self._control, self._metrics, self._tracing, self._background,
-                              ex.shape.tenant),  # fmt: skip
-        )
-        try:
-            complete = await relay.run(backend, upstream, first)
-        finally:
-            ex.first_byte = relay.first_byte
-        message = relay.message or {}
-        inputs = usage_counts(message)[0]
-        outputs = usage_counts({"usage": relay.usage})[1]
-        if self._tracing.enabled:
-            attrs = genai.result_attributes(
-                message.get("id"), message.get("model"), (relay.stop_reason,), inputs, outputs
-            )
-            self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
-        self._finished(ex, backend, 200 if complete else 502, None, None, inputs, outputs)
-        await resp.write_eof()
-        return resp
-
-    async def _relay_responses(
-        self,
-        request: web.Request,
-        ex: Exchange,
-        backend: Backend,
-        upstream: aiohttp.ClientResponse,
-    ) -> web.StreamResponse:
-        """An engine's own Responses stream (one that cannot be replayed elsewhere)."""
-        first = await _first_piece(upstream)
-        resp = web.StreamResponse(
-            status=200, headers={**SSE_HEADERS, "X-Request-Id": ex.request_id}
-        )
-        await resp.prepare(request)
-        relay = ResponsesRelay(
+        """An engine's own Responses or Messages stream (one that cannot be replayed
+        elsewhere)."""
+        first, resp = await _start_stream(request, ex, upstream)
+        relay = PassthroughRelay(
+            engine,
             control=self._control,
             settings=self._settings.resume,
             out=resp,
@@ -322,17 +272,15 @@ class Proxy:
             complete = await relay.run(backend, upstream, first)
         finally:
             ex.first_byte = relay.first_byte
+        attrs, inputs, outputs = engine.result()
         if self._tracing.enabled:
-            attrs = genai.answer_attributes(relay.response)
             self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
-        self._finished(ex, backend, 200 if complete else 502, None, None,
-                       *usage_counts(relay.response))  # fmt: skip
+        self._finished(ex, backend, 200 if complete else 502, None, None, inputs, outputs)
         await resp.write_eof()
         return resp
 
-    async def _own(self, ex: Exchange, backend: Backend, answer: dict[str, Any]) -> None:
+    async def _own(self, ex: Exchange, backend: Backend, key: str) -> None:
         """A stored response's id reaches control before it reaches the client."""
-        key = answer["id"]
         try:
             await self._control.record_owner(ex.request_id, key, backend.id, ex.client.model)
         except ControlUnavailable as exc:
@@ -392,6 +340,16 @@ def _attempt_attributes(
     """The attempt's CLIENT span: the GenAI request attributes and which try on which backend."""
     return {**genai.request_attributes(client.endpoint, client.body, client.model, backend),
             "baton.backend": backend.id, "baton.attempt": attempt + 1}  # fmt: skip
+
+
+async def _start_stream(
+    request: web.Request, ex: Exchange, upstream: aiohttp.ClientResponse
+) -> tuple[bytes, web.StreamResponse]:
+    """The upstream's first piece, and the client's stream response, prepared."""
+    first = await _first_piece(upstream)
+    resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, "X-Request-Id": ex.request_id})
+    await resp.prepare(request)
+    return first, resp
 
 
 async def _first_piece(upstream: aiohttp.ClientResponse) -> bytes:

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dataplane.exceptions import ErrorKind, OpenAIError
+from dataplane.exceptions import bad_request
+from dataplane.request import is_int, is_number
 
 ROLES = frozenset({"user", "assistant", "system"})
 # Blocks whose conversion Baton reproduces: text (a text part), thinking (the message's
@@ -33,27 +34,15 @@ NOT_REPLAYABLE = ("tools", "tool_choice", "output_config", "kv_transfer_params",
 BILLING = "x-anthropic-billing-header"
 
 
-def _bad(message: str, param: str | None) -> OpenAIError:
-    return OpenAIError(ErrorKind.INVALID_REQUEST, message, param)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
 def _check_blocks(blocks: Any, param: str) -> None:
     if not isinstance(blocks, list):
-        raise _bad(f"{param} must be a string or an array of content blocks", param)
+        raise bad_request(f"{param} must be a string or an array of content blocks", param)
     for j, block in enumerate(blocks):
         if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            raise _bad(f"{param}[{j}] must be an object with a 'type'", f"{param}[{j}]")
+            raise bad_request(f"{param}[{j}] must be an object with a 'type'", f"{param}[{j}]")
         text = block.get("text")
         if block["type"] == "text" and text is not None and not isinstance(text, str):
-            raise _bad(f"{param}[{j}].text must be a string", f"{param}[{j}].text")
+            raise bad_request(f"{param}[{j}].text must be a string", f"{param}[{j}].text")
 
 
 def check_messages(body: Mapping[str, Any], *, count_only: bool = False) -> None:
@@ -61,13 +50,14 @@ def check_messages(body: Mapping[str, Any], *, count_only: bool = False) -> None
     request (no max_tokens, no sampling)."""
     messages = body.get("messages")
     if not isinstance(messages, list):
-        raise _bad("'messages' is required and must be an array", "messages")
+        raise bad_request("'messages' is required and must be an array", "messages")
     for i, m in enumerate(messages):
         param = f"messages[{i}]"
         if not isinstance(m, dict):
-            raise _bad(f"{param} must be an object", param)
+            raise bad_request(f"{param} must be an object", param)
         if m.get("role") not in ROLES:
-            raise _bad(f"{param}.role must be one of assistant, system, user", f"{param}.role")
+            raise bad_request(f"{param}.role must be one of assistant, system, user",
+                              f"{param}.role")  # fmt: skip
         content = m.get("content")
         if not isinstance(content, str):
             _check_blocks(content, f"{param}.content")
@@ -77,20 +67,20 @@ def check_messages(body: Mapping[str, Any], *, count_only: bool = False) -> None
     if count_only:
         return
     limit = body.get("max_tokens")
-    if not (isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1):
-        raise _bad("'max_tokens' is required and must be a positive integer", "max_tokens")
+    if not (is_int(limit) and limit >= 1):
+        raise bad_request("'max_tokens' is required and must be a positive integer", "max_tokens")
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
-        raise _bad("'stream' must be a boolean", "stream")
+        raise bad_request("'stream' must be a boolean", "stream")
     stops = body.get("stop_sequences")
     if stops is not None and not (
         isinstance(stops, list) and all(isinstance(s, str) for s in stops)
     ):
-        raise _bad("'stop_sequences' must be an array of strings", "stop_sequences")
+        raise bad_request("'stop_sequences' must be an array of strings", "stop_sequences")
     for name in ("temperature", "top_p"):
-        if body.get(name) is not None and not _is_number(body[name]):
-            raise _bad(f"'{name}' must be a number", name)
-    if body.get("top_k") is not None and not _is_int(body["top_k"]):
-        raise _bad("'top_k' must be an integer", "top_k")
+        if body.get(name) is not None and not is_number(body[name]):
+            raise bad_request(f"'{name}' must be a number", name)
+    if body.get("top_k") is not None and not is_int(body["top_k"]):
+        raise bad_request("'top_k' must be an integer", "top_k")
 
 
 def _system_text(system: Any) -> str:

@@ -159,3 +159,16 @@ def _usage(usage: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
     }
+
+
+def failed_event(created: dict[str, Any] | None, seq: int, message: str) -> bytes:
+    """response.failed for the response the engine announced (an `error` event when it
+    announced none): how a Responses stream the shim must cut ends."""
+    error = {"code": "server_error", "message": message}
+    if created is None:
+        data: dict[str, Any] = {"type": "error", **error, "param": None, "sequence_number": seq}
+    else:
+        response = {**created, "status": "failed", "error": error}
+        data = {"type": "response.failed", "sequence_number": seq, "response": response}
+    kind: str = data["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dataplane.exceptions import ErrorKind, OpenAIError
+from dataplane.exceptions import bad_request
+from dataplane.request import is_int
 
 # Copied to the chat request unchanged: the sampling fields vLLM's Responses API accepts.
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
@@ -31,33 +32,29 @@ NOT_REPLAYABLE = ("tools", "reasoning", "include", "top_logprobs", "background",
 ROLES = frozenset({"system", "developer", "user", "assistant"})
 
 
-def _bad(message: str, param: str | None) -> OpenAIError:
-    return OpenAIError(ErrorKind.INVALID_REQUEST, message, param)
-
-
 def check_responses(body: Mapping[str, Any]) -> None:
     """Raises OpenAIError (400) naming the parameter at fault."""
     value = body.get("input")
     if value is None:
-        raise _bad("'input' is required", "input")
+        raise bad_request("'input' is required", "input")
     if not (isinstance(value, str) or (isinstance(value, list) and value)):
-        raise _bad("'input' must be a string or a non-empty array of items", "input")
+        raise bad_request("'input' must be a string or a non-empty array of items", "input")
     if isinstance(value, list) and not all(isinstance(item, dict) for item in value):
-        raise _bad("every item of 'input' must be an object", "input")
+        raise bad_request("every item of 'input' must be an object", "input")
     for name in ("store", "stream"):
         if body.get(name) is not None and not isinstance(body[name], bool):
-            raise _bad(f"'{name}' must be a boolean", name)
+            raise bad_request(f"'{name}' must be a boolean", name)
     prev = body.get("previous_response_id")
     if prev is not None and not (isinstance(prev, str) and prev):
-        raise _bad("'previous_response_id' must be a non-empty string", "previous_response_id")
+        raise bad_request("'previous_response_id' must be a non-empty string",
+                          "previous_response_id")  # fmt: skip
     limit = body.get("max_output_tokens")
-    if limit is not None and not (isinstance(limit, int) and not isinstance(limit, bool)
-                                  and limit >= 1):
-        raise _bad("'max_output_tokens' must be an integer of at least 1",
-                   "max_output_tokens")  # fmt: skip
+    if limit is not None and not (is_int(limit) and limit >= 1):
+        raise bad_request("'max_output_tokens' must be an integer of at least 1",
+                          "max_output_tokens")  # fmt: skip
     for name in ("instructions",):
         if body.get(name) is not None and not isinstance(body[name], str):
-            raise _bad(f"'{name}' must be a string", name)
+            raise bad_request(f"'{name}' must be a string", name)
 
 
 def stored(body: Mapping[str, Any]) -> bool:

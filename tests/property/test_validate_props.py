@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dataplane.apis.table import parse_request
 from dataplane.edge.shape import shape_of
-from dataplane.edge.validate import parse_request
 from dataplane.exceptions import OpenAIError, Refused
 from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume.plan import plan_resume, static_refusal

@@ -3,7 +3,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from dataplane.edge.validate import parse_request
+from dataplane.apis.table import parse_request
 from dataplane.exceptions import ErrorKind, OpenAIError
 from dataplane.request import Endpoint
 
