@@ -59,9 +59,9 @@ class Outbox:
         up: asyncio.Event,
         on_unreachable: Callable[[str], None],
     ) -> None:
-        """`up`: set while control is believed reachable (ControlLink owns it);
-        `on_unreachable`: told when a send fails for a transient reason, so ControlLink
-        stops trusting control and probes it until it answers again."""
+        """`up`: set while control is believed reachable (the link's Leader owns it);
+        `on_unreachable`: told when a send fails for a transient reason (ControlLink's
+        reports tell the Leader themselves, which then probes control until it answers)."""
         self._queue: deque[Report] = deque()
         self._capacity = capacity
         self._up = up
@@ -99,7 +99,7 @@ class Outbox:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in TRANSIENT or not_leader(exc) is not None:
                     # Kept at the head: order is preserved and it goes first when control
-                    # is back. ControlLink clears `up`, so this does not spin.
+                    # is back. The Leader clears `up`, so this does not spin.
                     self._on_unreachable(f"{report.kind} report: {exc.code().name}")
                     if self._up.is_set():
                         await asyncio.sleep(0.1)  # `up` left set (shutting down): pace

@@ -113,7 +113,7 @@ class RouteStream:
     ) -> None:
         """`on_broken`: told why whenever the stream breaks (control gone, hung on a write, or
         a replica that does not lead refused it; then the leader's address when it named one,
-        else ""), so ControlLink can stop asking control until it answers again. `metadata`:
+        else ""), so the link's Leader can stop asking control until it answers again. `metadata`:
         sent when each stream opens (the shim token). `tls_ca`: control's CA, for its route
         socket as for its gRPC."""
         self._stub = stub
