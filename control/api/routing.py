@@ -50,13 +50,15 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         self._policy = router.policy.name
         self._tracing = tracing
         self.route_port = 0  # control's route socket, told to shims with every snapshot
-        # Queued requests (the fleet was saturated): where each one's answer goes.
-        self._later: dict[str, Send] = {}
 
-    def _route(self, r: routing_pb2.RouteRequest) -> routing_pb2.RouteResponse:
+    def _route(
+        self, r: routing_pb2.RouteRequest, later: Send | None = None
+    ) -> routing_pb2.RouteResponse:
+        """`later`: where the answer goes if the request must wait (the router keeps it)."""
         started = time.perf_counter()
         with self._traced("baton.control.route", r.traceparent, r.request_id) as span:
-            decision = self._router.route(convert.route_request_from_pb(r.request_id, r.shape))
+            request = convert.route_request_from_pb(r.request_id, r.shape)
+            decision = self._router.route(request, reply=later)
             if span is not None:
                 span.set_attribute("baton.reason", decision.reason.value)
                 if r.shape.tenant:
@@ -81,17 +83,16 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
     async def Route(
         self, request: routing_pb2.RouteRequest, context: Context
     ) -> routing_pb2.RouteResponse:
-        answer = self._route(request)
-        if answer.reason != QUEUED:
-            return answer
-        # One question, one answer: a unary caller waits here for its turn.
+        # One question, one answer: a unary caller that must wait waits here for its turn.
         turn: asyncio.Future[routing_pb2.RouteResponse] = asyncio.get_running_loop().create_future()
 
         def send(msg: routing_pb2.RouteStreamResponse) -> None:
             if not turn.done():
                 turn.set_result(msg.results[0].response)
 
-        self._later[request.request_id] = send
+        answer = self._route(request, send)
+        if answer.reason != QUEUED:
+            return answer
         return await turn
 
     async def RouteStream(
@@ -145,9 +146,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             self._finished(msg.outcomes)
         results = []
         for r in msg.routes:
-            response = self._route(r)
-            if response.reason == QUEUED and later is not None:
-                self._later[r.request_id] = later
+            response = self._route(r, later)
             results.append(routing_pb2.RouteResult(request_id=r.request_id, response=response))
         if self._router.waiting:
             self.drain()
@@ -161,22 +160,18 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
 
     def _finished(self, outcomes: Iterable[routing_pb2.RequestOutcome]) -> None:
         self._router.finished(wire.outcome_from_pb(o) for o in outcomes)
-        if self._later:
-            for o in outcomes:  # a queued request whose client left: no answer is wanted
-                self._later.pop(o.request_id, None)
 
     def drain(self) -> None:
-        """Queued requests whose turn came (or whose wait ended) get their answers, batched
-        by the stream they came on."""
+        """Queued requests whose turn came (or whose wait ended) get their answers (the
+        router's, control/routing/admission.py), batched by the stream they came on."""
         batches: dict[Send, list[routing_pb2.RouteResult]] = {}
-        for request_id, decision in self._router.dequeue():
-            self._metrics.routes.labels(self._policy, decision.reason.value).inc()
-            send = self._later.pop(request_id, None)
-            if send is not None:
+        for a in self._router.dequeue():
+            self._metrics.routes.labels(self._policy, a.decision.reason.value).inc()
+            if a.reply is not None:
                 result = routing_pb2.RouteResult(
-                    request_id=request_id, response=wire.route_response(decision)
+                    request_id=a.request_id, response=wire.route_response(a.decision)
                 )
-                batches.setdefault(send, []).append(result)
+                batches.setdefault(a.reply, []).append(result)
         for send, results in batches.items():
             send(routing_pb2.RouteStreamResponse(results=results))
 

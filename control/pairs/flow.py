@@ -17,7 +17,7 @@ from baton.model import Backend, BackendId, Pairing, PairState, RequestShape, Ro
 from control.audit.payloads import PairChange
 from control.exceptions import PairExists, PairNotFound, PairRefused
 from control.fleet.registry import Registry
-from control.pairs.table import DEFAULT_DRAFT_TOKENS, Pair, PairTable, gate
+from control.pairs.table import DEFAULT_DRAFT_TOKENS, Pair, PairTable, gate, retargeted
 from control.signals.facts import Facts, describe, pair_violations
 
 
@@ -30,6 +30,36 @@ class GateResult:
     observed: float
     # On reject: the target the draft was re-bound to; None when none matches (detached).
     target: Backend | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    """`pair` retargeted to the request's primary, its target `previous` being unavailable."""
+
+    pair: Pair
+    previous: BackendId
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """`pair`'s target no longer matches its draft (`why`): the draft is to be re-bound."""
+
+    pair: Pair
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class PairIntent:
+    """What routing a request to a primary means for the pairs (PairFlow.pairing_for): the
+    pairing the request may use, and the change to the pairs it implies, which the router's
+    commit applies (PairFlow.apply) before anything else it writes."""
+
+    pairing: Pairing | None = None
+    adopt: Adopted | None = None
+    reject: Rejected | None = None
+
+
+NO_PAIRING = PairIntent()
 
 
 class PairFlow:
@@ -96,38 +126,50 @@ class PairFlow:
 
     # -- the routing path ------------------------------------------------------------------
 
-    def pairing_for(self, primary: Backend, shape: RequestShape) -> Pairing | None:
-        """The pair this request may use on `primary`, if any. When a pair's target is gone,
-        the primary takes its place (if its facts match the draft's), pending the gate."""
+    def pairing_for(self, primary: Backend, shape: RequestShape) -> PairIntent:
+        """The pair this request may use on `primary`, if any, decided without writing: the
+        change it implies, for the router's commit to `apply`. When a pair's target is gone,
+        the primary takes its place (if its facts match the draft's), pending the gate; when
+        the target's facts changed, the pair is rejected and its draft re-bound."""
         if not shape.spec_eligible:
-            return None
+            return NO_PAIRING
         reg = self._registry
+        adopted = None
         pair = self._pairs.for_target(primary.id)
         if pair is None:
-            pair = self._adopt(primary)
-            if pair is None:
-                return None
+            adopted = self._adoptable(primary)
+            if adopted is None:
+                return NO_PAIRING
+            pair = adopted.pair
         draft = reg.find(pair.draft_id)
         facts = reg.facts.get(pair.draft_id)
         if draft is None or facts is None or not reg.routable(pair.draft_id):
-            return None
+            return PairIntent(adopt=adopted)
         target = reg.facts.get(pair.target_id)
         if target is None:
-            return None  # it came back and could not say: fail closed, target alone
+            # it came back and could not say: fail closed, target alone
+            return PairIntent(adopt=adopted)
         if broken := pair_violations(facts, target):
             # The target was re-read since (it came back with another config): never serve
             # through it; move the draft to a target that still matches.
-            why = describe(broken)
-            self._pair_event(pair, "reject", reason=why)
-            self._rebind(pair, exclude=pair.target_id, why=why)
-            return None
+            return PairIntent(adopt=adopted, reject=Rejected(pair, describe(broken)))
         # The router sets every sampling parameter on the pair's calls (baton/sampling.py):
         # a request that leaves its temperature to the engine's generation config asks for
         # something the pair cannot know, so the target alone serves it.
         if not (shape.sets_temperature and shape.greedy):
-            return None
-        return Pairing(pair.id, draft, pair.num_draft_tokens, pair.params_hash,
-                       pair.gate_pending)  # fmt: skip
+            return PairIntent(adopt=adopted)
+        pairing = Pairing(pair.id, draft, pair.num_draft_tokens, pair.params_hash,
+                          pair.gate_pending)  # fmt: skip
+        return PairIntent(pairing, adopt=adopted)
+
+    def apply(self, intent: PairIntent) -> None:
+        """The change `pairing_for` decided, made (and recorded as pair events)."""
+        if (adopted := intent.adopt) is not None:
+            pair = self._pairs.put(adopted.pair)
+            self._pair_event(pair, "repair", previous=adopted.previous)
+        if (rejected := intent.reject) is not None:
+            self._pair_event(rejected.pair, "reject", reason=rejected.why)
+            self._rebind(rejected.pair, exclude=rejected.pair.target_id, why=rejected.why)
 
     def repair(self, pair_id: str, new_target_id: str, failed_id: str) -> Pairing | None:
         """A failover moved a spec request off its pair's target: the draft is paired with the
@@ -234,9 +276,9 @@ class PairFlow:
         self._pair_event(pair, "rebind", reason=why)
         return pair, target
 
-    def _adopt(self, primary: Backend) -> Pair | None:
-        """A pair of this model whose target can't serve takes the primary as its target,
-        if the primary's known facts match the draft's."""
+    def _adoptable(self, primary: Backend) -> Adopted | None:
+        """A pair of this model whose target can't serve, with the primary as its target, if
+        the primary's known facts match the draft's (not yet in the table)."""
         reg = self._registry
         f = reg.facts.get(primary.id)
         for pair in self._pairs.for_model(primary.model):
@@ -246,9 +288,8 @@ class PairFlow:
             if f is None or draft is None or pair_violations(draft, f):
                 continue
             previous = pair.target_id
-            pair = self._pairs.retarget(pair, primary.id, f"target {previous} unavailable")
-            self._pair_event(pair, "repair", previous=previous)
-            return pair
+            return Adopted(retargeted(pair, primary.id, f"target {previous} unavailable"),
+                           previous)  # fmt: skip
         return None
 
     def _pair_event(

@@ -41,6 +41,12 @@ class Pair:
     probation_rounds: int = 0
 
 
+def retargeted(pair: Pair, target_id: BackendId, reason: str) -> Pair:
+    """`pair` with a new target for its draft, pending the gate (not yet in any table)."""
+    return replace(pair, target_id=target_id, state=PairState.PROBATION, reason=reason,
+                   gate_pending=True, recent=None, rounds=0, probation_rounds=0)  # fmt: skip
+
+
 def ewma(old: float | None, x: float) -> float:
     return x if old is None else old + EWMA_ALPHA * (x - old)
 
@@ -106,10 +112,7 @@ class PairTable:
 
     def retarget(self, pair: Pair, target_id: BackendId, reason: str) -> Pair:
         """A new target for the draft: judged by the gate on the next probe round."""
-        return self.put(
-            replace(pair, target_id=target_id, state=PairState.PROBATION, reason=reason,
-                    gate_pending=True, recent=None, rounds=0, probation_rounds=0)
-        )  # fmt: skip
+        return self.put(retargeted(pair, target_id, reason))
 
     def judged(self, pair: Pair, verdict: Verdict, reason: str, observed: float) -> Pair:
         state = PairState.ACTIVE if verdict is Verdict.ACCEPT else PairState.PROBATION

@@ -1,7 +1,11 @@
-"""Control's per-request logic: look up the request's pin, ask the policy, account load and
-pins, take failure and outcome reports. Thin on purpose: the decision is the policy's, the
-fleet's state (load and pins included) is the registry's, the pairs' the pair flow's; the
-router only asks them, through their methods."""
+"""Control's per-request logic. A request is admitted (admission.py: routed now, queued or
+refused), then routed in three steps: lookup (the fleet's state this request depends on),
+decide (the policy's, then panic, then the pairing it may use: nothing written) and commit
+(the pair change decided, load, pins, the prefill prediction, the audit: the only step that
+writes). A stored object's follow-up is decided by its owner and committed the same way. A
+failover routes the resume the same way too; what the shims report is learning.py's. The
+fleet's state (load and pins included) is the registry's, the pairs' the pair flow's: the
+router asks them, through their methods."""
 
 # baton: pure
 
@@ -9,10 +13,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from random import Random
 
-from baton.ledger import ADMITTED, Admission
 from baton.model import (
     BackendId,
     Decision,
@@ -22,23 +25,15 @@ from baton.model import (
     RouteRequest,
 )
 from baton.spread import last_resort, prefer
-from baton.tenancy import Priority, Quota
-from control.audit.payloads import Retry
 from control.fleet.pins import PinMatch
 from control.fleet.registry import Registry
-from control.pairs.flow import PairFlow
-from control.routing.bands import Bands, Waiting
+from control.pairs.flow import NO_PAIRING, PairFlow, PairIntent
+from control.routing.admission import AdmissionQueue, Admitted, Answer, Queued, Reply
+from control.routing.learning import Learning
 from control.routing.policy import Policy, RoutingView
 from control.routing.policy.base import Prediction
 from control.routing.prefill import Predicted, PrefillRates
 from control.settings import AdmissionSettings
-
-
-@dataclass(frozen=True, slots=True)
-class _Queued:
-    request: RouteRequest
-    quota: Quota | None  # the tenant's standing at its admission, for its answer's headers
-
 
 # Decisions that put the request where its pinned prefix already is.
 FOLLOWED_PIN = frozenset({Reason.PIN_HIT})
@@ -68,51 +63,32 @@ class Router:
         self._clock = clock
         self._stale_after = stale_after  # an engine's load reading older than this is unused
         self.prefill = PrefillRates()
-        # Saturation: requests wait in priority bands, one queue per model (bands.py).
-        self.admission = admission or AdmissionSettings()
-        self._queues: dict[str, Bands[_Queued]] = {}
-        self._decided: list[tuple[str, Decision]] = []  # answers of queued requests, not yet sent
+        # Saturation: requests wait in priority bands, one queue per model (admission.py).
+        self.admission = AdmissionQueue(
+            registry, admission or AdmissionSettings(), stale_after=stale_after,
+            chars_per_token=self.prefill.chars_per_token,
+        )  # fmt: skip
+        self.learning = Learning(registry, self.pairs, self.prefill)
 
     def now(self) -> float:
         """Control's clock, the one readings and pins are aged by."""
         return self._clock()
 
-    def route(
-        self,
-        request: RouteRequest,
-        *,
-        reason: Reason | None = None,
-        preferred: Sequence[str] = (),
-    ) -> Decision:
-        """Lookup (the fleet's state this request depends on), decide (the policy's, then
-        panic and pairing), commit (load, pins, the prefill prediction, the audit). Only
-        commit writes."""
+    def route(self, request: RouteRequest, *, reply: Reply | None = None) -> Decision:
+        """Admit the request, then route it (or answer that it waits, or why not). `reply`:
+        where its answer goes if it must wait (given back by `dequeue`)."""
         now = self._clock()
-        if reason is not None:  # a failover's resume: its request was admitted already
-            return self._route(request, reason, preferred, now)
-        shape = request.shape
-        queueing = self.admission.enabled and not shape.owner_key
-        if not (shape.tenant or queueing):  # an open shim's request, no bands: route it
-            return self._routed(request, ADMITTED, now)
-        # What it may cost, at the model's learned characters per token.
-        tokens = shape.tokens_estimate(self.prefill.chars_per_token(shape.model))
-        admitted = self.registry.tenants.admit(
-            request.request_id, shape.tenant, shape.model, tokens, now
-        )
-        if admitted.refused is not None:
-            refusal = Decision((), admitted.refused, self.registry.snapshot.version,
-                               admitted.detail, quota=admitted.quota)  # fmt: skip
-            if self._route_events:
-                self._audit(request, refusal, None)
-            return refusal
-        if queueing:
-            queued = self._wait_for_room(request, admitted, tokens, now)
-            if queued is not None:
-                return queued
-            request = self._away_from_full(request, self._band(request), now)
-        return self._routed(request, admitted, now)
+        door = self.admission.admit(request, now, reply)
+        if isinstance(door, Admitted):
+            return self._routed(door, now)
+        if isinstance(door, Queued):
+            return door.decision
+        if door.audit and self._route_events:
+            self._audit(request, door.decision, None)
+        return door.decision
 
-    def _routed(self, request: RouteRequest, admitted: Admission, now: float) -> Decision:
+    def _routed(self, admitted: Admitted, now: float) -> Decision:
+        request = admitted.request
         decision = self._route(request, None, (), now)
         if not decision.backends:
             self.registry.tenants.cancel(request.request_id)
@@ -120,128 +96,34 @@ class Router:
             decision = replace(decision, quota=admitted.quota)
         return decision
 
-    # -- saturation: priority bands ---------------------------------------------------------
-
-    def _band(self, request: RouteRequest) -> int:
-        tenant = self.registry.tenants.find(request.shape.tenant)
-        return (tenant.priority if tenant is not None else Priority.STANDARD).band
-
-    def _full(self, model: str, band: int, now: float) -> tuple[set[BackendId], int]:
-        """The model's routable backends that are full for `band`, and how many are
-        routable. Full: Baton's requests on it reach the band's share of its capacity, or
-        its engine's fresh reading says requests wait in its own queue."""
-        cap = self.admission.capacity(band)
-        counts = self.registry.in_flight()
-        full, routable = set(), 0
-        for s in self.registry.snapshot.serving(model):
-            if not s.routable:
-                continue
-            routable += 1
-            bid = s.backend.id
-            load = self.registry.engine_load(bid)
-            queueing = (load is not None and load.waiting > 0
-                        and now - load.read_at <= self._stale_after)  # fmt: skip
-            if counts.get(bid, 0) >= cap or queueing:
-                full.add(bid)
-        return full, routable
-
-    def _away_from_full(self, request: RouteRequest, band: int, now: float) -> RouteRequest:
-        full, _ = self._full(request.shape.model, band, now)
-        return replace(request, exclude=request.exclude | full) if full else request
-
-    def _wait_for_room(
-        self, request: RouteRequest, admitted: Admission, tokens: int, now: float
-    ) -> Decision | None:
-        """A QUEUED answer when the request must wait: every routable backend is full for
-        its band, or requests of its band or a higher one wait already (they go first).
-        None: route it now. No backend routable at all: not a wait (route as ever)."""
-        model, band = request.shape.model, self._band(request)
-        q = self._queues.get(model)
-        ahead = q is not None and q.waiting_at_or_above(band)
-        full, routable = self._full(model, band, now)
-        if not routable or not (ahead or len(full) >= routable):
-            return None
-        q = self._queues.setdefault(model, Bands())
-        version = self.registry.snapshot.version
-        if len(q) >= self.admission.max_queued:
-            victim = q.lowest_newest()
-            if victim is None or victim.band <= band:
-                self.registry.tenants.waited(request.shape.tenant, 0.0, True, now)
-                return self._shed(request.request_id, version, "the queue is full")
-            q.remove(victim.request_id)
-            self.registry.tenants.waited(victim.tenant, now - victim.since, True, now)
-            self._decided.append((victim.request_id, self._shed(
-                victim.request_id, version, "a higher band's request took its place")))  # fmt: skip
-        tenant = self.registry.tenants.find(request.shape.tenant)
-        wait = self.admission.max_wait
-        weight = tenant.weight if tenant is not None else 1
-        q.push(Waiting(request.request_id, request.shape.tenant, band, weight, max(tokens, 1),
-                       now, now + wait, _Queued(request, admitted.quota)))  # fmt: skip
-        return Decision((), Reason.QUEUED, version,
-                        f"fleet saturated: waiting in band {band}", quota=admitted.quota,
-                        wait_s=wait)  # fmt: skip
-
-    def _shed(self, request_id: str, version: int, why: str) -> Decision:
-        self.registry.tenants.cancel(request_id)
-        return Decision((), Reason.SHED, version, f"fleet saturated: {why}",
-                        wait_s=self.admission.max_wait)  # fmt: skip
-
-    def dequeue(self) -> list[tuple[str, Decision]]:
-        """Queued requests whose turn came, routed now, and those shed (their wait reached
-        its bound, or the queue was full): each with its answer. Called whenever room may
-        have freed (an outcome, a load reading, a tick)."""
+    def dequeue(self) -> list[Answer]:
+        """Queued requests whose turn came, routed now, and those shed: each with its answer
+        and where it goes. Called whenever room may have freed (an outcome, a load reading, a
+        tick)."""
         now = self._clock()
-        out, self._decided = self._decided, []
-        version = self.registry.snapshot.version
-        for model, q in list(self._queues.items()):
-            for late in q.expired(now):
-                why = f"no room within {self.admission.max_wait:g} s"
-                self.registry.tenants.waited(late.tenant, now - late.since, True, now)
-                out.append((late.request_id, self._shed(late.request_id, version, why)))
-            while len(q):
-                w = q.pop(functools.partial(self._has_room, model, now=now))
-                if w is None:
-                    break
-                self.registry.tenants.waited(w.tenant, now - w.since, False, now)
-                request = self._away_from_full(w.item.request, w.band, now)
-                admitted = Admission(quota=w.item.quota)
-                out.append((w.request_id, self._routed(request, admitted, now)))
-            if not len(q):
-                del self._queues[model]
-        return out
-
-    def _has_room(self, model: str, band: int, *, now: float) -> bool:
-        full, routable = self._full(model, band, now)
-        return len(full) < routable
-
-    def queued_by_band(self) -> dict[str, int]:
-        """Requests waiting now, by their class's name (for /metrics)."""
-        out = {p.value: 0 for p in Priority}
-        names = {p.band: p.value for p in Priority}
-        for q in self._queues.values():
-            for band, n in q.sizes().items():
-                out[names[band]] += n
-        return out
+        return self.admission.dequeue(now, functools.partial(self._routed, now=now))
 
     @property
     def waiting(self) -> bool:
         """Whether dequeue() may have answers to give (requests queued, or shed unsent)."""
-        return bool(self._queues or self._decided)
+        return self.admission.waiting
 
-    def _unqueue(self, request_id: str) -> None:
-        """A queued request whose client left (its shim reported its end)."""
-        for q in self._queues.values():
-            if q.remove(request_id) is not None:
-                return
+    def queued_by_band(self) -> dict[str, int]:
+        """Requests waiting now, by their class's name (for /metrics)."""
+        return self.admission.queued_by_band()
+
+    # -- lookup, decide, commit -------------------------------------------------------------
 
     def _route(
         self, request: RouteRequest, reason: Reason | None, preferred: Sequence[str], now: float
     ) -> Decision:
         if request.shape.owner_key:
-            return self._to_owner(request, now)
+            decision = self._to_owner(request, now)
+            self._commit(request, None, decision, NO_PAIRING, learn=False, now=now)
+            return decision
         view = self._lookup(request, now)
-        decision = self._decide(request, view, reason, preferred, now)
-        self._commit(request, view, decision, learn=reason is None, now=now)
+        decision, intent = self._decide(request, view, reason, preferred, now)
+        self._commit(request, view.pin, decision, intent, learn=reason is None, now=now)
         return decision
 
     def _lookup(self, request: RouteRequest, now: float) -> RoutingView:
@@ -256,36 +138,36 @@ class Router:
         reason: Reason | None,
         preferred: Sequence[str],
         now: float,
-    ) -> Decision:
+    ) -> tuple[Decision, PairIntent]:
+        """The decision, and what it means for the pairs (applied by commit)."""
         decision = prefer(self.policy.decide(request, view, rng=self._rng, now=now), preferred)
         if not decision.backends and decision.reason is Reason.NO_BACKEND:
             decision = self._panic(request, decision)
         if not decision.backends:
-            return decision
+            return decision, NO_PAIRING
         if reason is not None:
             decision = replace(decision, reason=reason)
-        if self.pairs and request.shape.spec_eligible:
-            pairing = self.pairs.pairing_for(decision.backends[0], request.shape)
-            if pairing is not None:
-                decision = replace(decision, pairing=pairing)
-        return decision
+        if not (len(self.pairs) and request.shape.spec_eligible):  # no pair: nothing to ask
+            return decision, NO_PAIRING
+        intent = self.pairs.pairing_for(decision.backends[0], request.shape)
+        if intent.pairing is not None:
+            decision = replace(decision, pairing=intent.pairing)
+        return decision, intent
 
     def _commit(
-        self, request: RouteRequest, view: RoutingView, decision: Decision, *, learn: bool,
-        now: float,
+        self, request: RouteRequest, match: PinMatch | None, decision: Decision,
+        intent: PairIntent, *, learn: bool, now: float,
     ) -> None:  # fmt: skip
         """`learn`: the request's first token is what this route waits for (a failover's
         resume is not: nothing to learn from it)."""
-        reg, shape, match = self.registry, request.shape, view.pin
+        if intent is not NO_PAIRING:
+            self.pairs.apply(intent)
+        reg, shape = self.registry, request.shape
         if decision.backends:
             primary = decision.backends[0].id
             reg.acquire(request.request_id, primary, now)
-            if match is not None and decision.reason in FOLLOWED_PIN:
-                reg.placement.follow_pin(match, now)
-            # Wherever it goes, that backend's cache now holds this prefix.
-            reg.placement.pin_chain(shape.prefix_chain, primary, now)
-            if shape.session:
-                reg.placement.pin_session(shape.session, primary, now)
+            if decision.reason is not Reason.OWNER:
+                self._place(request, match, decision, now)
             est = decision.estimate
             if learn and est is not None and est.backend_id == primary:
                 backlog = self.prefill.backlog_tokens(primary, now)
@@ -294,6 +176,18 @@ class Router:
                 self.prefill.predicted(request.request_id, guess, now)
         if self._route_events:
             self._audit(request, decision, match)
+
+    def _place(
+        self, request: RouteRequest, match: PinMatch | None, decision: Decision, now: float
+    ) -> None:
+        """Pins: wherever the request goes, that backend's cache now holds its prefix. (A
+        stored object's follow-up is not placed: its owner was a fact already.)"""
+        reg, shape, primary = self.registry, request.shape, decision.backends[0].id
+        if match is not None and decision.reason in FOLLOWED_PIN:
+            reg.placement.follow_pin(match, now)
+        reg.placement.pin_chain(shape.prefix_chain, primary, now)
+        if shape.session:
+            reg.placement.pin_session(shape.session, primary, now)
 
     def _pin(self, request: RouteRequest, now: float) -> PinMatch | None:
         """The request's session pin (it covers the whole conversation), else its longest
@@ -327,19 +221,13 @@ class Router:
         if owned is None:
             why = (f"no backend is known to hold {key} (it was not stored through this "
                    "fleet's router, or was deleted, or its ownership pin aged out)")  # fmt: skip
-            decision = Decision((), Reason.OWNER_UNKNOWN, version, why)
-        else:
-            status = reg.snapshot.get(owned.backend_id)
-            if status is not None and status.routable and owned.backend_id not in request.exclude:
-                reg.acquire(request.request_id, BackendId(owned.backend_id), now)
-                decision = Decision((status.backend,), Reason.OWNER, version)
-            else:
-                state = "removed" if status is None else status.health.state.value
-                why = f"{key} is stored on backend {owned.backend_id}, which is {state}"
-                decision = Decision((), Reason.OWNER_GONE, version, why)
-        if self._route_events:
-            self._audit(request, decision, None)
-        return decision
+            return Decision((), Reason.OWNER_UNKNOWN, version, why)
+        status = reg.snapshot.get(owned.backend_id)
+        if status is not None and status.routable and owned.backend_id not in request.exclude:
+            return Decision((status.backend,), Reason.OWNER, version)
+        state = "removed" if status is None else status.health.state.value
+        why = f"{key} is stored on backend {owned.backend_id}, which is {state}"
+        return Decision((), Reason.OWNER_GONE, version, why)
 
     def record_owner(self, key: str, backend_id: str, model: str) -> None:
         """A shim saw `backend_id` store `key` (before the client could learn the id)."""
@@ -371,21 +259,7 @@ class Router:
             request.shape.tenant,
         )
 
-    def attempt_failed(
-        self, request_id: str, backend_id: str, failure: Failure, detail: str
-    ) -> None:
-        """Before the first byte: the shim retries on its next fallback."""
-        self._demote(request_id, backend_id, failure, detail)
-        self._events.record(
-            Retry(failure=failure.value, detail=detail),
-            request_id=request_id,
-            backend_id=backend_id,
-        )
-
-    def _demote(self, request_id: str, backend_id: str, failure: Failure, detail: str) -> None:
-        reason = f"{failure}: {detail}" if detail else failure
-        self.registry.report_failure(backend_id, reason)
-        self.registry.release(request_id)
+    # -- failover and reports -----------------------------------------------------------------
 
     def failover(
         self,
@@ -397,52 +271,35 @@ class Router:
         pair_id: str = "",
     ) -> Decision:
         """A stream died mid-generation: demote its backend and pick another for the resume
-        (the first of `preferred`, the route's own remaining fallbacks, still routable). A
-        speculative request's draft is re-paired with the new backend, pending the gate."""
+        (the first of `preferred`, the route's own remaining fallbacks, still routable), not
+        admitted again (it was once). A speculative request's draft is re-paired with the new
+        backend, pending the gate."""
         if failure is Failure.MIGRATE:
             # A planned hand-over off a draining backend, not a fault: don't demote it.
             self.registry.release(request.request_id)
         else:
-            self._demote(request.request_id, failed_backend_id, failure, detail)
+            self.learning.demote(request.request_id, failed_backend_id, failure, detail)
         excluded = request.exclude | {BackendId(failed_backend_id)}
         request = replace(request, exclude=excluded)
         if pair_id:
             # The pairing question is the gate's, not the policy's: route as target-only.
             request = replace(request, shape=replace(request.shape, spec_eligible=False))
-        decision = self.route(request, reason=Reason.FAILOVER, preferred=preferred)
+        decision = self._route(request, Reason.FAILOVER, preferred, self._clock())
         if pair_id and decision.backends:
             pairing = self.pairs.repair(pair_id, decision.backends[0].id, failed_backend_id)
             decision = replace(decision, pairing=pairing)
         return decision
 
+    def attempt_failed(
+        self, request_id: str, backend_id: str, failure: Failure, detail: str
+    ) -> None:
+        """Before the first byte: the shim retries on its next fallback."""
+        self.learning.attempt_failed(request_id, backend_id, failure, detail)
+
     def finished(self, outcomes: Iterable[RequestOutcome]) -> None:
-        now = self._clock()
-        tenants = self.registry.tenants
+        """Requests' ends: one still waiting is dropped (its client left); the others'
+        outcomes are learned from."""
+        outcomes = list(outcomes)
         for outcome in outcomes:
-            if self._queues:
-                self._unqueue(outcome.request_id)
-            self.registry.release(outcome.request_id)
-            tenants.finished(
-                outcome.request_id, outcome.prompt_tokens, outcome.completion_tokens, now,
-                refused=outcome.engine_refused,
-            )  # fmt: skip
-            if outcome.ok and outcome.ttft_ms > 0:
-                self.prefill.observed(outcome.request_id, outcome.backend_id, outcome.ttft_ms,
-                                      outcome.prompt_tokens)  # fmt: skip
-            if outcome.ok and outcome.blocks is not None:
-                self.registry.placement.learn_blocks(
-                    outcome.blocks, outcome.reply_chain_hash, outcome.prompt_tokens
-                )
-            if (s := outcome.spec) is not None:
-                flags = [n for n, bad in (("repeated n-gram loop", s.repeated_ngram),
-                                          ("schema violation", s.schema_violation)) if bad]
-                self.pairs.spec_outcome(s.pair_id, s.target_id, s.rounds, s.drafted,
-                                        s.accepted, not flags, ", ".join(flags))  # fmt: skip
-            if outcome.ok and outcome.reply_chain_hash and outcome.backend_id:
-                # The next turn's prefix ends with this reply: pin it where it was generated.
-                self.registry.placement.pin_reply(
-                    outcome.reply_chain_hash,
-                    BackendId(outcome.backend_id),
-                    outcome.message_count + 1,
-                    now,
-                )
+            self.admission.left(outcome.request_id)
+        self.learning.finished(outcomes, self._clock())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from baton.model import PairState, RequestShape, Role, Verdict
+from baton.model import Backend, Pairing, PairState, RequestShape, Role, Verdict
 from control.audit.log import EventQuery
 from control.audit.payloads import EventKind
 from control.exceptions import FactsError, PairExists, PairRefused
@@ -123,17 +123,40 @@ def test_bind_refuses_mismatches_roles_and_a_second_binding() -> None:
         flow.bind_pair("d", "t0", 4, GREEDY, GREEDY)
 
 
+def pairing_for(flow: PairFlow, primary: Backend, shape: RequestShape) -> Pairing | None:
+    """As the router asks it: the intent decided, then applied by commit."""
+    intent = flow.pairing_for(primary, shape)
+    flow.apply(intent)
+    return intent.pairing
+
+
+def test_pairing_for_writes_nothing_until_its_intent_is_applied() -> None:
+    reg, flow = registry()
+    reg.drain("t2")
+    target_dies(reg)
+    flow.repair("d", "t1", failed_id="t0")
+    flow.gate_pairing("d", "t1", 4, 4, OTHER_TOKENIZER)  # detached: no target matches
+    reg.undrain("t2")
+    before, events = flow.get("d"), len(pair_actions(reg))
+    intent = flow.pairing_for(backend("t2"), SHAPE)
+    assert intent.adopt is not None and intent.pairing is not None
+    assert flow.get("d") == before and len(pair_actions(reg)) == events
+    flow.apply(intent)
+    after = flow.get("d")
+    assert after is not None and after.target_id == "t2" and len(pair_actions(reg)) == events + 1
+
+
 def test_only_spec_eligible_greedy_requests_get_the_pairing() -> None:
     _, flow = registry()
     t0 = backend("t0")
-    assert flow.pairing_for(t0, SHAPE) is not None
+    assert pairing_for(flow, t0, SHAPE) is not None
     # A temperature left to the engine's generation config: the pair cannot know it.
     default = RequestShape("m", greedy=True, spec_eligible=True, sets_temperature=False)
-    assert flow.pairing_for(t0, default) is None
-    assert flow.pairing_for(t0, RequestShape("m", spec_eligible=False)) is None
+    assert pairing_for(flow, t0, default) is None
+    assert pairing_for(flow, t0, RequestShape("m", spec_eligible=False)) is None
     sampled = RequestShape("m", greedy=False, spec_eligible=True, sets_temperature=True)
-    assert flow.pairing_for(t0, sampled) is None
-    assert flow.pairing_for(backend("t2"), SHAPE) is None  # not this pair's target
+    assert pairing_for(flow, t0, sampled) is None
+    assert pairing_for(flow, backend("t2"), SHAPE) is None  # not this pair's target
 
 
 @pytest.mark.parametrize(("facts", "invariant"),
@@ -196,9 +219,9 @@ def test_no_matching_target_detaches_and_a_matching_one_is_adopted_later() -> No
     assert result.verdict is Verdict.REJECT and result.target is None
     pair = flow.get("d")
     assert pair is not None and pair.state is PairState.DETACHED
-    assert flow.pairing_for(backend("t1"), SHAPE) is None  # never adopts other facts
+    assert pairing_for(flow, backend("t1"), SHAPE) is None  # never adopts other facts
     reg.undrain("t2")
-    pairing = flow.pairing_for(backend("t2"), SHAPE)
+    pairing = pairing_for(flow, backend("t2"), SHAPE)
     assert pairing is not None and pairing.gate_required
     (repair,) = [e for e in reg.events.query(EventQuery("pair")) if e.data["target"] == "t2"]
     assert repair.data["action"] == "repair" and repair.data["previous"] == "t1"

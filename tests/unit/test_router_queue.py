@@ -50,9 +50,9 @@ def test_a_full_fleet_holds_requests_and_a_higher_band_goes_first() -> None:
     assert r.dequeue() == []  # no room yet
     end(r, "r1")
     (first,) = r.dequeue()  # one slot: one goes, the interactive one
-    assert first[0] == "r3" and first[1].backends[0].id == "b0"
+    assert first.request_id == "r3" and first.decision.backends[0].id == "b0"
     end(r, "r3")
-    assert [rid for rid, _ in r.dequeue()] == ["r2"]
+    assert [a.request_id for a in r.dequeue()] == ["r2"]
 
 
 def test_a_full_queue_sheds_the_lowest_band_first() -> None:
@@ -60,7 +60,7 @@ def test_a_full_queue_sheds_the_lowest_band_first() -> None:
     route(r, "r1", "jobs")
     assert route(r, "r2", "jobs") is Reason.QUEUED
     assert route(r, "r3", "app") is Reason.QUEUED  # takes batch's place...
-    assert [(rid, d.reason) for rid, d in r.dequeue()] == [("r2", Reason.SHED)]  # ...r2 shed
+    assert [(a.request_id, a.decision.reason) for a in r.dequeue()] == [("r2", Reason.SHED)]
     assert route(r, "r4", "jobs") is Reason.SHED  # lower than what waits: shed at once
     usage = {u.tenant_id: u for u in r.registry.tenants.usage()}
     assert usage["jobs"].refused == {"saturated": 2} and usage["jobs"].in_flight == 1
