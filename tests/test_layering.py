@@ -57,7 +57,7 @@ ROOMS: dict[str, tuple[tuple[str, ...], ...]] = {
     "dataplane": (
         ("sse",),
         ("exceptions",),  # every exception, the client's OpenAIError among them
-        ("request", "settings", "metrics", "prefix_chain"),
+        ("request", "settings", "metrics", "prefix_chain", "refusals"),
         ("upstream", "link"),  # talking to engines; talking to control
         ("relay",),  # a client's stream relayed, and resumed on failure (relay/resume)
         # The Responses and Messages APIs; router-level speculative decoding

@@ -10,20 +10,20 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from baton.model import Reason, RequestOutcome
+from baton.model import RequestOutcome
 from baton.tracing import SpanKind, Tracing
 from dataplane.apis.table import APIS, parse_request
 from dataplane.edge.health import PATHS as HEALTH_PATHS
 from dataplane.edge.health import Health
 from dataplane.edge.limits import StreamSlots, check_head, check_request
 from dataplane.edge.proxy import Exchange, Proxy
-from dataplane.edge.quota import ADMISSION_REFUSALS, QUOTA, TENANT, admission_refusal
+from dataplane.edge.quota import QUOTA, TENANT
 from dataplane.edge.shape import SESSION_HEADER, session_of, shape_of, with_request
 from dataplane.exceptions import ControlUnavailable, ErrorKind, ErrorShape, OpenAIError
 from dataplane.link.needs import Routing
 from dataplane.metrics import ShimMetrics
+from dataplane.refusals import refusal
 from dataplane.request import ClientRequest, Endpoint
-from dataplane.responses.owners import OWNER_REASONS, refused
 from dataplane.responses.stored import StoredResponses
 from dataplane.settings import Limits
 
@@ -110,17 +110,7 @@ async def _route_and_serve(
         if decision.quota is not None:
             request[QUOTA] = decision.quota  # told in x-ratelimit-* headers (quota_headers)
         if not decision.backends:
-            if decision.reason in ADMISSION_REFUSALS:
-                raise admission_refusal(decision, client.model)
-            if decision.reason in OWNER_REASONS:
-                raise refused(decision)
-            if decision.reason is Reason.UNKNOWN_MODEL:
-                raise OpenAIError(
-                    ErrorKind.MODEL_NOT_FOUND,
-                    f"The model `{client.model}` does not exist.",
-                    "model",
-                )
-            raise OpenAIError(ErrorKind.NO_BACKEND, decision.detail or "no backend available")
+            raise refusal(decision, client.model)
         try:
             return await app[PROXY].serve(request, ex, decision)
         except OpenAIError:

@@ -16,5 +16,6 @@ In the order a request flows:
    client learns its id, and ends a stream whose engine died with `events.failed_event`
    (response.failed: it cannot be resumed).
 4. `stored` routes retrieve/delete/cancel to the backend that holds the response; control
-   refuses a follow-up whose owner is gone, and `owners` says so in an OpenAI-shaped 404.
+   refuses a follow-up whose owner is gone, and dataplane/refusals.py says so in an
+   OpenAI-shaped 404.
 """

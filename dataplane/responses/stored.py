@@ -1,7 +1,7 @@
 """Retrieve, delete and cancel a stored response: `GET /v1/responses/{id}`, `DELETE
 /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`. Each must reach the one engine that
-holds the response, so control routes it by ownership (its pin, owners.py) or refuses it
-saying where the response was; another engine would answer a misleading 404."""
+holds the response, so control routes it by ownership (its pin) or refuses it saying where
+the response was (dataplane/refusals.py); another engine would answer a misleading 404."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from aiohttp import web
 from baton.model import Backend, RequestOutcome, RequestShape
 from dataplane.exceptions import AttemptFailed, ControlUnavailable, ErrorKind, OpenAIError
 from dataplane.link.needs import Outcomes, Ownership, Routing
-from dataplane.responses.owners import refused
+from dataplane.refusals import refusal
 from dataplane.settings import Timeouts
 from dataplane.upstream.engine import call
 
@@ -70,7 +70,7 @@ class StoredResponses:
         except ControlUnavailable as exc:
             raise OpenAIError(ErrorKind.CONTROL_UNAVAILABLE, str(exc)) from None
         if not decision.backends:
-            raise refused(decision)
+            raise refusal(decision, "")
         return decision.backends[0]
 
 
