@@ -24,13 +24,13 @@ from baton.model import (
     RequestOutcome,
     RouteRequest,
 )
-from baton.spread import last_resort, prefer
+from baton.spread import Spreader, last_resort, prefer
 from control.fleet.pins import PinMatch
 from control.fleet.registry import Registry
 from control.pairs.flow import NO_PAIRING, PairFlow, PairIntent
 from control.routing.admission import AdmissionQueue, Admitted, Answer, Queued, Reply
 from control.routing.learning import Learning
-from control.routing.policy import Policy, RoutingView
+from control.routing.policy import Policy, RoutingView, look_up
 from control.routing.policy.base import Prediction
 from control.routing.prefill import Predicted, PrefillRates
 from control.settings import AdmissionSettings
@@ -53,13 +53,15 @@ class Router:
         admission: AdmissionSettings | None = None,
     ) -> None:
         """`pairs`: the control plane's one pair flow over `registry`; a router of its own
-        (tests, benchmarks) gets a fresh one."""
+        (tests, benchmarks) gets a fresh one. `rng` is read by no policy now (their ties go
+        to the spread ring); kept for the benchmarks that pass it."""
         self._route_events = route_events
         self.registry = registry
         self.pairs = pairs if pairs is not None else PairFlow(registry)
         self._events = registry.events
         self.policy = policy
-        self._rng = rng
+        # The spread counters the policies' rings come from (control/routing/policy/base.py).
+        self._spread = Spreader()
         self._clock = clock
         self._stale_after = stale_after  # an engine's load reading older than this is unused
         self.prefill = PrefillRates()
@@ -121,26 +123,33 @@ class Router:
             decision = self._to_owner(request, now)
             self._commit(request, None, decision, NO_PAIRING, learn=False, now=now)
             return decision
-        view = self._lookup(request, now)
-        decision, intent = self._decide(request, view, reason, preferred, now)
-        self._commit(request, view.pin, decision, intent, learn=reason is None, now=now)
+        pin = self._pin(request, now)
+        found = self._lookup(request, pin, now)
+        decision, intent = self._decide(request, found, reason, preferred)
+        self._commit(request, pin, decision, intent, learn=reason is None, now=now)
         return decision
 
-    def _lookup(self, request: RouteRequest, now: float) -> RoutingView:
+    def _lookup(
+        self, request: RouteRequest, pin: PinMatch | None, now: float
+    ) -> RoutingView | Decision:
+        """The view the policy decides over (candidates and ring included), or the refusal
+        when no backend can take the request."""
         reg = self.registry
         predict = self._prediction(request, now) if self.policy.predicts else None
-        return RoutingView(reg.snapshot, reg.in_flight(), self._pin(request, now), predict)
+        return look_up(request, reg.snapshot, reg.in_flight(), self._spread, pin, predict)
 
     def _decide(
         self,
         request: RouteRequest,
-        view: RoutingView,
+        found: RoutingView | Decision,
         reason: Reason | None,
         preferred: Sequence[str],
-        now: float,
     ) -> tuple[Decision, PairIntent]:
         """The decision, and what it means for the pairs (applied by commit)."""
-        decision = prefer(self.policy.decide(request, view, rng=self._rng, now=now), preferred)
+        if isinstance(found, RoutingView):
+            decision = prefer(self.policy.decide(request, found), preferred)
+        else:
+            decision = found
         if not decision.backends and decision.reason is Reason.NO_BACKEND:
             decision = self._panic(request, decision)
         if not decision.backends:

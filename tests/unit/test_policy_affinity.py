@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from random import Random
-
 import pytest
 
 from baton.model import (
@@ -15,8 +13,9 @@ from baton.model import (
     RouteRequest,
     Snapshot,
 )
+from baton.spread import Spreader
 from control.fleet.pins import Pin, PinMatch, PinTable
-from control.routing.policy import RoutingView, make_policy
+from control.routing.policy import RoutingView, look_up, make_policy
 from control.routing.policy.adaptive import SpillGuard
 from tests.factories import status
 
@@ -47,8 +46,21 @@ def match(backend: str, index: int) -> PinMatch:
     return PinMatch(Pin(CHAIN[index], BackendId(backend), index + 1, 0.0, 0.0), index)
 
 
+def view(
+    request: RouteRequest,
+    fleet: Snapshot,
+    load: dict[BackendId, int] | None = None,
+    pin: PinMatch | None = None,
+    spread: Spreader | None = None,
+) -> RoutingView:
+    """What the router's lookup hands the policy (a routable fleet here)."""
+    found = look_up(request, fleet, load or {}, spread or Spreader(), pin)
+    assert isinstance(found, RoutingView)
+    return found
+
+
 def decide(policy: str, request: RouteRequest, view: RoutingView) -> Decision:
-    return make_policy(policy).decide(request, view, rng=Random(0), now=0.0)
+    return make_policy(policy).decide(request, view)
 
 
 @pytest.mark.parametrize(
@@ -124,8 +136,10 @@ def test_decisions(
     reason: Reason,
     primary: str,
 ) -> None:
-    view = RoutingView(fleet, {BackendId(k): v for k, v in load.items()}, pin)
-    d = decide(policy, req(turns), view)
+    request = req(turns)
+    d = decide(
+        policy, request, view(request, fleet, {BackendId(k): v for k, v in load.items()}, pin)
+    )
     assert (d.reason, d.backends[0].id) == (reason, primary)
     routable = {b.backend.id for b in fleet.backends if b.routable}
     assert {b.id for b in d.backends} == routable  # every routable backend is a fallback
@@ -133,7 +147,7 @@ def test_decisions(
 
 
 def test_same_prefix_burst_spreads_evenly_under_adaptive() -> None:
-    policy = make_policy("adaptive")
+    policy, spread = make_policy("adaptive"), Spreader()
     pins = PinTable()
     counts: dict[str, int] = {}
     for i in range(12):
@@ -146,15 +160,15 @@ def test_same_prefix_burst_spreads_evenly_under_adaptive() -> None:
                 assistant_turns=(False, False),
             ),
         )
-        view = RoutingView(FLEET, {}, pins.longest(request.shape.prefix_chain, 0.0))
-        d = policy.decide(request, view, rng=Random(0), now=0.0)
+        pin = pins.longest(request.shape.prefix_chain, 0.0)
+        d = policy.decide(request, view(request, FLEET, pin=pin, spread=spread))
         pins.pin_chain(request.shape.prefix_chain, d.backends[0].id, 0.0)
         counts[d.backends[0].id] = counts.get(d.backends[0].id, 0) + 1
     assert counts == {"a": 4, "b": 4, "c": 4}
 
 
 def test_affinity_piles_a_same_prefix_burst_onto_one_card() -> None:
-    policy = make_policy("affinity")
+    policy, spread = make_policy("affinity"), Spreader()
     pins = PinTable()
     chosen = set()
     for i in range(6):
@@ -163,7 +177,7 @@ def test_affinity_piles_a_same_prefix_burst_onto_one_card() -> None:
             f"r{i}", RequestShape(model="m", message_count=2, prefix_chain=chain)
         )
         d = policy.decide(
-            request, RoutingView(FLEET, {}, pins.longest(chain, 0.0)), rng=Random(0), now=0.0
+            request, view(request, FLEET, pin=pins.longest(chain, 0.0), spread=spread)
         )
         pins.pin_chain(chain, d.backends[0].id, 0.0)
         chosen.add(d.backends[0].id)
@@ -198,7 +212,7 @@ def test_pin_table_longest_lru_ttl() -> None:
 def test_prefer_moves_the_first_fit_preferred_backend_to_the_front() -> None:
     from baton.spread import prefer
 
-    d = decide("roundrobin", req(), RoutingView(FLEET, {}))  # a, b, c
+    d = decide("roundrobin", req(), view(req(), FLEET))  # a, b, c
     assert [b.id for b in prefer(d, ["zz", "c", "b"]).backends] == ["c", "a", "b"]
     assert prefer(d, []) is d
     assert prefer(d, ["gone"]) is d

@@ -26,8 +26,9 @@ from baton.model import (
     RouteRequest,
     Snapshot,
 )
+from baton.spread import Spreader
 from control.fleet.pins import Pin, PinMatch
-from control.routing.policy import POLICIES, Policy, RoutingView, make_policy
+from control.routing.policy import POLICIES, Policy, RoutingView, look_up, make_policy
 from control.routing.policy.base import Prediction
 from tests.factories import status
 
@@ -128,7 +129,9 @@ def request(case: Case) -> RouteRequest:
     return RouteRequest("r", shape, frozenset(BackendId(e) for e in case.exclude))
 
 
-def view(case: Case) -> RoutingView:
+def decide(policy: Policy, case: Case, spread: Spreader | None = None) -> Decision:
+    """As the router asks: the lookup (candidates, the refusal, the ring from `spread`, the
+    router's counters), then the policy."""
     pin = None
     if case.pin is not None:
         pin = PinMatch(Pin(CHAIN[2], BackendId(case.pin), 3, 0.0, 0.0), 2)
@@ -137,11 +140,9 @@ def view(case: Case) -> RoutingView:
         cached_tokens={BackendId(b): n for b, n in case.cached.items()}, prompt_tokens=1000
     )
     load = {BackendId(b): n for b, n in case.load.items()}
-    return RoutingView(Snapshot(VERSION, case.fleet), load, pin, predict)
-
-
-def decide(policy: Policy, case: Case, seed: int = 0) -> Decision:
-    return policy.decide(request(case), view(case), rng=random.Random(seed), now=1.0)
+    snapshot = Snapshot(VERSION, case.fleet)
+    found = look_up(request(case), snapshot, load, spread or Spreader(), pin, predict)
+    return found if isinstance(found, Decision) else policy.decide(request(case), found)
 
 
 def ids(decision: Decision) -> list[str]:
@@ -151,10 +152,10 @@ def ids(decision: Decision) -> list[str]:
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_every_policy_sends_only_where_the_request_can_be_served(name: str, case: Case) -> None:
-    policy = make_policy(name)
-    # Several in a row: the policies' own counters move between decisions.
+    policy, spread = make_policy(name), Spreader()
+    # Several in a row: the spread counters move between decisions.
     for _ in range(4):
-        d = decide(policy, case)
+        d = decide(policy, case, spread)
         assert isinstance(d, Decision) and d.snapshot_version == VERSION
         if case.refusal is not None:
             # No capacity is an answer, never an exception: no backend, and why.
@@ -179,14 +180,12 @@ def test_a_refusal_says_which_backends_could_not_serve(name: str) -> None:
 def test_equal_candidates_share_a_burst_of_first_turns(name: str) -> None:
     """Ties never pile a burst onto one backend: three fresh conversations on three equal
     backends start on three different ones."""
-    policy = make_policy(name)
+    policy, spread = make_policy(name), Spreader()
     fleet = Snapshot(VERSION, (status("a"), status("b"), status("c")))
     first_turn = RouteRequest("r", RequestShape("m", message_count=1, prefix_chain=CHAIN[:1]))
+    views = [look_up(first_turn, fleet, {}, spread) for _ in range(3)]
     primaries = {
-        policy.decide(first_turn, RoutingView(fleet, {}), rng=random.Random(0), now=1.0)
-        .backends[0]
-        .id
-        for _ in range(3)
+        policy.decide(first_turn, v).backends[0].id for v in views if isinstance(v, RoutingView)
     }
     assert primaries == {"a", "b", "c"}
 
@@ -198,8 +197,8 @@ def test_a_policy_is_pure_the_same_inputs_give_the_same_decisions(name: str) -> 
     before = random.getstate()
     runs = []
     for _ in range(2):
-        policy = make_policy(name)
-        runs.append([decide(policy, case) for case in CASES.values() for _ in range(2)])
+        policy, spread = make_policy(name), Spreader()
+        runs.append([decide(policy, case, spread) for case in CASES.values() for _ in range(2)])
     assert runs[0] == runs[1]
     assert random.getstate() == before
 

@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-from random import Random
-
 from baton.model import (
     BackendId,
+    Decision,
     HealthState,
     Reason,
     RequestShape,
@@ -11,7 +10,8 @@ from baton.model import (
     RouteRequest,
     Snapshot,
 )
-from control.routing.policy import RoutingView, make_policy
+from baton.spread import Spreader
+from control.routing.policy import look_up, make_policy
 from control.routing.policy.roundrobin import RoundRobin
 from tests.factories import status
 
@@ -20,13 +20,16 @@ def req(model: str = "m", exclude: tuple[str, ...] = ()) -> RouteRequest:
     return RouteRequest("r", RequestShape(model=model), frozenset(BackendId(e) for e in exclude))
 
 
-def decide(policy: RoundRobin, snap: Snapshot, request: RouteRequest):  # type: ignore[no-untyped-def]
-    return policy.decide(request, RoutingView(snap, {}), rng=Random(0), now=0.0)
+def decide(spread: Spreader, snap: Snapshot, request: RouteRequest) -> Decision:
+    """As the router asks: the lookup, its ring from `spread` (the router's counters), then
+    round robin."""
+    found = look_up(request, snap, {}, spread)
+    return found if isinstance(found, Decision) else RoundRobin().decide(request, found)
 
 
 def test_primary_rotates_and_fallbacks_spread() -> None:
     snap = Snapshot(1, (status("a"), status("b"), status("c")))
-    rr = RoundRobin()
+    rr = Spreader()
     orders = [[b.id for b in decide(rr, snap, req()).backends] for _ in range(6)]
     assert [o[0] for o in orders] == ["a", "b", "c", "a", "b", "c"]
     assert all(sorted(o) == ["a", "b", "c"] for o in orders)
@@ -46,34 +49,34 @@ def test_unhealthy_excluded_and_other_models_ignored() -> None:
             status("x", model="other"),
         ),
     )
-    d = decide(RoundRobin(), snap, req())
+    d = decide(Spreader(), snap, req())
     assert [b.id for b in d.backends] == ["b"]
     assert d.reason is Reason.SPREAD and d.snapshot_version == 3
 
 
 def test_exclusions_are_respected() -> None:
     snap = Snapshot(1, (status("a"), status("b")))
-    d = decide(RoundRobin(), snap, req(exclude=("a",)))
+    d = decide(Spreader(), snap, req(exclude=("a",)))
     assert [b.id for b in d.backends] == ["b"]
 
 
 def test_unknown_model_and_no_backend_are_decisions_not_errors() -> None:
     snap = Snapshot(7, (status("a", HealthState.DEMOTED),))
-    unknown = decide(RoundRobin(), snap, req(model="nope"))
+    unknown = decide(Spreader(), snap, req(model="nope"))
     assert unknown.backends == () and unknown.reason is Reason.UNKNOWN_MODEL
-    none = decide(RoundRobin(), snap, req())
+    none = decide(Spreader(), snap, req())
     assert none.backends == () and none.reason is Reason.NO_BACKEND
     assert "a=demoted" in none.detail
 
 
 def test_drafts_do_not_serve_clients() -> None:
     snap = Snapshot(1, (status("d", role=Role.DRAFT), status("t", role=Role.TARGET)))
-    assert [b.id for b in decide(RoundRobin(), snap, req()).backends] == ["t"]
+    assert [b.id for b in decide(Spreader(), snap, req()).backends] == ["t"]
 
 
 def test_counters_are_per_model() -> None:
     snap = Snapshot(1, (status("a"), status("b"), status("x", model="o"), status("y", model="o")))
-    rr = RoundRobin()
+    rr = Spreader()
     assert decide(rr, snap, req("m")).backends[0].id == "a"
     assert decide(rr, snap, req("o")).backends[0].id == "x"
     assert decide(rr, snap, req("m")).backends[0].id == "b"

@@ -4,16 +4,16 @@ control/routing/prefill.py, control/routing/policy/ttft.py)."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
 from baton.model import BackendId, BackendKind, Reason, RequestShape, RouteRequest
+from baton.spread import Spreader
 from control.backend_spec import make_backend
 from control.fleet.registry import Registry
 from control.routing.policy import make_policy
-from control.routing.policy.base import Prediction, RoutingView
+from control.routing.policy.base import Prediction, RoutingView, look_up
 from control.routing.prefill import Predicted, PrefillRates, Rates
 from control.signals.engine_load import (
     EngineLoad,
@@ -70,11 +70,15 @@ def test_a_real_vllm_page_is_read_for_its_three_gauges_only() -> None:
     # (vllm:num_requests_waiting_by_reason) is not summed into the queue.
     page = (Path(__file__).parent / "data" / "vllm-0.32-metrics.txt").read_text()
     assert 'vllm:num_requests_waiting_by_reason{engine="0"' in page
-    busy = page.replace('vllm:num_requests_running{engine="0",model_name="tiny-wide"} 0.0',
-                        'vllm:num_requests_running{engine="0",model_name="tiny-wide"} 2.0')
+    busy = page.replace(
+        'vllm:num_requests_running{engine="0",model_name="tiny-wide"} 0.0',
+        'vllm:num_requests_running{engine="0",model_name="tiny-wide"} 2.0',
+    )
     busy = busy.replace('reason="capacity"} 0.0', 'reason="capacity"} 9.0')
-    busy = busy.replace('vllm:kv_cache_usage_perc{engine="0",model_name="tiny-wide"} 0.0',
-                        'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-wide"} 0.5')
+    busy = busy.replace(
+        'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-wide"} 0.0',
+        'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-wide"} 0.5',
+    )
     assert busy.count(" 2.0\n") > page.count(" 2.0\n")
     assert parse_load(busy, BackendKind.VLLM, 3.0) == EngineLoad(2.0, 0.0, 0.5, 3.0)
 
@@ -181,8 +185,10 @@ FLEET = ("a", "b", "c")
 def decide(prediction: Prediction, shape: RequestShape, pin: object = None) -> tuple[str, str]:
     reg = registry(FLEET)
     policy = make_policy("ttft")
-    view = RoutingView(reg.snapshot, {}, pin, prediction)  # type: ignore[arg-type]
-    d = policy.decide(RouteRequest("r", shape), view, rng=random.Random(0), now=1.0)
+    request = RouteRequest("r", shape)
+    view = look_up(request, reg.snapshot, {}, Spreader(), pin, prediction)  # type: ignore[arg-type]
+    assert isinstance(view, RoutingView)
+    d = policy.decide(request, view)
     assert d.reason is Reason.PREDICTED and len(d.backends) == 3
     return d.backends[0].id, d.detail
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from control.routing.policy.adaptive import Adaptive, SpillGuard
 from control.routing.policy.affinity import Affinity
-from control.routing.policy.base import Policy, RoutingView
+from control.routing.policy.base import Policy, RoutingView, look_up
 from control.routing.policy.roundrobin import RoundRobin
 from control.routing.policy.ttft import PredictedTTFT
 
@@ -33,4 +33,4 @@ def make_policy(name: str, guard: SpillGuard | None = None) -> Policy:
 
 
 __all__ = ["DEFAULT_POLICY", "KV_DEFAULT_POLICY", "POLICIES", "Policy", "RoutingView",
-           "SpillGuard", "make_policy"]  # fmt: skip
+           "SpillGuard", "look_up", "make_policy"]  # fmt: skip

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from random import Random
 
 from baton.model import Backend, BackendId, BackendStatus, Decision, Reason, RouteRequest
-from baton.spread import Spreader, candidates, first
+from baton.spread import first
 from control.routing.policy.base import RoutingView
 
 
@@ -43,16 +42,10 @@ class Adaptive:
     predicts = False
 
     def __init__(self, guard: SpillGuard | None = None) -> None:
-        self._spread = Spreader()
         self._guard = guard or SpillGuard()
 
-    def decide(
-        self, request: RouteRequest, view: RoutingView, *, rng: Random, now: float
-    ) -> Decision:
-        routable, refusal = candidates(request, view.snapshot)
-        if refusal is not None:
-            return refusal
-        ring = self._spread.ring(request.shape.model, routable)
+    def decide(self, request: RouteRequest, view: RoutingView) -> Decision:
+        routable, ring = view.routable, view.ring
         version = view.snapshot.version
         match = view.pin
         turns = request.shape.assistant_turns

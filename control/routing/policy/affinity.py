@@ -4,10 +4,8 @@
 
 from __future__ import annotations
 
-from random import Random
-
 from baton.model import Decision, Reason, RouteRequest
-from baton.spread import Spreader, candidates, first
+from baton.spread import first
 from control.routing.policy.base import RoutingView
 
 
@@ -21,21 +19,12 @@ class Affinity:
     name = "affinity"
     predicts = False
 
-    def __init__(self) -> None:
-        self._spread = Spreader()
-
-    def decide(
-        self, request: RouteRequest, view: RoutingView, *, rng: Random, now: float
-    ) -> Decision:
-        routable, refusal = candidates(request, view.snapshot)
-        if refusal is not None:
-            return refusal
-        ring = self._spread.ring(request.shape.model, routable)
-        version = view.snapshot.version
+    def decide(self, request: RouteRequest, view: RoutingView) -> Decision:
+        ring, version = view.ring, view.snapshot.version
         if view.pin is None:
             return Decision(ring, Reason.SPREAD, version)
         pinned = next(
-            (b.backend for b in routable if b.backend.id == view.pin.pin.backend_id), None
+            (b.backend for b in view.routable if b.backend.id == view.pin.pin.backend_id), None
         )
         if pinned is None:
             return Decision(

@@ -21,7 +21,6 @@ reason `predicted`, with the estimate and the runner-up in the detail."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from random import Random
 
 from baton.model import (
     CHARS_PER_TOKEN,
@@ -32,7 +31,7 @@ from baton.model import (
     Reason,
     RouteRequest,
 )
-from baton.spread import Spreader, candidates, first
+from baton.spread import first
 from control.routing.policy.base import Prediction, RoutingView
 from control.routing.prefill import Rates
 
@@ -87,16 +86,8 @@ class PredictedTTFT:
     name = "ttft"
     predicts = True  # the router builds RoutingView.predict for it
 
-    def __init__(self) -> None:
-        self._spread = Spreader()
-
-    def decide(
-        self, request: RouteRequest, view: RoutingView, *, rng: Random, now: float
-    ) -> Decision:
-        routable, refusal = candidates(request, view.snapshot)
-        if refusal is not None:
-            return refusal
-        ring = self._spread.ring(request.shape.model, routable)
+    def decide(self, request: RouteRequest, view: RoutingView) -> Decision:
+        ring = view.ring
         order = {b.id: i for i, b in enumerate(ring)}
         prediction = view.predict or Prediction()
         scored = sorted(
