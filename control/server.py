@@ -9,6 +9,7 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import aiohttp
 import grpc
@@ -22,7 +23,8 @@ from baton.tracing import tracing_from_env
 from baton.v1 import admin_pb2, admin_pb2_grpc, replica_pb2_grpc, routing_pb2, routing_pb2_grpc
 from control.api import auth
 from control.api.admin import AdminServicer
-from control.api.leader_gate import LeaderGate
+from control.api.leader_gate import LeaderGate, Standalone
+from control.api.leader_gate import Replica as ReplicaPart
 from control.api.route_socket import RouteSocket
 from control.api.routing import RoutingServicer
 from control.audit.durable import EventFile
@@ -126,6 +128,44 @@ def _warn_shadowed(config: Config, saved: Configured, data_dir: Path | None) -> 
         )  # fmt: skip
 
 
+class _Part(ReplicaPart, Protocol):
+    """A replica's part as control asks it: the routing service's, and its events' sink."""
+
+    def record(self, entry: Entry) -> None: ...
+
+
+class _Standalone(Standalone):
+    def record(self, entry: Entry) -> None:
+        return None
+
+
+_STANDALONE = _Standalone()
+
+
+class _Joined:
+    """The part of a replica that joined its group (control/replicas/replica.py)."""
+
+    def __init__(self, replica: Replica, clock: Callable[[], float]) -> None:
+        self._replica = replica
+        self._clock = clock
+
+    @property
+    def leading(self) -> bool:
+        return self._replica.leading
+
+    def refusal(self) -> tuple[str, str]:
+        return self._replica.refusal()
+
+    async def sync(self) -> None:
+        await self._replica.sync()
+
+    async def own(self, key: str, backend_id: str, model: str, released: bool) -> None:
+        await self._replica.own(key, backend_id, model, self._clock(), released)
+
+    def record(self, entry: Entry) -> None:
+        self._replica.record(entry)
+
+
 class ControlPlane:
     """Owns the server and background tasks; `start` binds, `stop` shuts down gracefully."""
 
@@ -166,6 +206,7 @@ class ControlPlane:
         self._advertise = advertise
         self._lease_ttl = lease_ttl
         self.replica: Replica | None = None
+        self._part: _Part = _STANDALONE
         events = _event_log(self._event_file, clock, self._to_replica if store else None)
         # What operators changed at run time (backends, drains, pairs) survives a restart; a
         # replica keeps it in etcd instead.
@@ -222,27 +263,23 @@ class ControlPlane:
         return await fetch_facts(self._http, backend, within)
 
     # -- a replica's part, as control/api/leader_gate.py and the routing service ask it ----
+    # (STANDALONE until this control joins its group, and for good when it is no replica)
 
     @property
     def leading(self) -> bool:
-        return self.replica is None or self.replica.leading
+        return self._part.leading
 
     def refusal(self) -> tuple[str, str]:
-        if self.replica is None:
-            return "control is starting", ""
-        return self.replica.refusal()
+        return self._part.refusal()
 
     async def sync(self) -> None:
-        if self.replica is not None:
-            await self.replica.sync()
+        await self._part.sync()
 
     async def own(self, key: str, backend_id: str, model: str, released: bool) -> None:
-        if self.replica is not None:
-            await self.replica.own(key, backend_id, model, self._clock(), released)
+        await self._part.own(key, backend_id, model, released)
 
     def _to_replica(self, entry: Entry) -> None:
-        if self.replica is not None:
-            self.replica.record(entry)
+        self._part.record(entry)
 
     def _apply(self, configured: Configured) -> None:
         """The registry brought to the configuration in etcd (a replica)."""
@@ -271,7 +308,7 @@ class ControlPlane:
     async def start(self) -> int:
         self._http = aiohttp.ClientSession()
         routing = RoutingServicer(self.router, self.metrics, self.read_facts, self.tracing,
-                                  replica=self if self._store else None)  # fmt: skip
+                                  replica=self)  # fmt: skip
         self._routing = routing
         routing_pb2_grpc.add_RoutingServiceServicer_to_server(routing, self.server)
         status = self._replica_status if self._store else None
@@ -357,6 +394,7 @@ class ControlPlane:
             tls_ca=self._tls[0] if self._tls else None,
         )  # fmt: skip
         replica = self.replica
+        self._part = _Joined(replica, self._clock)
         self.metrics.registry.register(
             ReplicaCollector(lambda: replica.leading, lambda: replica.election.store_ok,
                              lambda: replica.soft.followers)

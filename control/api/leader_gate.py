@@ -40,6 +40,27 @@ class Replica(Leadership, Protocol):
         ...
 
 
+class Standalone:
+    """The replica a control that is no replica stands for (the null one): it always leads,
+    and there is no store to wait for, so what a shim reports is kept once it is recorded."""
+
+    @property
+    def leading(self) -> bool:
+        return True
+
+    def refusal(self) -> tuple[str, str]:
+        return "", ""  # never asked: it leads
+
+    async def sync(self) -> None:
+        return None
+
+    async def own(self, key: str, backend_id: str, model: str, released: bool) -> None:
+        return None
+
+
+STANDALONE = Standalone()
+
+
 def trailer(leader: str) -> tuple[tuple[str, str], ...]:
     return ((LEADER_METADATA, leader),) if leader else ()
 

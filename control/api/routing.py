@@ -17,7 +17,7 @@ from baton.tracing import OFF, SpanKind, Tracing
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.api import convert
 from control.api.errors import Context, abort_with, within
-from control.api.leader_gate import Replica, trailer
+from control.api.leader_gate import STANDALONE, Replica, trailer
 from control.exceptions import FactsError, NotLeader, RegistryError
 from control.metrics import ControlMetrics
 from control.routing.router import Router
@@ -36,12 +36,12 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         metrics: ControlMetrics,
         read_facts: ReadFacts,
         tracing: Tracing = OFF,
-        replica: Replica | None = None,
+        replica: Replica = STANDALONE,
     ) -> None:
-        """`replica`: this control is one of several on etcd (control/replicas/): streams
-        already open end when it stops leading (new calls are refused by
+        """`replica`: this control's part as one of several on etcd (control/replicas/):
+        streams already open end when it stops leading (new calls are refused by
         control/api/leader_gate.py), and what a shim must not lose is in etcd before the
-        shim is answered."""
+        shim is answered. STANDALONE: a control on its own, which always leads."""
         self._leadership = replica
         self._watchers: set[asyncio.Event] = set()
         self._read_facts = read_facts
@@ -124,7 +124,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             reader.cancel()
 
     async def _refuse(self, context: Context, why: str) -> None:
-        leader = self._leadership.refusal()[1] if self._leadership is not None else ""
+        leader = self._leadership.refusal()[1]
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why, trailer(leader))
 
     def role_changed(self) -> None:
@@ -140,7 +140,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         asked none), whether it came over gRPC or over the route socket. A request that must
         wait for room is answered QUEUED now, and for real through `later` when its turn
         comes. A replica that does not lead raises NotLeader, deciding nothing."""
-        if self._leadership is not None and not self._leadership.leading:
+        if not self._leadership.leading:
             raise NotLeader(self._leadership.refusal()[0])
         if msg.outcomes:
             self._finished(msg.outcomes)
@@ -185,8 +185,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             wire.failure_from_pb(request.failure_class, request.failure),
             request.detail,
         )
-        if self._leadership is not None:
-            await self._leadership.sync()
+        await self._leadership.sync()
         return routing_pb2.ReportAttemptFailureResponse()
 
     async def ReportOutcomes(
@@ -223,8 +222,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
         self._router.registry.events.record(
             fields, request_id=request.request_id, backend_id=request.from_backend_id
         )
-        if self._leadership is not None:
-            await self._leadership.sync()
+        await self._leadership.sync()
         return routing_pb2.ReportFailoverResponse()
 
     async def GatePairing(
@@ -265,9 +263,8 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             self._router.record_owner(request.key, request.backend_id, request.model)
         else:
             return routing_pb2.RecordOwnershipResponse()
-        if self._leadership is not None:
-            await self._leadership.own(request.key, request.backend_id, request.model,
-                                       request.released)  # fmt: skip
+        await self._leadership.own(request.key, request.backend_id, request.model,
+                                   request.released)  # fmt: skip
         return routing_pb2.RecordOwnershipResponse()
 
     async def WatchSnapshots(
@@ -290,7 +287,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             while True:
                 await changed.wait()
                 changed.clear()
-                if self._leadership is not None and not self._leadership.leading:
+                if not self._leadership.leading:
                     await self._refuse(context, self._leadership.refusal()[0])
                 snap = registry.snapshot
                 if snap.version > sent:
