@@ -58,6 +58,7 @@ ROOMS: dict[str, tuple[tuple[str, ...], ...]] = {
         ("sse",),
         ("exceptions",),  # every exception, the client's OpenAIError among them
         ("request", "settings", "metrics", "prefix_chain", "refusals"),
+        ("outcomes",),  # how a request ended, as control hears it
         ("upstream", "link"),  # talking to engines; talking to control
         ("relay",),  # a client's stream relayed, and resumed on failure (relay/resume)
         # The Responses and Messages APIs; router-level speculative decoding

@@ -22,6 +22,7 @@ from dataplane.edge.shape import SESSION_HEADER, session_of, shape_of, with_requ
 from dataplane.exceptions import ControlUnavailable, ErrorKind, ErrorShape, OpenAIError
 from dataplane.link.needs import Routing
 from dataplane.metrics import ShimMetrics
+from dataplane.outcomes import UNSERVED, outcome
 from dataplane.refusals import refusal
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.responses.stored import StoredResponses
@@ -123,8 +124,7 @@ async def _route_and_serve(
 
 
 def _unserved(ex: Exchange) -> RequestOutcome:
-    return RequestOutcome(request_id=ex.request_id, backend_id="", model=ex.client.model,
-                          ok=False, http_status=502)  # fmt: skip
+    return outcome(ex.request_id, "", ex.client.model, UNSERVED)
 
 
 def _exchange(

@@ -15,7 +15,7 @@ import aiohttp
 from aiohttp import web
 from opentelemetry.util.types import AttributeValue
 
-from baton.model import Backend, Decision, Failure, PrefixBlocks, RequestOutcome, RequestShape
+from baton.model import Backend, Decision, Failure, PrefixBlocks, RequestShape
 from baton.tracing import Tracing
 from dataplane.apis.answers import check_answer, usage_counts
 from dataplane.apis.api import Api, EngineStream
@@ -23,7 +23,7 @@ from dataplane.apis.passthrough import PassthroughRelay
 from dataplane.exceptions import AttemptFailed, ControlUnavailable, ErrorKind, OpenAIError
 from dataplane.link.needs import Outcomes, Ownership
 from dataplane.metrics import ShimMetrics
-from dataplane.prefix_chain import reply_hash
+from dataplane.outcomes import CLIENT_GONE, outcome
 from dataplane.relay.background import Background
 from dataplane.relay.context import StreamContext
 from dataplane.relay.prefixblocks import prefix_blocks
@@ -143,9 +143,8 @@ class Proxy:
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away: closing the upstream (below) stops the generation,
             # and control must not count the request as in flight any longer.
-            gone = RequestOutcome(request_id=ex.request_id, backend_id=backend.id,
-                                  model=ex.client.model, ok=False, http_status=499)  # fmt: skip
-            self._control.finished(gone)
+            self._control.finished(outcome(ex.request_id, backend.id, ex.client.model,
+                                           CLIENT_GONE))  # fmt: skip
             raise
         finally:
             if not settling:
@@ -308,22 +307,13 @@ class Proxy:
         first = ex.first_byte or now
         self._metrics.count(self._metrics.attempts, backend.id, "ok" if status < 500 else "failed")
         self._metrics.ttft.observe(first - ex.started)
-        pin = reply is not None and ex.client.endpoint is Endpoint.CHAT
+        pinned = reply if ex.client.endpoint is Endpoint.CHAT else None
         self._control.finished(
-            RequestOutcome(
-                request_id=ex.request_id,
-                backend_id=backend.id,
-                model=ex.client.model,
-                ok=status < 400,
-                http_status=status,
-                ttft_ms=(first - ex.started) * 1000,
-                total_ms=(now - ex.started) * 1000,
-                reply_chain_hash=reply_hash(ex.shape.prefix_chain, reply or "") if pin else b"",
-                message_count=ex.shape.message_count,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                blocks=blocks,
-            )
+            outcome(
+                ex.request_id, backend.id, ex.client.model, status, shape=ex.shape,
+                started=ex.started, first_byte=ex.first_byte, now=now, reply=pinned,
+                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, blocks=blocks,
+            )  # fmt: skip
         )
 
     def _report_failure(self, ex: Exchange, backend: Backend, failed: AttemptFailed) -> None:

@@ -12,9 +12,10 @@ from typing import Protocol
 import aiohttp
 from aiohttp import web
 
-from baton.model import Backend, RequestOutcome, RequestShape
+from baton.model import Backend, RequestShape
 from dataplane.exceptions import AttemptFailed, ControlUnavailable, ErrorKind, OpenAIError
 from dataplane.link.needs import Outcomes, Ownership, Routing
+from dataplane.outcomes import UNSERVED, outcome
 from dataplane.refusals import refusal
 from dataplane.settings import Timeouts
 from dataplane.upstream.engine import call
@@ -48,12 +49,11 @@ class StoredResponses:
             )
         except AttemptFailed as failed:
             await self._control.attempt_failed(rid, backend.id, failed.failure, failed.detail)
-            self._control.finished(RequestOutcome(request_id=rid, backend_id=backend.id, model="",
-                                                  ok=False, http_status=502))
+            self._control.finished(outcome(rid, backend.id, "", UNSERVED))
             why = f"backend {backend.id}, which holds {key}, did not answer ({failed})"
             return _error(OpenAIError(ErrorKind.BACKEND_FAILED, why))
-        self._control.finished(RequestOutcome(request_id=rid, backend_id=backend.id, model="",
-                                              ok=status < 500, http_status=status))
+        # An engine's 4xx (no such response) is an answer: the backend served it.
+        self._control.finished(outcome(rid, backend.id, "", status, ok=status < 500))
         if request.method == "DELETE" and status == 200:
             try:
                 await self._control.record_owner(rid, key, backend.id, "", released=True)

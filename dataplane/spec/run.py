@@ -18,7 +18,7 @@ from baton.model import (
     Seam,
     SpecStats,
 )
-from dataplane.prefix_chain import reply_hash
+from dataplane.outcomes import outcome
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.spec.plan import repeated_ngram
 
@@ -81,24 +81,15 @@ def failover_report(
 
 def request_outcome(run: SpecRun, ok: bool) -> RequestOutcome:
     """What control hears when the request ends: its target, timing and the pair's stats."""
-    now = time.monotonic()
-    first = run.first_byte or now
     chat = run.client.endpoint is Endpoint.CHAT
     stats = None
     if run.pairing is not None or run.rounds:
         pair_id = run.pairing.pair_id if run.pairing else ""
         stats = SpecStats(pair_id, run.target.id, run.rounds, run.drafted, run.accepted,
                           repeated_ngram(run.generated))  # fmt: skip
-    return RequestOutcome(
-        request_id=run.request_id,
-        backend_id=run.target.id,
-        model=run.client.model,
-        ok=ok,
-        http_status=200 if ok else 502,
-        ttft_ms=(first - run.started) * 1000,
-        total_ms=(now - run.started) * 1000,
-        reply_chain_hash=reply_hash(run.shape.prefix_chain, run.text) if ok and chat else b"",
-        message_count=run.shape.message_count,
+    return outcome(
+        run.request_id, run.target.id, run.client.model, 200 if ok else 502,
+        shape=run.shape, started=run.started, first_byte=run.first_byte, now=time.monotonic(),
+        reply=run.text if ok and chat else None, completion_tokens=len(run.generated),
         spec=stats if stats is not None and stats.pair_id else None,
-        completion_tokens=len(run.generated),
-    )
+    )  # fmt: skip
