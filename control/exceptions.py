@@ -5,15 +5,15 @@ _exceptions.py). control/api/errors.py maps each to the gRPC status an admin or 
     ├── ConfigError           a config file, a saved fleet or an admin's backend spec is
     │                         invalid (INVALID_ARGUMENT; at start, control exits saying why)
     ├── FactsError            a backend's engine does not tell the facts a pair needs
-    └── RegistryError         the registry refuses a change
-        ├── BackendExists     add: the id is taken (ALREADY_EXISTS)
-        ├── BackendNotFound   no backend has the id (NOT_FOUND)
-        ├── PairRefused       a pairing breaks an invariant; the message starts with its name
-        │                     (FAILED_PRECONDITION)
-        ├── PairNotFound      no pair has the id (NOT_FOUND)
-        ├── PairExists        the draft is paired already (ALREADY_EXISTS)
-        ├── TenantExists      add: the tenant id is taken (ALREADY_EXISTS)
-        └── TenantNotFound    no tenant (or no key of the tenant) has the id (NOT_FOUND)
+    ├── RegistryError         the registry refuses a change
+    │   ├── BackendExists     add: the id is taken (ALREADY_EXISTS)
+    │   ├── BackendNotFound   no backend has the id (NOT_FOUND)
+    │   ├── PairRefused       a pairing breaks an invariant; the message starts with its name
+    │   │                     (FAILED_PRECONDITION)
+    │   ├── PairNotFound      no pair has the id (NOT_FOUND)
+    │   ├── PairExists        the draft is paired already (ALREADY_EXISTS)
+    │   ├── TenantExists      add: the tenant id is taken (ALREADY_EXISTS)
+    │   └── TenantNotFound    no tenant (or no key of the tenant) has the id (NOT_FOUND)
     └── StoreError            a replica's write to its store (etcd) was not made
         ├── StoreUnavailable  etcd did not answer (UNAVAILABLE)
         ├── NotLeader         this replica does not lead (FAILED_PRECONDITION)

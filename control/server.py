@@ -493,8 +493,9 @@ class ControlPlane:
     async def _expire_load(self) -> None:
         while True:
             await asyncio.sleep(30)
-            self.registry.expire_load(time.time())
-            self.registry.placement.expire_pins(time.time())
+            now = self._clock()
+            self.registry.expire_load(now)
+            self.registry.placement.expire_pins(now)
 
     async def stop(self, grace: float = 2.0) -> None:
         if self.replica is not None:

@@ -12,7 +12,7 @@ import grpc
 from opentelemetry.trace import Span
 
 from baton import wire
-from baton.model import Decision, Snapshot
+from baton.model import Decision, FailoverOutcome, Snapshot
 from baton.tracing import OFF, SpanKind, Tracing
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.api import convert
@@ -217,7 +217,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
     ) -> routing_pb2.ReportFailoverResponse:
         fields = convert.failover_event(request)
         self._metrics.failovers.labels(fields.failure, fields.seam, fields.outcome).inc()
-        if fields.outcome == "resumed":
+        if fields.outcome is FailoverOutcome.RESUMED:
             self._metrics.failover_gap.observe(request.gap_ms / 1000)
         self._router.registry.events.record(
             fields, request_id=request.request_id, backend_id=request.from_backend_id

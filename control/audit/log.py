@@ -135,6 +135,7 @@ class EventLog:
     def record_route(
         self,
         request_id: str,
+        *,
         backend_id: str,
         reason: str,
         policy: str,

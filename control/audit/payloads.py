@@ -1,7 +1,8 @@
 """The kinds of audit event, and one typed payload per kind (a routing decision has its own
 row shape: log.ROUTE_FIELDS). The payload's fields are the event's data, so the durable log's
 rows have one schema per kind, which tests/unit/test_audit_schema.py checks against what
-control writes; a field that is None is left out of the row (an optional field not said)."""
+control writes; a field that is None is left out of the row (an optional field not said). A
+field typed with an enum is written as the enum's value."""
 
 # baton: pure
 
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
+
+from baton.model import FailoverOutcome, Failure, HealthState, PairState, ResumePath, Seam
 
 
 class EventKind(StrEnum):
@@ -27,7 +30,7 @@ class Retry:
     """Before the first byte: the shim moved the request to its next fallback."""
 
     KIND: ClassVar[EventKind] = EventKind.RETRY
-    failure: str  # a baton.model.Failure value
+    failure: Failure
     detail: str = ""
 
 
@@ -39,14 +42,14 @@ class Failover:
     trace_id: str
     from_backend: str
     to_backend: str
-    failure: str  # a baton.model.Failure value
+    failure: Failure
     choice: int
     tokens_sent: int
-    path: str  # a ResumePath value, or "none"
-    seam: str  # a Seam value, or "none"
+    path: ResumePath | Literal["none"]
+    seam: Seam | Literal["none"]
     gap_ms: float
     attempt: int
-    outcome: str  # a FailoverOutcome value, or "unknown"
+    outcome: FailoverOutcome | Literal["unknown"]
     detail: str = ""
     tenant: str | None = None  # the request's tenant id (never its key); none: an open shim
 
@@ -54,8 +57,8 @@ class Failover:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HealthChange:
     KIND: ClassVar[EventKind] = EventKind.HEALTH
-    state: str  # a HealthState value
-    previous: str
+    state: HealthState
+    previous: HealthState
     reason: str
 
 
@@ -104,7 +107,7 @@ class PairChange:
     action: str
     draft: str | None = None
     target: str | None = None
-    state: str | None = None
+    state: PairState | None = None
     params_hash: str | None = None
     reason: str | None = None
     previous: str | None = None  # repair: the target that failed

@@ -368,8 +368,8 @@ class Registry:
                 log.info("backend %s: %s -> %s (%s)", bid, before.health.state.value,
                          after.health.state.value, after.health.reason)  # fmt: skip
                 self._events.record(
-                    HealthChange(state=after.health.state.value,
-                                 previous=before.health.state.value, reason=after.health.reason),
+                    HealthChange(state=after.health.state, previous=before.health.state,
+                                 reason=after.health.reason),
                     backend_id=bid,
                 )  # fmt: skip
         return self._status(bid)

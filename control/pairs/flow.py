@@ -305,7 +305,7 @@ class PairFlow:
         self._events.record(
             PairChange(
                 pair=pair.id, action=action, draft=pair.draft_id, target=pair.target_id,
-                state=pair.state.value, params_hash=pair.params_hash, reason=reason,
+                state=pair.state, params_hash=pair.params_hash, reason=reason,
                 previous=previous, observed=observed, baseline=baseline,
             ),
             backend_id=pair.target_id,

@@ -27,7 +27,7 @@ class Learning:
     ) -> None:
         """Before the first byte: the shim retries on its next fallback."""
         self.demote(request_id, backend_id, failure, detail)
-        retry = Retry(failure=failure.value, detail=detail)
+        retry = Retry(failure=failure, detail=detail)
         self._registry.events.record(retry, request_id=request_id, backend_id=backend_id)
 
     def demote(self, request_id: str, backend_id: str, failure: Failure, detail: str) -> None:

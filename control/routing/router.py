@@ -258,14 +258,14 @@ class Router:
     def _audit(self, request: RouteRequest, decision: Decision, match: PinMatch | None) -> None:
         self._events.record_route(
             request.request_id,
-            decision.backends[0].id if decision.backends else "",
-            decision.reason.value,
-            self.policy.name,
-            request.shape.model,
-            match.index + 1 if match else 0,
-            decision.snapshot_version,
-            decision.detail,
-            request.shape.tenant,
+            backend_id=decision.backends[0].id if decision.backends else "",
+            reason=decision.reason.value,
+            policy=self.policy.name,
+            model=request.shape.model,
+            pin_depth=match.index + 1 if match else 0,
+            snapshot=decision.snapshot_version,
+            detail=decision.detail,
+            tenant=request.shape.tenant,
         )
 
     # -- failover and reports -----------------------------------------------------------------

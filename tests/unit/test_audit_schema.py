@@ -8,8 +8,9 @@ import random
 import types
 import typing
 from dataclasses import MISSING, fields
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -28,6 +29,18 @@ BASE = {"v", "seq", "time", "kind", "request_id", "backend_id"}
 SCHEMA: dict[str, type[Payload]] = {p.KIND.value: p for p in PAYLOADS}
 
 
+def written_as(value: Any, t: Any) -> bool:
+    """Whether a JSON value is what a field of type `t` writes (an enum: one of its values;
+    a Literal: one of its strings)."""
+    if typing.get_origin(t) is Literal:
+        return value in typing.get_args(t)
+    if isinstance(t, type) and issubclass(t, Enum):
+        return value in {m.value for m in t}
+    if t is float and isinstance(value, int) and not isinstance(value, bool):
+        return True
+    return isinstance(value, t) and not (t is int and isinstance(value, bool))
+
+
 def schema_errors(row: dict[str, Any]) -> list[str]:
     """What is wrong with one JSON row of a non-route event, against its kind's payload."""
     payload = SCHEMA.get(row.get("kind", ""))
@@ -41,16 +54,10 @@ def schema_errors(row: dict[str, Any]) -> list[str]:
             if f.default is MISSING:
                 errors.append(f"{name}: required by {payload.__name__}, missing")
             continue
-        allowed = typing.get_args(hints[name]) if isinstance(hints[name], types.UnionType) else (
-            hints[name],
-        )
+        union = typing.get_origin(hints[name]) in (typing.Union, types.UnionType)
+        allowed = typing.get_args(hints[name]) if union else (hints[name],)
         value = row[name]
-        ok = any(
-            isinstance(value, t) and not (t is int and isinstance(value, bool))
-            or (t is float and isinstance(value, int) and not isinstance(value, bool))
-            for t in allowed
-            if t is not type(None)
-        )
+        ok = any(written_as(value, t) for t in allowed if t is not type(None))
         if not ok:
             errors.append(f"{name}: {value!r} is not {hints[name]}")
     return errors
@@ -106,5 +113,6 @@ def test_the_schema_check_catches_rows_a_call_site_made_up() -> None:
     assert schema_errors({k: v for k, v in good.items() if k != "failure"}) == [
         "failure: required by Retry, missing"
     ]
-    assert schema_errors({**good, "failure": 3}) == ["failure: 3 is not <class 'str'>"]
+    assert schema_errors({**good, "failure": 3}) == ["failure: 3 is not <enum 'Failure'>"]
+    assert schema_errors({**good, "failure": "gone"}) == ["failure: 'gone' is not <enum 'Failure'>"]
     assert schema_errors({**good, "kind": "gossip"}) == ["unknown kind 'gossip'"]

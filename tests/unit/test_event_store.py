@@ -4,13 +4,14 @@ from pathlib import Path
 
 import orjson
 
+from baton.model import FailoverOutcome, Failure, ResumePath, Seam
 from control.audit.durable import EventFile
 from control.audit.log import Event, EventLog, EventQuery
 from control.audit.payloads import Admin, EventKind, Failover, Retry
 
-FAILOVER = Failover(trace_id="", from_backend="b", to_backend="a", failure="truncated", choice=0,
-                    tokens_sent=7, path="token", seam="verified", gap_ms=1.5, attempt=1,
-                    outcome="resumed")  # fmt: skip
+FAILOVER = Failover(trace_id="", from_backend="b", to_backend="a", failure=Failure.TRUNCATED,
+                    choice=0, tokens_sent=7, path=ResumePath.TOKEN, seam=Seam.VERIFIED,
+                    gap_ms=1.5, attempt=1, outcome=FailoverOutcome.RESUMED)  # fmt: skip
 
 
 def test_events_survive_a_restart_and_numbering_carries_on(tmp_path: Path) -> None:
@@ -18,7 +19,7 @@ def test_events_survive_a_restart_and_numbering_carries_on(tmp_path: Path) -> No
     store = EventFile(path)
     log = EventLog(lambda: 100.0, sink=store.append)
     log.record(Admin(action="drain", migrate=False), backend_id="a")
-    log.record(Retry(failure="connect"), request_id="r1", backend_id="b")
+    log.record(Retry(failure=Failure.CONNECT), request_id="r1", backend_id="b")
     store.close()
 
     again = EventFile(path)
@@ -37,7 +38,15 @@ def test_rotation_keeps_the_newest_files_and_a_torn_line_is_skipped(tmp_path: Pa
     store = EventFile(path, max_bytes=400, keep=2)
     log = EventLog(lambda: 1.0, sink=store.append)
     for i in range(40):
-        log.record_route(f"r{i}", "b", "spread", "adaptive", "m", 0, 1)
+        log.record_route(
+            f"r{i}",
+            backend_id="b",
+            reason="spread",
+            policy="adaptive",
+            model="m",
+            pin_depth=0,
+            snapshot=1,
+        )
         if i % 4 == 3:
             store.flush()  # control flushes a few times a second
     store.close()
@@ -58,10 +67,35 @@ def test_route_decisions_read_back_whole_and_in_order_among_other_events(tmp_pat
     log = EventLog(lambda: 5.0, sink=store.append)
     followed: list[Event] = []
     log.subscribe(followed.append)
-    log.record_route("r1", "a", "least_loaded", "adaptive", "m", 0, 7)
-    log.record_route("r2", "b", "pin_hit", "adaptive", "m", 2, 7, tenant="acme")
+    log.record_route(
+        "r1",
+        backend_id="a",
+        reason="least_loaded",
+        policy="adaptive",
+        model="m",
+        pin_depth=0,
+        snapshot=7,
+    )
+    log.record_route(
+        "r2",
+        backend_id="b",
+        reason="pin_hit",
+        policy="adaptive",
+        model="m",
+        pin_depth=2,
+        snapshot=7,
+        tenant="acme",
+    )
     log.record(FAILOVER, request_id="r2", backend_id="b")
-    log.record_route("r3", "a", "failover", "adaptive", "m", 0, 8)
+    log.record_route(
+        "r3",
+        backend_id="a",
+        reason="failover",
+        policy="adaptive",
+        model="m",
+        pin_depth=0,
+        snapshot=8,
+    )
     store.close()
 
     restored = EventLog(lambda: 6.0, restored=EventFile(path).load(1000))
@@ -86,7 +120,9 @@ def test_events_other_than_routes_reach_the_file_at_once(tmp_path: Path) -> None
     path = tmp_path / "events.jsonl"
     store = EventFile(path)
     log = EventLog(lambda: 1.0, sink=store.append, durable=store.flush)
-    log.record_route("r1", "a", "spread", "adaptive", "m", 0, 1)
+    log.record_route(
+        "r1", backend_id="a", reason="spread", policy="adaptive", model="m", pin_depth=0, snapshot=1
+    )
     assert path.read_bytes() == b""  # decisions wait for the periodic flush
     log.record(FAILOVER, request_id="r1", backend_id="a")
     # Read by another reader without close(): what a SIGKILL would leave behind.
