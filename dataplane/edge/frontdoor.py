@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any
 
 from dataplane.edge.health import BLOCK_SIZE, HEARTBEAT_S, PATHS, View, answer
@@ -43,30 +44,37 @@ _REASONS = {200: "OK", 503: "Service Unavailable"}
 _PR_SET_PDEATHSIG = 1
 
 
-def classify(data: bytes) -> tuple[str, int, str, bool]:
-    """(what the first bytes of a connection are, the head's length, the path, HEAD?):
-    "health" (a whole probe request head), "wait" (may still become one) or "other"."""
+class Head(StrEnum):
+    """What the first bytes of a connection are."""
+
+    HEALTH = "health"  # a whole probe request head: the front door answers it
+    WAIT = "wait"  # may still become one: look again when more has come
+    OTHER = "other"  # anything else: the shim's
+
+
+def classify(data: bytes) -> tuple[Head, int, str, bool]:
+    """(what the first bytes of a connection are, the head's length, the path, HEAD?)."""
     method = next((m for m in _METHODS if data.startswith(m)), None)
     if method is None:
         may = any(m.startswith(data) for m in _METHODS)
-        return ("wait" if may else "other"), 0, "", False
+        return (Head.WAIT if may else Head.OTHER), 0, "", False
     line_end = data.find(b"\r\n")
     target = data[len(method) : line_end if line_end >= 0 else len(data)]
     path = target.split(b" ", 1)[0].split(b"?", 1)[0]
     if line_end < 0:  # the request line is still arriving
         if len(data) >= MAX_HEAD:
-            return "other", 0, "", False
+            return Head.OTHER, 0, "", False
         ours = [p.encode() for p in PATHS]
         whole = b" " in target  # the path has ended
         maybe = path in ours if whole else any(p.startswith(path) for p in ours)
-        return ("wait" if maybe else "other"), 0, "", False
+        return (Head.WAIT if maybe else Head.OTHER), 0, "", False
     name = path.decode("latin-1")
     if name not in PATHS:
-        return "other", 0, "", False
+        return Head.OTHER, 0, "", False
     head_end = data.find(b"\r\n\r\n")
     if head_end < 0:
-        return ("wait" if len(data) < MAX_HEAD else "other"), 0, "", False
-    return "health", head_end + 4, name, method == b"HEAD "
+        return (Head.WAIT if len(data) < MAX_HEAD else Head.OTHER), 0, "", False
+    return Head.HEALTH, head_end + 4, name, method == b"HEAD "
 
 
 def response(status: int, body: bytes, head_only: bool) -> bytes:
@@ -147,11 +155,11 @@ class _Door:
             sock.close()
             return
         kind, head, path, head_only = classify(data)
-        if kind == "wait":
+        if kind is Head.WAIT:
             self._sel.unregister(sock)
             self._parked[sock] = time.monotonic() + RECHECK_S
             return
-        if kind == "other":
+        if kind is Head.OTHER:
             self._pass(sock)
             return
         self._forget(sock)

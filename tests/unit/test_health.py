@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.edge.frontdoor import MAX_HEAD, classify, response
+from dataplane.edge.frontdoor import MAX_HEAD, Head, classify, response
 from dataplane.edge.health import STALLED_S, Health, View, answer
 
 NOW = 1000.0
@@ -53,17 +53,17 @@ def test_the_state_block_round_trips_and_the_shims_side_reads_its_values() -> No
 
 def test_the_front_door_answers_whole_probe_heads_and_passes_everything_else() -> None:
     head = b"GET /health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
-    assert classify(head) == ("health", len(head), "/health/ready", False)
-    assert classify(b"HEAD /health HTTP/1.1\r\n\r\n")[::2] == ("health", "/health")
+    assert classify(head) == (Head.HEALTH, len(head), "/health/ready", False)
+    assert classify(b"HEAD /health HTTP/1.1\r\n\r\n")[::2] == (Head.HEALTH, "/health")
     assert classify(b"GET /health/live?x=1 HTTP/1.1\r\n\r\n")[2] == "/health/live"
     # Still arriving: wait for more (bounded by the front door's WAIT_S and MAX_HEAD).
     for partial in (b"G", b"GET /hea", b"GET /health/ready HTTP/1.1\r\nHost"):
-        assert classify(partial)[0] == "wait", partial
+        assert classify(partial)[0] is Head.WAIT, partial
     # Traffic, the other paths, and heads past the limit go to the shim untouched.
     for other in (b"POST /v1/chat/completions HTTP/1.1\r\n", b"GET /v1/models HTTP/1.1\r\n",
                   b"GET /healthz HTTP/1.1\r\n\r\n", b"GET /metrics ", b"PUT /health",
                   b"GET /health/ready HTTP/1.1\r\n" + b"X: y\r\n" * MAX_HEAD):  # fmt: skip
-        assert classify(other)[0] == "other", other[:40]
+        assert classify(other)[0] is Head.OTHER, other[:40]
     reply = response(503, b"not ready: draining", head_only=False)
     assert reply.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
     assert b"Connection: close\r\n" in reply and reply.endswith(b"\r\n\r\nnot ready: draining")
