@@ -5,14 +5,17 @@ beside. Their streams are relayed, and resumed on failure, by dataplane/relay/st
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
+import orjson
+
 from dataplane.apis.answers import garbage
-from dataplane.apis.api import Plain
-from dataplane.apis.fields import check_params
+from dataplane.apis.api import AsChat, Plain
+from dataplane.apis.fields import check_params, client_request
 from dataplane.exceptions import bad_request
-from dataplane.request import is_int
+from dataplane.request import ClientRequest, Endpoint, is_int
+from dataplane.sse import ClientStream
 from dataplane.upstream.chunks import choice_text_whole
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
@@ -94,3 +97,12 @@ class Completions(Plain):
 
 CHAT = Chat()
 COMPLETIONS = Completions()
+
+
+def served_as_chat(
+    client: ClientRequest, chat: dict[str, Any], events: Callable[[ClientStream], ClientStream]
+) -> AsChat:
+    """`client` served as `chat` (the request its API converts it to), its client's stream
+    written by `events`; the chat request is checked as any chat request is."""
+    CHAT.check(chat)
+    return AsChat(client_request(Endpoint.CHAT, chat, client.model), orjson.dumps(chat), events)

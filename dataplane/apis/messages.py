@@ -11,19 +11,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
 from dataplane.apis.answers import garbage, usage_counts
 from dataplane.apis.api import RELAYED, AsChat, EngineStream, Plain
-from dataplane.apis.chat import CHAT
-from dataplane.apis.fields import check_params, client_request
+from dataplane.apis.chat import served_as_chat
+from dataplane.apis.fields import check_params
 from dataplane.apis.oneshot import OneShot
 from dataplane.exceptions import ErrorShape
 from dataplane.messages import request
 from dataplane.messages.events import MessageEvents, error_event
 from dataplane.messages.translate import ChatAsMessages
-from dataplane.request import ClientRequest, Endpoint
-from dataplane.sse import ClientStream
+from dataplane.request import ClientRequest
 from dataplane.upstream import genai
 from dataplane.upstream.genai import Attributes
 
@@ -87,14 +84,9 @@ class Messages(Plain):
     def as_chat(self, client: ClientRequest) -> AsChat | None:
         if not client.stream or request.replay_refusal(client.body) is not None:
             return None
-        chat = request.as_chat(client.body)
-        CHAT.check(chat)
         events = MessageEvents()
-
-        def out(resp: ClientStream) -> ClientStream:
-            return ChatAsMessages(resp, events)
-
-        return AsChat(client_request(Endpoint.CHAT, chat, client.model), orjson.dumps(chat), out)
+        chat = request.as_chat(client.body)
+        return served_as_chat(client, chat, lambda out: ChatAsMessages(out, events))
 
     def answer(self, obj: Any) -> str | None:
         if not (isinstance(obj, dict) and obj.get("type") == "message"

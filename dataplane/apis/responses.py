@@ -10,17 +10,14 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
 from dataplane.apis.answers import garbage, usage_counts
 from dataplane.apis.api import RELAYED, AsChat, EngineStream, Plain
-from dataplane.apis.chat import CHAT
-from dataplane.apis.fields import check_params, client_request
-from dataplane.request import ClientRequest, Endpoint
+from dataplane.apis.chat import served_as_chat
+from dataplane.apis.fields import check_params
+from dataplane.request import ClientRequest
 from dataplane.responses import request
 from dataplane.responses.events import ResponseEvents, failed_event, skeleton
 from dataplane.responses.translate import ChatAsResponses
-from dataplane.sse import ClientStream
 from dataplane.upstream import genai
 from dataplane.upstream.genai import Attributes
 
@@ -80,15 +77,10 @@ class Responses(Plain):
     def as_chat(self, client: ClientRequest) -> AsChat | None:
         if not client.stream or request.replay_refusal(client.body) is not None:
             return None
-        chat = request.as_chat(client.body)
-        CHAT.check(chat)
         response = skeleton(client.body, f"resp_{uuid.uuid4().hex[:16]}", int(time.time()))
         events = ResponseEvents(response, lambda prefix: f"{prefix}_{uuid.uuid4().hex[:16]}")
-
-        def out(resp: ClientStream) -> ClientStream:
-            return ChatAsResponses(resp, events)
-
-        return AsChat(client_request(Endpoint.CHAT, chat, client.model), orjson.dumps(chat), out)
+        chat = request.as_chat(client.body)
+        return served_as_chat(client, chat, lambda out: ChatAsResponses(out, events))
 
     def answer(self, obj: Any) -> str | None:
         if not (isinstance(obj, dict) and isinstance(obj.get("id"), str)
