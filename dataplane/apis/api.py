@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dataplane.exceptions import ErrorShape
-from dataplane.request import ClientRequest
+from dataplane.request import ClientRequest, token_limit
 from dataplane.sse import ClientStream
 from dataplane.upstream.genai import Attributes
 
@@ -29,6 +29,16 @@ class AsChat:
     client: ClientRequest
     raw: bytes
     events: Callable[[ClientStream], ClientStream]
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """What a generating request's prefix is hashed from, in its messages' order (its hashes
+    and sizes go to control, never its text: dataplane/edge/shape.py)."""
+
+    messages: list[Any]
+    turns: tuple[bool, ...]  # which of them are the assistant's
+    chars: int  # the text's length, for the prefill estimate
 
 
 class EngineStream(Protocol):
@@ -76,9 +86,26 @@ class Api(Protocol):
         """The client's headers that go to the engine with a request."""
         ...
 
+    @property
+    def pins(self) -> bool:
+        """Whether a served answer's text pins the next turn's prefix where it was served."""
+        ...
+
     def check(self, body: Mapping[str, Any]) -> None:
         """Raises OpenAIError (400) naming the parameter at fault. What a router must trust
         (types it reads, required fields); the engine validates the rest."""
+        ...
+
+    def prompt(self, body: Mapping[str, Any]) -> Prompt:
+        """What a checked body's prefix is hashed from (a generating API's)."""
+        ...
+
+    def owner_key(self, body: Mapping[str, Any]) -> str:
+        """The stored object the request must reach the holder of ("" for none)."""
+        ...
+
+    def output_cap(self, body: Mapping[str, Any]) -> int | None:
+        """The client's cap on generated tokens (None: the engine's default)."""
         ...
 
     def as_chat(self, client: ClientRequest) -> AsChat | None:
@@ -107,6 +134,16 @@ class Plain:
 
     errors = ErrorShape.OPENAI
     forwarded: tuple[str, ...] = ()
+    pins = False
+
+    def prompt(self, body: Mapping[str, Any]) -> Prompt:
+        return Prompt([], (), 0)  # a one-shot call: nothing to pin, no prefix to hash
+
+    def owner_key(self, body: Mapping[str, Any]) -> str:
+        return ""
+
+    def output_cap(self, body: Mapping[str, Any]) -> int | None:
+        return token_limit(body)
 
     def as_chat(self, client: ClientRequest) -> AsChat | None:
         return None

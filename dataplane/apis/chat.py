@@ -11,8 +11,8 @@ from typing import Any, cast
 import orjson
 
 from dataplane.apis.answers import garbage
-from dataplane.apis.api import AsChat, Plain
-from dataplane.apis.fields import check_params, client_request
+from dataplane.apis.api import AsChat, Plain, Prompt
+from dataplane.apis.fields import check_params, client_request, prompt_of
 from dataplane.exceptions import bad_request
 from dataplane.request import ClientRequest, Endpoint, is_int
 from dataplane.sse import ClientStream
@@ -77,9 +77,14 @@ def choices(obj: Any) -> list[dict[str, Any]]:
 
 
 class Chat(Plain):
+    pins = True
+
     def check(self, body: Mapping[str, Any]) -> None:
         check_messages(body.get("messages"))
         check_params(body)
+
+    def prompt(self, body: Mapping[str, Any]) -> Prompt:
+        return prompt_of(body["messages"])
 
     def answer(self, obj: Any) -> str | None:
         return choice_text_whole(choices(obj)[0]) or None
@@ -89,6 +94,11 @@ class Completions(Plain):
     def check(self, body: Mapping[str, Any]) -> None:
         check_prompt(body.get("prompt"))
         check_params(body)
+
+    def prompt(self, body: Mapping[str, Any]) -> Prompt:
+        # A completion prompt is one "message" for affinity purposes.
+        prompt = body["prompt"]
+        return Prompt([prompt], (False,), len(prompt) if isinstance(prompt, str | list) else 0)
 
     def answer(self, obj: Any) -> str | None:
         choices(obj)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dataplane.apis.api import Prompt
 from dataplane.exceptions import bad_request
 from dataplane.request import ClientRequest, Endpoint, is_int, is_number
 
@@ -70,3 +71,21 @@ def client_request(endpoint: Endpoint, body: Mapping[str, Any], model: str) -> C
     # so only an explicit 0 is greedy.
     greedy = temperature is not None and temperature == 0
     return ClientRequest(endpoint, body, model, bool(body.get("stream")), greedy)
+
+
+def prompt_of(messages: list[Any]) -> Prompt:
+    """A conversation's prompt: its messages, which are the assistant's, and their text's
+    length (non-text parts may carry "text": null, as SDKs dump them: only strings count)."""
+    turns = tuple(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+    chars = sum(_chars(m.get("content")) for m in messages if isinstance(m, dict))
+    return Prompt(messages, turns, chars)
+
+
+def _chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(
+            len(t) for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str)
+        )
+    return 0

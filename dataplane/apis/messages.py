@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from dataplane.apis.answers import garbage, usage_counts
-from dataplane.apis.api import RELAYED, AsChat, EngineStream, Plain
+from dataplane.apis.api import RELAYED, AsChat, EngineStream, Plain, Prompt
 from dataplane.apis.chat import served_as_chat
-from dataplane.apis.fields import check_params
+from dataplane.apis.fields import check_params, prompt_of
 from dataplane.apis.oneshot import OneShot
 from dataplane.exceptions import ErrorShape
 from dataplane.messages import request
@@ -80,6 +80,9 @@ class Messages(Plain):
     def check(self, body: Mapping[str, Any]) -> None:
         request.check_messages(body)
         check_params(body)
+
+    def prompt(self, body: Mapping[str, Any]) -> Prompt:
+        return prompt_of(request.hashed_messages(body))  # as chat's, where Baton converts them
 
     def as_chat(self, client: ClientRequest) -> AsChat | None:
         if not client.stream or request.replay_refusal(client.body) is not None:

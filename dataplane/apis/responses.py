@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from dataplane.apis.answers import garbage, usage_counts
-from dataplane.apis.api import RELAYED, AsChat, EngineStream, Plain
+from dataplane.apis.api import RELAYED, AsChat, EngineStream, Plain, Prompt
 from dataplane.apis.chat import served_as_chat
-from dataplane.apis.fields import check_params
-from dataplane.request import ClientRequest
+from dataplane.apis.fields import check_params, prompt_of
+from dataplane.request import ClientRequest, is_int, token_limit
 from dataplane.responses import request
 from dataplane.responses.events import ResponseEvents, failed_event, skeleton
 from dataplane.responses.translate import ChatAsResponses
@@ -73,6 +73,19 @@ class Responses(Plain):
     def check(self, body: Mapping[str, Any]) -> None:
         request.check_responses(body)
         check_params(body)
+
+    def prompt(self, body: Mapping[str, Any]) -> Prompt:
+        # Its messages hash as a chat request's do: the same prefix warms the same cache
+        # (input that is not plain messages hashes item by item).
+        return prompt_of(request.messages_of(body) or list(body["input"]))
+
+    def owner_key(self, body: Mapping[str, Any]) -> str:
+        return str(body.get("previous_response_id") or "")
+
+    def output_cap(self, body: Mapping[str, Any]) -> int | None:
+        cap = token_limit(body)
+        limit = body.get("max_output_tokens")
+        return cap if cap is not None else limit if is_int(limit) else None
 
     def as_chat(self, client: ClientRequest) -> AsChat | None:
         if not client.stream or request.replay_refusal(client.body) is not None:

@@ -30,7 +30,7 @@ from dataplane.relay.prefixblocks import prefix_blocks
 from dataplane.relay.resume.markers import MarkerCache
 from dataplane.relay.resume.reports import Reporter
 from dataplane.relay.stream import RelayControl, StreamRelay, with_token_ids
-from dataplane.request import ClientRequest, Endpoint
+from dataplane.request import ClientRequest
 from dataplane.settings import ProxySettings
 from dataplane.spec.server import SpecControl, SpecServer
 from dataplane.sse import ClientStream
@@ -307,7 +307,7 @@ class Proxy:
         first = ex.first_byte or now
         self._metrics.count(self._metrics.attempts, backend.id, "ok" if status < 500 else "failed")
         self._metrics.ttft.observe(first - ex.started)
-        pinned = reply if ex.client.endpoint is Endpoint.CHAT else None
+        pinned = reply if ex.api.pins else None
         self._control.finished(
             outcome(
                 ex.request_id, backend.id, ex.client.model, status, shape=ex.shape,
