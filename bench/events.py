@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import re
 import statistics
 import subprocess
@@ -52,7 +51,7 @@ class NoEvents(EventLog):
 def routes_per_second(events: EventLog, n: int, store: EventFile | None = None) -> float:
     backends = [make_backend(f"b{i}", f"http://127.0.0.1:{9000 + i}", "m") for i in range(4)]
     registry = Registry(backends, clock=time.time, events=events)
-    router = Router(registry, make_policy("adaptive"), rng=random.Random(0), clock=time.time)
+    router = Router(registry, make_policy("adaptive"), clock=time.time)
     shapes = [
         RequestShape(model="m", message_count=3, prefix_chain=(b"s" * 16, b"u%015d" % i, b"x" * 16),
                      assistant_turns=(False, False, False))

@@ -36,7 +36,6 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from random import Random
 from typing import Any
 
 import aiohttp
@@ -208,7 +207,7 @@ def admission_cost(decisions: int = 20_000, reps: int = 5) -> dict[str, float]:
         clock = iter(range(10**9)).__next__
         registry = Registry(backends, clock=lambda: float(clock()) * 1e-4)
         registry.tenants.add(Tenant("acme", limits=limits), digest("k"), now=0.0)
-        router = Router(registry, make_policy("roundrobin"), rng=Random(0),
+        router = Router(registry, make_policy("roundrobin"),
                         clock=lambda: float(clock()) * 1e-4, route_events=False)  # fmt: skip
         shape = m.RequestShape(MODEL, prompt_chars=400, tenant=tenant, max_tokens=64)
         start = time.perf_counter()

@@ -6,7 +6,6 @@ builder that needs them, so a unit test that only builds snapshots does not pay 
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -52,7 +51,7 @@ def registry(ids: Iterable[str]) -> Registry:
 def router(ids: Iterable[str], policy: str = "adaptive") -> tuple[Router, Registry]:
     """A router over registry(ids): seeded, its clock standing still at 1.0."""
     reg = registry(ids)
-    return Router(reg, make_policy(policy), rng=random.Random(0), clock=lambda: 1.0), reg
+    return Router(reg, make_policy(policy), clock=lambda: 1.0), reg
 
 
 # -- the shim ---------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from random import Random
 
 from baton.model import (
     BackendId,
@@ -45,7 +44,6 @@ class Router:
         registry: Registry,
         policy: Policy,
         *,
-        rng: Random,
         clock: Callable[[], float],
         route_events: bool = True,
         pairs: PairFlow | None = None,
@@ -53,8 +51,7 @@ class Router:
         admission: AdmissionSettings | None = None,
     ) -> None:
         """`pairs`: the control plane's one pair flow over `registry`; a router of its own
-        (tests, benchmarks) gets a fresh one. `rng` is read by no policy now (their ties go
-        to the spread ring); kept for the benchmarks that pass it."""
+        (tests, benchmarks) gets a fresh one."""
         self._route_events = route_events
         self.registry = registry
         self.pairs = pairs if pairs is not None else PairFlow(registry)

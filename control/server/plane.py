@@ -139,7 +139,7 @@ class ControlPlane:
         self.pairs = PairFlow(self.registry)
         guard = SpillGuard(config.affinity.spill_factor, config.affinity.spill_slack)
         self.router = Router(
-            self.registry, make_policy(config.routing, guard), rng=self._rng, clock=self._clock,
+            self.registry, make_policy(config.routing, guard), clock=self._clock,
             route_events=config.audit.route_events, pairs=self.pairs,
             stale_after=config.load.stale_after, admission=config.admission,
         )  # fmt: skip

@@ -4,7 +4,6 @@ read back from the file as an operator's tool would, holds exactly its payload's
 
 from __future__ import annotations
 
-import random
 import types
 import typing
 from dataclasses import MISSING, fields
@@ -70,7 +69,7 @@ def test_every_kind_control_writes_reads_back_in_its_schema(tmp_path: Path) -> N
     events = EventLog(lambda: now[0], sink=store.append, durable=store.flush)
     backends = [make_backend(b, f"http://127.0.0.1:1/{b}", "m") for b in "abc"]
     registry = Registry(backends, clock=lambda: now[0], events=events)
-    router = Router(registry, make_policy("adaptive"), rng=random.Random(0),
+    router = Router(registry, make_policy("adaptive"),
                     clock=lambda: now[0], route_events=False)  # fmt: skip
     # admin: add, drain (with and without migrate), undrain, remove
     registry.add(make_backend("d", "http://127.0.0.1:1/d", "m", role="serve"))

@@ -135,7 +135,6 @@ def test_load_is_released_and_expires() -> None:
 
 
 def test_route_events_off_keeps_the_other_events() -> None:
-    import random
 
     from baton.model import Failure, RequestShape, RouteRequest
     from control.routing.policy import make_policy
@@ -143,7 +142,7 @@ def test_route_events_off_keeps_the_other_events() -> None:
 
     reg, clock = make("a")
     router = Router(
-        reg, make_policy("adaptive"), rng=random.Random(0), clock=clock, route_events=False
+        reg, make_policy("adaptive"), clock=clock, route_events=False
     )
     assert router.route(RouteRequest("r1", RequestShape(model="m"))).backends
     router.attempt_failed("r1", "a", Failure.CONNECT, "refused")

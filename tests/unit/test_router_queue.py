@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from random import Random
-
 from baton.model import (
     Backend,
     BackendId,
@@ -29,7 +27,7 @@ def router(max_queued: int = 10) -> Router:
         registry.tenants.add(Tenant(tid, priority), digest(tid), now=0.0)
     admission = AdmissionSettings(backend_capacity=1, headroom=0.0, max_wait=5.0,
                                   max_queued=max_queued)  # fmt: skip
-    return Router(registry, make_policy("roundrobin"), rng=Random(0), clock=lambda: now[0],
+    return Router(registry, make_policy("roundrobin"), clock=lambda: now[0],
                   admission=admission)  # fmt: skip
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import random
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -69,7 +68,7 @@ class Admin:
         self.file = EventFile(tmp_path / "events.jsonl")
         events = EventLog(lambda: NOW, sink=self.file.append, durable=self.file.flush)
         self.registry = Registry([], clock=lambda: NOW, events=events, tenants=config)
-        router = Router(self.registry, make_policy("adaptive"), rng=random.Random(0),
+        router = Router(self.registry, make_policy("adaptive"),
                         clock=lambda: NOW, route_events=False)  # fmt: skip
         self.saves = 0
         self.servicer = AdminServicer(router, no_facts, on_changed=self._saved)
