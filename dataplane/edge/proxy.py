@@ -29,7 +29,7 @@ from dataplane.relay.context import StreamContext
 from dataplane.relay.prefixblocks import prefix_blocks
 from dataplane.relay.resume.markers import MarkerCache
 from dataplane.relay.resume.reports import Reporter
-from dataplane.relay.stream import RelayControl, StreamRelay, with_token_ids
+from dataplane.relay.stream import RelayControl, Relayed, StreamRelay, with_token_ids
 from dataplane.request import ClientRequest
 from dataplane.settings import ProxySettings
 from dataplane.spec.server import SpecControl, SpecServer
@@ -225,26 +225,28 @@ class Proxy:
                 complete = await relay.run(backend, upstream, first)
             finally:
                 ex.first_byte = relay.first_byte
-            end = relay.relayed(complete, backend)
-            first_choice = end.first_choice
-            status = self._control.fleet.snapshot.get(end.served_by.id)
-            size = status.kv_block_size if status is not None else 0
-            blocks = prefix_blocks(ex.shape, size, first_choice) if complete else None
-            prompt_tokens = len(first_choice.prompt_ids or ()) if first_choice else 0
-            if self._tracing.enabled:
-                attrs = genai.result_attributes(
-                    end.response_id, end.model, end.finishes, end.prompt_tokens,
-                    end.completion_tokens,
-                )  # fmt: skip
-                self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
-            self._finished(ex, end.served_by, 200 if complete else 502, end.reply, blocks,
-                           prompt_tokens or end.prompt_tokens, end.completion_tokens)  # fmt: skip
+            self._stream_finished(ex, relay.relayed(complete, backend), complete)
             await resp.write_eof()
             finished = relay.finished_upstreams()
             self._settle(finished)
         finally:
             relay.close()
         return resp, any(u is upstream for u in finished)
+
+    def _stream_finished(self, ex: Exchange, end: Relayed, complete: bool) -> None:
+        """The span's result and control's outcome of a relayed chat or completions stream."""
+        first_choice = end.first_choice
+        status = self._control.fleet.snapshot.get(end.served_by.id)
+        size = status.kv_block_size if status is not None else 0
+        blocks = prefix_blocks(ex.shape, size, first_choice) if complete else None
+        prompt_tokens = len(first_choice.prompt_ids or ()) if first_choice else 0
+        if self._tracing.enabled:
+            attrs = genai.result_attributes(
+                end.response_id, end.model, end.finishes, end.prompt_tokens, end.completion_tokens
+            )
+            self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
+        self._finished(ex, end.served_by, 200 if complete else 502, end.reply, blocks,
+                       prompt_tokens or end.prompt_tokens, end.completion_tokens)  # fmt: skip
 
     async def _relay_engine(
         self,
