@@ -32,8 +32,8 @@ SHIM = (
     _stage("route RPC, shim side", r"dataplane/link/|grpc/|baton/wire|baton/frames"),
     _stage("tracing (off)", r"baton/tracing|upstream/genai|opentelemetry"),
     _stage("metrics", r"prometheus_client|dataplane/metrics|Proxy\._finished"),
-    _stage("parse + validation", r"edge/validate|edge/limits|BaseRequest\.(read|json)"),
-    _stage("request shape + prefix hash", r"edge/shape|prefix_chain|edge/as_chat|_exchange \("),
+    _stage("parse + validation", r"apis/|edge/limits|BaseRequest\.(read|json)"),
+    _stage("request shape + prefix hash", r"edge/shape|prefix_chain|apis/chat|_exchange \("),
     _stage("relaying the response", r"dataplane/relay/|_relay_whole|_relay_stream|check_answer"
            r"|StreamResponse\.write|ClientResponse\.read|StreamReader"),
     _stage("upstream client", r"dataplane/upstream/|aiohttp/client|aiohttp/connector"

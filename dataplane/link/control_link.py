@@ -41,6 +41,7 @@ from dataplane.link.outbox import TRANSIENT, Outbox, Report, not_leader
 from dataplane.link.routestream import RouteStream
 from dataplane.link.snapshots import SnapshotWatch
 from dataplane.metrics import LinkStats
+from dataplane.outcomes import outcome
 
 log = logging.getLogger("baton.shim.control")
 
@@ -169,9 +170,7 @@ class ControlLink:
             except asyncio.CancelledError:
                 # The client left before its answer (it may be waiting in its band): control
                 # drops it, and counts it no longer for its tenant.
-                gone = RequestOutcome(request_id=request_id, backend_id="", model=shape.model,
-                                      ok=False, http_status=499)  # fmt: skip
-                self.finished(gone)
+                self.finished(outcome(request_id, "", shape.model, 499, ok=False))
                 raise
         if shape.owner_key:
             # Only control knows which backend holds it; any other would answer a misleading

@@ -13,7 +13,8 @@ from baton.model import Seam
 from dataplane.relay.resume.plan import plan_resume
 from dataplane.relay.resume.reasoning import Markers, open_after, split
 from dataplane.relay.resume.seam import judge_fields
-from dataplane.relay.stitch import CutText, Stitcher
+from dataplane.relay.stitch import Stitcher
+from dataplane.relay.thinking import CutText
 from dataplane.request import ClientRequest, Endpoint
 from tests.factories import client_request
 

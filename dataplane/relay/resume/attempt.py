@@ -22,7 +22,8 @@ from dataplane.relay.resume.resumed import ChoiceResume, Downstream, ResumedStre
 from dataplane.relay.resume.seam import HeldText, SeamCheck, judge_fields
 from dataplane.relay.resume.sidecheck import SideCheck
 from dataplane.relay.resume.stops import StopMatcher
-from dataplane.relay.stitch import CutText, Stitcher, TagCut
+from dataplane.relay.stitch import Stitcher
+from dataplane.relay.thinking import CutText, TagCut
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.settings import ResumeSettings, Timeouts
 from dataplane.upstream.engine import detokenize, error_kind, open_attempt, resume_failure
