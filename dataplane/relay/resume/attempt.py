@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
+from array import array
 from dataclasses import dataclass
 
 import aiohttp
@@ -59,7 +61,9 @@ class Resumer:
         self._settings = settings
         self._client = client
         self._stitcher = stitcher
-        self._stable: dict[tuple[int, ...], str] = {}  # _decode's parts before a tag
+        # _decode's parts before a tag, by a digest of their ids (a reasoning's ids can be
+        # tens of thousands: the stream holds them once already, in progress.py).
+        self._stable: dict[bytes, str] = {}
         self._side = SideCheck(session, self._decode, settings.max_resume_seconds)
         self._stream = ResumedStream(
             settings=settings, stitcher=stitcher, downstream=downstream,
@@ -262,7 +266,7 @@ class Resumer:
         for want in wants:
             before = await self._decode(backend, want.before) if want.before else ""
             # The ids before a tag: a later resume's text starts with them again.
-            self._stable[tuple(want.before)] = before
+            self._stable[_digest(want.before)] = before
             after = await self._settled_decode(backend, want.after) if want.after else ""
             out[want.index] = CutText(want.sent, before, after)
         return out
@@ -284,16 +288,21 @@ class Resumer:
         # the end tag is skipped): decoded once a request, not at every release of a resume.
         *stable, last = parts
         for part in stable:
-            key = tuple(part)
+            key = _digest(part)
             if key not in self._stable:
                 self._stable[key] = await self._detokenize(backend, part)
-        return "".join([*(self._stable[tuple(p)] for p in stable),
+        return "".join([*(self._stable[_digest(p)] for p in stable),
                         await self._detokenize(backend, last)])  # fmt: skip
 
     async def _detokenize(self, backend: Backend, ids: list[int]) -> str:
         return await detokenize(
             self._session, backend, self._client.model, ids, self._timeouts.connect
         )
+
+
+def _digest(ids: list[int]) -> bytes:
+    """A key for a run of token ids: 16 bytes, whatever its length."""
+    return hashlib.blake2b(array("q", ids).tobytes(), digest_size=16).digest()
 
 
 def tokens_left(client: ClientRequest, p: ChoiceProgress) -> int | None:
