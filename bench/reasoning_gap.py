@@ -21,6 +21,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -89,8 +90,6 @@ def chat(base: str, model: str, tokens: int) -> list[int]:
 
 
 def settled(admin: AdminClient, n: int) -> dict[str, Any]:
-    import time
-
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         events = admin.events(kind="failover", limit=10_000)

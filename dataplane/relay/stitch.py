@@ -100,7 +100,7 @@ class Stitcher:
         A chunk in which the engine merged a skipped end tag with other tokens is mis-split
         by vLLM's parser (TagCut): then nothing is tracked or sent yet, `wants` lists the
         texts Baton needs, and the caller calls again with them decoded (`cuts`, by choice
-        index; None where they could not be had)."""
+        index; None: they could not be had, and the engine's chunk goes out as it came)."""
         chunk, failure = parse_chunk(data, len(self.choices))
         self.wants = []
         if chunk is None:
