@@ -9,14 +9,14 @@ across the seam and answers include_usage over the whole generation."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from baton.model import Failure
 from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume.reasoning import Markers, open_after
-from dataplane.relay.thinking import NO_CUT, CutText, TagCut, Thinking, other_fields
+from dataplane.relay.thinking import CutText, TagCut, Thinking, other_fields
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.sse import DONE_EVENT, sse
 from dataplane.upstream.chunks import FAILED_FINISH, Choice, as_dict, parse_chunk
@@ -83,9 +83,6 @@ class Stitcher:
         """The think tags as this request's streams show them; None: not followed."""
         return self.thinking.markers
 
-    def needs_cut(self, p: ChoiceProgress, ids: Sequence[int], raw: str) -> int | None:
-        """Thinking.needs_cut for a resumed chunk of choice `p`."""
-        return self.thinking.needs_cut(p, ids, raw)
 
     def unfinished(self) -> list[ChoiceProgress]:
         return [p for p in self.choices.values() if not p.finished]
@@ -93,14 +90,14 @@ class Stitcher:
     # -- the first backend's stream ------------------------------------------------------
 
     def original(
-        self, data: bytes, raw: bytes, cuts: Mapping[int, CutText | None] | None = None
+        self, data: bytes, raw: bytes, cuts: Mapping[int, CutText] | None = None
     ) -> tuple[bytes | None, Failure | None]:
         """One event of the first stream: (bytes for the client or None, failure or None).
 
         A chunk in which the engine merged a skipped end tag with other tokens is mis-split
         by vLLM's parser (TagCut): then nothing is tracked or sent yet, `wants` lists the
         texts Baton needs, and the caller calls again with them decoded (`cuts`, by choice
-        index; None: they could not be had, and the engine's chunk goes out as it came)."""
+        index; a choice missing there: its engine's chunk goes out as it came)."""
         chunk, failure = parse_chunk(data, len(self.choices))
         self.wants = []
         if chunk is None:
@@ -147,7 +144,7 @@ class Stitcher:
         return self._clean(data, raw), None
 
     def _track(
-        self, ch: Choice, cuts: Mapping[int, CutText | None] | None, fixed: dict[int, Any]
+        self, ch: Choice, cuts: Mapping[int, CutText] | None, fixed: dict[int, Any]
     ) -> Failure | None:
         p = self.choices.get(ch.index) or self.choice(ch.index)
         if ch.prompt_token_ids is not None:  # vLLM: null after the first chunk
@@ -157,7 +154,7 @@ class Stitcher:
             delta = ch.delta or _EMPTY
             if delta.get("tool_calls"):
                 p.tool_call = True
-            cut = cuts.get(ch.index) if cuts is not None and ch.index in cuts else NO_CUT
+            cut = cuts.get(ch.index) if cuts is not None else None
             text, repaired = self.thinking.raw(p, delta, ids or (), cut)
             p.add(text, ids)
             if repaired is not None:
@@ -236,7 +233,7 @@ class Stitcher:
     ) -> bytes:
         """A resumed chunk: recorded in the choice's progress, then shaped for the client
         (chunk()). `settled`: Baton decoded the text itself, so it covers every id. `cut`:
-        where the text meets the end of thinking, when needs_cut() asked for it."""
+        where the text meets the end of thinking, when Thinking.needs_cut asked for it."""
         p.add(text, ids, settled=settled)
         if finish:
             p.end(finish, stop_reason)

@@ -20,7 +20,6 @@ from dataplane.relay.resume.reasoning import REASONING_FIELDS, THINK_TAGS, Marke
 from dataplane.upstream.chunks import Choice
 
 _EMPTY: dict[str, Any] = {}  # read only
-NO_CUT = object()  # original(): no decoded texts were asked for this choice
 _PARSED = ("content", *REASONING_FIELDS)
 
 
@@ -108,13 +107,13 @@ class Thinking:
         p: ChoiceProgress,
         delta: Mapping[str, Any],
         ids: Sequence[int],
-        cut: CutText | None | object = None,
+        cut: CutText | None = None,
     ) -> tuple[str, dict[str, Any] | None]:
         """A parsed delta's text as the engine generated it (reasoning, the end tag's text
         as the stream shows it if its token is here, content), keeping track of where
         reasoning ends: by the tags' ids, whatever their text. The second item: the delta
         the client gets instead of the engine's, where the engine's parser mis-split it
-        (`cut`: the decoded texts _tag_cut asked for; None: they could not be had)."""
+        (`cut`: the decoded texts tag_cut asked for; None: none were had)."""
         content = delta.get("content") or ""
         thought = ""
         for key in REASONING_FIELDS:
@@ -149,7 +148,7 @@ class Thinking:
         return thought + content, None
 
     def _split_merged(
-        self, p: ChoiceProgress, thought: str, content: str, cut: CutText | None | object
+        self, p: ChoiceProgress, thought: str, content: str, cut: CutText | None
     ) -> tuple[str, dict[str, Any] | None]:
         """A skipped end tag merged with other tokens. vLLM's parser cut the chunk at
         text.find(tag) == -1, so it sent reasoning = text[:-1] and content = text[7:] (for
@@ -160,7 +159,7 @@ class Thinking:
         where the engine lost the last character)."""
         tag = THINK_TAGS[self._parser][1]
         text = reasoning.unmangle(thought, content, tag)
-        if isinstance(cut, CutText):
+        if cut is not None:
             before = cut.before_part()
             if text is None and before is not None and cut.after is not None:
                 text = before + cut.after

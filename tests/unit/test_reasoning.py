@@ -157,7 +157,7 @@ def merged(s: Stitcher, delta: dict[str, object], ids: list[int], cut: CutText |
     out, failure = s.original(obj, b"")
     assert out is None and failure is None and len(s.wants) == 1
     want = s.wants[0]
-    out, failure = s.original(obj, b"", {want.index: cut})
+    out, failure = s.original(obj, b"", {want.index: cut} if cut is not None else {})
     assert failure is None and not s.wants
     return None if out is None else delta_of(out)
 
@@ -202,7 +202,7 @@ def test_a_merged_tag_chunk_whose_ids_do_not_lead_to_its_text_is_relayed_and_not
     p = s.choices[0]
     assert got == {"reasoning": "abcdefghi", "content": "hij"}  # the engine's, as it came
     assert "end of thinking" in p.unfollowed and not p.fields_agree()
-    # The texts could not be had at all (the engine's /detokenize failed): the same.
+    # No texts for the choice at all: the same.
     t = special_stitcher()
     assert merged(t, {"reasoning": "ab"}, [10, END, 12], None) == {"reasoning": "ab"}
     assert t.choices[0].unfollowed
@@ -215,7 +215,7 @@ def test_resumed_raw_text_with_a_skipped_tag_is_cut_where_the_ids_say() -> None:
     # One token a chunk: the tag alone carries no text and ends the reasoning.
     outs = []
     for raw, ids in (("me", [12]), ("", [END]), ("ok", [13])):
-        assert s.needs_cut(p, ids, raw) is None
+        assert s.thinking.needs_cut(p, ids, raw) is None
         outs.append(s.resumed_chunk(p, raw, ids))
     assert delta(outs[0]) == {"reasoning": "me"} and outs[1] == b""
     assert delta(outs[2]) == {"content": "ok"} and p.reply == "ok"
@@ -223,19 +223,19 @@ def test_resumed_raw_text_with_a_skipped_tag_is_cut_where_the_ids_say() -> None:
     s2 = special_stitcher()
     q = s2.choices[0]
     first(s2, {"reasoning": "so"}, [10])
-    assert s2.needs_cut(q, [12, END, 13], "meok") == 2  # the tag is generated token 2
+    assert s2.thinking.needs_cut(q, [12, END, 13], "meok") == 2  # the tag is generated token 2
     out = s2.resumed_chunk(q, "meok", [12, END, 13], cut=2)
     assert delta(out) == {"reasoning": "me", "content": "ok"} and q.reply == "ok"
     # The tag first or last in its chunk needs no cut: its side is known.
     s3 = special_stitcher()
     r = s3.choices[0]
-    assert s3.needs_cut(r, [END, 13], "ok") == 0
+    assert s3.thinking.needs_cut(r, [END, 13], "ok") == 0
     assert delta(s3.resumed_chunk(r, "ok", [END, 13], cut=0)) == {"content": "ok"}
     # A tag whose token came while the text was held back: the text that follows is cut.
     s4 = special_stitcher()
     t = s4.choices[0]
     assert s4.resumed_chunk(t, "", [0xE4, END]) == b""
-    assert t.reasoning and t.end_pending and s4.needs_cut(t, [14], "\ufffdx") == 1
+    assert t.reasoning and t.end_pending and s4.thinking.needs_cut(t, [14], "\ufffdx") == 1
     assert delta(s4.resumed_chunk(t, "\ufffdx", [14], cut=1)) == {
         "reasoning": "\ufffd", "content": "x",
     }  # fmt: skip

@@ -258,11 +258,11 @@ class Resumer:
 
     async def cut_texts(
         self, backend: Backend, wants: list[TagCut]
-    ) -> dict[int, CutText | None]:
+    ) -> dict[int, CutText]:
         """The texts the stitcher asked for to split a first-stream chunk by ids (TagCut),
         decoded by `backend`'s tokenizer. Raises AttemptFailed when they cannot be had (the
         engine died under the question: the caller fails the stream before that chunk)."""
-        out: dict[int, CutText | None] = {}
+        out: dict[int, CutText] = {}
         for want in wants:
             before = await self._decode(backend, want.before) if want.before else ""
             # The ids before a tag: a later resume's text starts with them again.

@@ -150,7 +150,7 @@ class ResumedStream:
             if stops is not None:
                 text, finish, stop_reason = _apply_stops(stops, text, finish, stop_reason)
             cut = None
-            end_at = stitcher.needs_cut(p, ids, text)
+            end_at = stitcher.thinking.needs_cut(p, ids, text)
             if end_at is not None:
                 cut = await self._thinking_cut(backend, p, ids, end_at, text)
             out = stitcher.resumed_chunk(
@@ -181,7 +181,7 @@ class ResumedStream:
         self, backend: Backend, p: ChoiceProgress, ids: list[int], end_at: int, text: str
     ) -> int:
         """How much of a resumed chunk's `text` comes before the end tag at generated index
-        `end_at`, whose text the stream skips (Stitcher.needs_cut): the text of the ids before
+        `end_at`, whose text the stream skips (Thinking.needs_cut): the text of the ids before
         the tag, decoded from the last character boundary before it, less what the client
         has of it. Raises StreamFailed (REFUSED) when the ids' text does not lead up to the
         chunk's: the split could not be kept faithfully."""
