@@ -71,14 +71,19 @@ async def relay(
     fallbacks: Sequence[FakeEngine],
     control: FakeControl | None = None,
     settings: ResumeSettings = TEXT_RESUMES,
+    endpoint: Endpoint = Endpoint.COMPLETIONS,
+    markers: MarkerCache | None = None,
     **body: object,
 ) -> Outcome:
-    """The client's streaming completion, its first attempt on `first` (whose reply is
-    scripted), relayed to its end; every task it left behind finished."""
+    """The client's streaming request (a completion unless `endpoint` says otherwise), its
+    first attempt on `first` (whose reply is scripted), relayed to its end; every task it
+    left behind finished. `markers`: the think tags the shim knows."""
     control = control or FakeControl()
     client = Client()
-    request = client_request(Endpoint.COMPLETIONS, **{"max_tokens": 4, **body})
+    request = client_request(endpoint, **{"max_tokens": 4, **body})
     ctx = stream_context(request, [f.backend for f in fallbacks], settings)
+    if markers is not None:
+        ctx = dataclasses.replace(ctx, markers=markers)
     async with aiohttp.ClientSession() as session:
         r = StreamRelay(ctx, session=session, control=control, resp=client)
         upstream = await open_stream(session, first, dict(request.body))
@@ -306,28 +311,17 @@ def test_a_mis_split_tag_chunk_the_dying_engine_cannot_decode_fails_over_before_
                              chunk([12], with_ids=True),
                              chunk([13], with_ids=True, finish="length")]))  # fmt: skip
             a.backend = dataclasses.replace(a.backend, reasoning_parser="deepseek_r1")
-            control = FakeControl()
-            client = Client()
-            request = client_request(Endpoint.CHAT, max_tokens=5)
-            settings = ResumeSettings(seam_mode=SeamMode.INLINE, seam_tokens=0)
             tags = KnownTags(Markers(start, end, "<think>", "</think>", special=True))
-            ctx = dataclasses.replace(stream_context(request, [b.backend], settings), markers=tags)
-            async with aiohttp.ClientSession() as session:
-                r = StreamRelay(ctx, session=session, control=control, resp=client)
-                upstream = await open_stream(session, a, dict(request.body))
-                try:
-                    complete = await r.run(a.backend, upstream, b"")
-                    await settle(ctx.background)
-                finally:
-                    r.close()
-                    upstream.close()
-            await control.until(lambda: bool(control.reports))
-        deltas = [ch.get("delta") or {} for e in client.events if isinstance(e, dict)
+            out = await relay(a, [b], settings=ResumeSettings(seam_mode=SeamMode.INLINE,
+                              seam_tokens=0), endpoint=Endpoint.CHAT, markers=tags,
+                              max_tokens=5)  # fmt: skip
+            await out.control.until(lambda: bool(out.control.reports))
+        deltas = [ch.get("delta") or {} for e in out.client.events if isinstance(e, dict)
                   for ch in e.get("choices") or ()]  # fmt: skip
         thought = "".join(d.get("reasoning") or "" for d in deltas)
-        assert complete and client.errors == []
-        assert (thought, client.text) == (spell([10, 11]), spell([12, 13]))
-        (report,) = control.reports
+        assert out.complete and out.client.errors == []
+        assert (thought, out.client.text) == (spell([10, 11]), spell([12, 13]))
+        (report,) = out.control.reports
         assert report.tokens_sent == 1 and report.outcome is FailoverOutcome.RESUMED
         (asked,) = b.generations
         assert asked["prompt"] == [1, 2, start, 10]  # from before the chunk nobody saw
