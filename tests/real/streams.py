@@ -114,12 +114,16 @@ def _read(raw: Any, out: Streamed, on_chunk: Callable[[int], None] | None) -> St
     return out
 
 
+def with_ids(base_url: str, model: str, case: Case, tokens: int) -> Streamed:
+    """A greedy stream at `base_url` (an engine's or a shim's /v1) asking for its token ids,
+    read per delta field; an error it ended in is in `error`."""
+    raw = _request(sdk(base_url), model, case, tokens, {"return_token_ids": True})
+    return _read(raw, Streamed(case), None)
+
+
 def direct(engine: Engine, case: Case, tokens: int) -> Streamed:
     """An uninterrupted greedy stream straight on one engine, no Baton, with its token ids."""
-    raw = _request(
-        sdk(engine.url + "/v1"), engine.model, case, tokens, {"return_token_ids": True}
-    )
-    out = _read(raw, Streamed(case), None)
+    out = with_ids(engine.url + "/v1", engine.model, case, tokens)
     assert not out.error, out.error
     return out
 

@@ -32,8 +32,8 @@ from clients.client import AdminClient
 from clients.procs import Part
 from scripts.engines.replicas import Engine
 from tests.integration.harness import start_control, start_shim, wait_until
-from tests.real.conftest import Pool, sdk
-from tests.real.streams import Case, Streamed, decode, direct
+from tests.real.conftest import Pool
+from tests.real.streams import Case, Streamed, decode, direct, with_ids
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(1500)]
 
@@ -95,14 +95,6 @@ def cut_fleet(tmp: Path, engine: Engine) -> Iterator[CutFleet]:
             control.stop(grace=3)
 
 
-def stream(base_url: str, model: str, case: Case, tokens: int) -> Streamed:
-    """A greedy chat stream asking for its ids, read per delta field."""
-    from tests.real.streams import _read, _request  # the suite's one stream reader
-
-    raw = _request(sdk(base_url), model, case, tokens, {"return_token_ids": True})
-    return _read(raw, Streamed(case), None)
-
-
 def landings(ref: Streamed, lo: int, hi: int) -> list[int]:
     """The token counts in [lo, hi] at which a stream chunked like `ref` can be cut (an
     event's end)."""
@@ -130,7 +122,7 @@ def test_vllm_reasoning_cut_at_every_token_around_an_early_end_tag(
     with cut_fleet(tmp_path, engine) as fleet:
         # Uninterrupted through Baton first: the split by ids too (and the shim has learned
         # the model's tags, which it asks the engine before its first reasoning stream).
-        whole = stream(fleet.shim.ready + "/v1", engine.model, cases[-1], base + AFTER)
+        whole = with_ids(fleet.shim.ready + "/v1", engine.model, cases[-1], base + AFTER)
         assert not whole.error and whole.texts == truth(whole.ids), whole.chunks
         n = len(fleet.failovers())
         gaps: list[float] = []
@@ -145,7 +137,7 @@ def test_vllm_reasoning_cut_at_every_token_around_an_early_end_tag(
                 mangled += 1
             for k in landings(merged, max(1, t - BEFORE), t + AFTER):
                 fleet.arm.set(k)
-                got = stream(fleet.shim.ready + "/v1", engine.model, case, tokens)
+                got = with_ids(fleet.shim.ready + "/v1", engine.model, case, tokens)
                 assert fleet.arm.fired.is_set()
                 n += 1
                 ev = fleet.settled(n)
