@@ -51,7 +51,14 @@ class ChoiceProgress:
     untracked_chunks: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    # A tool-call delta came from a parser Baton does not follow: no resume can keep it.
     tool_call: bool = False
+    # Tool calls the client has (a followed parser's: dataplane/relay/tools/follow.py), and,
+    # once the text has been rebuilt from ids at a seam (the engine's parser withholds the
+    # calls' text, so until then `pieces` hold only what the client was sent), how much of
+    # the reply's parsed content the client has; -1 before any rebuild.
+    calls: list[SentCall] = field(default_factory=list)
+    content_sent: int = -1
     # Reasoning (dataplane/relay/resume/reasoning.py): the delta field it came in ("" =
     # none seen yet), whether it is still open, and whether its end tag's token was
     # generated while the text around it has not come yet. `pieces` hold the engine's raw
@@ -96,9 +103,12 @@ class ChoiceProgress:
             return text[self.thought_from :], ""
         return text[self.thought_from : self.thought_to], text[self.reply_start :]
 
-    def fields_agree(self) -> bool:
-        """Whether the reasoning and content the client assembled are the split by ids."""
-        thought, content = self.by_ids()
+    def fields_agree(self, content: str | None = None) -> bool:
+        """Whether the reasoning and content the client assembled are the split by ids.
+        `content`: the reply's content as a tool parser reads it (its calls' text is not
+        content), where one is followed."""
+        thought, by_ids = self.by_ids()
+        content = by_ids if content is None else content
         return self.said_reasoning.matches(thought) and self.said_content.matches(content)
 
     def add(self, text: str, ids: list[int] | None, *, settled: bool = False) -> None:
@@ -147,6 +157,15 @@ class ChoiceProgress:
         from."""
         at, text_at = self.settled[-1] if self.settles else (0, 0)
         return Held(tuple(self.token_ids[at:]), self.text[text_at:])
+
+@dataclass(slots=True)
+class SentCall:
+    """One tool call as the client assembled it: its id, name and arguments so far."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
 
 @dataclass(slots=True)
 class Tally:

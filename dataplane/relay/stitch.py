@@ -17,6 +17,8 @@ from baton.model import Failure
 from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume.reasoning import Markers, open_after
 from dataplane.relay.thinking import CutText, TagCut, Thinking, other_fields
+from dataplane.relay.tools.follow import ToolFollow
+from dataplane.relay.tools.parsers import parser_for
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.sse import DONE_EVENT, sse
 from dataplane.upstream.chunks import FAILED_FINISH, Choice, as_dict, parse_chunk
@@ -24,12 +26,19 @@ from dataplane.upstream.chunks import FAILED_FINISH, Choice, as_dict, parse_chun
 # `,"token_ids":[1,2]` or `,"prompt_token_ids":[...]` as engines write them (never first key).
 TOKEN_FIELDS = re.compile(rb',\s*"(?:prompt_)?token_ids"\s*:\s*\[[\d,\s]*\]')
 _EMPTY: dict[str, Any] = {}  # read only
+NO_TOOL_PARSER = "tool calls cannot be followed: the backend names no tool_parser"
 @dataclass(slots=True)
 class Identity:
     id: str = ""
     created: int = 0
     model: str = ""
     system_fingerprint: str | None = None
+
+
+def runs_tool_parser(body: Mapping[str, Any]) -> bool:
+    """Whether an engine with auto tool choice runs its tool parser on this chat request:
+    tools offered, tool_choice "auto" or left out (vLLM's default then)."""
+    return bool(body.get("tools")) and body.get("tool_choice", "auto") in ("auto", None)
 
 
 def expected_choices(client: ClientRequest) -> int:
@@ -44,6 +53,7 @@ def expected_choices(client: ClientRequest) -> int:
 class Stitcher:
     def __init__(self, client: ClientRequest, *, strip_ids: bool) -> None:
         self.chat = client.endpoint is Endpoint.CHAT
+        self._body = client.body
         self.strip_ids = strip_ids
         options = client.body.get("stream_options") or {}
         self.want_usage = bool(options.get("include_usage"))
@@ -54,6 +64,8 @@ class Stitcher:
         self._settles = not client.body.get("stop")
         # The reasoning split by the think tags' ids (follow_reasoning).
         self.thinking = Thinking(client.body)
+        # The tool calls, read by Baton's copy of the backend's tool parser (follow_tools).
+        self.tools: ToolFollow | None = None
         # original(): the chunk just offered needs these texts decoded first (TagCut).
         self.wants: list[TagCut] = []
         self.usage: dict[str, Any] | None = None
@@ -63,6 +75,10 @@ class Stitcher:
         # known to be unfinished too.
         for index in range(expected_choices(client)):
             self.choice(index)
+        if self.chat and runs_tool_parser(client.body):
+            # Until follow_tools names a parser Baton follows: the calls could not be kept.
+            for p in self.choices.values():
+                p.unfollowed = NO_TOOL_PARSER
 
     def choice(self, index: int) -> ChoiceProgress:
         p = self.choices.get(index)
@@ -71,6 +87,40 @@ class Stitcher:
                 index, self._prompt_ids, settles=self._settles
             )
         return p
+
+    def follow_tools(self, parser: str) -> None:
+        """The first backend runs tool parser `parser` ("" = none). Called before
+        follow_reasoning: a parser that keeps special tokens' text changes what the think
+        tags show."""
+        if not (self.chat and runs_tool_parser(self._body)):
+            return
+        follower = parser_for(parser, self._body["tools"]) if parser else None
+        if follower is None:
+            if parser:
+                why = f"the tool calls of tool parser {parser!r} cannot be kept across a resume"
+                for p in self.choices.values():
+                    p.unfollowed = why
+            return
+        for p in self.choices.values():
+            p.unfollowed = ""  # (NO_TOOL_PARSER, until now)
+        self.tools = ToolFollow(follower, first_only=self._body.get("parallel_tool_calls") is False)
+        if follower.keeps_special:
+            self.thinking = Thinking({**self._body, "skip_special_tokens": False})
+
+    @property
+    def resume_fields(self) -> dict[str, Any]:
+        """What a resume request must set beyond the client's body to decode as the first
+        stream did."""
+        if self.tools is not None and self.tools.parser.keeps_special:
+            return {"skip_special_tokens": False}
+        return {}
+
+    def fields_agree(self, p: ChoiceProgress) -> bool:
+        """Whether the reasoning and content the client assembled are the split by ids (the
+        content as the tool parser reads the reply, when one is followed)."""
+        if self.tools is None or p.content_sent < 0:
+            return p.fields_agree()
+        return p.fields_agree(self.tools.parser.parse(p.reply, final=p.finished).content)
 
     def follow_reasoning(self, parser: str, markers: Markers | None) -> None:
         """The first backend runs reasoning parser `parser` ("" = none); `markers`: its
@@ -153,7 +203,10 @@ class Stitcher:
         if self.chat:
             delta = ch.delta or _EMPTY
             if delta.get("tool_calls"):
-                p.tool_call = True
+                if self.tools is not None:
+                    self.tools.said(p, delta["tool_calls"])
+                else:
+                    p.tool_call = True
             cut = cuts.get(ch.index) if cuts is not None else None
             text, repaired = self.thinking.raw(p, delta, ids or (), cut)
             p.add(text, ids)
@@ -236,6 +289,8 @@ class Stitcher:
         where the text meets the end of thinking, when Thinking.needs_cut asked for it."""
         p.add(text, ids, settled=settled)
         if finish:
+            if self.tools is not None:
+                finish = ToolFollow.finish(p, finish)
             p.end(finish, stop_reason)
         return self.chunk(p.index, text, ids, finish, stop_reason, cut=cut)
 
@@ -264,6 +319,13 @@ class Stitcher:
         if self.chat:
             p = self.choice(index)
             choice["delta"] = delta = self.thinking.delta(p, text, ids, cut)
+            if self.tools is not None and not p.reasoning:
+                if p.content_sent < 0:
+                    p.content_sent = 0  # the reply began in this resume: the client has none
+                delta.pop("content", None)
+                delta.update(self.tools.delta(p, final=finish is not None))
+                if finish is not None:
+                    finish = ToolFollow.finish(p, finish)
             if self.markers is not None:
                 Thinking.said(p, delta)
             empty = not delta

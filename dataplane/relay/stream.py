@@ -93,6 +93,7 @@ class StreamRelay:
     async def run(self, backend: Backend, upstream: aiohttp.ClientResponse, first: bytes) -> bool:
         """True when the client got a complete answer, False when it got an error event."""
         self._started_on = backend
+        self.stitcher.follow_tools(backend.tool_parser)
         parser = backend.reasoning_parser
         if parser and self.stitcher.chat:
             markers = await self._markers.get(backend) if self._markers is not None else None

@@ -105,10 +105,11 @@ def test_reasoning_from_a_parser_baton_cannot_follow_is_refused_not_relabelled()
     assert "no reasoning_parser" in unnamed.choices[0].unfollowed
 
 
-def test_tools_in_the_request_refuse_a_resume() -> None:
+def test_tools_offered_to_a_backend_naming_no_tool_parser_refuse_a_resume() -> None:
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}],
             "tools": [{"type": "function", "function": {"name": "f"}}]}  # fmt: skip
     s = Stitcher(ClientRequest(Endpoint.CHAT, body, "m", True, True), strip_ids=True)
+    s.follow_tools("")
     first(s, {"role": "assistant", "content": ""}, [], prompt_token_ids=PROMPT)
     try:
         plan_resume(ClientRequest(Endpoint.CHAT, body, "m", True, True), s.choices[0],
@@ -117,9 +118,10 @@ def test_tools_in_the_request_refuse_a_resume() -> None:
         assert "tool" in str(why)
     else:
         raise AssertionError("tools resumed")
-    none = {**body, "tool_choice": "none"}
-    plan_resume(ClientRequest(Endpoint.CHAT, none, "m", True, True), s.choices[0],
-                token_path=True, seam_tokens=0)  # fmt: skip
+    none = ClientRequest(Endpoint.CHAT, {**body, "tool_choice": "none"}, "m", True, True)
+    plain = Stitcher(none, strip_ids=True)  # no parser runs: a plain stream
+    first(plain, {"role": "assistant", "content": ""}, [], prompt_token_ids=PROMPT)
+    plan_resume(none, plain.choices[0], token_path=True, seam_tokens=0)
 
 
 def special_stitcher(**body: object) -> Stitcher:
@@ -250,13 +252,14 @@ def test_the_seam_verdict_judges_the_fields_the_client_assembled() -> None:
         first(s, d, ids)
     p = s.choices[0]
     assert p.by_ids() == ("hm", "yes no") and p.fields_agree()
-    assert judge_fields(Seam.VERIFIED, True, p) is Seam.VERIFIED
-    assert judge_fields(None, True, p) is None  # a side check's verdict still to come
+    assert judge_fields(Seam.VERIFIED, True, p.fields_agree()) is Seam.VERIFIED
+    # A side check's verdict still to come:
+    assert judge_fields(None, True, p.fields_agree()) is None
     # The overlap (" no") sent again after the seam: repeated content.
     repeated = copy.deepcopy(p)
     repeated.said_content.add(" no")
     assert not repeated.fields_agree()
-    assert judge_fields(Seam.VERIFIED, True, repeated) is Seam.DIVERGENT
+    assert judge_fields(Seam.VERIFIED, True, repeated.fields_agree()) is Seam.DIVERGENT
     # The overlap relabelled: the client has it as reasoning, the ids say content.
     relabelled = stitcher()
     for d, ids in (({"reasoning": "hm"}, [10]), ({}, [END]), ({"content": "yes"}, [11]),
@@ -264,7 +267,7 @@ def test_the_seam_verdict_judges_the_fields_the_client_assembled() -> None:
         first(relabelled, d, ids)
     q = relabelled.choices[0]
     assert q.by_ids() == ("hm", "yes no") and not q.fields_agree()
-    assert judge_fields(Seam.VERIFIED, True, q) is Seam.DIVERGENT
+    assert judge_fields(Seam.VERIFIED, True, q.fields_agree()) is Seam.DIVERGENT
     # Wrong before the seam already (the resume itself was right): still not verified.
     assert judge_fields(Seam.VERIFIED, False, p) is Seam.DIVERGENT
     assert judge_fields(Seam.UNCHECKED, False, p) is Seam.DIVERGENT

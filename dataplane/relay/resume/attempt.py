@@ -75,13 +75,23 @@ class Resumer:
         taken from `p` as it is now, before any resumed token is added to it."""
         token_path = backend.kind in TOKEN_KINDS
         m = self._settings.seam_tokens
-        plan = plan_resume(self._client, p, token_path=token_path, seam_tokens=m, exact=exact)
+        tools = self._stitcher.tools
+        if tools is not None and token_path and not p.reasoning and p.token_ids:
+            # The engine's parser withheld the calls' text: read it from the ids again.
+            raw = await self._settled_decode(backend, list(p.token_ids))
+            why = tools.rebuild(p, raw)
+            if why:
+                raise Refused(f"tool calls: {why}")
+        plan = functools.partial(plan_resume, self._client, p, token_path=token_path,
+                                 seam_tokens=m, extra=self._stitcher.resume_fields,
+                                 tools=tools is not None)  # fmt: skip
+        resume = plan(exact=exact)
         check = None
         if exact and self._settings.seam_mode is SeamMode.PARALLEL:
-            candidate = plan_resume(self._client, p, token_path=token_path, seam_tokens=m)
+            candidate = plan()
             check = candidate if candidate.seam is Seam.VERIFIED else None
-        upstream = await self._open(backend, plan.endpoint, plan.body)
-        return Started(plan, upstream, check)
+        upstream = await self._open(backend, resume.endpoint, resume.body)
+        return Started(resume, upstream, check)
 
     async def run(
         self,
@@ -94,10 +104,10 @@ class Resumer:
         call owns it from now on)."""
         state = ResumeState()
         fields = self._stitcher.markers is not None  # reasoning: fields split by ids
-        agreed = not fields or p.fields_agree()  # the client's text up to the seam
+        agreed = not fields or self._stitcher.fields_agree(p)  # the client's text up to the seam
         await self._run(state, backend, p, detected, early)
         if fields and state.failure is None:
-            judged = judge_fields(state.seam, agreed, p)
+            judged = judge_fields(state.seam, agreed, self._stitcher.fields_agree(p))
             if judged is not Seam.DIVERGENT:
                 return state.result()
             state.seam = judged  # whatever the overlap said: not a verified seam

@@ -42,10 +42,12 @@ def static_refusal(body: Mapping[str, Any]) -> str | None:
     for name in GUIDED_FIELDS:
         if body.get(name):
             return f"guided decoding ({name}) cannot be resumed faithfully"
-    if body.get("tools") and body.get("tool_choice", "auto") != "none":
-        # A tool call after the seam would reach the client as content: a resume runs on an
-        # endpoint with no tool parser, and Baton does not parse tool calls itself.
-        return "tool calls cannot be resumed faithfully (a resume runs no tool parser)"
+    choice = body.get("tool_choice")
+    if body.get("tools") and (choice == "required" or isinstance(choice, dict)):
+        # vLLM serves these by guided decoding into its own JSON format: the grammar's state
+        # at the seam is the engine's. ("auto" is followed: dataplane/relay/tools/.)
+        return ("tool_choice 'required' or a named tool (guided decoding) cannot be resumed "
+                "faithfully")
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
         return "JSON-constrained output (response_format) cannot be resumed faithfully"
@@ -101,9 +103,13 @@ def plan_resume(
     token_path: bool,
     seam_tokens: int,
     exact: bool = False,
+    extra: Mapping[str, Any] | None = None,
+    tools: bool = False,
 ) -> ResumePlan:
     """Raises Refused. `exact`: resume from the exact prefix, no overlap (after a divergent
-    seam, so the continuation is conditioned on what the client saw)."""
+    seam, so the continuation is conditioned on what the client saw). `extra`: fields the
+    token path's request sets beyond the client's (Stitcher.resume_fields); `tools`: Baton
+    follows the stream's tool calls, which it can only do from ids."""
     why = refusal(client, progress)
     if why:
         raise Refused(why)
@@ -111,7 +117,9 @@ def plan_resume(
     has_stops = bool(body.get("stop"))
     m = seam_tokens if not exact else 0
     if token_path and progress.prompt_ids is not None:
-        return _token_plan(client, progress, m, has_stops)
+        return _token_plan(client, progress, m, has_stops, extra or {})
+    if tools:
+        raise Refused("a stream with tool calls resumes only on an engine that streams token ids")
     return _text_plan(client, progress, m if not has_stops else 0)
 
 def refusal(client: ClientRequest, progress: ChoiceProgress) -> str | None:
@@ -124,7 +132,11 @@ def refusal(client: ClientRequest, progress: ChoiceProgress) -> str | None:
     return progress.unfollowed or None
 
 def _token_plan(
-    client: ClientRequest, progress: ChoiceProgress, m: int, has_stops: bool
+    client: ClientRequest,
+    progress: ChoiceProgress,
+    m: int,
+    has_stops: bool,
+    extra: Mapping[str, Any],
 ) -> ResumePlan:
     body = client.body
     # Sampled decoding cannot be checked token by token, and with stop strings the
@@ -157,6 +169,7 @@ def _token_plan(
         held = None if has_text else progress.since_boundary()
     assert progress.prompt_ids is not None  # noqa: S101 - checked by the caller
     request: dict[str, Any] = {k: body[k] for k in SAMPLING_FIELDS if k in body}
+    request.update(extra)
     if held is not None:
         # Matched by Baton over the derived text: the engine would match them over its own,
         # which after a cut mid-character starts with the prompt's text.

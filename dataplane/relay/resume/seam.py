@@ -7,7 +7,7 @@ from ids (HeldText)."""
 from __future__ import annotations
 
 from baton.model import Seam
-from dataplane.relay.progress import ChoiceProgress, Held
+from dataplane.relay.progress import Held
 from dataplane.relay.resume.detok import whole
 
 
@@ -46,13 +46,13 @@ class SeamCheck:
         self.verdict = Seam.VERIFIED
         return self._ids[len(self._want) :], joined[len(self._text_want) :]
 
-def judge_fields(seam: Seam | None, agreed_before: bool, p: ChoiceProgress) -> Seam | None:
+def judge_fields(seam: Seam | None, agreed_before: bool, agreed_after: bool) -> Seam | None:
     """A reasoning stream's seam verdict judged on what the client assembled: DIVERGENT
     unless its reasoning and content, at the seam (`agreed_before`) and after the resume,
-    are the split of the text by the think tags' ids (ChoiceProgress.fields_agree). Ids and
+    are the split of the text by the think tags' ids (Stitcher.fields_agree). Ids and
     overlap text that match prove the new backend agrees with the old one, not that the
     client was given the right fields."""
-    if agreed_before and p.fields_agree():
+    if agreed_before and agreed_after:
         return seam
     return Seam.DIVERGENT
 
