@@ -28,6 +28,7 @@ from sim.server import start_server
 from sim.specdecode import SpecConfig
 from sim.state import STATE
 from sim.tokenizer import FIRST_MERGE_ID
+from sim.tool_script import FORMATS
 from sim.tools import MAX_TOOL_CALL_AFTER
 
 
@@ -92,11 +93,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--think-tokens", type=int, default=32, metavar="N",
                    help="with --reasoning: </think> comes at or after N tokens of thinking")
     m.add_argument("--tool-calls", action="store_true",
-                   help="<tool_call>/</tool_call> tokens; a chat request offering tools "
-                        "(tool_choice auto) makes a hermes tool call, parsed like vLLM's "
-                        "--enable-auto-tool-choice --tool-call-parser hermes")
+                   help="tool-call tokens; a chat request offering tools (tool_choice auto) "
+                        "renders them into the prompt and the model calls them, parsed like "
+                        "vLLM's --enable-auto-tool-choice --tool-call-parser P")
+    m.add_argument("--tool-call-parser", choices=FORMATS, default="hermes",
+                   help="with --tool-calls: the format the model writes and the parser run on it")
+    m.add_argument("--parallel-tool-calls", type=int, default=1, metavar="N",
+                   help="with --tool-calls: calls per turn, at most (the first N tools offered; "
+                        "one when a request says parallel_tool_calls false)")
     m.add_argument("--tool-call-after", type=int, default=8, metavar="N",
-                   help="with --tool-calls: the call starts at or after N generated tokens")
+                   help="with --tool-calls: the call starts at or after N generated tokens "
+                        "(llama3_json: at the start of the answer)")
     o = parser.add_argument_group("responses and pooling")
     o.add_argument("--responses-store", type=int, default=DEFAULT_CAPACITY, metavar="N",
                    help="keep the last N stored /v1/responses for GET and previous_response_id "
@@ -163,6 +170,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             loop_period=args.loop_period,
             think_tokens=args.think_tokens,
             tool_call_after=args.tool_call_after,
+            tool_format=args.tool_call_parser,
+            parallel_tool_calls=args.parallel_tool_calls,
         ),
         limits=Limits(
             model=args.model,
@@ -242,6 +251,8 @@ def _check_ranges(args: argparse.Namespace) -> None:
         raise SystemExit("--think-special needs --reasoning")
     if not 0 <= args.think_tokens <= MAX_THINK_TOKENS:
         raise SystemExit(f"--think-tokens must be in [0, {MAX_THINK_TOKENS}]")
+    if args.parallel_tool_calls < 1:
+        raise SystemExit("--parallel-tool-calls must be at least 1")
     if not 0 <= args.tool_call_after <= MAX_TOOL_CALL_AFTER:
         raise SystemExit(f"--tool-call-after must be in [0, {MAX_TOOL_CALL_AFTER}]")
     if args.data_parallel_size < 1:

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from sim.tool_prompt import tool_response, tools_block
 
 # vLLM accepts these roles; the toy template folds the minor ones onto three.
 _ROLE_TAGS = {
@@ -86,18 +89,31 @@ def render(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     open_think: bool = False,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    parallel_tool_calls: bool = True,
 ) -> str:
-    """Render to prompt text (special tokens as their strings)."""
+    """Render to prompt text (special tokens as their strings).
+
+    ``tools`` (tool-call mode, tool_choice auto): a first system turn holds
+    them and tool results are wrapped in ``<tool_response>`` (sim.tool_prompt),
+    so the model can read both back from the ids.
+    """
     if add_generation_prompt and continue_final_message:
         # Same rule and wording as vLLM's request validator.
         raise TemplateError(
             "Cannot set both continue_final_message and add_generation_prompt to True."
         )
     pieces = ["<|bos|>"]
+    if tools:
+        system = messages[0].content if messages and messages[0].role == "system" else ""
+        if system:
+            messages = messages[1:]
+        pieces.append(f"<|system|>{tools_block(system, tools, parallel_tool_calls)}<|end|>")
     last = len(messages) - 1
     for i, msg in enumerate(messages):
         pieces.append(_ROLE_TAGS[msg.role])
-        pieces.append(msg.content)
+        wrap = tools and msg.role == "tool"
+        pieces.append(tool_response(msg.content) if wrap else msg.content)
         if not (continue_final_message and i == last):
             pieces.append("<|end|>")
     if add_generation_prompt:

@@ -23,7 +23,7 @@ from random import Random
 from sim.model import ToyModel
 from sim.protocol import SamplingParams
 from sim.tokenizer import EOS, Tokenizer
-from sim.tools import ToolCallPlan
+from sim.tool_script import ToolCallPlan
 
 _REPLACEMENT = "\ufffd"
 
@@ -160,7 +160,7 @@ class Sequence:
             return self._allowed_id(p.allowed_token_ids)
         allow_eos = not p.ignore_eos and len(self.token_ids) >= p.min_tokens
         if self._tool is not None:
-            forced = self._tool.next(self._h, len(self.token_ids), allow_eos=allow_eos)
+            forced = self._tool.next(self._h, allow_eos=allow_eos)
             if forced is not None:
                 return forced
         loop = self._loop_token() if self._model.loops else None

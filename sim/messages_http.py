@@ -94,6 +94,7 @@ async def create(request: web.Request) -> web.StreamResponse:
         fingerprint=state.fingerprint, chat=True, return_token_ids=False,
         include_usage=gen.include_usage, continuous_usage=gen.continuous_usage,
         reasoning=state.cfg.reasoning, tools=gen.tool is not None,
+        tool_format=state.cfg.model.tool_format, tool_defs=gen.tool.tools if gen.tool else (),
     )  # fmt: skip
     run = MessagesRun(state, state.engine_for(request), gen, faults, meta)
     return await serve_run(request, run, gen.stream)

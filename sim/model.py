@@ -43,10 +43,11 @@ where the text so far ends on a whole character), ``</think>`` is forced to
 the top, so each think block ends once. Without either mode the hash is the
 plain rolling hash, bit for bit as before.
 
-Tool-call mode (the tokenizer has ``<tool_call>``/``</tool_call>``) leaves the
-scores alone: a chat request that offers tools gets a per-request plan
-(sim.tools.ToolCallPlan) that overrides the argmax once ``tool_call_after``
-tokens are out, at a history ``answer_boundary`` allows.
+Tool-call mode (the tokenizer has the tool-call tags) leaves the scores alone:
+a history whose prompt offers tools (or answers a tool result) gets a plan
+(sim.tool_script.ToolCallPlan, a function of the ids) that overrides the
+argmax once ``tool_call_after`` tokens are out, at a history
+``answer_boundary`` allows.
 
 Hashing uses CPython's tuple hash of ints, which is fixed per interpreter
 build (no PYTHONHASHSEED involvement): replicas must run the same CPython,
@@ -111,6 +112,8 @@ class ModelConfig:
     loop_period: int = 0  # 0 = off
     think_tokens: int = 32  # reasoning mode: </think> comes at or after this many think tokens
     tool_call_after: int = 8  # tool-call mode: the call starts at or after this many tokens
+    tool_format: str = "hermes"  # tool-call mode: how calls are written (sim.tool_script)
+    parallel_tool_calls: int = 1  # tool-call mode: calls per turn, at most (one per tool)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from sim.chat_template import TemplateError, parse_messages, render
 from sim.model import MAX_RANKED
 from sim.tokenizer import BOS, Tokenizer
-from sim.tools import DEFAULT_ARG, ToolSpec
+from sim.tools import ToolSpec
 
 MAX_PROMPT_LOGPROBS = MAX_RANKED  # the model ranks this many candidates per position
 
@@ -91,8 +91,8 @@ class GenRequest:
     # Tokens per streamed chunk (vLLM's stream_interval, raised to the server's): the first
     # and the last chunk go at once, the rest every this many tokens.
     stream_interval: int = 1
-    # Chat in tool-call mode offering tools with tool_choice auto: the call the
-    # model makes, and the hermes parser runs (sim.tools). None = neither.
+    # Chat in tool-call mode offering tools with tool_choice auto: the tools the
+    # template rendered, and the tool parser runs (sim.tools). None = neither.
     tool: ToolSpec | None = None
     # Refused by the engine's input processor (a 400 that vLLM reports only once the
     # generation starts: in-band on a stream), e.g. a thinking budget with no reasoning.
@@ -119,6 +119,9 @@ def parse_chat(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRe
         raise bad_request(
             "'prompt_logprobs' is only supported on /v1/completions", "prompt_logprobs"
         )
+    # Tool-call mode: tools offered with tool_choice auto are rendered into the prompt
+    # (the model reads them there: sim.tool_prompt); otherwise tools are ignored.
+    tool = parse_tools(body) if tok.tool_call_start is not None else None
     try:
         messages = parse_messages(body.get("messages"))
         add_gen = optional_field(body, "add_generation_prompt", bool, True)
@@ -126,6 +129,7 @@ def parse_chat(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRe
         text = render(
             messages, add_generation_prompt=add_gen, continue_final_message=cont,
             open_think=tok.think_start is not None,
+            tools=tool.tools if tool else None, parallel_tool_calls=tool.parallel if tool else True,
         )
     except TemplateError as e:
         raise bad_request(str(e), "messages") from None
@@ -139,10 +143,8 @@ def parse_chat(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRe
     include_reasoning = optional_field(body, "include_reasoning", bool, True)
     if not include_reasoning:
         req = replace(req, include_reasoning=False)
-    if tok.tool_call_start is not None:  # tool-call mode; otherwise tools are ignored
-        tool = parse_tools(body)
-        if tool is not None:
-            req = replace(req, tool=tool)
+    if tool is not None:
+        req = replace(req, tool=tool)
     budget = body.get("thinking_token_budget")
     if budget is not None:
         if type(budget) is not int or budget < -1:
@@ -201,10 +203,10 @@ def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
             f"Invalid value for `tool_choice`: {choice}! Only named tools, \"none\", "
             "\"auto\" or \"required\" are supported.", "tool_choice",
         )  # fmt: skip
-    fn = tools[0]["function"]
-    props = (fn.get("parameters") or {}).get("properties")
-    first = next(iter(props), None) if isinstance(props, Mapping) else None
-    return ToolSpec(fn["name"], first if isinstance(first, str) and first else DEFAULT_ARG)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise bad_request("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    return ToolSpec(tuple(tools), parallel is not False)
 
 
 def parse_completion(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRequest:

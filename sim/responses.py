@@ -56,7 +56,9 @@ class Meta:
     continuous_usage: bool = False
     reasoning: bool = False  # chat through the deepseek_r1 reasoning parser
     include_reasoning: bool = True
-    tools: bool = False  # chat through the hermes tool parser (the request offers tools)
+    tools: bool = False  # chat through the tool parser (the request offers tools)
+    tool_format: str = "hermes"  # which parser (--tool-call-parser)
+    tool_defs: tuple[Any, ...] = ()  # the request's tools (qwen3_xml reads their types)
 
     @property
     def chunk_object(self) -> str:
@@ -211,7 +213,9 @@ def full_response(
                 message["reasoning"] = reasoning if meta.include_reasoning else None
             finish = r.finish_reason
             if meta.tools:
-                content, message["tool_calls"] = tools.extract(message["content"] or "")
+                content, message["tool_calls"] = tools.extract(
+                    message["content"] or "", meta.tool_format, meta.tool_defs
+                )
                 if message["tool_calls"]:
                     message["content"], finish = content, "tool_calls"
             choice: dict[str, Any] = {"index": i, "message": message}

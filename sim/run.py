@@ -27,7 +27,8 @@ from sim.generation import Sequence
 from sim.protocol import GenRequest
 from sim.reasoning import R1Stream
 from sim.scoring import prompt_logprobs
-from sim.tools import ToolCallPlan, ToolStream
+from sim.tool_script import ToolCallPlan
+from sim.tools import ToolStream
 
 if TYPE_CHECKING:
     from sim.engine import EngineRank
@@ -60,12 +61,10 @@ class Run:
         self._cells = 0  # of the shared context (--kv-cells) this run holds
         self._epoch = 0  # the shared context's epoch it began in (-1: it never fitted)
         h = self.prompt_hash = state.model.start(req.prompt_ids)
-        model, tool = state.model, req.tool
+        model = state.model
         self.seqs = [
-            Sequence(
-                model, req.prompt_ids, req.params, index=i, prompt_hash=h,
-                tool=None if tool is None else ToolCallPlan(model, tool),
-            )
+            Sequence(model, req.prompt_ids, req.params, index=i, prompt_hash=h,
+                     tool=self._plan())
             for i in range(req.n)
         ]  # fmt: skip
         self._check_faults = not faults.empty
@@ -79,13 +78,22 @@ class Run:
             think = (tok.think_start, tok.think_end)
         self._parsed = meta.tools or think is not None  # chat deltas come from a parser
         if meta.tools:
+            fmt, tools = state.cfg.model.tool_format, req.tool.tools if req.tool else ()
             self._tool_parsers = [
-                ToolStream(think, include_reasoning=meta.include_reasoning) for _ in range(req.n)
+                ToolStream(think, include_reasoning=meta.include_reasoning, fmt=fmt, tools=tools)
+                for _ in range(req.n)
             ]
         elif think is not None:
             self._parsers = [
                 R1Stream(*think, include_reasoning=meta.include_reasoning) for _ in range(req.n)
             ]
+
+    def _plan(self) -> ToolCallPlan | None:
+        """Tool-call mode: what the prompt's ids make the model write (sim.tool_script)."""
+        if self.state.tokenizer.tool_call_start is None:
+            return None
+        plan = ToolCallPlan(self.state.model, self.req.prompt_ids)
+        return plan if plan.active else None
 
     # -- lifecycle -----------------------------------------------------------
     def begin(self) -> None:
@@ -268,12 +276,12 @@ class Run:
         if meta.chat:
             buf.extend(r.sse(r.role_chunk(meta, i, req.prompt_ids)) for i in range(req.n))
         first = [not meta.chat] * req.n  # completions carry prompt ids on the first token
-        # vLLM's stream_interval: several tokens per chunk. A reasoning parser then sees
-        # the merged delta, as vLLM's does (a skipped special end tag among other tokens
-        # is mis-split there: sim.reasoning); a tool parser's deltas stay per token here.
+        # vLLM's stream_interval: several tokens per chunk. A reasoning or tool parser then
+        # runs once over the merged delta, as vLLM's does (a skipped special end tag among
+        # other tokens is mis-split there: sim.reasoning).
         merged = (
             [_Merged(req.stream_interval) for _ in range(req.n)]
-            if req.stream_interval > 1 and self._tool_parsers is None else None
+            if req.stream_interval > 1 else None
         )  # fmt: skip
         step_no = 0
         while any(not s.finished for s in seqs):

@@ -140,6 +140,8 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
         reasoning=chat and state.cfg.reasoning,
         include_reasoning=req.include_reasoning,
         tools=chat and req.tool is not None,
+        tool_format=state.cfg.model.tool_format,
+        tool_defs=req.tool.tools if chat and req.tool else (),
     )
     engine = state.engine_for(request)
     return await serve_run(request, Run(state, engine, req, faults, meta), req.stream)

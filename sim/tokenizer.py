@@ -27,10 +27,11 @@ instead (as some reasoning models' tokenizers mark them): the same ids, but
 ``skip_special_tokens`` decoding (every stream's) drops their text, while a
 plain decode (/detokenize) still spells them.
 
-``tool_calls=True`` adds ``<tool_call>`` and ``</tool_call>`` the same way
-(Hermes / Qwen style), after the think tokens when both are on. A vocabulary
+``tool_calls=True`` adds ``<tool_call>``, ``</tool_call>`` (Hermes / Qwen),
+``<|python_tag|>`` (Llama 3) and ``[TOOL_CALLS]`` (Mistral) the same way, in
+that order, after the think tokens when both are on. A vocabulary
 that has only these on top of the default keeps the default pre-tokenizer
-(specials matched where a piece starts) and cuts out just the two tags
+(specials matched where a piece starts) and cuts out just these tags
 first, so text without them encodes exactly as before.
 """
 
@@ -105,6 +106,8 @@ THINK_START = "<think>"
 THINK_END = "</think>"
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"  # Llama 3's tool-call marker (llama3_json)
+TOOL_CALLS = "[TOOL_CALLS]"  # Mistral's (mistral)
 
 
 _SPECIAL_RE = "|".join(re.escape(s) for s in SPECIAL_TOKENS)
@@ -180,6 +183,8 @@ class Tokenizer:
     think_end: int | None = None
     tool_call_start: int | None = None  # <tool_call> / </tool_call> ids in tool-call mode
     tool_call_end: int | None = None
+    python_tag: int | None = None  # <|python_tag|> / [TOOL_CALLS] ids in tool-call mode
+    tool_calls_tag: int | None = None
     added: dict[str, int] | None = None  # strings encode() maps to one id (specials, tags)
     # New vocabularies (byte-level, reasoning) split on added tokens first; the
     # default one with tool-call tags only on the tags (see the module doc).
@@ -275,15 +280,17 @@ def build_tokenizer(
         merges = {pair: i for pair, i in merges.items() if i != drop_merge}
     merge_end = len(pieces)
     added = dict(SPECIAL_TOKENS)
-    think_start = think_end = tool_call_start = tool_call_end = None
+    think_start = think_end = tool_call_start = tool_call_end = python_tag = calls_tag = None
     if reasoning:
         think_start, think_end = len(pieces), len(pieces) + 1
         pieces += [THINK_START.encode(), THINK_END.encode()]
         added |= {THINK_START: think_start, THINK_END: think_end}
     if tool_calls:
         tool_call_start, tool_call_end = len(pieces), len(pieces) + 1
-        pieces += [TOOL_CALL_START.encode(), TOOL_CALL_END.encode()]
-        added |= {TOOL_CALL_START: tool_call_start, TOOL_CALL_END: tool_call_end}
+        python_tag, calls_tag = len(pieces) + 2, len(pieces) + 3
+        pieces += [t.encode() for t in (TOOL_CALL_START, TOOL_CALL_END, PYTHON_TAG, TOOL_CALLS)]
+        added |= {TOOL_CALL_START: tool_call_start, TOOL_CALL_END: tool_call_end,
+                  PYTHON_TAG: python_tag, TOOL_CALLS: calls_tag}
     # What encode() cuts out before pre-tokenizing: every added token in the new
     # vocabularies, only the tool-call tags in the default one (module doc).
     cut = added if byte_level or reasoning else {
@@ -299,7 +306,7 @@ def build_tokenizer(
         merges=merges, pieces=tuple(pieces), texts=texts, _cache={}, visible=visible,
         whole=whole, merge_end=merge_end, byte_level=byte_level, think_start=think_start,
         think_end=think_end, tool_call_start=tool_call_start, tool_call_end=tool_call_end,
-        added=added,
+        python_tag=python_tag, tool_calls_tag=calls_tag, added=added,
         _added_re=re.compile("(" + "|".join(re.escape(a) for a in cut) + ")") if cut else None,
     )
 

@@ -10,17 +10,8 @@ Three parts, as vLLM 0.32 has them:
   "none" (or no tools) gives None: the request is served as if the mode were
   off. "required" and a named tool are refused (400): vLLM serves those
   through guided decoding into another format, which the sim does not have.
-* the model (``ToolCallPlan``): once ``after`` tokens are out (the model's
-  ``tool_call_after`` by default) and the text so far ends on a whole
-  character outside a think block (``ToyModel.answer_boundary``), the
-  greedy output is, token by token,
-  ``<tool_call>{"name": "<first tool>", "arguments": {"<arg>": "<letters>"}}</tool_call>``
-  then EOS. ``<arg>`` is the first property of the first tool's
-  ``parameters``, else "city"; the letters (3 to 7, one token each, the
-  first a capital) come from hashes of the history, so every replica
-  writes the same call. The plan overrides sampling, draft swaps and loops
-  (a model sure of its call); EOS is skipped when the request forbids it
-  (min_tokens, ignore_eos), and the model's own text follows.
+* the model (sim.tool_script): the tools are rendered into the prompt
+  (sim.tool_prompt) and the model's calls are a function of the ids.
 * the parser (``ToolStream``, ``extract``): mirrors
   vllm/tool_parsers/hermes_tool_parser.py (Hermes2ProToolParser) as
   vllm/parser/abstract_parser.py (``Parser.parse_delta`` / ``parse``) and
@@ -54,36 +45,28 @@ are served exactly as with the mode off, whereas vLLM runs its parser for
 them too and so skips chunks with no text (a finish then has an empty delta);
 ``include_reasoning: false`` nulls reasoning only where there was some (as
 sim.reasoning does; vLLM adds ``"reasoning": null`` to every delta);
-``parallel_tool_calls: false`` is not looked at (the model makes one call).
-Tools are not rendered into the prompt: the call is the request's plan, not
-something the model reads from its context, so /v1/completions (and so any
-resume over it) never makes one.
+``parallel_tool_calls: false`` reaches the model through the prompt.
+
+Other formats (``--tool-call-parser``): ToolStream drives sim.tool_parsers'
+llama3_json, mistral and qwen3_xml parsers the same way (reasoning first, the
+flush of unstreamed arguments at the end, finish_reason "tool_calls").
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sim import tool_parsers
 from sim.reasoning import R1Stream
-from sim.tokenizer import EOS, TOOL_CALL_END, TOOL_CALL_START
-
-if TYPE_CHECKING:
-    from sim.model import ToyModel
+from sim.tokenizer import TOOL_CALL_END, TOOL_CALL_START
 
 Delta = dict[str, Any]
 
-DEFAULT_ARG = "city"
 MAX_TOOL_CALL_AFTER = 1 << 20
-_MIN_LETTERS = 3
-_MAX_LETTERS = 7
-_LETTER = -1  # a script slot the history fills with a letter
-_SALT_LEN = -19
-_SALT_LETTER = -23
 _CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 _NAME_RE = re.compile(r'"name"\s*:\s*"([^"]+)"')
 _ARGS_RE = re.compile(r'"arguments"\s*:\s*')
@@ -91,52 +74,10 @@ _ARGS_RE = re.compile(r'"arguments"\s*:\s*')
 
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
-    """The call the model will make: the first tool's name, the argument it fills."""
+    """A chat request's tools (rendered into its prompt) and its parallel_tool_calls."""
 
-    name: str
-    arg: str = DEFAULT_ARG
-
-
-# -- the model ---------------------------------------------------------------------
-class ToolCallPlan:
-    """Per sequence: the token the model is made to emit next, if any. Mutable."""
-
-    __slots__ = ("_model", "_after", "_head", "_tail", "_script", "_at")
-
-    def __init__(self, model: ToyModel, spec: ToolSpec, after: int | None = None) -> None:
-        tok = model.tokenizer
-        if tok.tool_call_start is None or tok.tool_call_end is None:
-            raise ValueError("the tokenizer has no tool-call tokens")
-        self._model = model
-        self._after = model.config.tool_call_after if after is None else after
-        name, arg = (json.dumps(s, ensure_ascii=False) for s in (spec.name, spec.arg))
-        body = tok.encode(f'{{"name": {name}, "arguments": {{{arg}: "')
-        self._head = [tok.tool_call_start, *body]
-        self._tail = [*tok.encode('"}}'), tok.tool_call_end, EOS]
-        self._script: list[int] | None = None  # set when the call starts
-        self._at = 0
-
-    def next(self, h: int, generated: int, *, allow_eos: bool) -> int | None:
-        """The forced token at history hash ``h`` after ``generated`` tokens (None = the model's).
-
-        Call once per generated token: it advances the plan.
-        """
-        script = self._script
-        if script is None:
-            if generated < self._after or not self._model.answer_boundary(h):
-                return None
-            n = _MIN_LETTERS + hash((h, _SALT_LEN)) % (_MAX_LETTERS - _MIN_LETTERS + 1)
-            script = self._script = [*self._head, *[_LETTER] * n, *self._tail]
-        if self._at >= len(script):
-            return None
-        tid = script[self._at]
-        self._at += 1
-        if tid == _LETTER:
-            first = script[self._at - 2] != _LETTER  # the value's first letter: a capital
-            return (ord("A") if first else ord("a")) + hash((h, _SALT_LETTER)) % 26
-        if tid == EOS and not allow_eos:
-            return None
-        return tid
+    tools: tuple[Mapping[str, Any], ...]
+    parallel: bool = True
 
 
 # -- the parser --------------------------------------------------------------------
@@ -152,10 +93,12 @@ class _Call:
 class ToolStream:
     """Per-choice streaming state of the hermes parser (after a reasoning parser, if any)."""
 
-    __slots__ = ("_r1", "_think_end", "_answering", "_text", "_sent", "_calls", "called")
+    __slots__ = ("_r1", "_think_end", "_answering", "_text", "_sent", "_calls", "called",
+                 "_other")  # fmt: skip
 
     def __init__(
-        self, think: tuple[int, int] | None = None, *, include_reasoning: bool = True
+        self, think: tuple[int, int] | None = None, *, include_reasoning: bool = True,
+        fmt: str = "hermes", tools: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self._r1: R1Stream | None = None
         self._think_end: int | None = None
@@ -167,6 +110,8 @@ class ToolStream:
         self._sent = 0  # how much of it went out as content
         self._calls: list[_Call] = []
         self.called = False  # a tool-call delta went out: finish_reason "tool_calls"
+        # Another format's parser (sim.tool_parsers); None: hermes, here.
+        self._other = None if fmt == "hermes" else tool_parsers.CallStream(fmt, tools)
 
     def finish_reason(self, reason: str | None) -> str | None:
         return "tool_calls" if reason == "stop" and self.called else reason
@@ -195,6 +140,10 @@ class ToolStream:
         return out
 
     def _parse(self, text: str) -> Delta | None:
+        if self._other is not None:
+            other = self._other.parse(text)
+            self.called = self.called or bool(other and other.get("tool_calls"))
+            return other
         self._text += text
         current = self._text
         content = self._content(current)
@@ -234,6 +183,8 @@ class ToolStream:
         return content
 
     def _unstreamed(self) -> str:
+        if self._other is not None:
+            return self._other.unstreamed()
         if not self._calls:
             return ""
         call = self._calls[-1]
@@ -292,11 +243,15 @@ def _is_json(text: str) -> bool:
 
 def tool_call_id() -> str:
     """vLLM's make_tool_call_id(): "chatcmpl-tool-" and 16 random hex digits."""
-    return "chatcmpl-tool-" + os.urandom(8).hex()
+    return tool_parsers.tool_call_id()
 
 
-def extract(text: str) -> tuple[str | None, list[Delta]]:
+def extract(
+    text: str, fmt: str = "hermes", tools: Sequence[Mapping[str, Any]] = ()
+) -> tuple[str | None, list[Delta]]:
     """Non-streaming: (content, tool calls); no calls means the text is all content."""
+    if fmt != "hermes":
+        return tool_parsers.extract(text, fmt, tools)
     if TOOL_CALL_START not in text:
         return text, []
     calls: list[Delta] = []
