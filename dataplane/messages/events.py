@@ -1,8 +1,10 @@
 """The Anthropic stream events of a message Baton writes itself (a replayable request served
 as chat: dataplane/messages/translate.py), in vLLM 0.32's shapes and order
 (vllm/entrypoints/anthropic/serving.py, message_stream_converter): `message_start` on the
-first chat chunk, a `content_block_start` / `_delta` / `_stop` run per block (thinking, then
-text; a thinking block ends with its `signature_delta`), `message_delta` with the stop reason
+first chat chunk, a `content_block_start` / `_delta` / `_stop` run per block (thinking, text,
+tool_use with `input_json_delta` pieces of its arguments; a thinking block ends with its
+`signature_delta`; text that comes while a tool_use block is open is held and sent as a text
+block of its own once that block closes), `message_delta` with the stop reason
 and the whole generation's usage on the usage chunk, `message_stop` on [DONE]. No `ping`:
 vLLM sends none. Keys in the order vLLM's models serialise them."""
 
@@ -10,6 +12,7 @@ vLLM sends none. Keys in the order vLLM's models serialise them."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -48,18 +51,32 @@ def usage_of(usage: Mapping[str, Any] | None) -> dict[str, int]:
     return {"input_tokens": out.pop("input_tokens"), **out}
 
 
-def stop_reason(finish: str | None, stop: object) -> tuple[str | None, str | None]:
+def stop_reason(
+    finish: str | None, stop: object, *, tool_used: bool = False, tool_complete: bool = False
+) -> tuple[str | None, str | None]:
     """A chat finish as Anthropic's (stop_reason, stop_sequence) (vLLM's
-    _to_anthropic_stop_reason, without tools: a replayed request has none)."""
+    _to_anthropic_stop_reason): max_tokens always wins; complete tool calls win over a
+    matched stop string (a call a stop string cut short must not run)."""
     if finish == "length":
         return "max_tokens", None
     if finish not in ("stop", "tool_calls"):
         return None, None
+    if tool_complete:
+        return "tool_use", None
     if isinstance(stop, str):  # a matched stop string; an int is a stop token id
         return "stop_sequence", stop
-    if finish == "tool_calls":
+    if finish == "tool_calls" or tool_used:
         return "tool_use", None
     return "end_turn", None
+
+
+def _is_json(text: str) -> bool:
+    """vLLM's _is_json: whether the last call's arguments parse (Python's json, as vLLM's)."""
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 class MessageEvents:
@@ -71,6 +88,11 @@ class MessageEvents:
         self._started = False
         self._index = 0  # the next block's index
         self._open: str | None = None  # the open block's type
+        self._tool_id: str | None = None  # the open tool_use block's id
+        self._pending: list[str] = []  # text that came while a tool_use block was open
+        self._tool_ids: dict[int, str] = {}  # a tool call's index -> its id
+        self._tool_used = False
+        self._last_args: list[str] = []  # the latest tool_use block's arguments
         self._finish: str | None = None
         self._stop: object = None
         self.stop_reason: str | None = None  # once the message ended
@@ -101,23 +123,55 @@ class MessageEvents:
         if thought:
             out += self._delta("thinking", {"type": "thinking_delta", "thinking": thought})
         text = delta.get("content")
-        if text:
+        if text and self._open == "tool_use":
+            self._pending.append(text)  # vLLM holds it until the tool_use block closes
+        elif text:
             out += self._delta("text", {"type": "text_delta", "text": text})
+        for call in delta.get("tool_calls") or ():
+            out += self._tool_call(call)
         return out
 
     def done(self) -> bytes:
         """[DONE]: the message's end."""
-        return self._close() + event("message_stop", {"type": "message_stop"})
+        return self._flush() + event("message_stop", {"type": "message_stop"})
 
     def _delta(self, kind: str, delta: dict[str, Any]) -> bytes:
         out = b""
         if self._open != kind:
-            out += self._close()
+            out += self._flush()
             block = {"type": "thinking", "thinking": ""} if kind == "thinking" else {
                 "type": "text", "text": ""}  # fmt: skip
-            out += self._block("content_block_start", "content_block", block)
-            self._open = kind
+            out += self._start(kind, block)
         return out + self._block("content_block_delta", "delta", delta)
+
+    def _tool_call(self, call: Mapping[str, Any]) -> bytes:
+        """One tool_calls delta as vLLM's converter reads it: a call with an id and a name
+        opens a tool_use block; arguments go out as input_json_delta while their call's
+        block is the open one (a parser streams calls one after another)."""
+        function = call.get("function") or {}
+        args = function.get("arguments")
+        out = b""
+        call_id = call.get("id")
+        if call_id is not None:
+            self._tool_ids[call.get("index", 0)] = call_id
+            name = function.get("name")
+            if self._tool_id != call_id and name is not None:
+                out += self._flush()
+                self._tool_used, self._last_args = True, []
+                block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+                out += self._start("tool_use", block)
+        else:
+            call_id = self._tool_ids.get(call.get("index", 0))
+        if call_id is not None and args and self._tool_id == call_id:
+            self._last_args.append(args)
+            partial = {"type": "input_json_delta", "partial_json": args}
+            out += self._block("content_block_delta", "delta", partial)
+        return out
+
+    def _start(self, kind: str, block: dict[str, Any]) -> bytes:
+        self._open = kind
+        self._tool_id = block["id"] if kind == "tool_use" else None
+        return self._block("content_block_start", "content_block", block)
 
     def _block(self, kind: str, name: str, value: dict[str, Any]) -> bytes:
         """A block's event, its keys in vLLM's order (type, the delta or block, index)."""
@@ -131,14 +185,29 @@ class MessageEvents:
             signature = {"type": "signature_delta", "signature": self._signature()}
             out += self._block("content_block_delta", "delta", signature)
         out += event("content_block_stop", {"type": "content_block_stop", "index": self._index})
-        self._open = None
+        self._open = self._tool_id = None
         self._index += 1
         return out
 
+    def _flush(self) -> bytes:
+        """Closes the open block; text held while a tool_use block was open follows as a
+        text block of its own (vLLM's stop_and_flush)."""
+        out = self._close()
+        if self._pending:
+            text, self._pending = "".join(self._pending), []
+            out += self._start("text", {"type": "text", "text": ""})
+            out += self._block("content_block_delta", "delta", {"type": "text_delta", "text": text})
+            out += self._close()
+        return out
+
     def _ending(self, usage: Mapping[str, Any] | None) -> bytes:
-        reason, sequence = stop_reason(self._finish or "stop", self._stop)
+        out = self._flush()
+        complete = self._tool_used and _is_json("".join(self._last_args))
+        reason, sequence = stop_reason(
+            self._finish or "stop", self._stop, tool_used=self._tool_used, tool_complete=complete
+        )
         self.stop_reason, self.usage = reason, usage_of(usage)
         delta = {"stop_reason": reason, "stop_sequence": sequence}
-        return self._close() + event(
+        return out + event(
             "message_delta", {"type": "message_delta", "delta": delta, "usage": self.usage}
         )

@@ -4,8 +4,9 @@ on another engine (`as_chat`).
 
 vLLM serves /v1/messages by converting the request into a chat completion request and its
 chat stream back into Anthropic events. A request whose conversion Baton can reproduce
-exactly (text and thinking blocks, no tools, no images, no inline system messages, no
-constrained output or thinking budget) is the chat request `as_chat` returns: the same
+exactly (text, thinking, tool_use and tool_result blocks, tools offered with tool_choice
+auto or none, no images, no inline system messages, no constrained output or thinking
+budget) is the chat request `as_chat` returns: the same
 messages through the same template on the same engine generate the same tokens, and a chat
 stream carries the token ids a token-exact resume needs, which a Messages stream does not."""
 
@@ -17,18 +18,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from dataplane.exceptions import bad_request
+from dataplane.messages import tools
+from dataplane.messages.tools import NotReplayable
 from dataplane.request import is_int, is_number
 
 ROLES = frozenset({"user", "assistant", "system"})
 # Blocks whose conversion Baton reproduces: text (a text part), thinking (the message's
-# `reasoning`), redacted_thinking (dropped, as vLLM drops it).
-REPLAYED_BLOCKS = frozenset({"text", "thinking", "redacted_thinking"})
+# `reasoning`), redacted_thinking and a message's own tool_reference (dropped, as vLLM drops
+# them), tool_use and tool_result (dataplane/messages/tools.py). Not images (the engine's
+# media fetch and processor), nor tool_addition/tool_removal (they change the tools).
+REPLAYED_BLOCKS = frozenset({"text", "thinking", "redacted_thinking", "tool_reference",
+                             "tool_use", "tool_result"})  # fmt: skip
 # Copied to the chat request unchanged, as vLLM's conversion copies them.
 COPIED = ("temperature", "top_p", "top_k", "cache_salt", "chat_template_kwargs")
 # Parameters that change what the engine does beyond the messages in ways a resume cannot
-# reproduce (tools, constrained output, a thinking budget or effort, disaggregated serving):
+# reproduce (constrained output, a thinking budget or effort, disaggregated serving; tools
+# are replayed or refused by dataplane/messages/tools.py):
 # such a request is relayed as the engine streams it, and not resumed.
-NOT_REPLAYABLE = ("tools", "tool_choice", "output_config", "kv_transfer_params",
+NOT_REPLAYABLE = ("output_config", "kv_transfer_params",
                   "ec_transfer_params", "vllm_xargs", "watermarking")  # fmt: skip
 # Claude Code's per-request attribution header, which vLLM drops from the system prompt.
 BILLING = "x-anthropic-billing-header"
@@ -96,55 +103,71 @@ def _system_text(system: Any) -> str:
     return "".join(parts)
 
 
-def _message(m: Mapping[str, Any]) -> dict[str, Any] | None:
-    """One user or assistant message as vLLM converts it; None when it holds a block Baton
-    does not reproduce (tool use and results, images, references)."""
-    out: dict[str, Any] = {"role": m["role"]}
+def _message(m: Mapping[str, Any], out: list[dict[str, Any]]) -> dict[str, Any]:
+    """One user or assistant message as vLLM converts it (_convert_message_content), block
+    by block: a user's tool results go to `out` as tool messages as they come, before the
+    message itself. NotReplayable when it holds a block Baton does not reproduce."""
+    msg: dict[str, Any] = {"role": m["role"]}
     content: list[dict[str, Any]] | str = m["content"]  # checked: check_messages
     if isinstance(content, str):
-        out["content"] = content
-        return out
+        msg["content"] = content
+        return msg
     parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
     reasoning: list[str] = []
     for block in content:
         kind = block.get("type")
         if kind not in REPLAYED_BLOCKS:
-            return None
+            raise NotReplayable(f"its messages hold {kind} blocks")
         if kind == "text" and block.get("text"):
             parts.append({"type": "text", "text": block["text"]})
-        elif kind == "thinking":
-            thought = block.get("thinking")
-            if thought is not None:
-                if not isinstance(thought, str):
-                    return None
-                reasoning.append(thought)
+        elif kind == "thinking" and block.get("thinking") is not None:
+            if not isinstance(block["thinking"], str):
+                raise NotReplayable("a thinking block whose thinking is not a string")
+            reasoning.append(block["thinking"])
+        elif kind == "tool_use":
+            calls.append(tools.tool_call(block))
+        elif kind == "tool_result" and m["role"] == "user":
+            out.append(tools.tool_messages(block))
+        elif kind == "tool_result":
+            parts.append(tools.assistant_result(block))
+    # vLLM's keys in its order: reasoning, tool_calls, content (one text part: a string).
     if reasoning:
-        out["reasoning"] = "".join(reasoning)
+        msg["reasoning"] = "".join(reasoning)
+    if calls:
+        msg["tool_calls"] = calls
     if len(parts) == 1:
-        out["content"] = parts[0]["text"]
+        msg["content"] = parts[0]["text"]
     elif parts:
-        out["content"] = parts
-    return out
+        msg["content"] = parts
+    return msg
 
 
-def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    """The request's messages as the chat request vLLM builds from them, or None when Baton
-    cannot reproduce that conversion (an inline system message: vLLM merges those into the
-    first or keeps them in place depending on the chat template; or a block above)."""
+def _converted(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The messages of the chat request vLLM builds, or NotReplayable saying why Baton
+    cannot build them (an inline system message: vLLM merges those into the first or keeps
+    them in place depending on the chat template; or a block above)."""
     out: list[dict[str, Any]] = []
     system = _system_text(body.get("system"))
     if system:
         out.append({"role": "system", "content": system})
     for m in body["messages"]:
         if m["role"] == "system":
-            return None
-        message = _message(m)
-        if message is None:
-            return None
+            raise NotReplayable("its messages hold inline system messages")
+        message = _message(m, out)
         # vLLM drops a user message left with nothing in it; an assistant one stays.
         if not (message["role"] == "user" and "content" not in message):
             out.append(message)
     return out
+
+
+def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The request's messages as the chat request vLLM builds from them, or None when Baton
+    cannot reproduce that conversion (replay_refusal says why)."""
+    try:
+        return _converted(body)
+    except NotReplayable:
+        return None
 
 
 def replay_refusal(body: Mapping[str, Any]) -> str | None:
@@ -155,8 +178,11 @@ def replay_refusal(body: Mapping[str, Any]) -> str | None:
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled"):
         return "a thinking budget or effort (thinking.type enabled or disabled) cannot be resumed"
-    if chat_messages(body) is None:
-        return "its messages hold blocks other than text and thinking, or inline system messages"
+    try:
+        _converted(body)
+        tools.chat_tools(body)
+    except NotReplayable as why:
+        return f"{why} (vLLM's conversion of it cannot be reproduced faithfully)"
     return None
 
 
@@ -175,6 +201,7 @@ def as_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     for name in COPIED:
         if body.get(name) is not None:
             chat[name] = body[name]
+    chat.update(tools.chat_tools(body))  # replay_refusal checked they convert
     return chat
 
 
