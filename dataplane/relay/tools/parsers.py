@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dataplane.relay.tools import hermes
+from dataplane.relay.tools import hermes, llama3_json, mistral, qwen3_xml
 from dataplane.relay.tools.parser import ToolParser, Tools
 
 PARSERS: dict[str, Callable[[Tools], ToolParser]] = {
     "hermes": hermes.Hermes,
+    "llama3_json": llama3_json.Llama3Json,
+    "mistral": mistral.Mistral,
+    "qwen3_xml": qwen3_xml.Qwen3Xml,
+    "qwen3_coder": qwen3_xml.Qwen3Xml,
 }
 
 
