@@ -76,12 +76,8 @@ class Resumer:
         token_path = backend.kind in TOKEN_KINDS
         m = self._settings.seam_tokens
         tools = self._stitcher.tools
-        if tools is not None and token_path and not p.reasoning and p.token_ids:
-            # The engine's parser withheld the calls' text: read it from the ids again.
-            raw = await self._settled_decode(backend, list(p.token_ids))
-            why = tools.rebuild(p, raw)
-            if why:
-                raise Refused(f"tool calls: {why}")
+        if token_path:
+            await self._rebuild_tools(backend, p)
         plan = functools.partial(plan_resume, self._client, p, token_path=token_path,
                                  seam_tokens=m, extra=self._stitcher.resume_fields,
                                  tools=tools is not None)  # fmt: skip
@@ -246,12 +242,25 @@ class Resumer:
         string is recovered through `backend`'s detokenizer; without a backend there must
         be none (ends_here). Raises AttemptFailed."""
         held = ""
+        if backend is not None and backend.kind in TOKEN_KINDS:
+            await self._rebuild_tools(backend, p)  # the end flushes what the parser held
         stops = backend is not None and backend.kind in TOKEN_KINDS and bool(_stops(self._client))
         pending = p.held(from_start=True) if stops else None
         if backend is not None and pending is not None:
             decoded = await self._settled_decode(backend, list(pending.ids))
             held = HeldText(pending).resolve(decoded, True) or ""
         await self._down.write(self._stitcher.ended_at_limit(p, held))
+
+    async def _rebuild_tools(self, backend: Backend, p: ChoiceProgress) -> None:
+        """A followed tool parser withheld the calls' text from the client: the choice's text
+        is read from the ids again (ToolFollow.rebuild). Raises Refused or AttemptFailed."""
+        tools = self._stitcher.tools
+        if tools is None or p.reasoning or not p.token_ids or p.content_sent >= 0:
+            return
+        raw = await self._settled_decode(backend, list(p.token_ids))
+        why = tools.rebuild(p, raw)
+        if why:
+            raise Refused(f"tool calls: {why}")
 
     async def _open(
         self, backend: Backend, endpoint: Endpoint, body: dict[str, object]
@@ -321,10 +330,12 @@ def tokens_left(client: ClientRequest, p: ChoiceProgress) -> int | None:
     return tokens_allowed(client.body, p.generated)
 
 
-def ends_here(client: ClientRequest, p: ChoiceProgress) -> bool:
+def ends_here(client: ClientRequest, p: ChoiceProgress, tools: bool = False) -> bool:
     """A choice that can be ended without a backend: all its tokens were sent, and no text
-    can be held back for a stop string (recovering that needs an engine's detokenizer)."""
-    return tokens_left(client, p) == 0 and not (_stops(client) and p.token_ids)
+    can be held back for a stop string or by a tool parser (`tools`: one is followed;
+    recovering that text needs an engine's detokenizer)."""
+    held = _stops(client) or (tools and not p.reasoning)
+    return tokens_left(client, p) == 0 and not (held and p.token_ids)
 
 
 def _stops(client: ClientRequest) -> list[str]:

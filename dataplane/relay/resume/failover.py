@@ -171,7 +171,7 @@ class Failover:
         """Ends every choice that needs no backend to end (ends_here); returns the rest."""
         left = []
         for p in pending:
-            if ends_here(self._client, p):
+            if ends_here(self._client, p, self.stitcher.tools is not None):
                 log.info("request %s: choice %d had all its tokens; finished", self._rid, p.index)
                 await self._resumer.end_at_limit(p)
             else:
