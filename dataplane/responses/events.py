@@ -1,6 +1,9 @@
-"""A Responses API event stream written by the shim, in vLLM's shapes and order: created and
+"""A Responses API event stream written by the shim, in vLLM's shapes and order
+(vllm/entrypoints/openai/responses/streaming_events.py, the simple path): created and
 in_progress, then per output item its added / part added / deltas / text done / part done /
-item done, then one response.completed carrying the whole response (or response.failed).
+item done (a function call's: added / arguments deltas / arguments done / item done), then
+one response.completed carrying the whole response, its output the items as streamed (or
+response.failed).
 `sequence_number` rises by one per event from 0; each item keeps its `item_id`,
 `output_index` and `content_index` however many backends its text came from."""
 
@@ -29,8 +32,9 @@ def skeleton(body: Mapping[str, Any], response_id: str, created_at: int) -> dict
         "object": "response",
         "output": [],
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "tool_choice": body.get("tool_choice", "auto"),
-        "tools": [],
+        # vLLM's check_tool_usage: without tools, tool_choice auto (its default) is none.
+        "tool_choice": body.get("tool_choice", "auto") if body.get("tools") else "none",
+        "tools": body.get("tools") or [],
         "background": False,
         "service_tier": body.get("service_tier", "auto"),
         "status": "in_progress",
@@ -45,15 +49,16 @@ def skeleton(body: Mapping[str, Any], response_id: str, created_at: int) -> dict
 
 @dataclass(slots=True)
 class _Item:
-    kind: str  # "message" | "reasoning"
+    kind: str  # "message" | "reasoning" | "function_call"
     item_id: str
     output_index: int
-    text: list[str] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)  # a function call's: its arguments
+    call: tuple[int, str, str] | None = None  # a function call's chat index, call_id, name
 
 
 class ResponseEvents:
     def __init__(self, response: dict[str, Any], new_id: Any) -> None:
-        """`new_id(prefix)`: a fresh id for an output item ("msg_…", "rs_…")."""
+        """`new_id(prefix)`: a fresh id for an output item ("msg_…", "rs_…", "fc_…")."""
         self._response = response
         self._new_id = new_id
         self._seq = 0
@@ -86,6 +91,29 @@ class ResponseEvents:
             return out + self._event("response.reasoning_text.delta", **where, delta=text)
         return out + self._event("response.output_text.delta", **where, delta=text, logprobs=[])
 
+    def call(self, index: int, call_id: str, name: str, arguments: str) -> bytes:
+        """A tool call's delta (the chat stream's `index`; `call_id` and `name` are read when
+        it opens): a call of another index closes the open item and opens a function_call
+        item, as vLLM's SimpleStreamingEventProcessor does; its arguments go out as
+        function_call_arguments deltas."""
+        out = b""
+        item = self._item
+        if item is None or item.call is None or item.call[0] != index:
+            out += self._close()
+            item = _Item("function_call", self._new_id("fc"), len(self._output),
+                         call=(index, call_id, name))  # fmt: skip
+            self._item = item
+            added = {"type": "function_call", "id": item.item_id, "call_id": call_id,
+                     "name": name, "arguments": "", "status": "in_progress"}  # fmt: skip
+            out += self._event("response.output_item.added", output_index=item.output_index,
+                               item=added)  # fmt: skip
+        if not arguments:
+            return out
+        item.text.append(arguments)
+        return out + self._event("response.function_call_arguments.delta",
+                                 output_index=item.output_index, item_id=item.item_id,
+                                 delta=arguments)  # fmt: skip
+
     def _open(self, kind: str) -> bytes:
         item = _Item(kind, self._new_id("rs" if kind == "reasoning" else "msg"), len(self._output))
         self._item = item
@@ -107,6 +135,8 @@ class ResponseEvents:
         item, self._item = self._item, None
         if item is None:
             return b""
+        if item.call is not None:
+            return self._close_call(item)
         text = "".join(item.text)
         where = {"item_id": item.item_id, "output_index": item.output_index, "content_index": 0}
         if item.kind == "reasoning":
@@ -125,6 +155,18 @@ class ResponseEvents:
             + self._event("response.content_part.done", **where, part=part)
             + self._event("response.output_item.done", output_index=item.output_index, item=done)
         )
+
+    def _close_call(self, item: _Item) -> bytes:
+        assert item.call is not None
+        _, call_id, name = item.call
+        arguments = "".join(item.text)
+        done = {"type": "function_call", "name": name, "arguments": arguments,
+                "status": "completed", "id": item.item_id, "call_id": call_id}  # fmt: skip
+        self._output.append(done)
+        where = {"output_index": item.output_index, "item_id": item.item_id}
+        return self._event(
+            "response.function_call_arguments.done", **where, arguments=arguments, name=name
+        ) + self._event("response.output_item.done", output_index=item.output_index, item=done)
 
     def completed(self, finish: str | None, usage: Mapping[str, Any] | None) -> bytes:
         """Closes the open item and ends the stream with the whole response."""

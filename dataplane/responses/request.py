@@ -5,10 +5,12 @@ faithfully on another engine (`as_chat`).
 A request can be replayed when everything that decides its tokens is in the request itself:
 `store: false` (nothing of it must live on the engine that served it), no
 `previous_response_id` (its context is not on one engine), input that renders through the
-chat template as plain messages, and no tools, reasoning or constrained output (a resume runs
-none of those). Such a request is the chat request `as_chat` returns: the same messages go
-through the same template on the same engine, so it generates the same tokens, and a chat
-stream carries the token ids a token-exact resume needs, which a Responses stream does not."""
+chat template as chat messages (text messages, function calls and their outputs), function
+tools with tool_choice auto or none, and no reasoning or constrained output (a resume runs
+neither, nor the guided decoding of a forced or strict tool call). Such a request is the
+chat request `as_chat` returns: the same messages go through the same template on the same
+engine, so it generates the same tokens, and a chat stream carries the token ids a
+token-exact resume needs, which a Responses stream does not."""
 
 # baton: pure
 
@@ -19,17 +21,19 @@ from typing import Any
 
 from dataplane.exceptions import bad_request
 from dataplane.request import is_int
+from dataplane.responses import convert
+from dataplane.responses.convert import NotReplayable
 
 # Copied to the chat request unchanged: the sampling fields vLLM's Responses API accepts.
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
             "ignore_eos", "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output",
             "user", "priority")  # fmt: skip
 # Parameters that put something outside the request into the answer, or that a resume cannot
-# reproduce: such a request is relayed as the engine streams it, and not resumed.
-NOT_REPLAYABLE = ("tools", "reasoning", "include", "top_logprobs", "background", "prompt",
+# reproduce: such a request is relayed as the engine streams it, and not resumed (tools are
+# replayed or refused by dataplane/responses/convert.py).
+NOT_REPLAYABLE = ("reasoning", "include", "top_logprobs", "background", "prompt",
                   "previous_input_messages", "structured_outputs", "frequency_penalty",
                   "presence_penalty", "logit_bias", "max_tool_calls")  # fmt: skip
-ROLES = frozenset({"system", "developer", "user", "assistant"})
 
 
 def check_responses(body: Mapping[str, Any]) -> None:
@@ -63,9 +67,16 @@ def stored(body: Mapping[str, Any]) -> bool:
 
 
 def messages_of(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    """The request as chat messages (instructions first, as a system message), or None when
-    its input holds anything but plain text messages (images, tool calls and outputs,
-    reasoning items, item references)."""
+    """The request as chat messages (instructions first, as a system message, then its
+    input as vLLM renders it: dataplane/responses/convert.py), or None when Baton cannot
+    reproduce that rendering (replay_refusal says why)."""
+    try:
+        return _messages(body)
+    except NotReplayable:
+        return None
+
+
+def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions:
@@ -73,29 +84,7 @@ def messages_of(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     value = body.get("input")
     if isinstance(value, str):
         return [*out, {"role": "user", "content": value}]
-    for item in value if isinstance(value, list) else ():
-        message = _message(item)
-        if message is None:
-            return None
-        out.append(message)
-    return out
-
-
-def _message(item: Mapping[str, Any]) -> dict[str, Any] | None:
-    if item.get("type", "message") != "message" or item.get("role") not in ROLES:
-        return None
-    content = item.get("content")
-    if isinstance(content, str):
-        return {"role": item["role"], "content": content}
-    if not isinstance(content, list):
-        return None
-    texts = []
-    for part in content:
-        if not (isinstance(part, dict) and part.get("type") in ("input_text", "output_text")
-                and isinstance(part.get("text"), str)):
-            return None  # fmt: skip
-        texts.append(part["text"])
-    return {"role": item["role"], "content": "".join(texts)}
+    return [*out, *convert.input_messages(value if isinstance(value, list) else [])]
 
 
 def replay_refusal(body: Mapping[str, Any]) -> str | None:
@@ -111,8 +100,11 @@ def replay_refusal(body: Mapping[str, Any]) -> str | None:
     if isinstance(fmt, dict) and isinstance(fmt.get("format"), dict):
         if fmt["format"].get("type", "text") != "text":
             return "structured output (text.format) cannot be resumed faithfully"
-    if messages_of(body) is None:
-        return "its input holds items other than plain text messages"
+    try:
+        _messages(body)
+        convert.chat_tools(body)
+    except NotReplayable as why:
+        return f"{why} (vLLM's rendering of it cannot be reproduced faithfully)"
     return None
 
 
@@ -129,4 +121,5 @@ def as_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     for name in SAMPLING:
         if body.get(name) is not None:
             chat[name] = body[name]
+    chat.update(convert.chat_tools(body))  # replay_refusal checked they convert
     return chat

@@ -1,12 +1,14 @@
 """The client's stream of a Responses request served as chat (request.as_chat): what the
 relay writes (the stitched chat chunks, whichever backends they came from, an SSE error event,
-[DONE]) goes to the client as Responses events (events.py). The relay and its failover know
+[DONE]) goes to the client as Responses events (events.py): a delta's reasoning, then its
+content, then its tool calls, as vLLM splits a delta. The relay and its failover know
 nothing of the Responses API; this is the only place the two formats meet."""
 
 # baton: pure
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import orjson
@@ -57,6 +59,24 @@ class ChatAsResponses:
                 out += self._events.delta("reasoning", reasoning)
             if delta.get("content"):
                 out += self._events.delta("message", delta["content"])
+            out += self._calls(delta.get("tool_calls") or ())
             if choice.get("finish_reason"):
                 self._finish = choice["finish_reason"]
+        return out
+
+    def _calls(self, calls: Any) -> bytes:
+        """A delta's tool calls, grouped by index in order of first appearance (vLLM's
+        split_delta): each group's arguments go out together, under its first call's id and
+        name when it opens an item."""
+        groups: dict[int, list[dict[str, Any]]] = {}
+        for call in calls:
+            if isinstance(call, dict) and call.get("function") is not None:
+                groups.setdefault(int(call.get("index") or 0), []).append(call)
+        out = b""
+        for index, group in groups.items():
+            first = group[0]
+            name = str(first["function"].get("name") or "")
+            call_id = str(first.get("id") or f"chatcmpl-tool-{uuid.uuid4().hex[:16]}")
+            args = "".join(c["function"].get("arguments") or "" for c in group)
+            out += self._events.call(index, call_id, name, args)
         return out

@@ -28,7 +28,9 @@ def test_input_renders_as_the_chat_messages_vllm_builds() -> None:
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "a"},
         {"role": "assistant", "content": "b"},
-        {"role": "user", "content": "cd"},
+        # vLLM keeps a user message's parts; its content parser joins them with newlines
+        # (or keeps them apart, for an "openai"-format template), as chat's does.
+        {"role": "user", "content": [{"type": "text", "text": "c"}, {"type": "text", "text": "d"}]},
     ]
     chat = as_chat({**body, "max_output_tokens": 7, "temperature": 0, "seed": 3})
     assert chat["max_tokens"] == 7 and chat["temperature"] == 0 and chat["seed"] == 3
@@ -42,13 +44,19 @@ def test_input_renders_as_the_chat_messages_vllm_builds() -> None:
         ({"store": True}, "store: true"),
         ({"store": None}, "store: true"),  # vLLM's default is to store
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"tools": [{"type": "function", "name": "f"}]}, "'tools'"),
+        ({"tools": [{"type": "web_search"}]}, "web_search tool"),
+        (
+            {"tool_choice": "required", "tools": [{"type": "function", "name": "f"}]},
+            "guided decoding",
+        ),
         ({"reasoning": {"effort": "low"}}, "'reasoning'"),
         ({"top_logprobs": 2}, "'top_logprobs'"),
         ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "items"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
-         "items"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "reasoning items"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+            "other than text",
+        ),
     ],
 )
 def test_what_cannot_be_replayed_says_why(extra: dict[str, Any], why: str) -> None:
