@@ -3,7 +3,7 @@
 Run with the engine venv's python (it has torch and transformers):
 `make_tiny_model.py OUT_DIR [VARIANT]`, VARIANT one of tiny (the default), tiny-bytes,
 tiny-think, tiny-think-special, tiny-wide, tiny-merge, tiny-added, spec-draft, spec-target-50,
-spec-target-80, spec-target-95.
+spec-target-80, spec-target-95, tiny-tools, tiny-tools-llama3.
 
 All three share the recipe (see docs/real-engines.md):
 - head_dim 32: vLLM's CPU attention needs head_dim >= 32 and a multiple of 16.
@@ -57,11 +57,28 @@ The variants differ in what greedy decoding can emit:
   positions where the draft's argmax is the target's (what a greedy speculative round
   accepts, token by token); it prints alpha and the agreement, and fails unless it is within
   SPEC_TOLERANCE of the goal. The same build gives the same alpha (a fixed seed, greedy).
+- tiny-tools (vLLM `--enable-auto-tool-choice --tool-call-parser hermes`) and tiny-tools-llama3
+  (`--tool-call-parser llama3_json`): an agent that calls tools. Not random: every layer's
+  o_proj and down_proj are zero, so the residual stream is the current token's (one-hot)
+  embedding and the lm_head is a successor table (logit TOOL_GAIN for the successor, 0 for
+  every other token, so sampling follows it too). The chains run through added tokens
+  (TOOL_TURNS), each token once: the chat template ends the prompt with <|step1|>, <|step2|>
+  or <|step3|> for 0, 1 or 2+ tool results in the conversation, and the chain from it is
+  turn 1 (hermes: content, then get_weather), turn 2 (two parallel calls: get_time, then
+  get_weather) and turn 3 (a final answer), each ended by <|end|>, the EOS. The arguments
+  are cut mid-string, mid-number, mid-escape (a piece ends in the backslash of \" or \n)
+  and mid-character (turn 1's É is two byte tokens). A turn's text tokenizes back to its
+  tokens, and a conversation that replays the turns renders as the earlier prompt, the turn
+  and <|end|>, token for token (the build asserts both, and generates each turn with
+  transformers). tool_chain.json beside the weights lists each turn's ids, text, content and
+  calls (as the parser gives them) for the tests.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -135,6 +152,102 @@ SPEC_PROMPTS = [p[:40] for p in (
     "In the beginning the router had only one backend",
 )]  # fmt: skip
 SPEC_STEPS = 256
+
+# tiny-tools (vLLM --tool-call-parser hermes) and tiny-tools-llama3 (llama3_json): a Markov
+# chain through added tokens. Every layer's o_proj and down_proj are zero, so the residual
+# stream is the current token's embedding and the next token depends on it alone: each
+# chain token has one successor (the lm_head is that table), every other token's is the EOS,
+# <|end|>. The chat template opens the assistant turn with <|step1|>, <|step2|> or <|step3|>
+# after 0, 1 or 2+ tool results in the conversation: the three turns of an agent loop.
+# A piece is an added token (its text) or a byte token (an int: É as its two UTF-8 bytes, a
+# cut mid-character); no two pieces are alike, and the text of a turn tokenizes back to
+# exactly its pieces (the build asserts it), as does a conversation that replays a turn.
+TOOL_STEPS = ["<|step1|>", "<|step2|>", "<|step3|>"]
+TOOL_EOS = "<|end|>"  # id 262: the turn's end in the template is the EOS, as Qwen's <|im_end|>
+PYTHON_TAG = "<|python_tag|>"  # llama3_json's parser wants it in the vocabulary (unused here)
+E_ACUTE = list("É".encode())  # [0xC3, 0x89]
+TOOL_ANSWER = ["It is", " sunny in", " Saint-Étienne", " for 14", " days, and", " 09:30",
+               " there."]  # fmt: skip
+TOOL_TURNS: dict[str, list[list[str | int]]] = {
+    "hermes": [
+        ["Let me", " check the", " weather", " first.\n", "<tool_call>",
+         '\n{"name": "get_weather", ', '"arguments": {"city": "Saint-', *E_ACUTE,
+         'tienne", "days": 1', "4}}\n", "</tool_call>"],
+        ['<tool_call>\n{"name": "get_time", "arguments": ', '{"city": "Saint-Étienne", ',
+         '"format": "HH:MM \\', '"24h\\"\\', 'nlocal"}}', "\n</tool_call>\n",
+         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', 'is", "days": 1',
+         "0}}\n</tool_call>"],
+        TOOL_ANSWER,
+    ],
+    # llama3_json takes a call only at the start of the text: no content before it.
+    "llama3_json": [
+        ['{"name": "get_weather", ', '"parameters": {"city": "Saint-', *E_ACUTE,
+         'tienne", "days": 1', "4}}"],
+        ['{"name": "get_time", "parameters": ', '{"city": "Saint-Étienne", ',
+         '"format": "HH:MM \\', '"24h\\"\\', 'nlocal"}}',
+         '; {"name": "get_weather", "parameters": {"city": "Par', 'is", "days": 1', "0}}"],
+        TOOL_ANSWER,
+    ],
+}  # fmt: skip
+TOOL_VARIANTS = {"tiny-tools": "hermes", "tiny-tools-llama3": "llama3_json"}
+TOOL_GAIN = 30.0  # a successor's logit (every other is 0): greedy or sampled alike
+# The template, per parser: the tools in the system turn, a past call as the model writes
+# it (so a conversation that replays a turn renders its prompt + output token for token),
+# and the opener from the number of tool results so far.
+# Engines render it with trim_blocks: a newline right after a block tag is written {{ nl }}.
+TOOL_SYSTEM = {
+    "hermes": (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+        "{% for t in tools %}{{ nl }}{{ t | tojson }}{% endfor %}{{ nl }}</tools>\n\n"
+        "For each function call, return a json object with function name and arguments "
+        "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    ),
+    "llama3_json": (
+        "You have access to the following functions. To call functions, respond with JSON "
+        'objects of the form {"name": function name, "parameters": dictionary of argument '
+        'name and its value}, separated by "; ".\n\n'
+        "{% for t in tools %}{{ t | tojson }}\n\n{% endfor %}"
+    ),
+}
+TOOL_ARGS = (
+    "{% if f.arguments is string %}{{ f.arguments }}{% else %}{{ f.arguments | tojson }}{% endif %}"
+)
+TOOL_CALL = {
+    "hermes": '<tool_call>\n{"name": "{{ f.name }}", "arguments": ' + TOOL_ARGS + "}\n</tool_call>",
+    "llama3_json": '{"name": "{{ f.name }}", "parameters": ' + TOOL_ARGS + "}",
+}
+TOOL_CALL_SEP = {"hermes": "{{ nl }}", "llama3_json": "; "}
+TOOL_RESULT = {
+    "hermes": "<|user|><tool_response>\n{{ m.content }}\n</tool_response><|end|>",
+    "llama3_json": "<|user|>{{ m.content }}<|end|>",
+}
+TOOL_OPENER = "<|step{{ ([ns.results, 2] | min) + 1 }}|>"
+
+
+def tool_template(parser: str) -> str:
+    return (
+        "{%- set ns = namespace(results=0) -%}{%- set nl = '\\n' -%}<|bos|>"
+        "{%- if tools %}<|system|>{% if messages[0].role == 'system' %}"
+        "{{ messages[0].content }}\n\n{% endif %}" + TOOL_SYSTEM[parser] + "<|end|>{% endif %}"
+        "{%- for m in messages %}"
+        "{%- if m.role == 'system' %}{% if not (tools and loop.first) %}"
+        "<|system|>{{ m.content }}<|end|>{% endif %}"
+        "{%- elif m.role == 'tool' %}{% set ns.results = ns.results + 1 %}"
+        + TOOL_RESULT[parser] +
+        "{%- elif m.role == 'assistant' %}<|assistant|>" + TOOL_OPENER + "{{ m.content or '' }}"
+        "{%- for tc in m.tool_calls or [] %}"
+        "{% set f = tc.function if tc.function is defined else tc %}"
+        "{% if not loop.first %}" + TOOL_CALL_SEP[parser] + "{% endif %}" + TOOL_CALL[parser] +
+        "{% endfor %}"
+        "{%- if not (loop.last and not add_generation_prompt) %}<|end|>{% endif %}"
+        "{%- else %}<|{{ m.role }}|>{{ m.content }}<|end|>"
+        "{%- endif %}{%- endfor %}"
+        "{%- if add_generation_prompt %}<|assistant|>" + TOOL_OPENER + "{% endif %}"
+    )  # fmt: skip
+
+
 ASCII = [10] + list(range(32, 127))
 BYTES = [9, 10] + list(range(32, 127)) + list(range(128, 256))
 LEADS = list(range(0xC2, 0xF5))  # bytes that start a 2-, 3- or 4-byte character
@@ -430,6 +543,118 @@ def build_spec_target(model_dir: Path, goal: float) -> None:
     save(target, fast, model_dir)
 
 
+def tool_tokenizer(parser: str) -> PreTrainedTokenizerFast:
+    """The byte-level vocabulary and specials of tokenizer(), the three openers (special), and
+    every str piece of TOOL_TURNS[parser] as an added token, not special (a stream shows its
+    text whatever skip_special_tokens says)."""
+    vocab = byte_vocab()
+    for i, t in enumerate(SPECIALS):
+        vocab[t] = 256 + i
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    extra = TOOL_STEPS + ([PYTHON_TAG] if parser == "llama3_json" else [])
+    tok.add_special_tokens(SPECIALS + extra)
+    pieces = [p for turn in TOOL_TURNS[parser] for p in turn if isinstance(p, str)]
+    assert len(set(pieces)) == len(pieces), "a piece twice: its successor would be ambiguous"
+    tok.add_tokens([AddedToken(p, special=False, normalized=False) for p in pieces])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|bos|>",
+        eos_token=TOOL_EOS,
+        pad_token="<|pad|>",
+        additional_special_tokens=[s for s in SPECIALS + extra
+                                   if s not in ("<|bos|>", TOOL_EOS, "<|pad|>")],  # fmt: skip
+        chat_template=tool_template(parser),
+        add_bos_token=False,
+    )
+
+
+def tool_calls_in(parser: str, text: str) -> tuple[str, list[dict[str, Any]]]:
+    """(content, calls) of a turn's text as its parser reads it; a call's arguments are a
+    JSON string written as json.dumps(..., ensure_ascii=False) writes it."""
+    if parser == "hermes":
+        at = text.find("<tool_call>")
+        bodies = re.findall(r"<tool_call>\n(.*?)\n</tool_call>", text, re.DOTALL)
+        content = text if at < 0 else text[:at]
+    else:
+        bodies = text.split("; ") if text.startswith("{") else []
+        content = "" if bodies else text
+    calls = []
+    for body in bodies:
+        obj = json.loads(body)
+        args = obj["arguments" if parser == "hermes" else "parameters"]
+        calls.append({"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)})
+    return content, calls
+
+
+def build_tools(model_dir: Path, parser: str) -> None:
+    fast = tool_tokenizer(parser)
+    end = fast.convert_tokens_to_ids(TOOL_EOS)
+    steps = fast.convert_tokens_to_ids(TOOL_STEPS)
+    turns = [[p if isinstance(p, int) else fast.convert_tokens_to_ids(p) for p in turn]
+             for turn in TOOL_TURNS[parser]]  # fmt: skip
+    successor: dict[int, int] = {}
+    for step, turn in zip(steps, turns, strict=True):
+        chain = [step, *turn, end]
+        for a, b in zip(chain, chain[1:], strict=False):
+            assert a not in successor, (a, b)
+            successor[a] = b
+    model = random_model(-(-len(fast) // 8) * 8)
+    hidden = model.config.hidden_size
+    assert len(successor) < hidden, "one residual dim per chain token, dim 0 for the rest"
+    model.config.eos_token_id = model.generation_config.eos_token_id = end
+    eps = model.config.rms_norm_eps
+    with torch.no_grad():
+        for layer in model.model.layers:  # nothing written to the residual stream
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.fill_(1.0)
+        emb, head = model.model.embed_tokens.weight, model.lm_head.weight
+        emb.zero_()
+        head.zero_()
+        # One-hot embeddings: the final RMSNorm scales the hot feature to 1 / rms.
+        emb[:, 0] = 1.0
+        head[end, 0] = TOOL_GAIN * rms(emb[0], eps)
+        for dim, (a, b) in enumerate(successor.items(), start=1):
+            emb[a, 0] = 0.0
+            emb[a, dim] = 1.0
+            head[b, dim] = TOOL_GAIN * rms(emb[a], eps)
+    # What the model says and how its text tokenizes back, turn by turn; a conversation that
+    # replays each turn (the calls as the parser reads them) renders as the earlier prompt,
+    # the turn and its <|end|>.
+    tools = [{"type": "function", "function": {"name": n, "description": n, "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+        for n in ("get_weather", "get_time")]  # fmt: skip
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather and time?"}]
+    chains = []
+    prompt: list[int] = []
+    for step, pieces, turn in zip(steps, TOOL_TURNS[parser], turns, strict=True):
+        now = fast.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                       tokenize=True, return_dict=False)  # fmt: skip
+        assert now[: len(prompt)] == prompt and now[-1] == step, (prompt, now)
+        text = fast.decode(turn)
+        assert fast.encode(text, add_special_tokens=False) == turn, (text, turn)
+        for p, i in zip(pieces, turn, strict=True):
+            assert isinstance(p, int) or fast.decode([i]) == p, (p, fast.decode([i]))
+        out = model.generate(torch.tensor([now]), max_new_tokens=len(turn) + 5,
+                             do_sample=False, pad_token_id=end)  # fmt: skip
+        assert out[0, len(now) :].tolist() == [*turn, end], out[0, len(now) :].tolist()
+        content, calls = tool_calls_in(parser, text)
+        chains.append({"ids": [*turn, end], "text": text, "content": content, "calls": calls})
+        messages.append({"role": "assistant", "content": content, "tool_calls": [
+            {"id": f"c{len(messages)}{k}", "type": "function", "function": c}
+            for k, c in enumerate(calls)]})  # fmt: skip
+        messages += [{"role": "tool", "tool_call_id": f"c{len(messages) - 1}{k}",
+                      "content": f"result {k}"} for k in range(len(calls))]  # fmt: skip
+        prompt = [*now, *turn, end]
+    assert [len(c["calls"]) for c in chains] == [1, 2, 0], chains
+    save(model, fast, model_dir)
+    # What the tests read: each opener's chain, its text and what the parser makes of it.
+    info = {"parser": parser, "eos": end, "steps": steps, "turns": chains}
+    (model_dir / "tool_chain.json").write_text(json.dumps(info, ensure_ascii=False, indent=1))
+
+
 def save(model: LlamaForCausalLM, fast: PreTrainedTokenizerFast, model_dir: Path) -> None:
     model_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(model_dir, safe_serialization=True)
@@ -450,6 +675,7 @@ VARIANTS: dict[str, Callable[[Path], None]] = {
     "tiny-added": lambda d: build_altered(d, added="<|extra|>"),
     "spec-draft": build_spec_draft,
     **{name: partial(build_spec_target, goal=goal) for name, goal in SPEC_AGREEMENT.items()},
+    **{name: partial(build_tools, parser=parser) for name, parser in TOOL_VARIANTS.items()},
 }
 
 
