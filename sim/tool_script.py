@@ -13,7 +13,8 @@ token, whether it is forced to a token:
   the tools and of the history hash where it starts, so a resume that holds
   part of it (the start token is among the ids) carries on with the rest.
 * the turn answers a tool result (the last message had role "tool"): no
-  call; at the same place EOS comes instead, so an agent loop ends.
+  call; at the same place EOS comes instead (after at least one token, in
+  every format), so an agent loop ends.
 
 The calls: the first min(``--parallel-tool-calls``, tools offered) tools in
 order (one when the prompt says parallel_tool_calls false); each call fills
@@ -80,7 +81,10 @@ class ToolCallPlan:
         self._tools: tuple[ToolDef, ...] = view.tools if view else ()
         self._one = view.one_call if view else False
         self._answer = view.after_result if view else False  # answer a tool result: EOS
-        self._after = 0 if self._fmt == "llama3_json" else cfg.tool_call_after
+        # A plain answer (to a tool result) has at least one token, in every format.
+        self._after = max(1, cfg.tool_call_after) if self._answer else (
+            0 if self._fmt == "llama3_json" else cfg.tool_call_after
+        )
         self._script: list[int] | None = None
         self._at = 0
         turn = list(prompt_ids[view.turn :]) if view else []
@@ -108,7 +112,7 @@ class ToolCallPlan:
         if script is None:
             if not self.active or pos < self._after or not self._model.answer_boundary(h):
                 return None
-            if not self._tools:  # answering a tool result: end here
+            if self._answer:  # answering a tool result: end here
                 return EOS if allow_eos else None
             script = self._script = self._build(h)
         if self._at >= len(script):
