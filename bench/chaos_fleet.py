@@ -69,8 +69,12 @@ class Fleet:
 
     _sim_extra: tuple[str, ...] = ()  # more arguments for every sim
 
-    def __init__(self, logdir: Path, backends: int, sim_extra: Sequence[str] = ()) -> None:
-        """`sim_extra`: more arguments for every sim (e.g. --byte-level)."""
+    def __init__(
+        self, logdir: Path, backends: int, sim_extra: Sequence[str] = (),
+        backend_keys: Mapping[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        """`sim_extra`: more arguments for every sim (e.g. --byte-level); `backend_keys`: more
+        string keys for every [[backends]] table (e.g. tool_parser)."""
         self._sim_extra = tuple(sim_extra)
         self._init_sims(logdir, backends)
         try:
@@ -78,7 +82,7 @@ class Fleet:
             floor = sim_argv("127.0.0.1:0", "--cache-blocks", "0", *self._sim_extra)
             self.floor = self._start("floor", floor)
             config = logdir / "failover.control.toml"
-            config.write_text(fleet_toml(self.sims))
+            config.write_text(fleet_toml(self.sims, backend_keys))
             self.control = self._start("control", control_argv(str(config)))
             self.shim = self._start("shim", shim_argv(self.control.ready))
         except BaseException:
@@ -171,8 +175,12 @@ class Fleet:
         self._zygote.close()
 
 
-def fleet_toml(sims: Mapping[str, Forked]) -> str:
-    return control_toml({sid: p.ready for sid, p in sims.items()}, probe_interval=PROBE_INTERVAL)
+def fleet_toml(sims: Mapping[str, Forked], backend_keys: Mapping[str, str] | None = None) -> str:
+    """`backend_keys`: string keys added to every [[backends]] table (after its kind line,
+    the last one control_toml writes)."""
+    toml = control_toml({sid: p.ready for sid, p in sims.items()}, probe_interval=PROBE_INTERVAL)
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in (backend_keys or {}).items())
+    return toml.replace('kind = "vllm"\n', 'kind = "vllm"\n' + extra) if extra else toml
 
 
 @dataclass(slots=True)

@@ -51,7 +51,7 @@ from typing import Any
 
 import aiohttp
 
-from bench import stats
+from bench import agent_failover, stats
 from bench.chaos_fleet import (
     Fleet,
     KillLog,
@@ -70,6 +70,7 @@ from sim.timing import prompt_key
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "failover.json"
 FLOOR_SAMPLES = 50
+WORKLOADS = ("completions", "agent")
 WORDS = (
     "amber river quietly stone north lantern maple orbit velvet harbor cinder meadow "
     "falcon copper thistle glacier echo saffron willow beacon ember prism tundra"
@@ -545,6 +546,9 @@ def parse_args(argv: list[str] | None) -> tuple[Plan, Path]:
     p.add_argument("--byte-level", action="store_true",
                    help="byte-level sims: characters split across tokens, invalid UTF-8")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    p.add_argument("--workload", choices=WORKLOADS, default="completions",
+                   help="agent: tool-calling conversations next to plain chat "
+                        "(bench/agent_failover.py; --workload agent --help for its options)")
     a = p.parse_args(argv)
     if a.backends < 2:
         p.error("--backends must be at least 2: a resume needs somewhere to go")
@@ -555,7 +559,12 @@ def parse_args(argv: list[str] | None) -> tuple[Plan, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    plan, json_path = parse_args(argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--workload", choices=WORKLOADS, default="completions")
+    chosen, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if chosen.workload == "agent":
+        return agent_failover.main(rest)
+    plan, json_path = parse_args(rest)
     try:
         extra = ("--byte-level",) if plan.byte_level else ()
         with Fleet(json_path.parent, plan.backends, extra) as fleet:
