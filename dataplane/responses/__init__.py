@@ -4,8 +4,9 @@ In the order a request flows:
 
 1. `request` reads it as vLLM does (input, instructions, store, previous_response_id) and
    says whether it can be replayed faithfully on another engine (replay_refusal).
-2. A streamed, replayable request (store: false, no follow-up, plain messages, no tools or
-   reasoning) is served as the chat request that generates the same tokens (request.as_chat,
+2. A streamed, replayable request (store: false, no follow-up, text messages, function calls
+   and their outputs, function tools with tool_choice auto or none, no reasoning: convert.py)
+   is served as the chat request that generates the same tokens (request.as_chat,
    chosen by the API: dataplane/apis/responses.py), so it gets chat's token-exact mid-stream
    failover (dataplane/relay/);
    `translate` turns the relay's chat stream into Responses events (`events`: vLLM's
