@@ -29,7 +29,8 @@ from sim.tokenizer import (
     Tokenizer,
     build_tokenizer,
 )
-from sim.tools import ToolCallPlan, ToolSpec, ToolStream, extract
+from sim.tool_script import ToolCallPlan
+from sim.tools import ToolSpec, ToolStream, extract
 from tests.factories import sim_config
 
 TOK = build_tokenizer(tool_calls=True)
@@ -95,12 +96,12 @@ def chat(tok: Tokenizer = TOK, **body: Any) -> Any:
 
 
 def test_tools_with_auto_or_no_tool_choice_make_a_call_spec() -> None:
-    assert chat(tools=[WEATHER]).tool == ToolSpec("get_weather", "location")
-    assert chat(tools=[WEATHER], tool_choice="auto").tool == ToolSpec("get_weather", "location")
+    assert chat(tools=[WEATHER]).tool == ToolSpec((WEATHER,))
+    assert chat(tools=[WEATHER], tool_choice="auto").tool == ToolSpec((WEATHER,))
     assert chat(tools=[WEATHER], tool_choice=None).tool is not None  # null acts as auto
-    bare = {"type": "function", "function": {"name": "lookup"}}
-    assert chat(tools=[bare, WEATHER]).tool == ToolSpec("lookup", "city")  # the first tool
-    assert chat(tools=[{"function": {"name": "f", "parameters": None}}]).tool == ToolSpec("f")
+    assert chat(tools=[WEATHER], parallel_tool_calls=False).tool == ToolSpec((WEATHER,), False)
+    # The tools are rendered into the prompt (sim.tool_prompt): the model reads them there.
+    assert len(chat(tools=[WEATHER]).prompt_ids) > len(chat().prompt_ids)
 
 
 def test_no_tools_or_tool_choice_none_is_no_call() -> None:
@@ -140,18 +141,20 @@ def test_bad_tools_or_tool_choice_are_400(body: dict[str, Any], param: str, word
 
 
 # -- the model ---------------------------------------------------------------------------
-def prompt(tok: Tokenizer = TOK) -> list[int]:
-    return tok.encode(render([Message("user", "weather?")]))
+def prompt(tok: Tokenizer = TOK, spec: ToolSpec | None = None) -> list[int]:
+    tools = spec.tools if spec else [WEATHER_FN]
+    return tok.encode(render([Message("user", "weather?")], tools=tools,
+                             open_think=tok.think_start is not None))  # fmt: skip
 
 
-WEATHER_SPEC = ToolSpec("get_weather")
+WEATHER_FN = {"type": "function", "function": {"name": "get_weather"}}
 
 
 def generate(
-    model: ToyModel, ids: list[int], n: int, spec: ToolSpec | None = WEATHER_SPEC, **params: Any
+    model: ToyModel, ids: list[int], n: int, *, plan: bool = True, **params: Any
 ) -> Sequence:
-    plan = None if spec is None else ToolCallPlan(model, spec)
-    seq = Sequence(model, ids, SamplingParams(max_tokens=n, **params), tool=plan)
+    seq = Sequence(model, ids, SamplingParams(max_tokens=n, **params),
+                   tool=ToolCallPlan(model, ids) if plan else None)  # fmt: skip
     while not seq.finished:
         seq.step()
     return seq
@@ -167,7 +170,7 @@ def call_of(text: str) -> dict[str, Any]:
 def test_the_call_comes_after_n_tokens_then_eos(after: int) -> None:
     for seed in range(5):
         model = ToyModel(ModelConfig(seed=seed, tool_call_after=after), TOK)
-        plain = generate(model, prompt(), 200, spec=None)
+        plain = generate(model, prompt(), 200, plan=False)
         seq = generate(model, prompt(), 200)
         ids = seq.token_ids
         assert ids[:after] == plain.token_ids[:after]  # the model's own text first
@@ -180,15 +183,16 @@ def test_the_call_comes_after_n_tokens_then_eos(after: int) -> None:
         assert list(call) == ["name", "arguments"] and call["name"] == "get_weather"
         (value,) = call["arguments"].values()
         assert list(call["arguments"]) == ["city"]
-        assert re.fullmatch(r"[A-Z][a-z]{2,6}", value), value
+        assert re.fullmatch(r'[A-Z][a-z]{1,3}é[a-z]"[a-z]{1,2}', value), value
         # The whole script is greedy, deterministic: the same call every time.
         assert generate(model, prompt(), 200).token_ids == ids
 
 
 def test_the_call_is_the_same_on_every_chip_and_fills_the_declared_argument() -> None:
-    spec = ToolSpec('we"ird', "location")
+    spec = ToolSpec(({"function": {"name": 'we"ird', "parameters": WEATHER["function"]
+                                   ["parameters"]}},))  # fmt: skip
     outs = {
-        tuple(generate(ToyModel(ModelConfig(chip_seed=c), TOK), prompt(), 100, spec).token_ids)
+        tuple(generate(ToyModel(ModelConfig(chip_seed=c), TOK), prompt(spec=spec), 100).token_ids)
         for c in range(4)
     }
     assert len(outs) == 1
@@ -197,8 +201,8 @@ def test_the_call_is_the_same_on_every_chip_and_fills_the_declared_argument() ->
     assert call["name"] == 'we"ird' and list(call["arguments"]) == ["location"]
     # Values differ with the history: another prompt, another city.
     model = ToyModel(ModelConfig(), TOK)
-    other = generate(model, TOK.encode(render([Message("user", "and in Rome?")])), 100, spec)
-    assert call_of(other.output_text()) != call
+    other = TOK.encode(render([Message("user", "and in Rome?")], tools=spec.tools))
+    assert call_of(generate(model, other, 100).output_text()) != call
 
 
 def test_the_plan_bends_to_the_request_limits() -> None:
@@ -218,9 +222,9 @@ def test_the_plan_bends_to_the_request_limits() -> None:
 def test_run_to_end_takes_the_stepping_path_with_a_plan() -> None:
     model = ToyModel(ModelConfig(), TOK)
     seq = Sequence(model, prompt(), SamplingParams(max_tokens=200),
-                   tool=ToolCallPlan(model, ToolSpec("f")))  # fmt: skip
+                   tool=ToolCallPlan(model, prompt()))  # fmt: skip
     seq.run_to_end()
-    assert seq.token_ids == generate(model, prompt(), 200, ToolSpec("f")).token_ids
+    assert seq.token_ids == generate(model, prompt(), 200).token_ids
 
 
 def test_byte_level_the_call_starts_on_a_whole_character() -> None:
@@ -238,7 +242,7 @@ def test_byte_level_the_call_starts_on_a_whole_character() -> None:
 
 def test_reasoning_the_call_comes_after_thinking() -> None:
     tok = build_tokenizer(reasoning=True, tool_calls=True)
-    ids = tok.encode(render([Message("user", "weather?")], open_think=True))
+    ids = prompt(tok)
     for seed in range(5):
         model = ToyModel(ModelConfig(seed=seed, think_tokens=12, tool_call_after=4), tok)
         out = generate(model, ids, 300).token_ids
@@ -430,7 +434,7 @@ def stable(events: list[Any]) -> list[Any]:
 
 
 def chat_body(**kw: Any) -> dict[str, Any]:
-    return {"model": "toy", "messages": MSGS, "max_tokens": 60, **kw}
+    return {"model": "toy", "messages": MSGS, "max_tokens": 120, **kw}
 
 
 def test_streamed_tool_call_over_http() -> None:
@@ -461,7 +465,7 @@ def test_streamed_tool_call_over_http() -> None:
     assert call["function"] == {"name": "get_weather", "arguments": args}
 
 
-def test_return_token_ids_sends_every_token_and_completions_stay_raw() -> None:
+def test_return_token_ids_sends_every_token_and_completions_resume_the_call() -> None:
     _, events = post(TOOLS_CFG, "/v1/chat/completions", chat_body(
         stream=True, tools=[WEATHER], return_token_ids=True,
     ))  # fmt: skip
@@ -469,11 +473,13 @@ def test_return_token_ids_sends_every_token_and_completions_stay_raw() -> None:
     assert ids[8] == START and ids[-1] == EOS and len(ids) == len(events) - 1
     assert {} in [e["choices"][0]["delta"] for e in events]  # skipped chunks, kept for ids
     _, (body,) = post(TOOLS_CFG, "/v1/completions", {
-        "model": "toy", "prompt": events[0]["prompt_token_ids"] + ids[:8], "max_tokens": 60,
-        "tools": [WEATHER],
+        "model": "toy", "prompt": events[0]["prompt_token_ids"] + ids[:8], "max_tokens": 120,
+        "return_token_ids": True,
     })  # fmt: skip
-    # A resume over /v1/completions runs no parser and the model makes no call there.
-    assert TOOL_CALL_START not in body["choices"][0]["text"]
+    # A resume over /v1/completions runs no parser, and the model (reading the tools in
+    # the prompt ids) writes the same call: the raw text, the same ids.
+    assert TOOL_CALL_START in body["choices"][0]["text"]
+    assert body["choices"][0]["token_ids"] == ids[8:]
 
 
 @pytest.mark.parametrize("stream", [True, False])
