@@ -49,7 +49,7 @@ import aiohttp
 import orjson
 
 from bench import stats
-from bench.agent_judge import Turn, report, summarize, targets
+from bench.agent_judge import Turn, engine_floor, report, summarize, targets
 from bench.chaos_fleet import Fleet, KillLog, chaos, chaos_schedule, failover_events
 from bench.overhead import await_serving
 from bench.parts import MODEL
@@ -91,6 +91,8 @@ async def chat_stream(
                     obj = orjson.loads(data)
                     if "error" in obj:
                         rec.error = data.decode()[:300]
+                    if obj.get("prompt_token_ids") and not rec.prompt_ids:
+                        rec.prompt_ids = list(obj["prompt_token_ids"])
                     for ch in obj.get("choices") or ():
                         rec.fold(ch)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: bad JSON
@@ -228,8 +230,14 @@ async def run(fleet: Fleet, plan: Plan) -> dict[str, Any]:
             stop.set()  # the chaos ends with the load, and waits for its restarts
             await task
         events = await asyncio.to_thread(failover_events, fleet.control.ready)
+    logs = {sid: read_jsonl(fleet.timing_path(sid)) for sid in fleet.sims}
+    refs = {t.rid: conv_refs[i][t.turn - 1] for i, ts in convs.items() for t in ts
+            if t.turn <= len(conv_refs[i])}  # fmt: skip
+    refs |= {t.rid: plain_refs[j] for j, t in plains.items()}
+    engine = engine_floor(events, refs, logs)
     return {
-        "summary": summarize(convs, conv_refs, plains, plain_refs, events, len(kills.kills)),
+        "summary": summarize(convs, conv_refs, plains, plain_refs, events, len(kills.kills),
+                             engine),  # fmt: skip
         "kills": kills.kills,
         "restarts": kills.restarts,
         "skipped_kills": kills.skipped,
@@ -238,6 +246,16 @@ async def run(fleet: Fleet, plan: Plan) -> dict[str, Any]:
         "plain": [asdict(plains[j]) for j in sorted(plains)],
         "reference": [asdict(t) for i in sorted(agent_ref) for t in agent_ref[i]],
     }
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_bytes().splitlines() if path.exists() else ():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a SIGKILL
+    return out
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:

@@ -18,6 +18,7 @@ from typing import Any, cast
 from openai.lib.streaming._deltas import accumulate_delta
 
 from bench import stats
+from sim.timing import prompt_key
 
 ID_RE = re.compile(r"chatcmpl-tool-[0-9a-f]{16,32}")  # vLLM's make_tool_call_id, and Baton's
 
@@ -40,6 +41,8 @@ class Turn:
     chunks: int = 0  # chunks with content or tool calls
     ids: int = 0  # token ids seen (the reference asks for them)
     call_at: int | None = None  # token ids before the first one a chunk did not show as content
+    prompt_ids: list[int] = field(default_factory=list)  # the reference's, for the engine floor
+    token_ids: list[int] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -57,6 +60,7 @@ class Turn:
         if ids and self.call_at is None and not delta.get("content"):
             self.call_at = self.ids
         self.ids += len(ids)
+        self.token_ids += ids
         if delta.get("content") or delta.get("tool_calls"):
             self.chunks += 1
         # The SDK's own fold; its types say dict[object, object], ours are JSON objects.
@@ -101,6 +105,35 @@ def judge_conversation(got: Sequence[Turn], want: Sequence[Turn]) -> list[str]:
     return out
 
 
+def engine_floor(
+    events: Sequence[Mapping[str, Any]], refs: Mapping[str, Turn],
+    logs: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> dict[str, list[tuple[float, float]]]:  # fmt: skip
+    """(gap ms, the new backend's own TTFT ms) per resumed failover, by stream kind: the
+    physics inside the gap. `refs`: each run stream's reference by X-Request-Id; the resume's
+    prompt (the reference's prompt ids + the ids sent) is looked up in its target's timing log
+    (sim --timing-log) and used only when it is there once."""
+    by_key: dict[tuple[str, str], list[float]] = {}
+    for sid, lines in logs.items():
+        for line in lines:
+            by_key.setdefault((sid, str(line["prompt"])), []).append(float(line["ttft_ms"]))
+    out: dict[str, list[tuple[float, float]]] = {"agent": [], "plain": []}
+    for e in events:
+        ref = refs.get(str(e.get("request_id")))
+        if e.get("outcome") != "resumed" or ref is None or not ref.prompt_ids:
+            continue
+        key = prompt_key([*ref.prompt_ids, *ref.token_ids[: int(e["tokens_sent"])]])
+        found = by_key.get((str(e["to_backend"]), key), [])
+        if len(found) == 1:
+            out[ref.kind].append((float(e["gap_ms"]), found[0]))
+    return out
+
+
+def floor_stats(pairs: Sequence[tuple[float, float]]) -> dict[str, float]:
+    return {"n": len(pairs), "engine_ttft_p50": stats.percentile([f for _, f in pairs], 50),
+            "baton_p50": stats.percentile([g - f for g, f in pairs], 50)}  # fmt: skip
+
+
 def pct(ok: int, n: int) -> float:
     return 100 * ok / n if n else stats.NAN
 
@@ -109,6 +142,7 @@ def summarize(
     convs: Mapping[int, Sequence[Turn]], conv_refs: Mapping[int, Sequence[Turn]],
     plains: Mapping[int, Turn], plain_refs: Mapping[int, Turn],
     events: Sequence[Mapping[str, Any]], kills: int,
+    engine: Mapping[str, Sequence[tuple[float, float]]] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Everything the report prints, from raw records; no I/O. `conv_refs` and `plain_refs`
     are keyed like the runs they judge (a conversation's or plain stream's own reference)."""
@@ -151,6 +185,7 @@ def summarize(
         "gap_ms": {k: {"p50": p50[k], "p99": p99[k], "n": len(gaps[k])} for k in gaps},
         "gap_ratio_p50": p50["agent"] / p50["plain"] if p50["plain"] > 0 else stats.NAN,
         "gap_ratio_p99": p99["agent"] / p99["plain"] if p99["plain"] > 0 else stats.NAN,
+        "engine_floor": {k: floor_stats((engine or {}).get(k, ())) for k in ("agent", "plain")},
         "kills": kills,
         "non_identical": [{"conversation": i, "turn": n + 1, "why": v,
                            "rid": convs[i][n].rid if n < len(convs.get(i, ())) else ""}
@@ -186,6 +221,10 @@ def report(s: Mapping[str, Any]) -> str:
         g = s["gap_ms"][k]
         return f"{stats.fmt(g['p50'])} / {stats.fmt(g['p99'])} (n={g['n']})"
 
+    def floor(key: str) -> str:
+        f = s["engine_floor"]
+        return " | ".join(f"{stats.fmt(f[k][key])} (n={f[k]['n']})" for k in ("agent", "plain"))
+
     rows = [
         ["conversations (turns each)", f"{s['conversations']} "
                                        f"({counts(s['turns_per_conversation'])})"],
@@ -203,6 +242,8 @@ def report(s: Mapping[str, Any]) -> str:
         ["gap p50 / p99 (ms), plain chat", gap("plain")],
         ["gap agent / plain, p50 | p99",
          f"{stats.fmt(s['gap_ratio_p50'])} | {stats.fmt(s['gap_ratio_p99'])}"],
+        ["new backend's own TTFT p50 (ms), agent | plain", floor("engine_ttft_p50")],
+        ["  Baton's share (gap - that TTFT) p50 (ms), agent | plain", floor("baton_p50")],
     ]  # fmt: skip
     table = stats.render_table(("metric", "value"), rows)
     return "\n".join([table, "", *stats.target_lines(targets(s))])
