@@ -184,6 +184,7 @@ def _partial_call(s: str, i: int) -> tuple[str | None, str]:
     """The name and the decided arguments of the unfinished call object at s[i] == '{'."""
     name: str | None = None
     args: list[str] = []
+    done = False  # the arguments' value is whole
     try:
         i = skip_ws(s, i + 1)
         if _at(s, i) == "}":
@@ -198,8 +199,9 @@ def _partial_call(s: str, i: int) -> tuple[str | None, str]:
                 raise Malformed
             i = skip_ws(s, i + 1)
             if key in _ARG_KEYS:
-                args = []
+                args, done = [], False
                 i = dump_prefix(s, i, args)
+                done = True
             elif key == "name" and _at(s, i) == '"':
                 value, i = dump_string(s, i, [])
                 name = value or None
@@ -212,8 +214,10 @@ def _partial_call(s: str, i: int) -> tuple[str | None, str]:
     except (Partial, Malformed):
         pass
     text = "".join(args)
-    # A value's opening alone does not say it is truthy ({} and [] are sent as "").
-    return name, (text if len(text) > 1 and name is not None else "")
+    if name is None or (done and not json.loads(text)):
+        return name, ""  # vLLM sends falsy arguments ({}, [], "") as ""
+    # A value's opening alone does not say it is truthy.
+    return name, (text if len(text) > 1 else "")
 
 
 class Llama3Json:

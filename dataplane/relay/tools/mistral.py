@@ -55,9 +55,11 @@ class Mistral:
     def parse(self, text: str, *, final: bool = False) -> Parsed:
         first = text.find(TOOL_CALLS)
         if first < 0:
-            if not text.strip():
-                return Parsed(text if final else "")
-            return Parsed(text if final else text[: len(text) - _held(text, TOOL_CALLS)])
+            if final:
+                return Parsed(text)
+            shown = text[: len(text) - _held(text, TOOL_CALLS)]
+            # Whitespace alone is held: a call after it drops it.
+            return Parsed(shown if shown.strip() else "")
         content = text[:first] if text[:first].strip() else ""
         return Parsed(content, tuple(self._calls(text, first + len(TOOL_CALLS), final)))
 
