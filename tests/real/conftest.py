@@ -244,3 +244,24 @@ def events(fleet: Fleet, kind: str, request_id: str = "") -> list[dict[str, Any]
     assert out.returncode == 0, out.stderr
     rows: list[dict[str, Any]] = json.loads(out.stdout)
     return rows
+
+
+# The tool-calling models (make_tiny_model.py's tiny-tools and tiny-tools-llama3) behind
+# vLLM's tool parser: tt0/tt1 (hermes) and tl0/tl1 (llama3_json), for
+# tests/real/test_tool_model.py and the tool-call failover tests. setup.sh builds them; the
+# pool's check of the other models does not ask for them.
+TOOL_MODELS = {"tt": ("tiny-tools", "hermes"), "tl": ("tiny-tools-llama3", "llama3_json")}
+for _prefix, (_model, _parser) in TOOL_MODELS.items():
+    for _i in range(2):
+        SPECS[f"{_prefix}{_i}"] = Spec("vllm", _model, _i % (os.cpu_count() or 1), (
+            "--enable-auto-tool-choice", "--tool-call-parser", _parser))  # fmt: skip
+
+
+def tool_chain(model: str) -> dict[str, Any]:
+    """A tool model's tool_chain.json: per turn (opener steps[i]) the generated ids (EOS
+    included), their text, and the content and calls its parser makes of them."""
+    path = Cache.default().model_path(model) / "tool_chain.json"
+    if not path.exists():
+        pytest.fail(f"{path} missing: run scripts/engines/setup.sh model")
+    out: dict[str, Any] = json.loads(path.read_text())
+    return out
