@@ -134,6 +134,18 @@ def floor_stats(pairs: Sequence[tuple[float, float]]) -> dict[str, float]:
             "baton_p50": stats.percentile([g - f for g, f in pairs], 50)}  # fmt: skip
 
 
+PLACES = ("content", "calls", "answer")
+
+
+def place(e: Mapping[str, Any], refs: Mapping[str, Turn]) -> str:
+    """Where an agent stream's seam fell: in the content before its calls, in the calls' text
+    (more tokens sent than the reference's content), or in a turn that calls nothing."""
+    ref = refs.get(str(e.get("request_id")))
+    if ref is None or ref.finish != "tool_calls" or ref.call_at is None:
+        return "answer"
+    return "calls" if int(e.get("tokens_sent", 0)) > ref.call_at else "content"
+
+
 def pct(ok: int, n: int) -> float:
     return 100 * ok / n if n else stats.NAN
 
@@ -160,11 +172,9 @@ def summarize(
             for k, es in by_kind.items()}  # fmt: skip
     p50 = {k: stats.percentile(g, 50) for k, g in gaps.items()}
     p99 = {k: stats.percentile(g, 99) for k, g in gaps.items()}
-    calls_at = {t.rid: conv_refs[t.key][t.turn - 1].call_at for t in everything
-                if t.kind == "agent" and t.turn <= len(conv_refs.get(t.key, ()))}  # fmt: skip
-    in_calls = sum(1 for e in by_kind["agent"] if e.get("outcome") == "resumed"
-                   and (at := calls_at.get(str(e.get("request_id")))) is not None
-                   and int(e.get("tokens_sent", 0)) > at)  # fmt: skip
+    refs = {t.rid: conv_refs[t.key][t.turn - 1] for t in everything
+            if t.kind == "agent" and t.turn <= len(conv_refs.get(t.key, ()))}  # fmt: skip
+    places = Counter(place(e, refs) for e in by_kind["agent"] if e.get("outcome") == "resumed")
     bad = [t for t in everything if t.verdict != "completed"]
     return {
         "conversations": len(conv_refs),
@@ -181,7 +191,9 @@ def summarize(
         "failovers": {k: dict(Counter(str(e.get("outcome")) for e in es))
                       for k, es in by_kind.items()},  # fmt: skip
         "unmatched_failovers": len(events) - sum(len(es) for es in by_kind.values()),
-        "agent_resumed_inside_calls": in_calls,
+        "agent_resumed_at": {k: {"n": places[k], "gap_ms": stats.p50_p99(
+            [float(e["gap_ms"]) for e in by_kind["agent"] if e.get("outcome") == "resumed"
+             and place(e, refs) == k])} for k in PLACES},  # fmt: skip
         "gap_ms": {k: {"p50": p50[k], "p99": p99[k], "n": len(gaps[k])} for k in gaps},
         "gap_ratio_p50": p50["agent"] / p50["plain"] if p50["plain"] > 0 else stats.NAN,
         "gap_ratio_p99": p99["agent"] / p99["plain"] if p99["plain"] > 0 else stats.NAN,
@@ -217,6 +229,9 @@ def report(s: Mapping[str, Any]) -> str:
     def counts(d: Mapping[str, int]) -> str:
         return " ".join(f"{k}={v}" for k, v in sorted(d.items())) or "-"
 
+    def p50_99(d: Mapping[str, float]) -> str:
+        return f"{stats.fmt(d['p50'])} / {stats.fmt(d['p99'])}"
+
     def gap(k: str) -> str:
         g = s["gap_ms"][k]
         return f"{stats.fmt(g['p50'])} / {stats.fmt(g['p99'])} (n={g['n']})"
@@ -236,7 +251,9 @@ def report(s: Mapping[str, Any]) -> str:
         ["client-visible errors", f"{s['errors']} ({counts(s['errors_by_kind'])})"],
         ["kills performed", str(s["kills"])],
         ["failovers, agent streams", counts(s["failovers"]["agent"])],
-        ["  resumed inside the calls' text", str(s["agent_resumed_inside_calls"])],
+        *([f"  resumed in the {k}: n, gap p50 / p99 (ms)",
+           f"{s['agent_resumed_at'][k]['n']}, {p50_99(s['agent_resumed_at'][k]['gap_ms'])}"]
+          for k in PLACES),
         ["failovers, plain streams", counts(s["failovers"]["plain"])],
         ["gap p50 / p99 (ms), agent", gap("agent")],
         ["gap p50 / p99 (ms), plain chat", gap("plain")],
