@@ -166,8 +166,9 @@ TOOL_STEPS = ["<|step1|>", "<|step2|>", "<|step3|>"]
 TOOL_EOS = "<|end|>"  # id 262: the turn's end in the template is the EOS, as Qwen's <|im_end|>
 PYTHON_TAG = "<|python_tag|>"  # llama3_json's parser wants it in the vocabulary (unused here)
 E_ACUTE = list("É".encode())  # [0xC3, 0x89]
-TOOL_ANSWER = ["It is", " sunny in", " Saint-Étienne", " for 14", " days, and", " 09:30",
-               " there."]  # fmt: skip
+TOOL_ANSWER: list[str | int] = [
+    "It is", " sunny in", " Saint-Étienne", " for 14", " days, and", " 09:30", " there."
+]  # fmt: skip
 TOOL_TURNS: dict[str, list[list[str | int]]] = {
     "hermes": [
         ["Let me", " check the", " weather", " first.\n", "<tool_call>",

@@ -45,7 +45,7 @@ TURNS: list[tuple[str, list[tuple[str, dict[str, Any]]]]] = [
     (ANSWER, []),
 ]
 CONTENT_FIRST = {"tiny-tools": "Let me check the weather first.\n"}  # hermes only
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "The weather forecast for a city",
         "parameters": {"type": "object", "properties": {
@@ -204,14 +204,14 @@ def test_messages_and_responses_give_the_calls(pool: Pool, name: str, model: str
                                  timeout=120)  # fmt: skip
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
               "input_schema": t["function"]["parameters"]} for t in TOOLS]  # fmt: skip
-    ask = {"model": model, "max_tokens": MAX_TOKENS, "tools": tools,
+    ask: dict[str, Any] = {"model": model, "max_tokens": MAX_TOKENS, "tools": tools,
            "messages": [{"role": "user", "content": QUESTION}],
            "extra_body": {"temperature": 0}}  # this SDK has no temperature argument  # fmt: skip
-    msg = claude.messages.create(**ask)  # type: ignore[call-overload]
+    msg = claude.messages.create(**ask)
     assert msg.stop_reason == "tool_use", msg
     assert [(b.name, b.input) for b in msg.content if b.type == "tool_use"] == want, msg
     assert "".join(b.text for b in msg.content if b.type == "text") == content, msg
-    with claude.messages.stream(**ask) as s:  # type: ignore[call-overload]
+    with claude.messages.stream(**ask) as s:
         final = s.get_final_message()
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == want, final
     assert final.stop_reason == "tool_use", final
