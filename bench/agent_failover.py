@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -50,7 +51,15 @@ import orjson
 
 from bench import stats
 from bench.agent_judge import Turn, engine_floor, report, summarize, targets
-from bench.chaos_fleet import Fleet, KillLog, chaos, chaos_schedule, failover_events
+from bench.chaos_fleet import (
+    Fleet,
+    KillLog,
+    busy_fraction,
+    chaos,
+    chaos_schedule,
+    failover_events,
+    machine_busy,
+)
 from bench.overhead import await_serving
 from bench.parts import MODEL
 
@@ -224,20 +233,23 @@ async def run(fleet: Fleet, plan: Plan) -> dict[str, Any]:
         stop = asyncio.Event()
         schedule = chaos_schedule(plan.seed, plan.kill_every, count=10_000)
         task = asyncio.create_task(chaos(fleet, schedule, stop, kills))
+        before = machine_busy()
         try:
             convs, plains = await run_jobs(session, shim, shape, jobs, texts, plan.concurrency)
         finally:
             stop.set()  # the chaos ends with the load, and waits for its restarts
             await task
+        # Whoever used the cores: on a shared machine, the gaps say more next to this.
+        busy, load_avg = busy_fraction(before, machine_busy()), os.getloadavg()[0]
         events = await asyncio.to_thread(failover_events, fleet.control.ready)
     logs = {sid: read_jsonl(fleet.timing_path(sid)) for sid in fleet.sims}
     refs = {t.rid: conv_refs[i][t.turn - 1] for i, ts in convs.items() for t in ts
             if t.turn <= len(conv_refs[i])}  # fmt: skip
     refs |= {t.rid: plain_refs[j] for j, t in plains.items()}
     engine = engine_floor(events, refs, logs)
+    summary = summarize(convs, conv_refs, plains, plain_refs, events, len(kills.kills), engine)
     return {
-        "summary": summarize(convs, conv_refs, plains, plain_refs, events, len(kills.kills),
-                             engine),  # fmt: skip
+        "summary": {**summary, "machine_busy": busy, "load_avg_1m": load_avg},
         "kills": kills.kills,
         "restarts": kills.restarts,
         "skipped_kills": kills.skipped,

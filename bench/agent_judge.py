@@ -261,6 +261,9 @@ def report(s: Mapping[str, Any]) -> str:
          f"{stats.fmt(s['gap_ratio_p50'])} | {stats.fmt(s['gap_ratio_p99'])}"],
         ["new backend's own TTFT p50 (ms), agent | plain", floor("engine_ttft_p50")],
         ["  Baton's share (gap - that TTFT) p50 (ms), agent | plain", floor("baton_p50")],
+        ["machine CPU busy during the chaos | 1-min load average",
+         f"{stats.fmt(s.get('machine_busy', stats.NAN))} | "
+         f"{stats.fmt(s.get('load_avg_1m', stats.NAN), 1)}"],
     ]  # fmt: skip
     table = stats.render_table(("metric", "value"), rows)
     return "\n".join([table, "", *stats.target_lines(targets(s))])
