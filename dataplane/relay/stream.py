@@ -6,6 +6,7 @@ mid-stream or is drained with migration, hand the stream to its failover
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -93,7 +94,7 @@ class StreamRelay:
     async def run(self, backend: Backend, upstream: aiohttp.ClientResponse, first: bytes) -> bool:
         """True when the client got a complete answer, False when it got an error event."""
         self._started_on = backend
-        self.stitcher.follow_tools(backend.tool_parser)
+        self.stitcher.follow_tools(backend.tool_parser, tool_call_id)
         parser = backend.reasoning_parser
         if parser and self.stitcher.chat:
             markers = await self._markers.get(backend) if self._markers is not None else None
@@ -213,6 +214,12 @@ class StreamRelay:
                 if target is not None:
                     return target
         return None
+
+
+def tool_call_id() -> str:
+    """A tool call's id as vLLM makes one (make_tool_call_id): "chatcmpl-tool-" and 16 hex
+    digits; for the calls a resume starts."""
+    return "chatcmpl-tool-" + os.urandom(8).hex()
 
 
 # The APIs whose streams carry token ids when asked (the others' streams are relayed).

@@ -1,15 +1,18 @@
-"""Tool calls and failover, on sims that really make them (`--tool-calls`: vLLM's hermes
-parser). A resume runs on /v1/completions, which has no tool parser, so a tool call after the
-seam would reach the client as content: Baton refuses to resume a stream whose request offers
-tools (tool_choice not "none") and sends an SSE error event instead. A cut proxy fails one
-stream at each position in turn, before the call and inside it; the client never sees the
-call's markup as content. Without a cut, the tool-call deltas pass through Baton as the engine
-sent them; with tool_choice "none" there is no call and a cut resumes byte for byte."""
+"""Tool calls through a backend's death, on sims that really make them: the tools are
+rendered into the prompt, so a resume over /v1/completions makes the same calls, in each of
+the four formats Baton follows (`--tool-call-parser`; the backends name the same
+`tool_parser`). A cut proxy fails one stream after each token in turn (in the content
+before a call, on the start tag, inside a name, inside the arguments mid-string,
+mid-character, mid-number and mid-escape, between two parallel calls, on the end tag), and
+what the client assembles, as the OpenAI SDK assembles it, must be the uninterrupted
+stream's: content, finish_reason, and per call its name and arguments; a call's id is the
+one the client got first. One-token and merged chunks (stream_interval 3), both seam modes.
+
+A backend that names no tool_parser is refused a resume, explicitly, as before."""
 
 from __future__ import annotations
 
 import json
-import re
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -21,36 +24,42 @@ from tests.factories import sdk
 from tests.integration.harness import MODEL
 from tests.integration.test_seam_bytes import BytesFleet, seam_fleet
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(900)
 
-# Byte-level: the content before the call has characters cut across tokens (held back).
-TOOLS_SIM = ("--tool-calls", "--tool-call-after", "12", "--byte-level")
-TOKENS = 60  # room for the whole call: it ends with EOS well before this
+PARSERS = ("hermes", "llama3_json", "mistral", "qwen3_xml")
+FLAGS = ("--tool-calls", "--tool-call-after", "12", "--parallel-tool-calls", "2", "--byte-level",
+         "--instant")
+TOKENS = 200  # room for both calls: they end with EOS well before this
 MESSAGES = [{"role": "user", "content": "what is the weather in Paris?"}]
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
-TOOL_ID = re.compile(r"chatcmpl-tool-[0-9a-f]{16}")
-TAG = "<tool_call>"
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"},
+                                         "days": {"type": "integer"}}}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"type": "string"}}}}},
+]  # fmt: skip
+# The text that opens a call, per format: cuts before it are in the content.
+OPENS = {"hermes": "<tool_call>", "llama3_json": "<|python_tag|>", "mistral": "[TOOL_CALLS]",
+         "qwen3_xml": "<tool_call>"}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def tf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BytesFleet]:
-    with seam_fleet(tmp_path_factory.mktemp("tools"), TOOLS_SIM) as f:
-        yield f
+@pytest.fixture(scope="module", params=PARSERS)
+def tf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+       ) -> Iterator[tuple[str, BytesFleet]]:  # fmt: skip
+    parser = request.param
+    flags = (*FLAGS, "--tool-call-parser", parser)
+    with seam_fleet(tmp_path_factory.mktemp(parser), flags,
+                    backend_extra=f'tool_parser = "{parser}"') as f:  # fmt: skip
+        yield parser, f
 
 
 def read(c: openai.OpenAI, **kw: Any) -> tuple[list[Any], openai.APIError | None]:
-    """The chunks of a greedy chat stream, and the error that ended it, if any."""
+    """The chunks of a greedy chat stream offering TOOLS, and the error that ended it."""
     chunks: list[Any] = []
     try:
         for ch in c.chat.completions.create(
             model=MODEL, messages=MESSAGES, temperature=0, stream=True,  # type: ignore[arg-type]
-            max_tokens=TOKENS, **kw,
+            max_tokens=TOKENS, tools=TOOLS, **kw,  # type: ignore[arg-type]
         ):  # fmt: skip
             chunks.append(ch)
     except openai.APIError as e:
@@ -58,151 +67,167 @@ def read(c: openai.OpenAI, **kw: Any) -> tuple[list[Any], openai.APIError | None
     return chunks, None
 
 
-def content(chunks: list[Any]) -> str:
-    return "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-
-
-def deltas(chunks: list[Any]) -> list[dict[str, Any]]:
-    """Each chunk's delta and finish_reason, tool-call ids replaced (they are random)."""
-    out = []
+def assembled(chunks: list[Any]) -> dict[str, Any]:
+    """The message as the OpenAI SDK assembles it (ids apart: they are random per stream)."""
+    content, finish = "", None
+    calls: dict[int, dict[str, str]] = {}
     for ch in chunks:
         if not ch.choices:
             continue
         c = ch.choices[0]
-        d = c.delta.model_dump(exclude_unset=True)
-        out.append(json.loads(TOOL_ID.sub("ID", json.dumps({**d, "finish": c.finish_reason}))))
+        content += c.delta.content or ""
+        for tc in c.delta.tool_calls or ():
+            call = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+            call["name"] += (tc.function and tc.function.name) or ""
+            call["arguments"] += (tc.function and tc.function.arguments) or ""
+        finish = c.finish_reason or finish
+    return {"content": content, "finish": finish, "calls": [calls[i] for i in sorted(calls)]}
+
+
+def ids_sent(chunks: list[Any]) -> dict[int, list[str]]:
+    """Per call index, every id a delta gave it: the client must get exactly one."""
+    out: dict[int, list[str]] = {}
+    for ch in chunks:
+        for tc in (ch.choices[0].delta.tool_calls or ()) if ch.choices else ():
+            if tc.id is not None:
+                out.setdefault(tc.index, []).append(tc.id)
     return out
 
 
-def calls(chunks: list[Any]) -> list[dict[str, Any]]:
-    return [tc for d in deltas(chunks) for tc in d.get("tool_calls") or ()]
-
-
-def reference(tf: BytesFleet, **kw: Any) -> tuple[list[Any], list[int]]:
-    """The uninterrupted stream straight from a sim, and its token ids."""
-    chunks, err = read(sdk(tf.ref.ready + "/v1"), extra_body={"return_token_ids": True}, **kw)
+def reference(f: BytesFleet, **kw: Any) -> tuple[dict[str, Any], list[int]]:
+    chunks, err = read(sdk(f.ref.ready + "/v1"), extra_body={"return_token_ids": True, **kw})
     assert err is None
     ids = [t for ch in chunks if ch.choices
            for t in (ch.choices[0].model_extra or {}).get("token_ids") or []]  # fmt: skip
-    return chunks, ids
+    return assembled(chunks), ids
 
 
-@pytest.mark.parametrize("mode", ["parallel", "inline"])
-def test_a_cut_anywhere_in_a_tools_stream_is_refused_never_relabelled(
-    tf: BytesFleet, mode: str
-) -> None:
-    ref, ids = reference(tf, tools=[WEATHER])
-    want = content(ref)
-    want_calls = calls(ref)
-    assert want and want_calls and ref[-1].choices[0].finish_reason == "tool_calls"
-    assert "\ufffd" not in want[-1:] and TAG not in want
-    call_at = ids.index(tag_id(tf))  # where <tool_call> is: the call starts after it
-    assert call_at >= 12
-    before = len(tf.admin.events(kind="failover", limit=10_000))
-    inside = []
-    for k in range(1, len(ids)):
-        tf.settled(before + k - 1)
-        tf.arm.set(k)
-        chunks, err = read(tf.client(mode), tools=[WEATHER])
-        assert tf.arm.fired.is_set()
-        assert err is not None and "tool" in str(err), f"cut after {k}: {err!r}"
-        got = content(chunks)
-        assert want.startswith(got), f"cut after {k}: {got!r} is not a prefix of {want!r}"
-        assert not any(TAG in (d.get("content") or "") for d in deltas(chunks)), k
-        got_calls = calls(chunks)
-        assert got_calls == want_calls[: len(got_calls)], k  # what went out was the engine's
-        assert not any(d["finish"] for d in deltas(chunks)), k  # no silent finish
-        if k > call_at:
-            inside.append(k)
-            assert got == want  # all the content went out before the call started
-    # Cuts inside the call, from just after <tool_call> to just before EOS: refused too.
-    assert inside == list(range(call_at + 1, len(ids))) and len(inside) >= 20, inside
-    tf.settled(before + len(ids) - 1)
-    events = tf.admin.events(kind="failover", limit=10_000)[before:]
-    assert len(events) == len(ids) - 1
-    assert {e["outcome"] for e in events} == {"refused"}, events
-    assert all("tool" in e["detail"] for e in events), events
-
-
-def tag_id(tf: BytesFleet) -> int:
-    """<tool_call>'s id in the sims' vocabulary (one added token)."""
+def detokenize(f: BytesFleet, ids: list[int]) -> str:
     req = urllib.request.Request(
-        tf.ref.ready + "/tokenize",
-        data=json.dumps({"prompt": TAG, "add_special_tokens": False}).encode(),
+        f.ref.ready + "/detokenize", data=json.dumps({"tokens": ids}).encode(),
         headers={"Content-Type": "application/json"},
-    )
+    )  # fmt: skip
     with urllib.request.urlopen(req, timeout=10) as r:
-        (tid,) = json.loads(r.read())["tokens"]
-    return int(tid)
+        return str(json.loads(r.read())["prompt"])
 
 
-@pytest.mark.parametrize("mode", ["parallel", "inline"])
-def test_an_uncut_tools_stream_passes_the_tool_calls_through(tf: BytesFleet, mode: str) -> None:
-    direct, err = read(sdk(tf.ref.ready + "/v1"), tools=[WEATHER])
-    assert err is None
-    via, err = read(tf.client(mode), tools=[WEATHER])
-    assert err is None
-    # Baton asks the engine for token ids, so the engine also sends the chunks its parser
-    # has nothing for, with an empty delta (as vLLM does); Baton drops them again, as the
-    # client did not ask for ids: chunk for chunk the direct stream.
-    assert deltas(via) == deltas(direct)
-    (name, *args) = calls(via)
-    assert name == {"id": "ID", "type": "function", "index": 0,
-                    "function": {"name": "get_weather"}}  # fmt: skip
-    arguments = json.loads("".join(a["function"]["arguments"] for a in args))
-    assert list(arguments) == ["city"]
-    assert via[-1].choices[0].finish_reason == "tool_calls"
-    assert TAG not in content(via)
+def cut_class(parser: str, before: str) -> str:
+    """Where a cut fell, by the raw text the model had written up to it."""
+    call = before.rfind(OPENS[parser])
+    if call < 0:
+        return "content"
+    body = before[call + len(OPENS[parser]) :]
+    if before.endswith(OPENS[parser]):
+        return "start tag"
+    if before.endswith("\ufffd"):
+        return "mid-character"
+    if before.endswith("\\"):
+        return "mid-escape"
+    if before[-1:].isdigit():
+        return "mid-number"
+    if before.endswith(('"name": "g', "<function=g")):
+        return "name"
+    if before.endswith(("</tool_call>", "; ", "}, ")):
+        return "between calls"
+    if before[-1:].isalpha() and ('"' in body or "<parameter=" in body):
+        return "mid-string"
+    return "other"
 
 
-@pytest.mark.parametrize("mode", ["parallel", "inline"])
-def test_tool_choice_none_makes_no_call_and_a_cut_resumes_byte_identically(
-    tf: BytesFleet, mode: str
+def cuts(classes: list[str], full: bool) -> list[int]:
+    """The cut positions (tokens) to try: every one, or the first two of each class and
+    every 8th (the default suite; the full sweep runs under the `matrix` marker)."""
+    ks = range(1, len(classes) + 1)
+    if full:
+        return list(ks)
+    picked = {k for k in ks if k % 8 == 0}
+    for c in set(classes):
+        picked.update([k for k in ks if classes[k - 1] == c][:2])
+    return sorted(picked)
+
+
+CASES = [
+    pytest.param("parallel", 1, False, id="parallel-1tok"),
+    pytest.param("inline", 3, False, id="inline-merged"),
+    pytest.param("parallel", 1, True, id="parallel-1tok-all", marks=pytest.mark.matrix),
+    pytest.param("inline", 3, True, id="inline-merged-all", marks=pytest.mark.matrix),
+]
+
+
+@pytest.mark.parametrize(("mode", "interval", "full"), CASES)
+def test_every_cut_resumes_to_the_message_an_uninterrupted_stream_assembles(
+    tf: tuple[str, BytesFleet], mode: str, interval: int, full: bool
 ) -> None:
-    kw: dict[str, Any] = {"tools": [WEATHER], "tool_choice": "none"}
-    ref, ids = reference(tf, **kw)
-    want = content(ref)
-    assert not calls(ref) and TAG not in want and len(ids) == TOKENS
-    assert ref[-1].choices[0].finish_reason == "length"
-    before = len(tf.admin.events(kind="failover", limit=10_000))
-    for k in range(1, TOKENS):
-        tf.settled(before + k - 1)
-        tf.arm.set(k)
-        chunks, err = read(tf.client(mode), **kw)
-        assert tf.arm.fired.is_set()
-        assert err is None, f"cut after {k}: {err!r}"
-        assert content(chunks) == want, f"cut after {k}"
-        assert not calls(chunks) and chunks[-1].choices[0].finish_reason == "length"
-    tf.settled(before + TOKENS - 1)
-    events = tf.admin.events(kind="failover", limit=10_000)[before:]
-    assert len(events) == TOKENS - 1
-    assert {e["outcome"] for e in events} == {"resumed"}, events
-    assert "divergent" not in [e["seam"] for e in events]
+    parser, f = tf
+    kw = {"stream_interval": interval} if interval > 1 else {}
+    want, ids = reference(f, **kw)
+    assert want["finish"] == "tool_calls" and len(want["calls"]) == 2, want
+    assert [c["name"] for c in want["calls"]] == ["get_weather", "get_time"]
+    assert "é" in json.loads(want["calls"][0]["arguments"])["city"]
+    texts = [detokenize(f, ids[:k]) for k in range(1, len(ids))]
+    classes = [cut_class(parser, t) for t in texts]
+    must = {"start tag", "name", "mid-character", "mid-number", "mid-string", "mid-escape",
+            "between calls"}  # fmt: skip
+    if parser != "llama3_json":  # its parser finds a call only where the answer opens
+        must.add("content")
+    assert must <= set(classes), (parser, sorted(set(classes)))
+    client = f.client(mode)  # one client: making an SDK client costs more than a stream
+    tried = cuts(classes, full)
+    before = len(f.admin.events(kind="failover", limit=10_000))
+    for n, k in enumerate(tried):
+        f.settled(before + n)
+        f.arm.set(k)
+        chunks, err = read(client, extra_body=kw)
+        where = f"{parser}: cut after {k} tokens, {classes[k - 1]} ({texts[k - 1][-30:]!r})"
+        assert f.arm.fired.is_set()
+        assert err is None, f"{where}: {err!r}"
+        assert assembled(chunks) == want, where
+        assert all(len(v) == 1 for v in ids_sent(chunks).values()), (where, ids_sent(chunks))
+    f.settled(before + len(tried))
+    events = f.admin.events(kind="failover", limit=10_000)[before:]
+    assert len(events) == len(tried)
+    assert {e["outcome"] for e in events} == {"resumed"}, [
+        e["detail"] for e in events if e["outcome"] != "resumed"]  # fmt: skip
+    assert "divergent" not in {e["seam"] for e in events}
 
 
-def test_the_refusal_is_an_sse_error_event_then_done(tf: BytesFleet) -> None:
-    """On the wire: the chunks so far, one OpenAI-shaped error event, then [DONE]."""
-    _, ids = reference(tf, tools=[WEATHER])
-    call_at = ids.index(tag_id(tf))
-    before = len(tf.admin.events(kind="failover", limit=10_000))
-    for n, k in enumerate((5, call_at + 3)):  # before the call, and inside it
-        tf.settled(before + n)
-        tf.arm.set(k)
-        body = {"model": MODEL, "messages": MESSAGES, "temperature": 0, "stream": True,
-                "max_tokens": TOKENS, "tools": [WEATHER]}  # fmt: skip
-        req = urllib.request.Request(
-            tf.shims["parallel"].ready + "/v1/chat/completions", data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )  # fmt: skip
-        with urllib.request.urlopen(req, timeout=60) as r:
-            assert r.status == 200
-            raw = r.read().decode()
-        events = [e.removeprefix("data: ") for e in raw.split("\n\n") if e.strip()]
-        assert events[-1] == "[DONE]", events[-3:]
-        error = json.loads(events[-2])
-        assert set(error) == {"error"} and "tool" in error["error"]["message"], error
-        assert {"message", "type", "code"} <= set(error["error"]), error
-        chunks = [json.loads(e) for e in events[:-2]]
-        assert all("error" not in c for c in chunks) and len(chunks) >= 2, k
-        assert not any(c["choices"] and c["choices"][0]["finish_reason"] for c in chunks), k
-    tf.settled(before + 2)
+def test_an_uncut_tools_stream_passes_the_engines_deltas_through(
+    tf: tuple[str, BytesFleet],
+) -> None:
+    parser, f = tf
+    direct, err = read(sdk(f.ref.ready + "/v1"))
+    assert err is None
+    via, err = read(f.client("parallel"))
+    assert err is None
+    assert assembled(via) == assembled(direct)
+    # Chunk for chunk: Baton asked for ids, so the engine also sent the chunks its parser
+    # had nothing for (an empty delta); Baton drops them again.
+    shape = [(ch.choices[0].delta.content, ch.choices[0].finish_reason,
+              len(ch.choices[0].delta.tool_calls or ())) for ch in via if ch.choices]  # fmt: skip
+    want = [(ch.choices[0].delta.content, ch.choices[0].finish_reason,
+             len(ch.choices[0].delta.tool_calls or ())) for ch in direct if ch.choices]  # fmt: skip
+    assert shape == want, parser
+
+
+@pytest.fixture(scope="module")
+def unnamed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BytesFleet]:
+    """Backends that name no tool_parser."""
+    flags = (*FLAGS, "--tool-call-parser", "hermes")
+    with seam_fleet(tmp_path_factory.mktemp("unnamed"), flags) as f:
+        yield f
+
+
+def test_a_backend_that_names_no_tool_parser_is_refused_with_an_error_event(
+    unnamed: BytesFleet,
+) -> None:
+    before = len(unnamed.admin.events(kind="failover", limit=10_000))
+    for n, k in enumerate((5, 40)):  # before the call, and inside it
+        unnamed.settled(before + n)
+        unnamed.arm.set(k)
+        chunks, err = read(unnamed.client("parallel"))
+        assert unnamed.arm.fired.is_set()
+        assert err is not None and "tool_parser" in str(err), err
+        assert not any(ch.choices and ch.choices[0].finish_reason for ch in chunks)
+    unnamed.settled(before + 2)
+    events = unnamed.admin.events(kind="failover", limit=10_000)[before:]
+    assert [e["outcome"] for e in events] == ["refused", "refused"], events

@@ -24,6 +24,10 @@ SPECIAL = Markers(START, END, "<think>", "</think>", special=True)
 PROMPT = [1, 2, START]  # the template opened the assistant turn with <think>
 
 
+def new_id() -> str:
+    return "chatcmpl-tool-0123456789abcdef"
+
+
 def first(s: Stitcher, delta: dict[str, object], ids: list[int], **top: object) -> None:
     obj = {"id": "c", "created": 1, "model": "m", **top}
     obj["choices"] = [{"index": 0, "delta": delta, "token_ids": ids}]
@@ -109,7 +113,7 @@ def test_tools_offered_to_a_backend_naming_no_tool_parser_refuse_a_resume() -> N
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}],
             "tools": [{"type": "function", "function": {"name": "f"}}]}  # fmt: skip
     s = Stitcher(ClientRequest(Endpoint.CHAT, body, "m", True, True), strip_ids=True)
-    s.follow_tools("")
+    s.follow_tools("", new_id)
     first(s, {"role": "assistant", "content": ""}, [], prompt_token_ids=PROMPT)
     try:
         plan_resume(ClientRequest(Endpoint.CHAT, body, "m", True, True), s.choices[0],

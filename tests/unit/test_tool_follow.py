@@ -23,6 +23,10 @@ RAW = ('Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city":
        ' "n": 12}}\n</tool_call><tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
 
 
+def new_id() -> str:
+    return "chatcmpl-tool-0123456789abcdef"
+
+
 def client(**extra: Any) -> ClientRequest:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
             "temperature": 0, "tools": [WEATHER], **extra}  # fmt: skip
@@ -31,7 +35,7 @@ def client(**extra: Any) -> ClientRequest:
 
 def stitcher(**extra: Any) -> Stitcher:
     s = Stitcher(client(**extra), strip_ids=True)
-    s.follow_tools("hermes")
+    s.follow_tools("hermes", new_id)
     return s
 
 
@@ -147,13 +151,13 @@ def test_client_text_that_the_parser_does_not_read_refuses_the_resume() -> None:
 
 def test_a_parser_baton_does_not_follow_is_refused_explicitly() -> None:
     s = Stitcher(client(), strip_ids=True)
-    s.follow_tools("pythonic")
+    s.follow_tools("pythonic", new_id)
     p = s.choices[0]
     assert s.tools is None and "pythonic" in p.unfollowed
     with pytest.raises(Refused, match="pythonic"):
         plan_resume(client(), p, token_path=True, seam_tokens=0)
     named = Stitcher(client(), strip_ids=True)
-    named.follow_tools("")
+    named.follow_tools("", new_id)
     assert "names no tool_parser" in named.choices[0].unfollowed
     assert "names no tool_parser" in Stitcher(client(), strip_ids=True).choices[0].unfollowed
 

@@ -21,17 +21,11 @@ stream's chunks are its own."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dataplane.relay.progress import ChoiceProgress, SentCall
 from dataplane.relay.tools.parser import Parsed, ToolParser
-
-
-def tool_call_id() -> str:
-    """An id as vLLM makes one (make_tool_call_id): "chatcmpl-tool-" and 16 hex digits."""
-    return "chatcmpl-tool-" + os.urandom(8).hex()
 
 
 def _compatible(a: str, b: str) -> bool:
@@ -40,10 +34,14 @@ def _compatible(a: str, b: str) -> bool:
 
 
 class ToolFollow:
-    """One request's tool calls, read by `parser` (the backend's, in Baton's copy)."""
+    """One request's tool calls, read by `parser` (the backend's, in Baton's copy).
+    `new_id()`: an id for a call the resume starts, as the engine would make one."""
 
-    def __init__(self, parser: ToolParser, *, first_only: bool = False) -> None:
+    def __init__(
+        self, parser: ToolParser, new_id: Callable[[], str], *, first_only: bool = False
+    ) -> None:
         self.parser = parser
+        self._new_id = new_id
         # parallel_tool_calls: false: vLLM sends only the first call's deltas.
         self._first_only = first_only
 
@@ -130,7 +128,7 @@ class ToolFollow:
             if self._first_only and i > 0:
                 break
             if i >= len(p.calls):
-                sent = SentCall(tool_call_id(), call.name)
+                sent = SentCall(self._new_id(), call.name)
                 p.calls.append(sent)
                 out.append({"index": i, "id": sent.id, "type": "function",
                             "function": {"name": call.name}})  # fmt: skip
