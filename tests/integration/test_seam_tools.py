@@ -166,10 +166,11 @@ def test_every_cut_resumes_to_the_message_an_uninterrupted_stream_assembles(
     assert "é" in json.loads(want["calls"][0]["arguments"])["city"]
     texts = [detokenize(f, ids[:k]) for k in range(1, len(ids))]
     classes = [cut_class(parser, t) for t in texts]
-    must = {"start tag", "name", "mid-character", "mid-number", "mid-string", "mid-escape",
-            "between calls"}  # fmt: skip
+    must = {"start tag", "name", "mid-character", "mid-number", "mid-string", "between calls"}
     if parser != "llama3_json":  # its parser finds a call only where the answer opens
         must.add("content")
+    if parser != "qwen3_xml":  # its values are raw text, not JSON strings
+        must.add("mid-escape")
     assert must <= set(classes), (parser, sorted(set(classes)))
     client = f.client(mode)  # one client: making an SDK client costs more than a stream
     tried = cuts(classes, full)
@@ -226,7 +227,7 @@ def test_a_backend_that_names_no_tool_parser_is_refused_with_an_error_event(
         unnamed.arm.set(k)
         chunks, err = read(unnamed.client("parallel"))
         assert unnamed.arm.fired.is_set()
-        assert err is not None and "tool_parser" in str(err), err
+        assert err is not None and "tool" in str(err), err
         assert not any(ch.choices and ch.choices[0].finish_reason for ch in chunks)
     unnamed.settled(before + 2)
     events = unnamed.admin.events(kind="failover", limit=10_000)[before:]

@@ -257,8 +257,12 @@ class Resumer:
         tools = self._stitcher.tools
         if tools is None or p.reasoning or not p.token_ids or p.content_sent >= 0:
             return
-        raw = await self._settled_decode(backend, list(p.token_ids))
-        why = tools.rebuild(p, raw)
+        ids = list(p.token_ids)
+        raw = await self._decode(backend, ids)
+        whole = detok.whole(raw)
+        if not whole:  # the ids end inside a character: the client has the text before it
+            raw = await self._settled_decode(backend, ids)
+        why = tools.rebuild(p, raw, whole)
         if why:
             raise Refused(f"tool calls: {why}")
 

@@ -73,10 +73,11 @@ class ToolFollow:
 
     # -- the seam --------------------------------------------------------------------------
 
-    def rebuild(self, p: ChoiceProgress, raw: str) -> str | None:
-        """The choice's text becomes `raw`, the new engine's decoding of every generated id;
-        returns why the stream cannot be resumed (what the client has is not what Baton's
-        parser reads there), else None. Only for a choice past its reasoning."""
+    def rebuild(self, p: ChoiceProgress, raw: str, whole: bool = False) -> str | None:
+        """The choice's text becomes `raw`, the new engine's decoding of the generated ids
+        (every one of them when `whole`: they end at a character boundary; else up to the
+        last boundary); returns why the stream cannot be resumed (what the client has is not
+        what Baton's parser reads there), else None. Only for a choice past its reasoning."""
         if p.content_sent >= 0:
             return None  # rebuilt at an earlier seam: its text is raw already
         old = p.text
@@ -98,10 +99,13 @@ class ToolFollow:
         p.pieces[:] = [raw] if raw else []
         p.text_len = len(raw)
         p.recent_text.clear()
-        # The engine's chunks told no character boundary of the raw text: the resume derives
-        # its text from ids, from the start (progress.Held).
+        # The engine's chunks told no character boundary of the raw text; the decoding tells
+        # the end, when it is one. A resume whose prompt ends elsewhere derives its text from
+        # ids, from the last boundary (progress.Held).
         p.settled.clear()
         p.settled.append((0, 0))
+        if whole and p.token_ids:
+            p.settled.append((len(p.token_ids), len(raw)))
         p.content_sent = len(said)
         return None
 
