@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -232,3 +233,64 @@ def test_a_backend_that_names_no_tool_parser_is_refused_with_an_error_event(
     unnamed.settled(before + 2)
     events = unnamed.admin.events(kind="failover", limit=10_000)[before:]
     assert [e["outcome"] for e in events] == ["refused", "refused"], events
+
+
+# -- Messages and Responses: served as chat, the same calls through the same seams ----------
+
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": "A tool.",
+                    "input_schema": t["function"]["parameters"]} for t in TOOLS]  # fmt: skip
+RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"],
+                    "parameters": t["function"]["parameters"]} for t in TOOLS]  # fmt: skip
+
+
+def message(base: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """A greedy streamed Messages answer, as the anthropic SDK assembles it: its stop reason
+    and content blocks (tool ids apart)."""
+    client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=60)
+    with client.messages.stream(
+        model=MODEL, max_tokens=TOKENS, messages=MESSAGES,  # type: ignore[arg-type]
+        tools=ANTHROPIC_TOOLS, extra_body={"temperature": 0},  # type: ignore[arg-type]
+    ) as s:  # fmt: skip
+        msg = s.get_final_message()
+    return msg.stop_reason, [{k: v for k, v in b.model_dump(exclude_none=True).items()
+                              if k != "id"} for b in msg.content]  # fmt: skip
+
+
+def response(c: openai.OpenAI) -> tuple[str, list[dict[str, Any]]]:
+    """A greedy streamed Responses answer (store false), as the openai SDK assembles it."""
+    with c.responses.stream(
+        model=MODEL, input=MESSAGES[0]["content"], tools=RESPONSES_TOOLS,  # type: ignore[arg-type]
+        temperature=0, store=False, max_output_tokens=TOKENS,
+    ) as s:  # fmt: skip
+        done = s.get_final_response()
+    drop = {"id", "call_id"}
+    return done.status or "", [{k: v for k, v in item.model_dump(exclude_none=True).items()
+                                if k not in drop} for item in done.output]  # fmt: skip
+
+
+def test_messages_and_responses_with_tools_resume_through_every_kind_of_cut(
+    tf: tuple[str, BytesFleet],
+) -> None:
+    parser, f = tf
+    base = f.shims["parallel"].ready
+    want_message = message(base)  # uninterrupted, through Baton
+    assert want_message[0] == "tool_use", want_message
+    assert want_message == message(f.ref.ready)  # as the engine's own /v1/messages
+    client = f.client("parallel")
+    want_response = response(client)
+    assert [i["name"] for i in want_response[1] if i["type"] == "function_call"] == [
+        "get_weather", "get_time"], want_response  # fmt: skip
+    _, ids = reference(f)
+    before = len(f.admin.events(kind="failover", limit=10_000))
+    tried = list(range(3, len(ids), 9))
+    for n, k in enumerate(tried):
+        f.settled(before + 2 * n)
+        f.arm.set(k)
+        assert message(base) == want_message, f"{parser}: Messages cut after {k} tokens"
+        f.settled(before + 2 * n + 1)
+        f.arm.set(k)
+        assert response(client) == want_response, f"{parser}: Responses cut after {k} tokens"
+    f.settled(before + 2 * len(tried))
+    events = f.admin.events(kind="failover", limit=10_000)[before:]
+    assert len(events) == 2 * len(tried)
+    assert {e["outcome"] for e in events} == {"resumed"}, events
