@@ -6,7 +6,9 @@ mid-stream or is drained with migration, hand the stream to its failover
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import string
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -94,7 +96,9 @@ class StreamRelay:
     async def run(self, backend: Backend, upstream: aiohttp.ClientResponse, first: bytes) -> bool:
         """True when the client got a complete answer, False when it got an error event."""
         self._started_on = backend
-        self.stitcher.follow_tools(backend.tool_parser, tool_call_id)
+        self.stitcher.follow_tools(
+            backend.tool_parser, functools.partial(tool_call_id, backend.tool_parser)
+        )
         parser = backend.reasoning_parser
         if parser and self.stitcher.chat:
             markers = await self._markers.get(backend) if self._markers is not None else None
@@ -216,9 +220,15 @@ class StreamRelay:
         return None
 
 
-def tool_call_id() -> str:
-    """A tool call's id as vLLM makes one (make_tool_call_id): "chatcmpl-tool-" and 16 hex
-    digits; for the calls a resume starts."""
+_ALNUM = string.ascii_letters + string.digits
+
+
+def tool_call_id(parser: str) -> str:
+    """A tool call's id as the engine's parser makes one, for the calls a resume starts:
+    vLLM's make_tool_call_id ("chatcmpl-tool-" and 16 hex digits), or Mistral's 9 letters
+    and digits."""
+    if parser == "mistral":
+        return "".join(_ALNUM[b % len(_ALNUM)] for b in os.urandom(9))
     return "chatcmpl-tool-" + os.urandom(8).hex()
 
 

@@ -52,6 +52,12 @@ MISTRAL: list[Case] = [
     ('  \n[TOOL_CALLS]get_time{"zone": "CET"} ', "", [("get_time", '{"zone": "CET"} ')]),
     ("No call [TOOL here", "No call [TOOL here", []),
     ("  ", "  ", []),
+    # Pre-v11 (no [ARGS] in the vocabulary): a JSON array of calls, raw argument objects.
+    ('Hi. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "a\\"}é", "days": 12}}, '
+     '{"name": "get_time", "arguments": {"zone": {"id": "CET"}}}] done', "Hi.  done",
+     [(W, '{"city": "a\\"}é", "days": 12}'), ("get_time", '{"zone": {"id": "CET"}}')]),
+    ('[TOOL_CALLS] {"arguments":  {"zone": "CET"}, "name": "get_time"}', "",
+     [("get_time", '{"zone": "CET"}')]),
 ]  # fmt: skip
 
 QWEN_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nPa\"ris é\nline\n"

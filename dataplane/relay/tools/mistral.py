@@ -14,14 +14,16 @@
   not re-serialised, whitespace and any text after the JSON included.
 
 vLLM turns skip_special_tokens off for a request with tools, so the tags' text is in the
-stream. Not followed: the pre-v11 format (`[TOOL_CALLS][{"name": ..., "arguments": ...}]`,
-tokenizers without `[ARGS]`) and the reasoning tags of the [THINK] tokenizers (Baton parses
-the text after reasoning)."""
+stream. The pre-v11 format (`[TOOL_CALLS][{"name": ..., "arguments": ...}]`, tokenizers
+without `[ARGS]`) is told apart by what follows the tag (a JSON array or object, where a
+v11+ name cannot start) and read by mistral_json.py. Not followed: the reasoning tags of the
+[THINK] tokenizers (Baton parses the text after reasoning)."""
 
 # baton: pure
 
 from __future__ import annotations
 
+from dataplane.relay.tools import mistral_json
 from dataplane.relay.tools.parser import Parsed, ParsedCall, Tools
 
 TOOL_CALLS = "[TOOL_CALLS]"
@@ -60,6 +62,10 @@ class Mistral:
             shown = text[: len(text) - _held(text, TOOL_CALLS)]
             # Whitespace alone is held: a call after it drops it.
             return Parsed(shown if shown.strip() else "")
+        after = text[first + len(TOOL_CALLS) :].lstrip()
+        if after[:1] in ("[", "{"):  # pre-v11: content goes out as it comes, whitespace too
+            calls, tail = mistral_json.parse_calls(text, first + len(TOOL_CALLS))
+            return Parsed(text[:first] + tail, tuple(calls))
         content = text[:first] if text[:first].strip() else ""
         return Parsed(content, tuple(self._calls(text, first + len(TOOL_CALLS), final)))
 
