@@ -16,6 +16,9 @@
 #                     token apart (speculative pairs that must be refused)
 #   model/spec-draft/, model/spec-target-{50,80,95}/  a one-layer draft and targets built on
 #                     it whose greedy agreement with it is ~0.50/0.80/0.95 (bench/speculative_real.py)
+#   model/tiny-tools/, model/tiny-tools-llama3/  an agent that calls tools (a Markov chain
+#                     through added tokens: three turns, parallel calls, arguments cut
+#                     mid-string/number/escape/character) for vLLM's hermes / llama3_json parsers
 #   router-venv/      sglang-router 0.3.2, the peer bench/kv_routing.py --real runs beside
 #                     Baton (its own environment; only with the named step `router`)
 # and, system-wide, Debian's `prometheus` (tests/real/test_dashboard.py runs its own process).
@@ -28,6 +31,7 @@ VLLM_VERSION=0.32.0
 LLAMA_CPP_PYTHON=0.3.36   # its sdist vendors the llama.cpp source and converter we use
 # A model's version: bump it when make_tiny_model.py changes that model, and it is rebuilt.
 TINY_VERSION=2 BYTES_VERSION=1 THINK_VERSION=2 WIDE_VERSION=1 ALTERED_VERSION=1 SPEC_VERSION=1
+TOOLS_VERSION=1
 SGLANG_ROUTER=0.3.2
 SRC="$CACHE/src/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
 mkdir -p "$CACHE/src" "$CACHE/bin" "$CACHE/model" "$CACHE/logs"
@@ -104,6 +108,8 @@ model() {
   one_model tiny-wide "$WIDE_VERSION"    # vLLM only: bench/kv_routing.py --real
   one_model tiny-merge "$ALTERED_VERSION"  # tiny behind a tokenizer one merge apart
   one_model tiny-added "$ALTERED_VERSION"  # tiny behind a tokenizer one added token apart
+  one_model tiny-tools "$TOOLS_VERSION"  # vLLM only: --enable-auto-tool-choice --tool-call-parser hermes
+  one_model tiny-tools-llama3 "$TOOLS_VERSION"  # vLLM only: --tool-call-parser llama3_json
   one_model spec-draft "$SPEC_VERSION"      # vLLM only: the speculative bench's draft
   one_model spec-target-50 "$SPEC_VERSION"  # the draft plus scaled layers, agreement ~0.50
   one_model spec-target-80 "$SPEC_VERSION"  # ~0.80
