@@ -31,8 +31,6 @@ once per chunk: the concatenated deltas (what a client assembles) are the
 same, the cut between two deltas may differ.
 """
 
-# baton: pure
-
 from __future__ import annotations
 
 import json

@@ -52,6 +52,8 @@ llama3_json, mistral and qwen3_xml parsers the same way (reasoning first, the
 flush of unstreamed arguments at the end, finish_reason "tool_calls").
 """
 
+# baton: pure
+
 from __future__ import annotations
 
 import json
