@@ -156,6 +156,17 @@ class Engine:
         return ""
 
     @property
+    def tool_parser(self) -> str:
+        """The vLLM --tool-call-parser it runs ("" = none): Baton's backend config names it."""
+        args = list(self.args)
+        for i, a in enumerate(args):
+            if a.startswith("--tool-call-parser="):
+                return a.split("=", 1)[1]
+            if a == "--tool-call-parser" and i + 1 < len(args):
+                return args[i + 1]
+        return ""
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 

@@ -198,6 +198,8 @@ def write_config(
             lines.append(f'role = "{roles[e.name]}"')
         if e.reasoning_parser:
             lines.append(f'reasoning_parser = "{e.reasoning_parser}"')
+        if e.tool_parser:
+            lines.append(f'tool_parser = "{e.tool_parser}"')
         lines.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))

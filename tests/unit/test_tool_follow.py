@@ -171,6 +171,16 @@ def test_required_and_named_tool_choice_are_refused_as_guided_decoding() -> None
                         seam_tokens=0)  # fmt: skip
 
 
+def test_a_strict_tool_is_refused_as_guided_decoding() -> None:
+    strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
+    s = stitcher(tools=[strict])
+    with pytest.raises(Refused, match="strict tool"):
+        plan_resume(client(tools=[strict]), s.choices[0], token_path=True, seam_tokens=0)
+    lax = {**WEATHER, "function": {**WEATHER["function"], "strict": False}}
+    plan_resume(client(tools=[lax]), stitcher(tools=[lax]).choices[0], token_path=True,
+                seam_tokens=0)  # fmt: skip
+
+
 def test_a_tools_stream_is_not_resumed_as_text() -> None:
     s = stitcher()
     with pytest.raises(Refused, match="token ids"):

