@@ -59,7 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--slow-start", type=float, default=0.0, metavar="S",
                    help="sleep S seconds before binding the port")
     g.add_argument("--api-key", default="", metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /v1/* (like vLLM)")
+                   help="require 'Authorization: Bearer KEY' on /v1/* and /inference/* (like vLLM)")
+    g.add_argument("--enable-scale-out", action="store_true",
+                   help="serve POST /inference/v1/generate (token ids in and out), as vLLM's "
+                        "flag does; without it the route answers 403")
     g.add_argument("--timing-log", default="", metavar="PATH",
                    help="append each request's engine-side TTFT as a JSON line (benchmarks)")
     m = parser.add_argument_group("model")
@@ -208,6 +211,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         kv_events=kv_events,
         kv_cells=args.kv_cells,
         data_parallel_size=args.data_parallel_size,
+        enable_scale_out=args.enable_scale_out,
     )
 
 

@@ -55,3 +55,6 @@ class SimConfig:
     # internal load balancer: each rank has its own cache, scheduler, metrics children and
     # KV-event publisher (sim.engine); X-data-parallel-rank pins a request (sim.balancer).
     data_parallel_size: int = 1
+    # vLLM's --enable-scale-out: POST /inference/v1/generate (token ids in and out) is served;
+    # without it the route answers 403, as vLLM 0.32's does (sim.generate_http).
+    enable_scale_out: bool = False

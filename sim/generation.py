@@ -20,7 +20,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from random import Random
 
-from sim.model import ToyModel
+from sim.model import MAX_RANKED, ToyModel
 from sim.protocol import SamplingParams
 from sim.tokenizer import EOS, Tokenizer
 from sim.tool_script import ToolCallPlan
@@ -92,7 +92,7 @@ class TokenEvent:
     token_id: int
     text: str  # text released to the client with this token (may be "")
     finish_reason: str | None  # "stop" | "length" | None while running
-    stop_reason: str | None = None  # the stop string that ended it, if any
+    stop_reason: str | int | None = None  # the stop string (or stop token id) that ended it
 
 
 class Sequence:
@@ -101,6 +101,7 @@ class Sequence:
     __slots__ = (
         "_model", "_params", "_detok", "_prompt", "_h", "_last", "_rng", "_stops", "_hold",
         "_back", "_buf", "_sent", "_tool", "token_ids", "finish_reason", "stop_reason",
+        "forced",
     )
 
     def __init__(
@@ -132,7 +133,8 @@ class Sequence:
         self._sent = 0
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
-        self.stop_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.forced = False  # the last token was the tool-call script's, not the model's pick
 
     @property
     def finished(self) -> bool:
@@ -142,9 +144,10 @@ class Sequence:
         """All text generated so far, as a non-streaming response reports it."""
         if self._stops:
             return self._buf  # already cut at the stop string
-        return released_text(
-            self._model.tokenizer, self._prompt, self.token_ids, primed=self._detok.primed
-        )
+        ids = self.token_ids
+        if isinstance(self.stop_reason, int) and not self._params.include_stop_str_in_output:
+            ids = ids[:-1]  # a stop token id's text is left out, as vLLM's detokenizer does
+        return released_text(self._model.tokenizer, self._prompt, ids, primed=self._detok.primed)
 
     def _loop_token(self) -> int | None:
         """history[loop_index] of prompt + generated, without concatenating them."""
@@ -154,14 +157,23 @@ class Sequence:
             return None
         return self._prompt[i] if i < n_prompt else out[i - n_prompt]
 
+    def ranking(self) -> tuple[int, ...]:
+        """The model's ranking at the next position, best first (MAX_RANKED ids): what vLLM's
+        raw logprobs see, before the min_tokens / ignore_eos / allowed_token_ids masks.
+        Call before step(); sim.logprobs puts a tool-call script's token first (``forced``)."""
+        loop = self._loop_token() if self._model.loops else None
+        return self._model.candidates(self._h, self._last, MAX_RANKED, loop=loop).ids
+
     def _next_id(self) -> int:
         p = self._params
+        self.forced = False
         if p.allowed_token_ids:
             return self._allowed_id(p.allowed_token_ids)
         allow_eos = not p.ignore_eos and len(self.token_ids) >= p.min_tokens
         if self._tool is not None:
             forced = self._tool.next(self._h, allow_eos=allow_eos)
             if forced is not None:
+                self.forced = True
                 return forced
         loop = self._loop_token() if self._model.loops else None
         if self._rng is None:
@@ -186,6 +198,8 @@ class Sequence:
         self._h = self._model.advance(self._h, tid)
         self._last = tid
         at_limit = len(self.token_ids) >= self._params.max_tokens
+        if tid != EOS and tid in self._params.stop_token_ids:
+            return self._stop_token(tid)
         if not self._stops:
             if tid == EOS:
                 return self._end("", "stop")  # vLLM does not detokenize the EOS token
@@ -202,6 +216,7 @@ class Sequence:
         if (
             self._rng is not None or self._stops or self._params.min_tokens or self._model.loops
             or self._tool is not None or self._params.allowed_token_ids
+            or self._params.stop_token_ids
         ):
             while self.finish_reason is None:
                 self.step()
@@ -245,6 +260,15 @@ class Sequence:
             return self._end(self._release(len(self._buf)), "length")
         return TokenEvent(tid, self._release(len(self._buf) - self._hold), None)
 
+    def _stop_token(self, tid: int) -> TokenEvent:
+        """vLLM checks stop token ids right after EOS (before the length cap and min_tokens),
+        and leaves the token out of the text unless include_stop_str_in_output."""
+        new = self._detok.step(tid) if self._params.include_stop_str_in_output else ""
+        if not self._stops:
+            return self._end(new, "stop", tid)
+        self._buf += new
+        return self._end(self._release(len(self._buf)), "stop", tid)
+
     def _release(self, upto: int) -> str:
         if upto <= self._sent:
             return ""
@@ -252,7 +276,7 @@ class Sequence:
         self._sent = upto
         return text
 
-    def _end(self, text: str, reason: str, stop: str | None = None) -> TokenEvent:
+    def _end(self, text: str, reason: str, stop: str | int | None = None) -> TokenEvent:
         self.finish_reason = reason
         self.stop_reason = stop
         return TokenEvent(self.token_ids[-1], text, reason, stop)

@@ -72,6 +72,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     # vLLM's allowed_token_ids: every other token (EOS included) is masked out.
     allowed_token_ids: tuple[int, ...] = ()
+    # vLLM's stop_token_ids: such a token ends the choice (stop_reason = its id); its text is
+    # left out unless include_stop_str_in_output. (/inference/v1/generate only, for now.)
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,9 @@ class GenRequest:
     # Refused by the engine's input processor (a 400 that vLLM reports only once the
     # generation starts: in-band on a stream), e.g. a thinking budget with no reasoning.
     rejected: str | None = None
+    # Sampled-token logprobs: how many top candidates each position reports (chat's
+    # top_logprobs with logprobs true, completions' logprobs; sim.logprobs). None = off.
+    logprobs: int | None = None
 
 
 def check_model(body: Mapping[str, Any], limits: Limits) -> None:

@@ -70,7 +70,8 @@ class ChoiceResult:
     text: str
     token_ids: Sequence[int]
     finish_reason: str
-    stop_reason: str | None = None
+    stop_reason: str | int | None = None
+    logprobs: dict[str, Any] | None = None  # the choice's sampled-token logprobs (sim.logprobs)
 
 
 def sse(obj: dict[str, Any]) -> bytes:
@@ -111,10 +112,11 @@ def token_chunk(
     text: str,
     token_ids: Sequence[int],
     finish_reason: str | None = None,
-    stop_reason: str | None = None,
+    stop_reason: str | int | None = None,
     prompt_ids: Sequence[int] | None = None,
     delta: dict[str, Any] | None = None,
     usage: dict[str, Any] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One generated token (or the abort marker when token_ids is empty).
 
@@ -127,7 +129,7 @@ def token_chunk(
         }
     else:
         choice = {"index": index, "text": text}
-    choice["logprobs"] = None
+    choice["logprobs"] = logprobs
     choice["finish_reason"] = finish_reason
     if finish_reason is not None:
         choice["stop_reason"] = stop_reason
@@ -222,7 +224,7 @@ def full_response(
         else:
             finish = r.finish_reason
             choice = {"index": i, "text": r.text}
-        choice["logprobs"] = None
+        choice["logprobs"] = r.logprobs
         choice["finish_reason"] = finish
         choice["stop_reason"] = r.stop_reason
         if meta.return_token_ids:

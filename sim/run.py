@@ -23,7 +23,8 @@ from sim import responses as r
 from sim import specdecode, timing
 from sim.cells import EXCEEDED
 from sim.faults import FaultKind, FaultSpec
-from sim.generation import Sequence
+from sim.generation import Sequence, TokenEvent
+from sim.logprobs import ChoiceLogprobs, Style
 from sim.protocol import GenRequest
 from sim.reasoning import R1Stream
 from sim.scoring import prompt_logprobs
@@ -87,6 +88,44 @@ class Run:
             self._parsers = [
                 R1Stream(*think, include_reasoning=meta.include_reasoning) for _ in range(req.n)
             ]
+        self._lp: list[ChoiceLogprobs] | None = None
+        if req.logprobs is not None:
+            self._lp = [ChoiceLogprobs(state.model, self._lp_style(), req.logprobs)
+                        for _ in range(req.n)]  # fmt: skip
+        # vLLM hides them where the reasoning is hidden (they would spell it out).
+        self._lp_hidden = self._parsed and not meta.include_reasoning
+
+    def _lp_style(self) -> Style:
+        return "chat" if self.meta.chat else "completion"
+
+    def _step(self, i: int, seq: Sequence) -> TokenEvent:
+        """One token of choice i, with its logprobs when the request asked for them."""
+        if self._lp is None:
+            return seq.step()
+        ranking = seq.ranking()  # before the step: the position the token is sampled at
+        ev = seq.step()
+        self._lp[i].add(ranking, ev.token_id, forced=seq.forced)
+        return ev
+
+    def _logprobs(self, i: int, *, drop: bool = False) -> dict[str, object] | None:
+        """Choice i's logprobs for the tokens since its last chunk (None: not asked)."""
+        if self._lp is None:
+            return None
+        body = self._lp[i].take(drop=drop)
+        return None if self._lp_hidden else body
+
+    def _token_chunk(
+        self, i: int, text: str, ids: list[int], finish: str | None,
+        stop_reason: str | int | None = None, prompt: list[int] | None = None,
+        delta: dict[str, object] | None = None, usage: dict[str, object] | None = None,
+        logprobs: dict[str, object] | None = None,
+    ) -> dict[str, object]:
+        """One streamed chunk of choice i (a subclass writes another API's shape)."""
+        return r.token_chunk(self.meta, i, text, ids, finish, stop_reason, prompt, delta, usage,
+                             logprobs)  # fmt: skip
+
+    def _usage_chunk(self) -> dict[str, object]:
+        return r.usage_chunk(self.meta, len(self.req.prompt_ids), self._generated())
 
     def _plan(self) -> ToolCallPlan | None:
         """Tool-call mode: what the prompt's ids make the model write (sim.tool_script)."""
@@ -202,7 +241,7 @@ class Run:
             scored = prompt_logprobs(self.state.model, self.req.prompt_ids, k)
             self._prompt_logprobs = r.prompt_logprobs(scored, self.state.tokenizer.texts)
         tight = self.state.cfg.cost.decode_ms_per_step <= 0 and self.engine.cells is None
-        if not self._check_faults and tight:
+        if not self._check_faults and tight and self._lp is None:
             # Nothing to pace or inject: generate each choice in one tight loop.
             for seq in self.seqs:
                 seq.run_to_end()
@@ -216,7 +255,7 @@ class Run:
                 if delay > 0:
                     await asyncio.sleep(delay)
             step_no += 1
-            for seq in seqs:
+            for i, seq in enumerate(seqs):
                 if seq.finished:
                     continue
                 if self._exceeded():
@@ -233,7 +272,7 @@ class Run:
                         return _json(200, self._full_body())
                     else:
                         end_abruptly(request, kind)
-                seq.step()
+                self._step(i, seq)
                 self.emitted += 1
             self._stepped()
         self._settle()
@@ -245,9 +284,10 @@ class Run:
 
     def _full_body(self) -> dict[str, object]:
         results = [
-            r.ChoiceResult(s.output_text(), s.token_ids, s.finish_reason or "abort", s.stop_reason)
-            for s in self.seqs
-        ]
+            r.ChoiceResult(s.output_text(), s.token_ids, s.finish_reason or "abort", s.stop_reason,
+                           self._logprobs(i))
+            for i, s in enumerate(self.seqs)
+        ]  # fmt: skip
         return r.full_response(self.meta, self.req.prompt_ids, results, self._prompt_logprobs)
 
     # -- streaming -----------------------------------------------------------
@@ -307,7 +347,7 @@ class Run:
                     buf.clear()
                     if await self._stream_fault(request, resp, kind):
                         return resp
-                ev = seq.step()
+                ev = self._step(i, seq)
                 self.emitted += 1
                 prompt = req.prompt_ids if first[i] else None
                 first[i] = False
@@ -317,6 +357,7 @@ class Run:
                     text, ids, prompt = merged[i].take(text, ids, prompt, finish is not None)
                     if not ids:
                         continue  # waits for the chunk's other tokens
+                logprobs = self._logprobs(i)
                 if self._tool_parsers is not None:
                     tp = self._tool_parsers[i]
                     delta = tp.delta(text, tuple(ids), finished=finish is not None)
@@ -326,16 +367,16 @@ class Run:
                 if delta is None and self._parsed:
                     # vLLM skips the chunk, unless it ends the choice or the
                     # client asked for token ids (then: an empty delta).
-                    if finish is None and not meta.return_token_ids:
+                    if finish is None and not meta.return_token_ids and logprobs is None:
                         continue
                     delta = {}
                 buf.append(
-                    r.sse(r.token_chunk(meta, i, text, ids, finish, ev.stop_reason, prompt,
-                                        delta, self._usage_so_far(seq)))
+                    r.sse(self._token_chunk(i, text, ids, finish, ev.stop_reason, prompt, delta,
+                                            self._usage_so_far(seq), logprobs))
                 )
             self._stepped()
         if meta.include_usage:
-            buf.append(r.sse(r.usage_chunk(meta, len(req.prompt_ids), self._generated())))
+            buf.append(r.sse(self._usage_chunk()))
         buf.append(r.DONE)
         await resp.write(b"".join(buf))
         self._settle()
@@ -365,14 +406,14 @@ class Run:
         if kind is FaultKind.ABORT:
             self.outcome = "abort"
             out = [
-                r.sse(r.token_chunk(self.meta, i, "", [], "abort", delta=self._abort_delta(i),
-                                    usage=self._usage_so_far(s)))
+                r.sse(self._token_chunk(i, "", [], "abort", delta=self._abort_delta(i),
+                                        usage=self._usage_so_far(s),
+                                        logprobs=self._logprobs(i, drop=True)))
                 for i, s in enumerate(self.seqs)
                 if not s.finished
-            ]
+            ]  # fmt: skip
             if self.meta.include_usage:
-                usage = r.usage_chunk(self.meta, len(self.req.prompt_ids), self._generated())
-                out.append(r.sse(usage))
+                out.append(r.sse(self._usage_chunk()))
             await resp.write(b"".join(out) + r.DONE)
             return True
         end_abruptly(request, kind)

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sim import kv_http, messages_http, pooling_http, responses_http
+from sim import generate_http, kv_http, messages_http, pooling_http, responses_http
 from sim import responses as r
 from sim.chat_template import TemplateError, parse_messages, render
 from sim.config import SimConfig
@@ -28,6 +28,7 @@ from sim.http_common import (
     request_faults,
     serve_run,
 )
+from sim.logprob_request import parse_chat_with_logprobs, parse_completion_with_logprobs
 from sim.metrics import CONTENT_TYPE
 from sim.protocol import (
     ApiError,
@@ -35,8 +36,6 @@ from sim.protocol import (
     Limits,
     bad_request,
     check_model,
-    parse_chat,
-    parse_completion,
     prompt_to_ids,
 )
 from sim.run import Run
@@ -63,6 +62,7 @@ def create_app(cfg: SimConfig) -> web.Application:
     messages_http.add_routes(app)
     pooling_http.add_routes(app)
     kv_http.add_routes(app)
+    generate_http.add_routes(app)
     return app
 
 
@@ -97,11 +97,12 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 @web.middleware
 async def _api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """vLLM's AuthenticationMiddleware: on /v1/* only (health, metrics, tokenize stay open),
+    """vLLM's AuthenticationMiddleware: on /v1/* and /inference/* only (health, metrics,
+    tokenize stay open),
     ``Authorization: Bearer <key>`` (the scheme in any case; an Anthropic client's
     ``x-api-key`` is not read), else 401 ``{"error": "Unauthorized"}``."""
     key = request.app[STATE].cfg.api_key
-    if key and request.path.startswith("/v1/"):
+    if key and request.path.startswith(("/v1/", "/inference/")):
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or given != key:
             return web.Response(status=401, body=b'{"error":"Unauthorized"}',
@@ -111,11 +112,11 @@ async def _api_key(request: web.Request, handler: Handler) -> web.StreamResponse
 
 # -- generation ----------------------------------------------------------------
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, parse_chat)
+    return await _generate(request, parse_chat_with_logprobs)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, parse_completion)
+    return await _generate(request, parse_completion_with_logprobs)
 
 
 async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
@@ -126,7 +127,7 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
     if faults.garbage:
         return await garbage(request)
     req = parse(await json_body(request), state.tokenizer, state.cfg.limits)
-    chat = parse is parse_chat
+    chat = req.kind == "chat"
     meta = r.Meta(
         id=("chatcmpl-" if chat else "cmpl-") + os.urandom(16).hex(),
         created=int(time.time()),
