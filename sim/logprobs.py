@@ -42,6 +42,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sim.generation import Sequence as Seq
+from sim.generation import TokenEvent
 from sim.model import ToyModel
 from sim.scoring import tail_rank
 from sim.tokenizer import Tokenizer
@@ -155,6 +157,26 @@ class ChoiceLogprobs:
         if self._style == "tokens":
             return tokens_logprobs(positions, max(self._k, 1))
         return chat_logprobs(positions, self._k if self._style == "chat" else max(self._k, 1))
+
+
+class RunLogprobs:
+    """Every choice's logprobs in one run (sim.run): each step scored where it is sampled."""
+
+    __slots__ = ("_choices", "_hidden")
+
+    def __init__(self, model: ToyModel, style: Style, k: int, n: int, *, hidden: bool) -> None:
+        self._choices = [ChoiceLogprobs(model, style, k) for _ in range(n)]
+        self._hidden = hidden  # computed, never sent
+
+    def step(self, i: int, seq: Seq) -> TokenEvent:
+        ranking = seq.ranking()  # before the step: the position the token is sampled at
+        ev = seq.step()
+        self._choices[i].add(ranking, ev.token_id, forced=seq.forced)
+        return ev
+
+    def take(self, i: int, *, drop: bool = False) -> dict[str, Any] | None:
+        body = self._choices[i].take(drop=drop)
+        return None if self._hidden else body
 
 
 def _entry(c: Candidate) -> dict[str, Any]:

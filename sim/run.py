@@ -24,10 +24,11 @@ from sim import specdecode, timing
 from sim.cells import EXCEEDED
 from sim.faults import FaultKind, FaultSpec
 from sim.generation import Sequence, TokenEvent
-from sim.logprobs import ChoiceLogprobs, Style
+from sim.logprobs import RunLogprobs, Style
 from sim.protocol import GenRequest
 from sim.reasoning import R1Stream
 from sim.scoring import prompt_logprobs
+from sim.stream_merge import Merged
 from sim.tool_script import ToolCallPlan
 from sim.tools import ToolStream
 
@@ -88,31 +89,21 @@ class Run:
             self._parsers = [
                 R1Stream(*think, include_reasoning=meta.include_reasoning) for _ in range(req.n)
             ]
-        self._lp: list[ChoiceLogprobs] | None = None
-        if req.logprobs is not None:
-            self._lp = [ChoiceLogprobs(state.model, self._lp_style(), req.logprobs)
-                        for _ in range(req.n)]  # fmt: skip
-        # vLLM hides them where the reasoning is hidden (they would spell it out).
-        self._lp_hidden = self._parsed and not meta.include_reasoning
+        self._lp = None if req.logprobs is None else RunLogprobs(
+            state.model, self._lp_style(), req.logprobs, req.n,
+            # vLLM hides them where the reasoning is hidden (they would spell it out).
+            hidden=self._parsed and not meta.include_reasoning,
+        )  # fmt: skip
 
     def _lp_style(self) -> Style:
         return "chat" if self.meta.chat else "completion"
 
     def _step(self, i: int, seq: Sequence) -> TokenEvent:
-        """One token of choice i, with its logprobs when the request asked for them."""
-        if self._lp is None:
-            return seq.step()
-        ranking = seq.ranking()  # before the step: the position the token is sampled at
-        ev = seq.step()
-        self._lp[i].add(ranking, ev.token_id, forced=seq.forced)
-        return ev
+        return seq.step() if self._lp is None else self._lp.step(i, seq)
 
     def _logprobs(self, i: int, *, drop: bool = False) -> dict[str, object] | None:
         """Choice i's logprobs for the tokens since its last chunk (None: not asked)."""
-        if self._lp is None:
-            return None
-        body = self._lp[i].take(drop=drop)
-        return None if self._lp_hidden else body
+        return None if self._lp is None else self._lp.take(i, drop=drop)
 
     def _token_chunk(
         self, i: int, text: str, ids: list[int], finish: str | None,
@@ -320,7 +311,7 @@ class Run:
         # runs once over the merged delta, as vLLM's does (a skipped special end tag among
         # other tokens is mis-split there: sim.reasoning).
         merged = (
-            [_Merged(req.stream_interval) for _ in range(req.n)]
+            [Merged(req.stream_interval) for _ in range(req.n)]
             if req.stream_interval > 1 else None
         )  # fmt: skip
         step_no = 0
@@ -436,30 +427,3 @@ def end_abruptly(request: web.Request, kind: FaultKind) -> NoReturn:
 
 def _json(status: int, body: object) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
-
-
-class _Merged:
-    """One choice's tokens waiting for their chunk under vLLM's stream_interval: the first
-    token goes alone, then every `interval` tokens, and the last at once."""
-
-    __slots__ = ("interval", "ids", "text", "prompt", "sent")
-
-    def __init__(self, interval: int) -> None:
-        self.interval = interval
-        self.ids: list[int] = []
-        self.text = ""
-        self.prompt: list[int] | None = None
-        self.sent = False
-
-    def take(
-        self, text: str, ids: list[int], prompt: list[int] | None, last: bool
-    ) -> tuple[str, list[int], list[int] | None]:
-        """This token added: the chunk to send now, or no ids while it waits."""
-        self.ids.extend(ids)
-        self.text += text
-        self.prompt = self.prompt or prompt
-        if self.sent and not last and len(self.ids) < self.interval:
-            return "", [], None
-        out = self.text, self.ids, self.prompt
-        self.ids, self.text, self.prompt, self.sent = [], "", None, True
-        return out

@@ -336,3 +336,42 @@ def test_shapes_match_vllms_own_functions(k: int) -> None:
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
     for s in styles:
         assert ours[s].take() == theirs[s], s
+
+
+def test_generate_is_cut_at_the_same_seams() -> None:
+    """X-Sim-Fault cuts /inference/v1/generate as it cuts /v1/completions."""
+    ids = prompt_ids(BASE)
+    sp = {"temperature": 0, "max_tokens": 20, "logprobs": 1}
+    body = {"token_ids": ids, "sampling_params": sp, "output_mode": "text", "stream": True}
+
+    async def raw(path: str, payload: dict[str, Any], fault: str) -> bytes:
+        runner, port = await start_server(sim_config(*BASE), port=0)
+        out = b""
+        try:
+            async with aiohttp.ClientSession() as s:
+                url = f"http://127.0.0.1:{port}{path}"
+                async with s.post(url, json=payload, headers={"X-Sim-Fault": fault}) as r:
+                    try:
+                        async for chunk in r.content.iter_any():
+                            out += chunk
+                    except aiohttp.ClientPayloadError:
+                        pass  # the cut
+        finally:
+            await runner.cleanup()
+        return out
+
+    cut = asyncio.run(raw("/inference/v1/generate", body, "die-after=3"))
+    events = [orjson.loads(e.removeprefix(b"data: ")) for e in cut.split(b"\n\n") if e]
+    assert b"[DONE]" not in cut and len(events) == 3
+    assert all(len(e["choices"][0]["logprobs"]["content"]) == 1 for e in events)
+    comp = {"prompt": ids, "max_tokens": 20, "stream": True, "return_token_ids": True}
+    ccut = asyncio.run(raw("/v1/completions", comp, "die-after=3"))
+    cevents = [orjson.loads(e.removeprefix(b"data: ")) for e in ccut.split(b"\n\n") if e]
+    assert [e["choices"][0]["token_ids"] for e in cevents] == [
+        e["choices"][0]["token_ids"] for e in events
+    ]
+    aborted = asyncio.run(raw("/inference/v1/generate", body, "abort-after=2"))
+    *_, last, done = [e for e in aborted.split(b"\n\n") if e]
+    (c,) = orjson.loads(last.removeprefix(b"data: "))["choices"]
+    assert done == b"data: [DONE]" and c["finish_reason"] == "abort"
+    assert c["token_ids"] == [] and c["logprobs"] == {"content": []} and c["text"] == ""
