@@ -294,3 +294,46 @@ def test_messages_and_responses_with_tools_resume_through_every_kind_of_cut(
     events = f.admin.events(kind="failover", limit=10_000)[before:]
     assert len(events) == 2 * len(tried)
     assert {e["outcome"] for e in events} == {"resumed"}, events
+
+
+# -- Reasoning, then tool calls: both splits kept across the seam ------------------------------
+
+
+@pytest.fixture(scope="module")
+def thinking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BytesFleet]:
+    """Sims that think (deepseek_r1 tags) before their hermes calls."""
+    flags = (*FLAGS, "--tool-call-parser", "hermes", "--reasoning")
+    extra = 'tool_parser = "hermes"\nreasoning_parser = "deepseek_r1"'
+    with seam_fleet(tmp_path_factory.mktemp("thinking"), flags, backend_extra=extra) as f:
+        yield f
+
+
+def with_reasoning(chunks: list[Any]) -> dict[str, Any]:
+    out = assembled(chunks)
+    out["reasoning"] = "".join((ch.choices[0].delta.model_extra or {}).get("reasoning") or ""
+                               for ch in chunks if ch.choices)  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("mode", ["parallel", "inline"])
+def test_reasoning_then_calls_resume_with_both_splits_kept(thinking: BytesFleet, mode: str) -> None:
+    f = thinking
+    chunks, err = read(sdk(f.ref.ready + "/v1"), extra_body={"return_token_ids": True})
+    assert err is None
+    ids = [t for ch in chunks if ch.choices
+           for t in (ch.choices[0].model_extra or {}).get("token_ids") or []]  # fmt: skip
+    want = with_reasoning(chunks)
+    assert want["reasoning"] and want["finish"] == "tool_calls" and len(want["calls"]) == 2
+    client = f.client(mode)
+    tried = list(range(1, len(ids), 4))  # in the reasoning, at its end, in the calls
+    before = len(f.admin.events(kind="failover", limit=10_000))
+    for n, k in enumerate(tried):
+        f.settled(before + n)
+        f.arm.set(k)
+        got, err = read(client)
+        assert err is None, f"cut after {k}: {err!r}"
+        assert with_reasoning(got) == want, f"cut after {k} tokens"
+    f.settled(before + len(tried))
+    events = f.admin.events(kind="failover", limit=10_000)[before:]
+    assert {e["outcome"] for e in events} == {"resumed"}, events
+    assert "divergent" not in {e["seam"] for e in events}
