@@ -30,13 +30,16 @@ MARKERS = [
 ]  # fmt: skip
 
 
-def tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
+def tokenizer(texts: list[str], without: list[str] | None = None) -> PreTrainedTokenizerFast:
+    """A one-character-a-token tokenizer with the markers as added tokens, less `without`
+    (a vocabulary without [ARGS] is a pre-v11 Mistral tokenizer to vLLM)."""
     chars = sorted({c for t in texts for c in t} | set(' \n{}[]":,<>=/|'))
     vocab = {"<unk>": 0, **{c: i + 1 for i, c in enumerate(chars)}}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
-    fast.add_tokens([AddedToken(m, special=False, normalized=False) for m in MARKERS])
+    markers = [m for m in MARKERS if m not in (without or ())]
+    fast.add_tokens([AddedToken(m, special=False, normalized=False) for m in markers])
     return fast
 
 
@@ -74,7 +77,7 @@ def stream(name: str, tools: list[dict[str, Any]], text: str, chunk: int,
 
 def main() -> None:
     job = json.load(sys.stdin)
-    tok = tokenizer(job["texts"])
+    tok = tokenizer(job["texts"], job.get("without"))
     out = [stream(job["parser"], job["tools"], t, job["chunk"], tok) for t in job["texts"]]
     json.dump(out, sys.stdout, ensure_ascii=False)
 
