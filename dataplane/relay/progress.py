@@ -59,6 +59,9 @@ class ChoiceProgress:
     # the reply's parsed content the client has; -1 before any rebuild.
     calls: list[SentCall] = field(default_factory=list)
     content_sent: int = -1
+    # Completions logprobs: the text_offset the next token gets (vLLM's running sum of the
+    # decoded tokens' lengths).
+    logprob_offset: int = 0
     # Reasoning (dataplane/relay/resume/reasoning.py): the delta field it came in ("" =
     # none seen yet), whether it is still open, and whether its end tag's token was
     # generated while the text around it has not come yet. `pieces` hold the engine's raw

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from baton.model import Failure
+from dataplane.relay import logprobs
 from dataplane.relay.progress import ChoiceProgress
+from dataplane.relay.resume import generate
 from dataplane.relay.resume.reasoning import Markers, open_after
 from dataplane.relay.thinking import CutText, TagCut, Thinking, other_fields
 from dataplane.relay.tools.follow import ToolFollow
@@ -66,6 +68,8 @@ class Stitcher:
         self.thinking = Thinking(client.body)
         # The tool calls, read by Baton's copy of the backend's tool parser (follow_tools).
         self.tools: ToolFollow | None = None
+        # Top candidates per token the client's stream carries (None: no logprobs).
+        self.logprobs_k = generate.logprobs_wanted(client)
         # original(): the chunk just offered needs these texts decoded first (TagCut).
         self.wants: list[TagCut] = []
         self.usage: dict[str, Any] | None = None
@@ -218,6 +222,8 @@ class Stitcher:
                 Thinking.said(p, delta)
         else:
             p.add(ch.text or "", ids)
+            if self.logprobs_k is not None and isinstance(ch.logprobs, dict):
+                p.logprob_offset = logprobs.next_offset(ch.logprobs, p.logprob_offset)
         finish = ch.finish_reason
         if finish is None:
             return None
@@ -284,16 +290,18 @@ class Stitcher:
         *,
         settled: bool = False,
         cut: int | None = None,
+        entries: list[dict[str, Any]] | None = None,
     ) -> bytes:
         """A resumed chunk: recorded in the choice's progress, then shaped for the client
         (chunk()). `settled`: Baton decoded the text itself, so it covers every id. `cut`:
-        where the text meets the end of thinking, when Thinking.needs_cut asked for it."""
+        where the text meets the end of thinking, when Thinking.needs_cut asked for it.
+        `entries`: its tokens' logprobs in chat's shape (generate.py), when asked for."""
         p.add(text, ids, settled=settled)
         if finish:
             if self.tools is not None:
                 finish = ToolFollow.finish(p, finish)
             p.end(finish, stop_reason)
-        return self.chunk(p.index, text, ids, finish, stop_reason, cut=cut)
+        return self.chunk(p.index, text, ids, finish, stop_reason, cut=cut, entries=entries)
 
     def ended_at_limit(self, p: ChoiceProgress, held_text: str = "") -> bytes:
         """A choice that had all its max_tokens before the failure, only its finish lost:
@@ -311,6 +319,7 @@ class Stitcher:
         stop_reason: str | int | None = None,
         *,
         cut: int | None = None,
+        entries: list[dict[str, Any]] | None = None,
     ) -> bytes:
         """A chunk in the client's format, as if the first backend had sent it; b"" when it
         would carry nothing the client wants (no text, no finish, ids it did not ask for;
@@ -333,9 +342,9 @@ class Stitcher:
         else:
             choice["text"] = text
             empty = not text
-        if empty and not finish and (self.strip_ids or not ids):
-            return b""
-        choice["logprobs"] = None
+        if empty and not finish and (self.strip_ids or not ids) and not entries:
+            return b""  # (an engine sends a chunk with logprobs even when it has no text)
+        choice["logprobs"] = self._logprobs(index, entries)
         choice["finish_reason"] = finish
         if finish:
             choice["stop_reason"] = stop_reason
@@ -351,6 +360,17 @@ class Stitcher:
         if finish and self.ident.system_fingerprint:
             obj["system_fingerprint"] = self.ident.system_fingerprint
         return sse(obj)
+
+    def _logprobs(self, index: int, entries: list[dict[str, Any]] | None) -> Any:
+        """A resumed chunk's logprobs in the client's shape (None when it asked for none)."""
+        k = self.logprobs_k
+        if k is None or entries is None:
+            return None
+        if self.chat:
+            return logprobs.as_chat(entries, k)
+        p = self.choice(index)
+        shaped, p.logprob_offset = logprobs.as_completions(entries, p.logprob_offset)
+        return shaped
 
     def ending(self) -> bytes:
         """Usage over the whole generation (when asked and a resume happened), then [DONE]."""

@@ -175,7 +175,6 @@ def test_nothing_sent_restarts_the_request() -> None:
         ({"response_format": {"type": "json_schema", "json_schema": {}}}, "JSON"),
         ({"frequency_penalty": 0.5}, "frequency_penalty"),
         ({"presence_penalty": -1}, "presence_penalty"),
-        ({"logprobs": True}, "logprobs"),
     ],
 )
 def test_refusals_name_the_reason(extra: dict[str, object], words: str) -> None:

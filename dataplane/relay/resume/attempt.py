@@ -17,7 +17,7 @@ import orjson
 from baton.model import AttemptEnd, Backend, BackendKind, Failure, ResumePath, Seam, SeamMode
 from dataplane.exceptions import AttemptFailed, Refused, StreamFailed
 from dataplane.relay.progress import ChoiceProgress
-from dataplane.relay.resume import detok
+from dataplane.relay.resume import detok, generate
 from dataplane.relay.resume.plan import ResumePlan, plan_resume, tokens_allowed
 from dataplane.relay.resume.reasoning import segments
 from dataplane.relay.resume.resumed import ChoiceResume, Downstream, ResumedStream, ResumeState
@@ -26,7 +26,7 @@ from dataplane.relay.resume.sidecheck import SideCheck
 from dataplane.relay.resume.stops import StopMatcher
 from dataplane.relay.stitch import Stitcher
 from dataplane.relay.thinking import CutText, TagCut
-from dataplane.request import ClientRequest, Endpoint
+from dataplane.request import ClientRequest
 from dataplane.settings import ResumeSettings, Timeouts
 from dataplane.upstream.engine import detokenize, error_kind, open_attempt, resume_failure
 
@@ -86,7 +86,7 @@ class Resumer:
         if exact and self._settings.seam_mode is SeamMode.PARALLEL:
             candidate = plan()
             check = candidate if candidate.seam is Seam.VERIFIED else None
-        upstream = await self._open(backend, resume.endpoint, resume.body)
+        upstream = await self._open(backend, resume.engine_path, resume.body)
         return Started(resume, upstream, check)
 
     async def run(
@@ -130,7 +130,7 @@ class Resumer:
                 return
             result.detail = "max_tokens reached before the failure; finished without a resume"
             return
-        exact = self._settings.seam_mode is SeamMode.PARALLEL
+        exact = generate.opens_exact(self._settings.seam_mode, self._client)
         verify: asyncio.Task[Seam] | None = None
         try:
             while True:
@@ -267,16 +267,26 @@ class Resumer:
             raise Refused(f"tool calls: {why}")
 
     async def _open(
-        self, backend: Backend, endpoint: Endpoint, body: dict[str, object]
+        self, backend: Backend, path: str, body: dict[str, object]
     ) -> aiohttp.ClientResponse:
+        """Raises AttemptFailed (REJECTED where the engine does not serve the path a logprobs
+        resume needs)."""
         upstream = await open_attempt(
-            self._session, backend, endpoint.value, orjson.dumps(body), self._timeouts
+            self._session, backend, path, orjson.dumps(body), self._timeouts
         )
         status = upstream.status
         if status == 200:
             return upstream
         why = await error_kind(upstream, self._timeouts.connect)
         upstream.close()
+        if path == generate.PATH and status in (403, 404, 405):
+            # The backend lacks the endpoint, which says nothing of its health: skipped as a
+            # refusal of this request (REJECTED), and the client is told what it lacks.
+            raise AttemptFailed(
+                Failure.REJECTED,
+                f"a logprobs resume needs {generate.PATH}, which it does not serve "
+                f"({status}{why}; vLLM serves it with --enable-scale-out)",
+            )
         raise AttemptFailed(resume_failure(status), f"resume answered {status}{why}")
 
     async def cut_texts(

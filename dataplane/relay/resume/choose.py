@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from baton.model import Backend, Failure, SeamMode
+from baton.model import Backend, Failure
 from dataplane.exceptions import AttemptFailed, ControlUnavailable, Refused
 from dataplane.link.needs import FailoverAdvice
 from dataplane.relay.context import StreamContext
 from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume.attempt import Resumer, Started, tokens_left
+from dataplane.relay.resume.generate import opens_exact
 
 # Longest a Failover call waits for the resumed stream to flow (see Chooser._tell_later).
 CONTROL_AFTER_S = 0.1
@@ -93,7 +94,7 @@ class Chooser:
         """Every pending choice's resume opened on `backend`, or None (and nothing left
         open) if any could not be. One choice, the usual case, opens in this task: a task
         per start would cost event-loop turns in every gap."""
-        exact = self._settings.seam_mode is SeamMode.PARALLEL
+        exact = opens_exact(self._settings.seam_mode, self._client)
         todo = [p for p in pending if tokens_left(self._client, p) != 0]
         if len(todo) == 1:
             try:

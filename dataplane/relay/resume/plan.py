@@ -20,6 +20,7 @@ from typing import Any
 from baton.model import ResumePath, Seam
 from dataplane.exceptions import Refused
 from dataplane.relay.progress import ChoiceProgress, Held, overlap
+from dataplane.relay.resume import generate
 from dataplane.request import ClientRequest, Endpoint, token_limit
 
 # Constrained decoding: the grammar state at the seam is the engine's, not ours to rebuild.
@@ -59,8 +60,6 @@ def static_refusal(body: Mapping[str, Any]) -> str | None:
         if body.get(name):
             # They count generated tokens, which a resume turns into prompt tokens.
             return f"{name} cannot be resumed faithfully"
-    if body.get("logprobs") or body.get("top_logprobs"):
-        return "logprobs cannot be resumed faithfully"
     if (body.get("best_of") or 1) > 1:
         return "best_of cannot be resumed"
     return None
@@ -85,6 +84,11 @@ class ResumePlan:
     # False: the overlap starts where the client's text may end mid-character (no boundary
     # known near enough), so only its ids are checked; the text is derived from ids (held).
     overlap_has_text: bool = True
+    path_override: str = ""  # the engine path, where it is not the endpoint's (generate.PATH)
+
+    @property
+    def engine_path(self) -> str:
+        return self.path_override or self.endpoint.value
 
     @property
     def checks(self) -> bool:
@@ -125,8 +129,15 @@ def plan_resume(
     body = client.body
     has_stops = bool(body.get("stop"))
     m = seam_tokens if not exact else 0
+    k = generate.logprobs_wanted(client)
     if token_path and progress.prompt_ids is not None:
-        return _token_plan(client, progress, m, has_stops, extra or {})
+        if k is not None and not exact:
+            # The tokens the client lacks decode with the context vLLM gives them in an
+            # uninterrupted stream (generate.CONTEXT): at least that many are regenerated.
+            m = max(m, min(generate.CONTEXT, len(progress.token_ids)))
+        return _token_plan(client, progress, m, has_stops, extra or {}, k)
+    if k is not None:
+        raise Refused("a stream with logprobs resumes only on an engine that streams token ids")
     if tools:
         raise Refused("a stream with tool calls resumes only on an engine that streams token ids")
     return _text_plan(client, progress, m if not has_stops else 0)
@@ -136,6 +147,10 @@ def refusal(client: ClientRequest, progress: ChoiceProgress) -> str | None:
     why = static_refusal(client.body)
     if why:
         return why
+    if generate.logprobs_wanted(client) is not None:
+        why = generate.refusal(client)
+        if why:
+            return why
     if progress.tool_call:
         return "a tool call was being streamed; it cannot be resumed faithfully"
     return progress.unfollowed or None
@@ -146,6 +161,7 @@ def _token_plan(
     m: int,
     has_stops: bool,
     extra: Mapping[str, Any],
+    k: int | None = None,
 ) -> ResumePlan:
     body = client.body
     # Sampled decoding cannot be checked token by token, and with stop strings the
@@ -184,14 +200,24 @@ def _token_plan(
         # which after a cut mid-character starts with the prompt's text.
         request.pop("stop", None)
         request.pop("include_stop_str_in_output", None)
-    request.update(
-        model=client.model,
-        prompt=progress.prompt_ids + kept,
-        stream=True,
-        return_token_ids=True,
-        n=1,
-        **_remaining(body, len(kept)),
-    )
+    if k is not None:
+        # Logprobs: vLLM's token-in/token-out endpoint gives them in chat's shape.
+        sampling = {**extra, **_remaining(body, len(kept))}
+        request = generate.body(client, progress.prompt_ids + kept, k, sampling)
+        if held is not None:  # stop strings matched by Baton, as below
+            request["sampling_params"].pop("stop", None)
+            request["sampling_params"].pop("include_stop_str_in_output", None)
+        path = generate.PATH
+    else:
+        request.update(
+            model=client.model,
+            prompt=progress.prompt_ids + kept,
+            stream=True,
+            return_token_ids=True,
+            n=1,
+            **_remaining(body, len(kept)),
+        )
+        path = ""
     return ResumePlan(
         ResumePath.TOKEN,
         Endpoint.COMPLETIONS,
@@ -202,6 +228,7 @@ def _token_plan(
         held=held,
         overlap_tokens=n_overlap,
         overlap_has_text=has_text,
+        path_override=path,
     )
 
 def _text_overlap(progress: ChoiceProgress, m: int) -> str:

@@ -15,6 +15,7 @@ import aiohttp
 
 from baton.model import AttemptEnd, Backend, Failure, ResumePath, Seam
 from dataplane.exceptions import StreamFailed
+from dataplane.relay import logprobs
 from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume.seam import HeldText, SeamCheck
 from dataplane.relay.resume.sidecheck import ResumeWatch
@@ -123,6 +124,9 @@ class ResumedStream:
         FAILED: a failure raises StreamFailed)."""
         chat = endpoint is Endpoint.CHAT
         stitcher = self._stitcher
+        # Logprob entries not yet sent, one per token, aligned with the ids the seam check
+        # holds (the overlap's are dropped with its ids).
+        pending: list[dict[str, Any]] | None = [] if stitcher.logprobs_k is not None else None
         async for event in each_event(upstream, self._settings):
             if event.is_done:
                 break
@@ -132,12 +136,18 @@ class ResumedStream:
             finish = ch.finish_reason
             ids = ch.token_ids or []
             text = choice_text(ch, chat)
+            if pending is not None:
+                pending += logprobs.entries_of(ch.logprobs)
             verified = seam.feed(ids, text, finish is not None)
             if seam.verdict is Seam.DIVERGENT:
                 return AttemptEnd.DIVERGENT
             if verified is None:
                 continue
             ids, text = verified
+            entries = None
+            if pending is not None:
+                entries = pending[len(pending) - len(ids) :] if ids else []
+                pending.clear()
             stop_reason = ch.stop_reason
             if not result.watch.first_seen.is_set():
                 result.watch.saw(ids, text)
@@ -154,7 +164,7 @@ class ResumedStream:
             if end_at is not None:
                 cut = await self._thinking_cut(backend, p, ids, end_at, text)
             out = stitcher.resumed_chunk(
-                p, text, ids, finish, stop_reason, settled=settled, cut=cut
+                p, text, ids, finish, stop_reason, settled=settled, cut=cut, entries=entries
             )
             if out:
                 await self._send(out, result, detected)
