@@ -66,6 +66,8 @@ def _specs() -> dict[str, Spec]:
         ("s", "tiny-think-special", REASONING),
         ("te", "tiny-think-early", REASONING),
         ("se", "tiny-think-early-special", REASONING),
+        # The token-in/token-out endpoint a logprobs resume runs on (test_logprobs.py).
+        ("g", "tiny-bytes", ("--enable-scale-out",)),
     ]
     for prefix, model, args in vllm:
         for i in range(2):
