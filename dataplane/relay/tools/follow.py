@@ -28,6 +28,12 @@ from dataplane.relay.progress import ChoiceProgress, SentCall
 from dataplane.relay.tools.parser import Parsed, ToolParser
 
 
+def runs_tool_parser(body: Mapping[str, Any]) -> bool:
+    """Whether an engine with auto tool choice runs its tool parser on this chat request:
+    tools offered, tool_choice "auto" or left out (vLLM's default then)."""
+    return bool(body.get("tools")) and body.get("tool_choice", "auto") in ("auto", None)
+
+
 def _compatible(a: str, b: str) -> bool:
     """One is a prefix of the other: texts of the same stream at two moments."""
     return a.startswith(b) or b.startswith(a)
