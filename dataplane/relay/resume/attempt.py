@@ -258,11 +258,21 @@ class Resumer:
         if tools is None or p.reasoning or not p.token_ids or p.content_sent >= 0:
             return
         ids = list(p.token_ids)
-        raw = await self._decode(backend, ids)
+        # Also the text up to where a seam overlap would start, decoded at the same time: a
+        # character boundary there lets the resume check the overlap's text and take the
+        # engine's text after it, rather than decode the new ids itself (a round trip more).
+        cut = len(ids) - self._settings.seam_tokens
+        early = cut if 0 < cut < len(ids) else 0
+        raw, before = await asyncio.gather(
+            self._decode(backend, ids), self._decode(backend, ids[:early]) if early else _none()
+        )
         whole = detok.whole(raw)
         if not whole:  # the ids end inside a character: the client has the text before it
             raw = await self._settled_decode(backend, ids)
-        why = tools.rebuild(p, raw, whole)
+        boundary = None
+        if before is not None and detok.whole(before) and raw.startswith(before):
+            boundary = (early, len(before))
+        why = tools.rebuild(p, raw, whole, boundary)
         if why:
             raise Refused(f"tool calls: {why}")
 
@@ -331,6 +341,10 @@ class Resumer:
         return await detokenize(
             self._session, backend, self._client.model, ids, self._timeouts.connect
         )
+
+
+async def _none() -> None:
+    return None
 
 
 def _digest(ids: list[int]) -> bytes:

@@ -79,11 +79,18 @@ class ToolFollow:
 
     # -- the seam --------------------------------------------------------------------------
 
-    def rebuild(self, p: ChoiceProgress, raw: str, whole: bool = False) -> str | None:
+    def rebuild(
+        self,
+        p: ChoiceProgress,
+        raw: str,
+        whole: bool = False,
+        boundary: tuple[int, int] | None = None,
+    ) -> str | None:
         """The choice's text becomes `raw`, the new engine's decoding of the generated ids
         (every one of them when `whole`: they end at a character boundary; else up to the
-        last boundary); returns why the stream cannot be resumed (what the client has is not
-        what Baton's parser reads there), else None. Only for a choice past its reasoning."""
+        last boundary); `boundary`: (tokens, characters) of another known boundary. Returns
+        why the stream cannot be resumed (what the client has is not what Baton's parser
+        reads there), else None. Only for a choice past its reasoning."""
         if p.content_sent >= 0:
             return None  # rebuilt at an earlier seam: its text is raw already
         old = p.text
@@ -110,6 +117,8 @@ class ToolFollow:
         # ids, from the last boundary (progress.Held).
         p.settled.clear()
         p.settled.append((0, 0))
+        if boundary is not None and 0 < boundary[0] < len(p.token_ids):
+            p.settled.append(boundary)
         if whole and p.token_ids:
             p.settled.append((len(p.token_ids), len(raw)))
         p.content_sent = len(said)
