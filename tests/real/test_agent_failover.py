@@ -52,8 +52,9 @@ CASES = [
 ]  # fmt: skip
 # llama3_json runs turn by turn with the openai SDK rather than as an agent loop: vLLM 0.32's
 # own llama3_json parser mis-assembles the two parallel calls of turn 2 when the engine merges
-# their tokens into one chunk (a loaded API server does: seen through Baton and directly),
-# so an uninterrupted loop's reference is not the model's either.
+# their tokens into few chunks (a loaded API server does; seen through Baton as one call with
+# empty arguments, and vLLM's parser class fed the turn in one chunk finds no call at all),
+# so an uninterrupted loop is no reference there.
 PAIRS = {"hermes": ("tt0", "tt1"), "llama3_json": ("tl0", "tl1")}
 
 
