@@ -26,20 +26,12 @@ from __future__ import annotations
 import json
 import re
 
-from dataplane.relay.tools.parser import Parsed, ParsedCall, Tools
+from dataplane.relay.tools.parser import Parsed, ParsedCall, Tools, held_back
 
 START = "<tool_call>"
 END = "</tool_call>"
 _NAME = re.compile(r'"name"\s*:\s*"([^"]+)"')
 _ARGS = re.compile(r'"arguments"\s*:\s*')
-
-
-def tag_overlap(text: str, tag: str) -> int:
-    """The length of the longest proper prefix of `tag` that `text` ends with."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0
 
 
 def _whole_json(text: str) -> bool:
@@ -58,7 +50,7 @@ class Hermes:
 
     def parse(self, text: str, *, final: bool = False) -> Parsed:
         at = text.find(START)
-        content = text[: len(text) - tag_overlap(text, START)] if at < 0 else text[:at]
+        content = text[: len(text) - held_back(text, START)] if at < 0 else text[:at]
         calls: list[ParsedCall] = []
         for body, complete in _blocks(text):
             name = _NAME.search(body)
@@ -80,7 +72,7 @@ def _blocks(text: str) -> list[tuple[str, bool]]:
             pos = end + len(END)
             continue
         raw = text[begin:]
-        cut = tag_overlap(raw, END)
+        cut = held_back(raw, END)
         body = (raw[:-cut] if cut else raw).strip()
         # Whole JSON without its end tag: the call is complete, the tag still to come.
         out.append((body, bool(body) and _whole_json(body)))

@@ -24,18 +24,10 @@ v11+ name cannot start) and read by mistral_json.py. Not followed: the reasoning
 from __future__ import annotations
 
 from dataplane.relay.tools import mistral_json
-from dataplane.relay.tools.parser import Parsed, ParsedCall, Tools
+from dataplane.relay.tools.parser import Parsed, ParsedCall, Tools, held_back
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
-
-
-def _held(text: str, tag: str) -> int:
-    """How many characters at the end of `text` could be the start of `tag`."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0
 
 
 def _name_end(text: str, at: int) -> tuple[int, int] | None:
@@ -59,7 +51,7 @@ class Mistral:
         if first < 0:
             if final:
                 return Parsed(text)
-            shown = text[: len(text) - _held(text, TOOL_CALLS)]
+            shown = text[: len(text) - held_back(text, TOOL_CALLS)]
             # Whitespace alone is held: a call after it drops it.
             return Parsed(shown if shown.strip() else "")
         after = text[first + len(TOOL_CALLS) :].lstrip()
@@ -82,7 +74,7 @@ class Mistral:
             if nxt < 0:
                 args = text[start:]
                 if not final:
-                    args = args[: len(args) - _held(args, TOOL_CALLS)]
+                    args = args[: len(args) - held_back(args, TOOL_CALLS)]
                 calls.append(ParsedCall(name, args, complete=final))
                 return calls
             calls.append(ParsedCall(name, text[start:nxt], complete=True))

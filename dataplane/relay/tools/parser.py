@@ -58,3 +58,15 @@ class ToolParser(Protocol):
 
 
 Tools = Sequence[Mapping[str, Any]]  # the request's `tools`, as the client sent them
+
+
+def held_back(text: str, *tags: str) -> int:
+    """How many characters at the end of `text` could be the start of one of `tags`: what a
+    parser holds back until the next text says whether a tag begins there."""
+    best = 0
+    for tag in tags:
+        for k in range(min(len(tag) - 1, len(text)), best, -1):
+            if text.endswith(tag[:k]):
+                best = k
+                break
+    return best

@@ -43,7 +43,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from dataplane.relay.tools.parser import Parsed, ParsedCall, Tools
+from dataplane.relay.tools.parser import Parsed, ParsedCall, Tools, held_back
 
 TOOL_START, TOOL_END = "<tool_call>", "</tool_call>"
 FUNC, FUNC_END = "<function=", "</function>"
@@ -58,17 +58,6 @@ _ALIASES = {
 }  # fmt: skip
 _ENUM_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
                (list, "array"), (dict, "object"))  # fmt: skip
-
-
-def _held(text: str, *tags: str) -> int:
-    """How many characters at the end of `text` could be the start of one of `tags`."""
-    best = 0
-    for tag in tags:
-        for k in range(min(len(tag) - 1, len(text)), best, -1):
-            if text.endswith(tag[:k]):
-                best = k
-                break
-    return best
 
 
 def _types(schema: Any) -> set[str]:
@@ -238,7 +227,7 @@ class Qwen3Xml:
                 )
                 piece = text[at:] if start < 0 else text[at:start]
                 if start < 0 and not final:
-                    piece = piece[: len(piece) - _held(piece, TOOL_START, FUNC)]
+                    piece = piece[: len(piece) - held_back(piece, TOOL_START, FUNC)]
                 content.append(_content(piece, content, started, start >= 0, final))
                 if start < 0:
                     break
@@ -268,7 +257,7 @@ class Qwen3Xml:
                 end = text.find(FUNC_END, at)
                 body = text[at:] if end < 0 else text[at:end]
                 if end < 0:
-                    body = body[: len(body) - _held(body, FUNC_END, PARAM_END, PARAM)]
+                    body = body[: len(body) - held_back(body, FUNC_END, PARAM_END, PARAM)]
                 props = _properties(self._tools, name)
                 calls.append(
                     ParsedCall(
