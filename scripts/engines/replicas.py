@@ -147,22 +147,20 @@ class Engine:
     @property
     def reasoning_parser(self) -> str:
         """The vLLM --reasoning-parser it runs ("" = none): Baton's backend config names it."""
-        args = list(self.args)
-        for i, a in enumerate(args):
-            if a.startswith("--reasoning-parser="):
-                return a.split("=", 1)[1]
-            if a == "--reasoning-parser" and i + 1 < len(args):
-                return args[i + 1]
-        return ""
+        return self._arg("--reasoning-parser")
 
     @property
     def tool_parser(self) -> str:
         """The vLLM --tool-call-parser it runs ("" = none): Baton's backend config names it."""
+        return self._arg("--tool-call-parser")
+
+    def _arg(self, flag: str) -> str:
+        """The value it was started with for `flag` ("" = none), as `--flag v` or `--flag=v`."""
         args = list(self.args)
         for i, a in enumerate(args):
-            if a.startswith("--tool-call-parser="):
+            if a.startswith(flag + "="):
                 return a.split("=", 1)[1]
-            if a == "--tool-call-parser" and i + 1 < len(args):
+            if a == flag and i + 1 < len(args):
                 return args[i + 1]
         return ""
 
