@@ -39,7 +39,6 @@ import asyncio
 import json
 import os
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,7 +46,6 @@ from random import Random
 from typing import Any
 
 import aiohttp
-import orjson
 
 from bench import stats
 from bench.agent_judge import Turn, engine_floor, report, summarize, targets
@@ -59,6 +57,7 @@ from bench.chaos_fleet import (
     chaos_schedule,
     failover_events,
     machine_busy,
+    sse_stream,
 )
 from bench.overhead import await_serving
 from bench.parts import MODEL
@@ -85,29 +84,14 @@ async def chat_stream(
     session: aiohttp.ClientSession, url: str, body: Mapping[str, Any], rec: Turn
 ) -> Turn:
     """One streamed chat completion into `rec`; never raises."""
-    rec.start = time.monotonic()
-    try:
-        async with session.post(url + "/v1/chat/completions", json=body) as resp:
-            rec.status, rec.rid = resp.status, resp.headers.get("X-Request-Id", "")
-            if resp.status != 200:
-                rec.error = (await resp.text())[:300]
-                return rec
-            async for line in resp.content:
-                data = line.strip().removeprefix(b"data: ")
-                if data == b"[DONE]":
-                    rec.done = True
-                elif data.startswith(b"{"):
-                    obj = orjson.loads(data)
-                    if "error" in obj:
-                        rec.error = data.decode()[:300]
-                    if obj.get("prompt_token_ids") and not rec.prompt_ids:
-                        rec.prompt_ids = list(obj["prompt_token_ids"])
-                    for ch in obj.get("choices") or ():
-                        rec.fold(ch)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: bad JSON
-        rec.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        rec.end = time.monotonic()
+
+    def fold(obj: dict[str, Any]) -> None:
+        if obj.get("prompt_token_ids") and not rec.prompt_ids:
+            rec.prompt_ids = list(obj["prompt_token_ids"])
+        for ch in obj.get("choices") or ():
+            rec.fold(ch)
+
+    await sse_stream(session, url + "/v1/chat/completions", body, rec, fold)
     return rec
 
 

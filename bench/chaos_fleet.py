@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from random import Random
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -248,17 +248,34 @@ class StreamRecord:
         self.arrivals.append(now - self.start)
 
 
-async def stream_one(
-    session: aiohttp.ClientSession, url: str, body: Mapping[str, Any], rec: StreamRecord
-) -> StreamRecord:
-    """One streaming completion; fills `rec` with what the client saw, never raises."""
+class Streamed(Protocol):
+    """What one client stream records of itself (StreamRecord; the agent bench's Turn)."""
+
+    rid: str
+    status: int
+    done: bool
+    error: str
+    start: float
+    end: float
+
+
+async def sse_stream(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: Mapping[str, Any],
+    rec: Streamed,
+    on_object: Callable[[dict[str, Any]], None],
+) -> None:
+    """POST `body` to `url` (a full endpoint URL) and hand each streamed JSON object to
+    `on_object`; the status, request id, [DONE], an error event or the exception the client
+    got, and the times go into `rec`. Never raises."""
     rec.start = time.monotonic()
     try:
-        async with session.post(url + "/v1/completions", json=body) as resp:
+        async with session.post(url, json=body) as resp:
             rec.status, rec.rid = resp.status, resp.headers.get("X-Request-Id", "")
             if resp.status != 200:
                 rec.error = (await resp.text())[:300]
-                return rec
+                return
             async for line in resp.content:
                 data = line.strip().removeprefix(b"data: ")
                 if data == b"[DONE]":
@@ -267,13 +284,24 @@ async def stream_one(
                     obj = orjson.loads(data)
                     if "error" in obj:
                         rec.error = data.decode()
-                    for ch in obj.get("choices") or ():
-                        if ch.get("text"):
-                            rec.add(ch["text"], time.monotonic())
+                    on_object(obj)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: bad JSON
         rec.error = f"{type(exc).__name__}: {exc}"
     finally:
         rec.end = time.monotonic()
+
+
+async def stream_one(
+    session: aiohttp.ClientSession, url: str, body: Mapping[str, Any], rec: StreamRecord
+) -> StreamRecord:
+    """One streaming completion; fills `rec` with what the client saw, never raises."""
+
+    def text(obj: dict[str, Any]) -> None:
+        for ch in obj.get("choices") or ():
+            if ch.get("text"):
+                rec.add(ch["text"], time.monotonic())
+
+    await sse_stream(session, url + "/v1/completions", body, rec, text)
     return rec
 
 
