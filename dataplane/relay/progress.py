@@ -8,10 +8,20 @@ chunk the client gets, from the first stream and from resumed ones; everyone els
 from __future__ import annotations
 
 import zlib
+from array import array
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 RECENT_CHUNKS = 64  # per choice, for choosing the seam overlap; bounds memory
+# Token ids are held 4 bytes each (array typecode "I"), not as Python ints (28-32 bytes and
+# an 8-byte list slot): a stream holds every id it generated, for as long as it runs.
+ID_TYPE = "I"
+Ids: TypeAlias = "array[int]"
+# The client's text is kept as the engine's chunks came, joined every PIECES_BLOCK pieces:
+# one str per chunk costs ~50 bytes of object header for ~4 characters of text.
+PIECES_BLOCK = 256
 # A seam overlap starts at a character boundary at most this many tokens before the m it
 # must cover (a held-back character is at most 4 byte tokens). Every overlap token is a
 # decode step on the new engine before the client gets anything: a boundary further back
@@ -20,14 +30,22 @@ RECENT_CHUNKS = 64  # per choice, for choosing the seam overlap; bounds memory
 OVERLAP_SLACK = 8
 
 
+def id_array(ids: Iterable[int] = ()) -> Ids:
+    """Token ids, compactly."""
+    return array(ID_TYPE, ids)
+
+
 @dataclass(slots=True)
 class ChoiceProgress:
     """What one choice has produced so far. Mutable; owned by one request's stitcher."""
 
     index: int
-    prompt_ids: list[int] | None = None
-    token_ids: list[int] = field(default_factory=list)
-    pieces: list[str] = field(default_factory=list)  # text sent to the client, in order
+    prompt_ids: Ids | None = None
+    token_ids: Ids = field(default_factory=id_array)
+    # The text sent to the client, in order: whole blocks of PIECES_BLOCK chunks' texts, then
+    # the `loose` latest ones.
+    pieces: list[str] = field(default_factory=list)
+    loose: int = 0
     # Character boundaries the client's text is known to end at, newest last: (tokens, text
     # length) after a one-token chunk that carried text. Byte-level engines (vLLM, the sim)
     # release a token's text only once the bytes so far decode to whole characters, so after
@@ -87,7 +105,23 @@ class ChoiceProgress:
     def text(self) -> str:
         if len(self.pieces) > 1:
             self.pieces[:] = ["".join(self.pieces)]
+            self.loose = 0
         return self.pieces[0] if self.pieces else ""
+
+    def set_text(self, text: str) -> None:
+        self.pieces[:] = [text] if text else []
+        self.loose = 0
+
+    def _append(self, text: str) -> None:
+        self.pieces.append(text)
+        self.loose += 1
+        if self.loose >= PIECES_BLOCK:
+            self.pieces[-PIECES_BLOCK:] = ["".join(self.pieces[-PIECES_BLOCK:])]
+            self.loose = 0
+
+    def ids(self, start: int = 0, end: int | None = None) -> list[int]:
+        """Generated ids [start:end] as a list (for a request body or list arithmetic)."""
+        return self.token_ids[start:end].tolist()
 
     @property
     def reply(self) -> str:
@@ -118,7 +152,7 @@ class ChoiceProgress:
         """One chunk's text and ids, as the client got them. `settled`: the caller knows the
         text covers every one of the ids (Baton decoded them itself)."""
         if text:
-            self.pieces.append(text)
+            self._append(text)
             self.recent_text.append(text)
             self.text_len += len(text)
             self.content_chunks += 1
@@ -133,7 +167,7 @@ class ChoiceProgress:
         """The choice's finish. `held_text`: text the client gets with it for tokens counted
         already (what an engine held back for a stop string, released at the end)."""
         if held_text:
-            self.pieces.append(held_text)
+            self._append(held_text)
         self.finish_reason, self.stop_reason = finish, stop_reason
 
     @property

@@ -15,7 +15,7 @@ from typing import Any
 
 from baton.model import Failure
 from dataplane.relay import logprobs
-from dataplane.relay.progress import ChoiceProgress
+from dataplane.relay.progress import ChoiceProgress, Ids, id_array
 from dataplane.relay.resume import generate
 from dataplane.relay.resume.reasoning import Markers, open_after
 from dataplane.relay.thinking import CutText, TagCut, Thinking, other_fields
@@ -55,7 +55,7 @@ class Stitcher:
         self.want_usage = bool(options.get("include_usage"))
         self.ident = Identity()
         self.choices: dict[int, ChoiceProgress] = {}
-        self._prompt_ids: list[int] | None = None  # chat: top-level, shared by all choices
+        self._prompt_ids: Ids | None = None  # chat: top-level, shared by all choices
         # With stop strings an engine holds text back, so chunks show no character boundary.
         self._settles = not client.body.get("stop")
         # The reasoning split by the think tags' ids (follow_reasoning).
@@ -161,7 +161,7 @@ class Stitcher:
             self.ident.system_fingerprint = chunk.system_fingerprint
         # Present on the first chunk only; vLLM's later chunks may carry it as null.
         if chunk.prompt_token_ids is not None:
-            self._prompt_ids = chunk.prompt_token_ids
+            self._prompt_ids = id_array(chunk.prompt_token_ids)
             for p in self.choices.values():
                 p.prompt_ids = self._prompt_ids
                 if self.markers is not None:
@@ -196,7 +196,7 @@ class Stitcher:
     ) -> Failure | None:
         p = self.choices.get(ch.index) or self.choice(ch.index)
         if ch.prompt_token_ids is not None:  # vLLM: null after the first chunk
-            p.prompt_ids = ch.prompt_token_ids
+            p.prompt_ids = id_array(ch.prompt_token_ids)
         ids = ch.token_ids
         if self.chat:
             delta = ch.delta or _EMPTY

@@ -84,7 +84,7 @@ class Thinking:
         at, text_at = 0, 0
         if p.settles:
             at, text_at = next(((a, t) for a, t in reversed(p.settled) if a <= tag_at), (0, 0))
-        before = p.token_ids[at:] + list(ids[:j])
+        before = p.ids(at) + list(ids[:j])
         delta = ch.delta or _EMPTY
         # vLLM sends content = text[7:]: empty when the text is shorter than the tag, and
         # then the chunk's last character never came; its ids after the tag give it.

@@ -6,7 +6,7 @@ text, whether it failed."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import orjson
@@ -15,6 +15,11 @@ from baton.model import Failure
 
 FAILED_FINISH = frozenset({"abort", "error"})
 ERROR_CHARS = 80  # of an engine's error type kept for events
+
+
+# A token id as the shim holds it (4 bytes: dataplane/relay/progress.py): an engine's id
+# outside that is garbage, caught here rather than where it is stored.
+TokenId = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
 
 
 class Choice(msgspec.Struct):
@@ -26,8 +31,8 @@ class Choice(msgspec.Struct):
     text: str | None = None  # completions
     finish_reason: str | None = None
     stop_reason: Any = None
-    token_ids: list[int] | None = None
-    prompt_token_ids: list[int] | None = None
+    token_ids: list[TokenId] | None = None
+    prompt_token_ids: list[TokenId] | None = None
     logprobs: Any = None
 
 
@@ -40,7 +45,7 @@ class Chunk(msgspec.Struct):
     system_fingerprint: Any = None
     choices: list[Choice] | None = None
     usage: dict[str, Any] | None = None
-    prompt_token_ids: list[int] | None = None  # vLLM's chat: top level, first chunk only
+    prompt_token_ids: list[TokenId] | None = None  # vLLM's chat: top level, first chunk only
     error: Any = msgspec.UNSET
 
 

@@ -22,6 +22,9 @@ def choice(**fields: Any) -> dict[str, Any]:
     [
         choice(token_ids=[1, True]),  # JSON's true is no token id
         choice(token_ids=[1.0]),
+        choice(token_ids=[-1]),  # ids are held 4 bytes each: outside that is no token id
+        choice(token_ids=[2**32]),
+        {"prompt_token_ids": [1, 2**40], "choices": []},
         choice(token_ids="12"),
         choice(prompt_token_ids=[None]),
         choice(index=1),  # a one-choice request

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import orjson
 
-from dataplane.relay.progress import ChoiceProgress
+from dataplane.relay.progress import ChoiceProgress, id_array
 from dataplane.relay.stitch import Stitcher
 from dataplane.request import ClientRequest, Endpoint
 
@@ -23,7 +23,7 @@ def test_null_prompt_ids_on_later_chunks_keep_the_first_ones() -> None:
     s.original(completion_chunk("b", [98], None), b"")
     p = s.choices[0]
     # Without the prompt ids the resume could not take the token path.
-    assert (p.prompt_ids, p.token_ids) == ([120], [97, 98])
+    assert (p.prompt_ids, p.token_ids) == (id_array([120]), id_array([97, 98]))
 
 
 def test_text_chunks_after_ids_count_as_generated() -> None:
@@ -32,7 +32,7 @@ def test_text_chunks_after_ids_count_as_generated() -> None:
     p.add("c", [])  # resumed by text: no ids, one token per chunk
     p.add("d", [])
     assert p.generated == 4
-    assert p.token_ids == [97, 98]
+    assert p.ids() == [97, 98]
 
 
 def test_text_only_progress_counts_chunks() -> None:

@@ -61,7 +61,7 @@ def test_first_stream_is_tracked_as_raw_text_with_the_tag() -> None:
     first(s, {}, [END])  # vLLM sends the tag's token alone with an empty delta
     first(s, {"content": "yes"}, [11])
     assert p.text == "hm</think>yes" and p.reply == "yes" and not p.reasoning
-    assert p.reasoning_field == "reasoning" and p.token_ids == [10, END, 11]
+    assert p.reasoning_field == "reasoning" and p.ids() == [10, END, 11]
 
 
 def test_a_delta_holding_the_tag_is_split_like_the_parser_does() -> None:

@@ -152,7 +152,7 @@ def test_a_token_resume_checks_the_overlap_inline_and_sends_only_whats_new() -> 
         assert result.seam is Seam.VERIFIED and result.path is ResumePath.TOKEN
         assert r.down.text == spell([15, 16])  # the regenerated overlap is not sent twice
         assert "token_ids" not in r.down.out.decode()  # ids the client did not ask for
-        assert p.token_ids == [*SENT, 15, 16]
+        assert p.ids() == [*SENT, 15, 16]
 
     run(scenario)
 
@@ -173,7 +173,7 @@ def test_a_divergent_seam_is_redone_from_the_exact_prefix() -> None:
                                                         [*PROMPT_IDS, *SENT]]  # fmt: skip
         assert result.seam is Seam.DIVERGENT and result.failure is None
         # Nothing of the diverging attempt reached the client.
-        assert r.down.text == spell([15, 16]) and p.token_ids == [*SENT, 15, 16]
+        assert r.down.text == spell([15, 16]) and p.ids() == [*SENT, 15, 16]
 
     run(scenario)
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import orjson
 
+from dataplane.relay.progress import id_array
 from dataplane.relay.resume.stops import StopMatcher
 from dataplane.relay.stitch import Stitcher
 from dataplane.request import Endpoint
@@ -30,7 +31,7 @@ def test_strips_injected_token_ids_and_tracks_progress() -> None:
     )
     assert out is not None and b"token_ids" not in out
     p = s.choices[0]
-    assert (p.prompt_ids, p.token_ids, p.text) == ([1, 2, 3], [40], "hi")
+    assert (p.prompt_ids, p.ids(), p.text) == (id_array([1, 2, 3]), [40], "hi")
 
 
 def test_keeps_the_raw_bytes_when_the_client_asked_for_ids() -> None:

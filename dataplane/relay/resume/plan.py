@@ -181,7 +181,7 @@ def _token_plan(
             n_overlap, has_text = m, False
         else:
             seam = Seam.UNCHECKED
-    kept = progress.token_ids[: len(progress.token_ids) - n_overlap]
+    kept = progress.ids(0, len(progress.token_ids) - n_overlap)
     # An overlap at a character boundary has its text checked against the client's: the
     # engine's text after it is then proven in step. A resume whose prompt may end past the
     # last known boundary (an exact one there, or an overlap checked by ids alone) derives
@@ -203,7 +203,7 @@ def _token_plan(
     if k is not None:
         # Logprobs: vLLM's token-in/token-out endpoint gives them in chat's shape.
         sampling = {**extra, **_remaining(body, len(kept))}
-        request = generate.body(client, progress.prompt_ids + kept, k, sampling)
+        request = generate.body(client, [*progress.prompt_ids, *kept], k, sampling)
         if held is not None:  # stop strings matched by Baton, as below
             request["sampling_params"].pop("stop", None)
             request["sampling_params"].pop("include_stop_str_in_output", None)
@@ -211,7 +211,7 @@ def _token_plan(
     else:
         request.update(
             model=client.model,
-            prompt=progress.prompt_ids + kept,
+            prompt=[*progress.prompt_ids, *kept],
             stream=True,
             return_token_ids=True,
             n=1,

@@ -195,7 +195,7 @@ class ResumedStream:
         the tag, decoded from the last character boundary before it, less what the client
         has of it. Raises StreamFailed (REFUSED) when the ids' text does not lead up to the
         chunk's: the split could not be kept faithfully."""
-        generated = p.token_ids + ids
+        generated = p.ids() + ids
         at, text_at = 0, 0
         if p.settles:
             at, text_at = next(((a, t) for a, t in reversed(p.settled) if a <= end_at), (0, 0))

@@ -109,7 +109,7 @@ class ToolFollow:
                 return f"tool call {i} ({call.name!r}) is not what the tool parser reads"
             if not _compatible(parsed.calls[i].arguments, call.arguments):
                 return f"tool call {i}'s arguments are not what the tool parser reads"
-        p.pieces[:] = [raw] if raw else []
+        p.set_text(raw)
         p.text_len = len(raw)
         p.recent_text.clear()
         # The engine's chunks told no character boundary of the raw text; the decoding tells
