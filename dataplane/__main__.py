@@ -92,6 +92,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connect-timeout", type=float, default=3.0)
     parser.add_argument("--read-timeout", type=float, default=600.0)
     parser.add_argument(
+        "--client-write-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a write may wait for a client that reads nothing before its stream is "
+        "ended (the engine then aborts the request); 0 = wait forever",
+    )
+    parser.add_argument(
         "--max-attempts",
         type=int,
         default=3,
@@ -221,6 +228,7 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
         proxy=ProxySettings(
             timeouts=Timeouts(connect=args.connect_timeout, read=args.read_timeout),
             budget=RetryBudget(max_attempts=args.max_attempts),
+            client_write_timeout=args.client_write_timeout,
             resume=ResumeSettings(
                 seam_tokens=args.seam_tokens,
                 seam_mode=SeamMode(args.seam_mode),

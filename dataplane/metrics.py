@@ -122,6 +122,12 @@ class ShimMetrics:
             buckets=ROUTE_BUCKETS,
             registry=r,
         )
+        self.client_write_timeouts = Counter(
+            "baton_shim_client_write_timeouts",
+            "Streams ended because their client read nothing for --client-write-timeout "
+            "seconds (a stalled client holds the engine's KV blocks until its request ends).",
+            registry=r,
+        )
         self.in_flight = Gauge(
             "baton_shim_requests_in_flight", "Requests being served now.", registry=r
         )

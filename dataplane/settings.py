@@ -69,6 +69,9 @@ class ProxySettings:
     timeouts: Timeouts = field(default_factory=Timeouts)
     budget: RetryBudget = field(default_factory=RetryBudget)
     resume: ResumeSettings = field(default_factory=ResumeSettings)
+    # A write to a client that has waited this long for it ends the stream (0 = never):
+    # dataplane/edge/clientwrite.py.
+    client_write_timeout: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from baton.tracing import Tracing
 from dataplane.apis.answers import check_answer, usage_counts
 from dataplane.apis.api import Api, EngineStream
 from dataplane.apis.passthrough import PassthroughRelay
+from dataplane.edge.clientwrite import GuardedStream
 from dataplane.exceptions import AttemptFailed, ControlUnavailable, ErrorKind, OpenAIError
 from dataplane.link.needs import Outcomes, Ownership
 from dataplane.metrics import ShimMetrics
@@ -206,6 +207,7 @@ class Proxy:
     ) -> tuple[web.StreamResponse, bool]:
         """The response, and whether `upstream` was handed to _settle."""
         first, resp = await _start_stream(request, ex, upstream)
+        guard = self._guard(request, resp)
         ctx = StreamContext(
             request_id=ex.request_id,
             client=ex.client,
@@ -218,7 +220,7 @@ class Proxy:
             tracing=self._tracing,
             markers=self._markers,
         )
-        out: ClientStream = resp if ex.events is None else ex.events(resp)
+        out: ClientStream = guard if ex.events is None else ex.events(guard)
         relay = StreamRelay(ctx, session=self._resumes, control=self._control, resp=out)
         try:
             try:
@@ -231,6 +233,7 @@ class Proxy:
             self._settle(finished)
         finally:
             relay.close()
+            guard.close()
         return resp, any(u is upstream for u in finished)
 
     def _stream_finished(self, ex: Exchange, end: Relayed, complete: bool) -> None:
@@ -259,11 +262,12 @@ class Proxy:
         """An engine's own Responses or Messages stream (one that cannot be replayed
         elsewhere)."""
         first, resp = await _start_stream(request, ex, upstream)
+        guard = self._guard(request, resp)
         relay = PassthroughRelay(
             engine,
             control=self._control,
             settings=self._settings.resume,
-            out=resp,
+            out=guard,
             request_id=ex.request_id,
             client=ex.client,
             reporter=Reporter(self._control, self._metrics, self._tracing, self._background,
@@ -273,12 +277,18 @@ class Proxy:
             complete = await relay.run(backend, upstream, first)
         finally:
             ex.first_byte = relay.first_byte
+            guard.close()
         attrs, inputs, outputs = engine.result()
         if self._tracing.enabled:
             self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
         self._finished(ex, backend, 200 if complete else 502, None, None, inputs, outputs)
         await resp.write_eof()
         return resp
+
+    def _guard(self, request: web.Request, resp: web.StreamResponse) -> GuardedStream:
+        """The client's stream, ended when a write waits --client-write-timeout for it."""
+        timeout = self._settings.client_write_timeout
+        return GuardedStream(request, resp, timeout, self._metrics.client_write_timeouts)
 
     async def _own(self, ex: Exchange, backend: Backend, key: str) -> None:
         """A stored response's id reaches control before it reaches the client."""

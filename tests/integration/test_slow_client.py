@@ -1,0 +1,68 @@
+"""A client that stops reading its stream (dataplane/edge/clientwrite.py): the shim reads no
+further ahead of it than the sockets' buffers hold, and once a write has waited
+--client-write-timeout the stream is ended, so the engine stops generating for nobody."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import MODEL, fleet, metric, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+TOKENS = 200_000  # far more than the sockets can hold: the engine is still generating
+
+
+def stalled_stream(base: str) -> socket.socket:
+    """A streamed completion whose client reads its first bytes, then nothing."""
+    host, port = base.removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "prompt": "the quick brown fox", "stream": True,
+                       "max_tokens": TOKENS, "temperature": 0}).encode()  # fmt: skip
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
+        + b"\r\n\r\n" + body
+    )
+    assert b"200 OK" in sock.recv(100)
+    return sock
+
+
+def rest_of(sock: socket.socket) -> bytes:
+    """What the client can still read: what the buffers held when the shim ended it."""
+    out = bytearray()
+    try:
+        while chunk := sock.recv(1 << 16):
+            out += chunk
+    except ConnectionResetError:
+        pass
+    return bytes(out)
+
+
+def test_a_client_that_reads_nothing_is_ended_and_the_engine_stops(tmp_path: Path) -> None:
+    sims = ("--instant", "--max-model-len", str(TOKENS + 1000))
+    with fleet(tmp_path, 1, sim_args=sims, shim_args=("--client-write-timeout", "1")) as f:
+        sim = f.sims["s0"].ready
+        sock = stalled_stream(f.shim.ready)
+        try:
+            # The shim stops reading the engine once the client's buffers are full, then
+            # gives up on the client: its connection is aborted...
+            assert wait_until(
+                lambda: metric(f.shim.ready, "baton_shim_client_write_timeouts_total") == 1,
+                timeout=60,
+            )
+            # ...the upstream closed, and the engine's request aborted before its end.
+            assert wait_until(lambda: metric(sim, "vllm:num_requests_running") == 0, timeout=30)
+            generated = metric(sim, "vllm:generation_tokens_total")
+            assert 0 < generated < TOKENS
+            # The client never got an end: no finish, no [DONE] (a cut it can see).
+            got = rest_of(sock)
+            assert b"[DONE]" not in got and b'"finish_reason":"length"' not in got
+        finally:
+            sock.close()
+        # The shim counts the request as over.
+        assert wait_until(lambda: metric(f.shim.ready, "baton_shim_requests_in_flight") == 0)
