@@ -152,12 +152,18 @@ class ChoiceProgress:
         """One chunk's text and ids, as the client got them. `settled`: the caller knows the
         text covers every one of the ids (Baton decoded them itself)."""
         if text:
-            self._append(text)
-            self.recent_text.append(text)
+            self.pieces.append(text)
+            self.loose += 1
+            if self.loose >= PIECES_BLOCK:
+                self.pieces[-PIECES_BLOCK:] = ["".join(self.pieces[-PIECES_BLOCK:])]
+                self.loose = 0
             self.text_len += len(text)
             self.content_chunks += 1
-            if not ids and self.token_ids:
-                self.untracked_chunks += 1
+            if not ids:
+                # (Only the text path reads these: a chunk with ids is a token-path one.)
+                self.recent_text.append(text)
+                if self.token_ids:
+                    self.untracked_chunks += 1
         if ids:
             self.token_ids.extend(ids)
             if self.settles and (settled or (text and len(ids) == 1)):

@@ -8,7 +8,6 @@ across the seam and answers include_usage over the whole generation."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,15 +17,14 @@ from dataplane.relay import logprobs
 from dataplane.relay.progress import ChoiceProgress, Ids, id_array
 from dataplane.relay.resume import generate
 from dataplane.relay.resume.reasoning import Markers, open_after
+from dataplane.relay.strip import client_event, edited, strip_ids
 from dataplane.relay.thinking import CutText, TagCut, Thinking, other_fields
 from dataplane.relay.tools.follow import ToolFollow, runs_tool_parser
 from dataplane.relay.tools.parsers import parser_for
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.sse import DONE_EVENT, sse
-from dataplane.upstream.chunks import FAILED_FINISH, Choice, as_dict, parse_chunk
+from dataplane.upstream.chunks import FAILED_FINISH, Choice, Chunk, parse_chunk
 
-# `,"token_ids":[1,2]` or `,"prompt_token_ids":[...]` as engines write them (never first key).
-TOKEN_FIELDS = re.compile(rb',\s*"(?:prompt_)?token_ids"\s*:\s*\[[\d,\s]*\]')
 _EMPTY: dict[str, Any] = {}  # read only
 NO_TOOL_PARSER = "tool calls cannot be followed: the backend names no tool_parser"
 @dataclass(slots=True)
@@ -150,6 +148,10 @@ class Stitcher:
         self.wants = []
         if chunk is None:
             return None, failure
+        if self.strip_ids and self.ident.id and self.logprobs_k is None and self.markers is None:
+            out = self._plain(chunk, raw)
+            if out is not None:
+                return out, None
         if cuts is None and self.markers is not None and self.markers.skipped:
             self.wants = [w for ch in chunk.choices or () if self.chat and
                           (w := self.thinking.tag_cut(self.choice(ch.index), ch))]  # fmt: skip
@@ -170,7 +172,7 @@ class Stitcher:
         choices = chunk.choices or ()
         if not choices and chunk.usage is not None:
             self.usage = chunk.usage
-            return (self._clean(data, raw) if self.want_usage else None), None
+            return (client_event(data, raw, self.strip_ids) if self.want_usage else None), None
         failed = False
         bare = True
         fixed: dict[int, dict[str, Any]] = {}
@@ -182,14 +184,39 @@ class Stitcher:
             if bare and (delta != _EMPTY or ch.finish_reason is not None or ch.logprobs):
                 bare = False
         if fixed:
-            return self._repaired(data, fixed), failure
+            return edited(data, fixed, self.strip_ids), failure
         if failed:
-            return self._edited(data), failure
+            return edited(data, {}, self.strip_ids), failure
         if bare and self.strip_ids and self.chat:
             # A parser's skipped delta (a think or tool tag's token alone), sent only because
             # Baton asked for ids: without them the engine sends no such chunk.
             return None, None
-        return self._clean(data, raw), None
+        return client_event(data, raw, self.strip_ids), None
+
+    def _plain(self, chunk: Chunk, raw: bytes) -> bytes | None:
+        """Most of a stream, in one step: a chunk of one choice with text and ids, no finish,
+        no other field (a stream without reasoning followed or logprobs asked for). None:
+        not such a chunk, the general path takes it."""
+        chs = chunk.choices
+        if not chs or len(chs) > 1 or chunk.prompt_token_ids is not None:
+            return None
+        ch = chs[0]
+        if ch.finish_reason is not None or ch.logprobs is not None or ch.prompt_token_ids:
+            return None
+        if self.chat:
+            delta = ch.delta
+            text = delta.get("content") if delta is not None and len(delta) == 1 else None
+            if text is None:
+                return None  # a role, tool calls, reasoning, an empty delta...
+        else:
+            text = ch.text or ""
+        cut = strip_ids(raw) if raw else None
+        if cut is None:
+            return None
+        if chunk.system_fingerprint:
+            self.ident.system_fingerprint = chunk.system_fingerprint
+        self.choices[ch.index].add(text, ch.token_ids)
+        return cut
 
     def _track(
         self, ch: Choice, cuts: Mapping[int, CutText] | None, fixed: dict[int, Any]
@@ -227,49 +254,6 @@ class Stitcher:
             p.finish_reason = finish
             p.stop_reason = ch.stop_reason
         return None
-
-    def _edited(self, data: bytes) -> bytes:
-        """The chunk with an engine's failed finish taken out (the text in it is real and
-        goes to the client; the stream fails over after it)."""
-        obj = as_dict(data)
-        for ch in obj.get("choices") or ():
-            if ch.get("finish_reason") in FAILED_FINISH:
-                ch["finish_reason"] = None
-                ch.pop("stop_reason", None)
-        return self._clean(b"", b"", obj)
-
-    def _repaired(self, data: bytes, fixed: Mapping[int, dict[str, Any]]) -> bytes | None:
-        """The chunk with the deltas Baton split by ids in place of the parser's (and an
-        engine's failed finish taken out); None when no choice is left with anything."""
-        obj = as_dict(data)
-        for ch in obj.get("choices") or ():
-            if ch.get("index") in fixed:
-                ch["delta"] = fixed[ch["index"]]
-            if ch.get("finish_reason") in FAILED_FINISH:
-                ch["finish_reason"] = None
-                ch.pop("stop_reason", None)
-        return self._clean(b"", b"", obj)
-
-    def _clean(self, data: bytes, raw: bytes, obj: dict[str, Any] | None = None) -> bytes:
-        """The event for the client: `raw` as the engine sent it, less the token ids it did
-        not ask for. `obj`: the chunk as edited (then serialised again)."""
-        if obj is None:
-            if raw and self.strip_ids:
-                # Cut the id arrays out of the bytes as they came: integer arrays can't hide
-                # in a JSON string (quotes are escaped there), and this is the per-token hot
-                # path.
-                cut = TOKEN_FIELDS.sub(b"", raw)
-                if b"token_ids" not in cut:
-                    return cut
-            if not self.strip_ids and raw:
-                return raw
-            obj = as_dict(data)
-        if self.strip_ids:
-            obj.pop("prompt_token_ids", None)
-            for ch in obj.get("choices") or ():
-                ch.pop("token_ids", None)
-                ch.pop("prompt_token_ids", None)
-        return sse(obj)
 
     # -- resumed streams -----------------------------------------------------------------
 
