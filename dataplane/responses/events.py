@@ -47,6 +47,9 @@ def skeleton(body: Mapping[str, Any], response_id: str, created_at: int) -> dict
     return obj
 
 
+BLOCK = 256  # deltas of an item's text joined into one str (_Item.add)
+
+
 @dataclass(slots=True)
 class _Item:
     kind: str  # "message" | "reasoning" | "function_call"
@@ -54,6 +57,16 @@ class _Item:
     output_index: int
     text: list[str] = field(default_factory=list)  # a function call's: its arguments
     call: tuple[int, str, str] | None = None  # a function call's chat index, call_id, name
+    loose: int = 0  # the latest pieces of `text` not yet joined into a block
+
+    def add(self, piece: str) -> None:
+        """One delta's text, kept for the item's done event: joined every BLOCK deltas, so a
+        long answer is not one str object per token."""
+        self.text.append(piece)
+        self.loose += 1
+        if self.loose >= BLOCK:
+            self.text[-BLOCK:] = ["".join(self.text[-BLOCK:])]
+            self.loose = 0
 
 
 class ResponseEvents:
@@ -85,7 +98,7 @@ class ResponseEvents:
             out += self._open(kind)
             item = self._item
             assert item is not None
-        item.text.append(text)
+        item.add(text)
         where = {"item_id": item.item_id, "output_index": item.output_index, "content_index": 0}
         if kind == "reasoning":
             return out + self._event("response.reasoning_text.delta", **where, delta=text)
@@ -109,7 +122,7 @@ class ResponseEvents:
                                item=added)  # fmt: skip
         if not arguments:
             return out
-        item.text.append(arguments)
+        item.add(arguments)
         return out + self._event("response.function_call_arguments.delta",
                                  output_index=item.output_index, item_id=item.item_id,
                                  delta=arguments)  # fmt: skip

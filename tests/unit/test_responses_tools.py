@@ -230,3 +230,15 @@ def test_content_after_a_call_is_a_new_message_item() -> None:
     final = got[-1]["response"]
     assert [o["type"] for o in final["output"]] == ["function_call", "message"]
     assert final["output"][1]["content"][0]["text"] == "after"
+
+
+def test_a_long_answer_is_whole_in_its_done_events() -> None:
+    # More deltas than one block of kept text (events._Item.add joins them as they come).
+    pieces = [f" w{i}" for i in range(700)]
+    stream = [chunk({"role": "assistant", "content": ""}), *(chunk({"content": p}) for p in pieces),
+              chunk({"content": "."}, "stop")]  # fmt: skip
+    got = events(stream)
+    deltas = "".join(e["delta"] for e in got if e["type"] == "response.output_text.delta")
+    (done,) = (e for e in got if e["type"] == "response.output_text.done")
+    final = got[-1]["response"]["output"][0]["content"][0]["text"]
+    assert deltas == done["text"] == final == "".join(pieces) + "."
