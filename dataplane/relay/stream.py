@@ -213,6 +213,7 @@ class StreamRelay:
             # What one read delivered goes out in one write.
             if out:
                 await self.write(b"".join(out))
+            del out, events  # not held while the next read waits
             if self.due(backend.id):  # a chunk boundary: a migration can start here
                 target = await self.target(backend)
                 if target is not None:

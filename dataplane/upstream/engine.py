@@ -104,15 +104,20 @@ async def read_events(
     parser = SSEParser()
     watch = _StallWatch(asyncio.get_running_loop(), content)
     chunk = first
+    del first
     try:
         while True:
             events = [e for e in parser.feed(chunk) if e.data]
+            # Nothing of a read is held while waiting for the next (a stream that waits on
+            # its client or engine holds no burst of events, nor the read they came in).
+            chunk = b""
             if events:
                 got_token = True
                 # Not timed while the caller handles events: time spent writing to a slow
                 # client is backpressure, not a stalled backend.
                 watch.pause()
                 yield events
+                del events
             watch.expect(
                 settings.inter_token_timeout if got_token else settings.first_token_timeout
             )
