@@ -92,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "responses split like vLLM's --reasoning-parser deepseek_r1")
     m.add_argument("--think-special", action="store_true",
                    help="with --reasoning: the think tags are special tokens (streams skip "
-                        "their text, the parser still goes by their ids; /detokenize spells them)")
+                        "their text unless skip_special_tokens is off: sim.adjust)")
     m.add_argument("--think-tokens", type=int, default=32, metavar="N",
                    help="with --reasoning: </think> comes at or after N tokens of thinking")
     m.add_argument("--tool-calls", action="store_true",

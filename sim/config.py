@@ -33,8 +33,9 @@ class SimConfig:
     # <think>/</think> tokens, a template opening "<think>", and chat responses
     # parsed like vLLM's --reasoning-parser deepseek_r1 (see sim.reasoning).
     reasoning: bool = False
-    # With reasoning: the think tags are special tokens, so every stream (skip_special_tokens,
-    # vLLM's default) drops their text, while the parser still goes by their ids.
+    # With reasoning: the think tags are special tokens, so a stream (skip_special_tokens,
+    # vLLM's default) drops their text, while the parser still goes by their ids; a request
+    # with skip_special_tokens off (its own or its tool parser's: sim.adjust) shows it.
     think_special: bool = False
     # <tool_call>/</tool_call> tokens; a chat request offering tools (tool_choice
     # auto) makes a tool call, parsed like vLLM's --enable-auto-tool-choice

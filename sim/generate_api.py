@@ -154,6 +154,7 @@ def _sampling(
         include_stop_str_in_output=optional_field(sp, "include_stop_str_in_output", bool, False),
         allowed_token_ids=_ids(sp, "allowed_token_ids", tok),
         stop_token_ids=tuple(dict.fromkeys(_ids(sp, "stop_token_ids", tok))),
+        skip_special_tokens=optional_field(sp, "skip_special_tokens", bool, True),
     )  # fmt: skip
     k = sp.get("logprobs")
     if k is not None:
@@ -174,11 +175,6 @@ def _refuse_unsupported(sp: Mapping[str, Any], greedy: bool, min_p: float) -> No
     for name, default in _PENALTIES:
         if optional_field(sp, name, float, default) != default:
             raise bad_request(f"{name} is not supported by the sim", name)
-    if optional_field(sp, "skip_special_tokens", bool, True) is not True:
-        raise bad_request(
-            "skip_special_tokens=false is not supported by the sim (its detokenizer always "
-            "skips special tokens)", "skip_special_tokens",
-        )  # fmt: skip
 
 
 def _stops(raw: object) -> tuple[str, ...]:

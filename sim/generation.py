@@ -1,7 +1,9 @@
 """One generated sequence (one choice): decoding, EOS, length and stop strings (pure).
 
 Text release follows vLLM 0.32's detokenizer (FastIncrementalDetokenizer over
-tokenizers' DecodeStream, skip_special_tokens on), see ``Detokenizer``: text
+tokenizers' DecodeStream), see ``Detokenizer``: special tokens show no text unless the
+request's ``skip_special_tokens`` is off (vLLM's default is on; a tool parser's
+adjust_request may turn it off, sim.adjust); text
 comes out only once the bytes since the last release decode to text that does
 not end in U+FFFD, and bytes never released by the end are dropped. On top of
 that, with stop strings, the last ``max(len(stop)) - 1`` released characters
@@ -9,7 +11,9 @@ are held back until they can no longer start a stop string, and the output is
 cut before the stop string (after it with include_stop_str_in_output, which
 also turns the hold-back off). Token ids are reported as generated, including
 the token that completed a stop string and the EOS token, and count as
-completion tokens. For ASCII output every token releases its own text at once.
+completion tokens; the text of the token that ended the choice (EOS, a stop token id)
+is left out unless include_stop_str_in_output. For ASCII output every token releases its
+own text at once.
 """
 
 # baton: pure
@@ -32,29 +36,33 @@ class Detokenizer:
     """What vLLM 0.32 releases as text, token by token (pure, one per sequence).
 
     ``pending`` holds the bytes of the tokens since the last release (special
-    tokens add none). After each token the pending bytes are decoded with
-    replacement; text that is non-empty and does not end in U+FFFD is released
+    tokens add none, unless ``skip_special_tokens`` is off: then their text).
+    After each token the pending bytes are decoded with replacement; text
+    that is non-empty and does not end in U+FFFD is released
     and pending is emptied, anything else waits (a genuine U+FFFD at the end
     waits too, as in tokenizers' DecodeStream).
 
     The prompt quirk: vLLM primes the DecodeStream with the prompt ids. When
     the prompt's own text ends in U+FFFD (it stops inside a character, e.g. a
     resume prompt cut mid-character), the stream has no clean prefix yet, and
-    its first release is the text of the whole prompt (specials stripped)
-    followed by the new text. That is the same rule with pending starting out
-    as the prompt's bytes.
+    its first release is the text of the whole prompt (specials stripped, or
+    spelled with ``skip_special_tokens`` off) followed by the new text. That is
+    the same rule with pending starting out as the prompt's bytes.
     """
 
     __slots__ = ("_visible", "_whole", "_pending", "primed")
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Seq[int] = ()) -> None:
-        self._visible = tokenizer.visible
-        self._whole = tokenizer.whole
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_ids: Seq[int] = (), *, skip_special_tokens: bool = True
+    ) -> None:
+        self._visible, self._whole = tokenizer.shown(skip_special_tokens)
         self._pending = bytearray()
         # True when the prompt ends mid-character (its text comes out first).
-        self.primed = bool(prompt_ids) and tokenizer.ends_mid_character(prompt_ids)
+        self.primed = starts_primed(tokenizer, prompt_ids, skip_special_tokens)
         if self.primed:
-            self._pending += tokenizer.visible_bytes(prompt_ids)
+            self._pending += tokenizer.visible_bytes(
+                prompt_ids, skip_special_tokens=skip_special_tokens
+            )
 
     def step(self, token_id: int) -> str:
         """The text released by this token ("" when none)."""
@@ -71,19 +79,30 @@ class Detokenizer:
         return ""
 
 
+def starts_primed(
+    tokenizer: Tokenizer, prompt_ids: Seq[int], skip_special_tokens: bool = True
+) -> bool:
+    """Whether a stream after this prompt releases the prompt's text first (Detokenizer)."""
+    return bool(prompt_ids) and tokenizer.ends_mid_character(
+        prompt_ids, skip_special_tokens=skip_special_tokens
+    )
+
+
 def released_text(
-    tokenizer: Tokenizer, prompt_ids: Seq[int], ids: Seq[int], *, primed: bool | None = None
+    tokenizer: Tokenizer, prompt_ids: Seq[int], ids: Seq[int], *,
+    primed: bool | None = None, skip_special_tokens: bool = True,
 ) -> str:
     """All text a stream over ``ids`` releases (what a non-streaming response holds).
 
-    ``primed``: Detokenizer(tokenizer, prompt_ids).primed, when already known.
+    ``primed``: Detokenizer(tokenizer, prompt_ids, ...).primed, when already known.
     """
-    text = tokenizer.decode(ids, skip_special_tokens=True)
+    skip = skip_special_tokens
+    text = tokenizer.decode(ids, skip_special_tokens=skip)
     if primed is None:
-        primed = bool(prompt_ids) and tokenizer.ends_mid_character(prompt_ids)
+        primed = starts_primed(tokenizer, prompt_ids, skip)
     if not primed and not text.endswith(_REPLACEMENT):
         return text  # every byte was released: the releases add up to the plain decode
-    detok = Detokenizer(tokenizer, prompt_ids)
+    detok = Detokenizer(tokenizer, prompt_ids, skip_special_tokens=skip)
     return "".join(detok.step(t) for t in ids)
 
 
@@ -117,7 +136,9 @@ class Sequence:
         self._model = model
         self._tool = tool  # tool-call mode: the call this choice makes (sim.tools)
         self._params = params
-        self._detok = Detokenizer(model.tokenizer, prompt_ids)
+        self._detok = Detokenizer(
+            model.tokenizer, prompt_ids, skip_special_tokens=params.skip_special_tokens
+        )
         self._prompt = prompt_ids  # read by degenerate (looping) models and output_text
         self._h = model.start(prompt_ids) if prompt_hash is None else prompt_hash
         self._last: int | None = prompt_ids[-1] if prompt_ids else None
@@ -144,10 +165,14 @@ class Sequence:
         """All text generated so far, as a non-streaming response reports it."""
         if self._stops:
             return self._buf  # already cut at the stop string
-        ids = self.token_ids
-        if isinstance(self.stop_reason, int) and not self._params.include_stop_str_in_output:
-            ids = ids[:-1]  # a stop token id's text is left out, as vLLM's detokenizer does
-        return released_text(self._model.tokenizer, self._prompt, ids, primed=self._detok.primed)
+        ids, p = self.token_ids, self._params
+        ended_by_token = isinstance(self.stop_reason, int) or (
+            self.finish_reason == "stop" and ids[-1:] == [EOS]
+        )
+        if ended_by_token and not p.include_stop_str_in_output:
+            ids = ids[:-1]  # EOS or a stop token id: vLLM's detokenizer leaves its text out
+        return released_text(self._model.tokenizer, self._prompt, ids, primed=self._detok.primed,
+                             skip_special_tokens=p.skip_special_tokens)  # fmt: skip
 
     def _loop_token(self) -> int | None:
         """history[loop_index] of prompt + generated, without concatenating them."""
@@ -202,7 +227,7 @@ class Sequence:
             return self._stop_token(tid)
         if not self._stops:
             if tid == EOS:
-                return self._end("", "stop")  # vLLM does not detokenize the EOS token
+                return self._end(self._eos_text(), "stop")
             text = self._detok.step(tid)
             return self._end(text, "length") if at_limit else TokenEvent(tid, text, None)
         return self._step_with_stops(tid, at_limit)
@@ -237,6 +262,7 @@ class Sequence:
 
     def _step_with_stops(self, tid: int, at_limit: bool) -> TokenEvent:
         if tid == EOS:
+            self._buf += self._eos_text()
             return self._end(self._release(len(self._buf)), "stop")
         before = len(self._buf)
         new = self._detok.step(tid)
@@ -268,6 +294,11 @@ class Sequence:
             return self._end(new, "stop", tid)
         self._buf += new
         return self._end(self._release(len(self._buf)), "stop", tid)
+
+    def _eos_text(self) -> str:
+        """vLLM does not detokenize the EOS token unless include_stop_str_in_output (then
+        its text shows where special tokens are not skipped)."""
+        return self._detok.step(EOS) if self._params.include_stop_str_in_output else ""
 
     def _release(self, upto: int) -> str:
         if upto <= self._sent:

@@ -75,6 +75,9 @@ class SamplingParams:
     # vLLM's stop_token_ids: such a token ends the choice (stop_reason = its id); its text is
     # left out unless include_stop_str_in_output. (/inference/v1/generate only, for now.)
     stop_token_ids: tuple[int, ...] = ()
+    # Special tokens show no text (vLLM's default); a chat request's tool parser may turn
+    # it off (sim.adjust), as may the request itself.
+    skip_special_tokens: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,9 @@ class GenRequest:
     # Sampled-token logprobs: how many top candidates each position reports (chat's
     # top_logprobs with logprobs true, completions' logprobs; sim.logprobs). None = off.
     logprobs: int | None = None
+    # Chat: tool_choice is "none" as vLLM resolves it (absent: "auto" with tools, else
+    # "none"); then no tool parser's adjust_request runs for it (sim.adjust).
+    tool_choice_none: bool = True
 
 
 def check_model(body: Mapping[str, Any], limits: Limits) -> None:
@@ -151,6 +157,8 @@ def parse_chat(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRe
         req = replace(req, include_reasoning=False)
     if tool is not None:
         req = replace(req, tool=tool)
+    if tool_choice(body) != "none":
+        req = replace(req, tool_choice_none=False)
     budget = body.get("thinking_token_budget")
     if budget is not None:
         if type(budget) is not int or budget < -1:
@@ -193,8 +201,7 @@ def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
                     f"tools[{i}] must be {{'type': 'function', 'function': {{'name': a string, "
                     "'parameters': an object}}}}", "tools",
                 )  # fmt: skip
-    # vLLM: with tools and no tool_choice, "auto"; an explicit null behaves as "auto" too.
-    choice = body["tool_choice"] if "tool_choice" in body else ("auto" if tools else "none")
+    choice = tool_choice(body)
     if choice == "none" or (choice is None and not tools):
         return None
     if not tools:
@@ -213,6 +220,13 @@ def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
     if parallel is not None and not isinstance(parallel, bool):
         raise bad_request("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     return ToolSpec(tuple(tools), parallel is not False)
+
+
+def tool_choice(body: Mapping[str, Any]) -> Any:
+    """vLLM: with tools and no tool_choice, "auto"; an explicit null behaves as "auto" too."""
+    if "tool_choice" in body:
+        return body["tool_choice"]
+    return "auto" if body.get("tools") else "none"
 
 
 def parse_completion(body: Mapping[str, Any], tok: Tokenizer, limits: Limits) -> GenRequest:
@@ -294,6 +308,7 @@ def build_gen_request(
         min_tokens=optional_field(body, "min_tokens", int, 0),
         include_stop_str_in_output=optional_field(body, "include_stop_str_in_output", bool, False),
         allowed_token_ids=_allowed(body.get("allowed_token_ids")),
+        skip_special_tokens=optional_field(body, "skip_special_tokens", bool, True),
     )
     if params.temperature < 0:
         raise bad_request("'temperature' must be >= 0", "temperature")

@@ -194,7 +194,7 @@ def _generation(body: Mapping[str, Any], prompt_ids: list[int], limits: Limits) 
         )
     max_tokens = min(limits.default_max_tokens if requested is None else requested, room)
     fields = ("temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "min_tokens",
-              "include_stop_str_in_output", "stream")  # fmt: skip
+              "include_stop_str_in_output", "stream", "skip_special_tokens")  # fmt: skip
     shared = {k: body[k] for k in fields if k in body}
     gen = build_gen_request(shared, "chat", prompt_ids, max_tokens, limits)
     return gen

@@ -24,8 +24,13 @@ it is a different vocabulary (and ``vocab_hash``).
 specials, but they are not special, so ``skip_special_tokens`` keeps their
 text in decoded output. With ``think_special=True`` they are special tokens
 instead (as some reasoning models' tokenizers mark them): the same ids, but
-``skip_special_tokens`` decoding (every stream's) drops their text, while a
-plain decode (/detokenize) still spells them.
+``skip_special_tokens`` decoding (a stream's, by default) drops their text,
+while a plain decode (/detokenize) still spells them.
+
+A request with ``skip_special_tokens: false`` (its own, or a tool parser's:
+sim.adjust) decodes with every piece's bytes, specials included
+(``shown(False)``): the tables ``pieces`` and ``whole_all`` instead of
+``visible`` and ``whole``.
 
 ``tool_calls=True`` adds ``<tool_call>``, ``</tool_call>`` (Hermes / Qwen),
 ``<|python_tag|>`` (Llama 3) and ``[TOOL_CALLS]`` (Mistral) the same way, in
@@ -177,6 +182,7 @@ class Tokenizer:
     # Text of each id when its visible bytes decode to whole characters on
     # their own ("" for specials), else None: the detokenizer's fast path.
     whole: tuple[str | None, ...] = ()
+    whole_all: tuple[str | None, ...] = ()  # the same for every piece's own bytes (no skipping)
     merge_end: int = FIRST_MERGE_ID  # first id after the merges (added tokens follow)
     byte_level: bool = False
     think_start: int | None = None  # <think> / </think> ids in reasoning mode
@@ -233,18 +239,26 @@ class Tokenizer:
         pieces = self.visible if skip_special_tokens else self.pieces
         return b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")
 
-    def visible_bytes(self, ids: Iterable[int]) -> bytes:
-        """The bytes ``decode(ids, skip_special_tokens=True)`` decodes."""
-        visible = self.visible
+    def shown(
+        self, skip_special_tokens: bool = True
+    ) -> tuple[tuple[bytes, ...], tuple[str | None, ...]]:
+        """Each id's bytes and whole text (or None) as a decode with this setting has them."""
+        if skip_special_tokens:
+            return self.visible, self.whole
+        return self.pieces, self.whole_all
+
+    def visible_bytes(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> bytes:
+        """The bytes ``decode(ids, skip_special_tokens=...)`` decodes."""
+        visible = self.shown(skip_special_tokens)[0]
         return b"".join(visible[i] for i in ids)
 
-    def ends_mid_character(self, ids: Sequence[int]) -> bool:
-        """Whether ``decode(ids, skip_special_tokens=True)`` ends with U+FFFD.
+    def ends_mid_character(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> bool:
+        """Whether ``decode(ids, skip_special_tokens=...)`` ends with U+FFFD.
 
         Looks only at the tail: a byte that is not a UTF-8 continuation byte
         always starts a new sequence, so decoding splits cleanly there.
         """
-        visible, tail = self.visible, b""
+        visible, tail = self.shown(skip_special_tokens)[0], b""
         for i in reversed(ids):
             tail = visible[i] + tail
             if len(tail) >= 4:
@@ -302,9 +316,11 @@ def build_tokenizer(
         special |= {think_start, think_end}
     visible = tuple(b"" if i in special else p for i, p in enumerate(pieces))
     whole = tuple(_whole_text(p) for p in visible)
+    whole_all = tuple(_whole_text(p) for p in pieces)
     return Tokenizer(
         merges=merges, pieces=tuple(pieces), texts=texts, _cache={}, visible=visible,
-        whole=whole, merge_end=merge_end, byte_level=byte_level, think_start=think_start,
+        whole=whole, whole_all=whole_all, merge_end=merge_end, byte_level=byte_level,
+        think_start=think_start,
         think_end=think_end, tool_call_start=tool_call_start, tool_call_end=tool_call_end,
         python_tag=python_tag, tool_calls_tag=calls_tag, added=added,
         _added_re=re.compile("(" + "|".join(re.escape(a) for a in cut) + ")") if cut else None,

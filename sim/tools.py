@@ -40,8 +40,13 @@ chunk on the tool parser sees the content only, and the reasoning of the
 transition chunk rides along (``{"reasoning": r}`` when the tool parser has
 nothing, else added to its delta), as in Parser.parse_delta.
 
+The parser's adjust_request (sim.adjust) turns skip_special_tokens off for a
+request offering tools (hermes, mistral, qwen3_xml; with a reasoning parser,
+mistral and qwen3_xml for every chat request): a special think tag's text then
+shows in the stream, and the reasoning parser finds it there.
+
 Simplified: requests the mode does not parse (no tools, tool_choice "none")
-are served exactly as with the mode off, whereas vLLM runs its parser for
+are otherwise served as with the mode off, whereas vLLM runs its parser for
 them too and so skips chunks with no text (a finish then has an empty delta);
 ``include_reasoning: false`` nulls reasoning only where there was some (as
 sim.reasoning does; vLLM adds ``"reasoning": null`` to every delta);

@@ -299,12 +299,19 @@ def test_messages_and_responses_with_tools_resume_through_every_kind_of_cut(
 # -- Reasoning, then tool calls: both splits kept across the seam ------------------------------
 
 
-@pytest.fixture(scope="module")
-def thinking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BytesFleet]:
-    """Sims that think (deepseek_r1 tags) before their hermes calls."""
-    flags = (*FLAGS, "--tool-call-parser", "hermes", "--reasoning")
+@pytest.fixture(scope="module", params=["plain", "special"])
+def thinking(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BytesFleet]:
+    """Sims that think (deepseek_r1 tags) before their hermes calls. The tags are ordinary
+    added tokens, or special ones (--think-special): vLLM's hermes parser turns
+    skip_special_tokens off for a request offering tools, so their text shows in the stream
+    either way, and Baton's resume asks for the same."""
+    special = ("--think-special",) if request.param == "special" else ()
+    flags = (*FLAGS, "--tool-call-parser", "hermes", "--reasoning", *special)
     extra = 'tool_parser = "hermes"\nreasoning_parser = "deepseek_r1"'
-    with seam_fleet(tmp_path_factory.mktemp("thinking"), flags, backend_extra=extra) as f:
+    tmp = tmp_path_factory.mktemp(f"thinking-{request.param}")
+    with seam_fleet(tmp, flags, backend_extra=extra) as f:
         yield f
 
 
@@ -315,25 +322,39 @@ def with_reasoning(chunks: list[Any]) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.parametrize("interval", [1, 3], ids=["1tok", "merged"])
 @pytest.mark.parametrize("mode", ["parallel", "inline"])
-def test_reasoning_then_calls_resume_with_both_splits_kept(thinking: BytesFleet, mode: str) -> None:
+def test_reasoning_then_calls_resume_with_both_splits_kept(
+    thinking: BytesFleet, mode: str, interval: int
+) -> None:
     f = thinking
-    chunks, err = read(sdk(f.ref.ready + "/v1"), extra_body={"return_token_ids": True})
+    kw = {"stream_interval": interval} if interval > 1 else {}
+    chunks, err = read(sdk(f.ref.ready + "/v1"), extra_body={"return_token_ids": True, **kw})
     assert err is None
     ids = [t for ch in chunks if ch.choices
            for t in (ch.choices[0].model_extra or {}).get("token_ids") or []]  # fmt: skip
     want = with_reasoning(chunks)
     assert want["reasoning"] and want["finish"] == "tool_calls" and len(want["calls"]) == 2
+    # The tag's text shows even where it is special (tools turn skip_special_tokens off),
+    # so the engine splits merged chunks right: one token a chunk or three, one message.
+    one, err = read(sdk(f.ref.ready + "/v1"))
+    assert err is None and with_reasoning(one) == want
+    end = f.ref_think_end()
+    assert end in ids and "</think>" not in want["reasoning"] + want["content"]
     client = f.client(mode)
-    tried = list(range(1, len(ids), 4))  # in the reasoning, at its end, in the calls
+    think_at = ids.index(end)
+    # In the reasoning, on each side of the end tag and on it, in the calls.
+    tried = sorted({*range(1, len(ids), 4), think_at, think_at + 1, think_at + 2})
     before = len(f.admin.events(kind="failover", limit=10_000))
     for n, k in enumerate(tried):
         f.settled(before + n)
         f.arm.set(k)
-        got, err = read(client)
+        got, err = read(client, extra_body=kw or None)
+        assert f.arm.fired.is_set()
         assert err is None, f"cut after {k}: {err!r}"
-        assert with_reasoning(got) == want, f"cut after {k} tokens"
+        assert with_reasoning(got) == want, f"cut after {k} tokens (the end tag is {think_at + 1})"
     f.settled(before + len(tried))
     events = f.admin.events(kind="failover", limit=10_000)[before:]
+    assert len(events) == len(tried)
     assert {e["outcome"] for e in events} == {"resumed"}, events
     assert "divergent" not in {e["seam"] for e in events}

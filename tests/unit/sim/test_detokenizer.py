@@ -157,3 +157,58 @@ def test_released_text_replays_only_when_needed() -> None:
     assert released_text(TOK, CASE, GEN) == "\n\ufffd@A中B"
     assert released_text(TOK, CASE + GEN[:2], GEN[2:]) == "Case 1: write on.\n\ufffd@A中B"
     assert released_text(TOK, CASE, GEN[:5]) == "\n\ufffd@A"  # E4 never completed: dropped
+
+
+# -- skip_special_tokens off (a request's, or a tool parser's adjust_request: sim.adjust) -----
+def test_skip_special_tokens_off_releases_the_specials_text() -> None:
+    assert Detokenizer(TOK, [BOS, USER], skip_special_tokens=False).step(EOS) == "<|eos|>"
+    shown = Detokenizer(TOK, [BOS], skip_special_tokens=False)
+    assert [shown.step(t) for t in (65, END, 66)] == ["A", "<|end|>", "B"]
+    # The prompt quirk spells the prompt's specials too (measured on vLLM 0.32:
+    # "<|bos|><|user|>hi<|end|><|assistant|>���d٩", docs/real-engine-bytes.md).
+    primed = Detokenizer(TOK, [BOS, *b"ab", 0x80], skip_special_tokens=False)
+    assert primed.primed and primed.step(65) == "<|bos|>ab\ufffdA"
+
+
+def test_a_shown_special_after_a_lead_byte_ends_the_prompt_on_a_whole_character() -> None:
+    ids = [BOS, 0xE4, 0xB8, END]
+    assert BYTES.ends_mid_character(ids)  # the special adds no bytes: E4 B8 is open
+    assert not BYTES.ends_mid_character(ids, skip_special_tokens=False)  # "...<|end|>"
+    assert Detokenizer(BYTES, ids).primed
+    assert not Detokenizer(BYTES, ids, skip_special_tokens=False).primed
+
+
+def test_released_text_with_specials_shown() -> None:
+    assert released_text(TOK, CASE, [65, END, 66], skip_special_tokens=False) == "A<|end|>B"
+    assert released_text(TOK, CASE, [65, END, 66]) == "AB"
+    quirk = released_text(TOK, [BOS, *b"ab", 0x80], [65], skip_special_tokens=False)
+    assert quirk == "<|bos|>ab\ufffdA"
+
+
+THINK = build_tokenizer(byte_level=True, reasoning=True, think_special=True)
+THINK_MODEL = ToyModel(ModelConfig(seed=2, think_tokens=6, eos_rate=0.02), THINK)  # EOS at 79
+THINK_PROMPT = THINK.encode("<|bos|><|user|>Why?<|end|><|assistant|><think>")
+
+
+@pytest.mark.parametrize("stops", [(), ("zzz",)], ids=["plain", "with-stops"])
+def test_a_special_think_tag_shows_with_skip_special_tokens_off_and_eos_never_does(
+    stops: tuple[str, ...],
+) -> None:
+    texts = {}
+    for skip in (True, False):
+        params = SamplingParams(max_tokens=200, stop=stops, skip_special_tokens=skip)
+        seq, events = _run(THINK_MODEL, THINK_PROMPT, params)
+        assert seq.token_ids[-1] == EOS and THINK.think_end in seq.token_ids
+        texts[skip] = "".join(e.text for e in events)
+        assert seq.output_text() == texts[skip]  # non-streaming text = what a stream shows
+    assert "</think>" not in texts[True] and texts[False].count("</think>") == 1
+    assert texts[False].replace("</think>", "") == texts[True]
+    assert "<|eos|>" not in texts[False]  # vLLM does not detokenize the EOS token...
+    params = SamplingParams(max_tokens=200, stop=stops, skip_special_tokens=False,
+                            include_stop_str_in_output=True)  # fmt: skip
+    seq, events = _run(THINK_MODEL, THINK_PROMPT, params)
+    assert events[-1].text.endswith("<|eos|>")  # ...unless it is to be in the output
+    out = seq.output_text()
+    assert out == "".join(e.text for e in events) and out.startswith(texts[False])
+    # (Bytes held back before it, an unfinished character, come out with it as U+FFFD.)
+    assert out[len(texts[False]) :].strip("\ufffd") == "<|eos|>"
