@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from collections.abc import AsyncIterator
+from array import array
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -286,6 +287,18 @@ async def detokenize(
     return text
 
 
+def _compact(obj: object) -> object:
+    if isinstance(obj, array):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON")
+
+
+def json_body(body: Mapping[str, Any]) -> bytes:
+    """A request body as JSON, token-id arrays (array('I'), as a resume's prompt is held)
+    included."""
+    return orjson.dumps(body, default=_compact)
+
+
 async def complete_once(
     session: aiohttp.ClientSession, backend: Backend, path: str, body: dict[str, Any], total: float
 ) -> dict[str, Any] | None:
@@ -294,7 +307,7 @@ async def complete_once(
     try:
         async with session.post(
             backend.url + path,
-            data=orjson.dumps(body),
+            data=json_body(body),
             headers={**JSON_HEADERS, **backend.call_headers(os.environ)},
             timeout=aiohttp.ClientTimeout(total=total),
         ) as resp:

@@ -71,9 +71,9 @@ def test_token_plan_continues_exactly_what_the_client_has(
     before = copy.deepcopy(client.body)
     plan = plan_resume(client, p, token_path=True, seam_tokens=m, exact=exact)
     assert plan.path is ResumePath.TOKEN and plan.endpoint is Endpoint.COMPLETIONS
-    kept = p.token_ids[: len(p.token_ids) - len(plan.overlap_ids)]
-    assert plan.body["prompt"] == prompt_ids + kept
-    assert list(plan.overlap_ids) == p.token_ids[len(kept) :]
+    kept = p.ids(0, len(p.token_ids) - len(plan.overlap_ids))
+    assert list(plan.body["prompt"]) == prompt_ids + kept
+    assert list(plan.overlap_ids) == p.ids(len(kept))
     assert plan.body["stream"] is True and plan.body["return_token_ids"] is True
     assert plan.body["n"] == 1 and plan.body["model"] == "m"
     if plan.seam is Seam.VERIFIED:

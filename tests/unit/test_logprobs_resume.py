@@ -30,7 +30,7 @@ def test_a_logprobs_chat_stream_resumes_on_generate_with_an_overlap_for_context(
     # At least 4 tokens regenerated and checked: vLLM decodes a token's candidates with the
     # 4 generated before it.
     assert plan.overlap_tokens >= generate.CONTEXT and len(plan.overlap_ids) >= 4
-    kept = plan.body["token_ids"]
+    kept = list(plan.body["token_ids"])
     assert kept[:2] == [1, 2] and len(kept) + len(plan.overlap_ids) == 2 + 8
     assert sampling["max_tokens"] == 20 - (len(kept) - 2)
     # Parallel seam mode opens logprobs resumes with the overlap too.

@@ -40,7 +40,7 @@ def test_token_plan_resumes_m_early_with_remaining_budget_and_same_params() -> N
         chat(max_tokens=20, top_k=5, stop_token_ids=[9]), p, token_path=True, seam_tokens=4
     )
     assert plan.path is ResumePath.TOKEN and plan.endpoint is Endpoint.COMPLETIONS
-    assert plan.body["prompt"] == [1, 2, 10, 11, 12, 13]
+    assert list(plan.body["prompt"]) == [1, 2, 10, 11, 12, 13]
     assert plan.body["max_tokens"] == 20 - 4
     assert plan.body["top_k"] == 5 and plan.body["stop_token_ids"] == [9]
     assert plan.body["return_token_ids"] is True and plan.body["stream"] is True
@@ -53,7 +53,7 @@ def test_exact_plan_has_no_overlap() -> None:
     plan = plan_resume(
         chat(max_tokens=20), progress(ONE_PER_CHUNK), token_path=True, seam_tokens=4, exact=True
     )
-    assert plan.body["prompt"] == [1, 2, *range(10, 18)] and plan.body["max_tokens"] == 12
+    assert list(plan.body["prompt"]) == [1, 2, *range(10, 18)] and plan.body["max_tokens"] == 12
     assert plan.overlap_ids == () and plan.seam is Seam.UNCHECKED
 
 
@@ -97,7 +97,7 @@ def test_held_tokens_past_the_last_boundary() -> None:
     assert exact.held == Held((0xE4,), "") and exact.body["prompt"][-1] == 0xE4
     inline = plan_resume(chat(max_tokens=9), p, token_path=True, seam_tokens=2)
     assert inline.held is None and inline.overlap_ids == (0xC3, 0xA9, 0xE4)
-    assert inline.overlap_text == "é" and inline.body["prompt"] == [1, 2, 1]
+    assert inline.overlap_text == "é" and list(inline.body["prompt"]) == [1, 2, 1]
     assert progress([([1], "a"), ([2], "b")]).held() is None
 
 
@@ -110,7 +110,7 @@ def test_far_from_a_boundary_the_overlap_is_checked_by_its_ids() -> None:
     plan = plan_resume(chat(max_tokens=200), p, token_path=True, seam_tokens=4)
     assert plan.seam is Seam.VERIFIED and not plan.overlap_has_text
     assert plan.overlap_ids == tuple(p.token_ids[-4:]) and plan.overlap_tokens == 4
-    assert plan.body["prompt"] == [1, 2, *p.token_ids[:-4]]
+    assert list(plan.body["prompt"]) == [1, 2, *p.token_ids[:-4]]
     assert plan.body["max_tokens"] == 200 - (len(p.token_ids) - 4)
     assert plan.held == Held(tuple(p.token_ids[1:]), p.text[1:])
     # Too little generated to resume m early: nothing to check.

@@ -12,7 +12,6 @@ from array import array
 from dataclasses import dataclass
 
 import aiohttp
-import orjson
 
 from baton.model import AttemptEnd, Backend, BackendKind, Failure, ResumePath, Seam, SeamMode
 from dataplane.exceptions import AttemptFailed, Refused, StreamFailed
@@ -28,7 +27,13 @@ from dataplane.relay.stitch import Stitcher
 from dataplane.relay.thinking import CutText, TagCut
 from dataplane.request import ClientRequest
 from dataplane.settings import ResumeSettings, Timeouts
-from dataplane.upstream.engine import detokenize, error_kind, open_attempt, resume_failure
+from dataplane.upstream.engine import (
+    detokenize,
+    error_kind,
+    json_body,
+    open_attempt,
+    resume_failure,
+)
 
 TOKEN_KINDS = frozenset({BackendKind.VLLM, BackendKind.SGLANG})
 
@@ -282,7 +287,7 @@ class Resumer:
         """Raises AttemptFailed (REJECTED where the engine does not serve the path a logprobs
         resume needs)."""
         upstream = await open_attempt(
-            self._session, backend, path, orjson.dumps(body), self._timeouts
+            self._session, backend, path, json_body(body), self._timeouts
         )
         status = upstream.status
         if status == 200:

@@ -17,7 +17,7 @@ context as in an uninterrupted stream."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from baton.model import SeamMode
@@ -64,7 +64,7 @@ def refusal(client: ClientRequest) -> str | None:
 
 
 def body(
-    client: ClientRequest, token_ids: list[int], k: int, extra: Mapping[str, Any]
+    client: ClientRequest, token_ids: Sequence[int], k: int, extra: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The generate request that continues the generation after `token_ids` (the prompt's
     and the kept generated ids), `extra` the resume's own sampling fields (max_tokens...)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from baton.model import ResumePath, Seam
 from dataplane.exceptions import Refused
-from dataplane.relay.progress import ChoiceProgress, Held, overlap
+from dataplane.relay.progress import ChoiceProgress, Held, id_array, overlap
 from dataplane.relay.resume import generate
 from dataplane.request import ClientRequest, Endpoint, token_limit
 
@@ -181,7 +181,12 @@ def _token_plan(
             n_overlap, has_text = m, False
         else:
             seam = Seam.UNCHECKED
-    kept = progress.ids(0, len(progress.token_ids) - n_overlap)
+    n_kept = len(progress.token_ids) - n_overlap
+    # The prompt and the kept ids, 4 bytes an id (a Python list would hold 36): a resume's
+    # plan lives as long as the resumed stream (json_body serialises it).
+    assert progress.prompt_ids is not None  # noqa: S101 - checked by the caller
+    prompt = id_array(progress.prompt_ids)
+    prompt.extend(progress.token_ids[:n_kept])
     # An overlap at a character boundary has its text checked against the client's: the
     # engine's text after it is then proven in step. A resume whose prompt may end past the
     # last known boundary (an exact one there, or an overlap checked by ids alone) derives
@@ -192,7 +197,6 @@ def _token_plan(
         held = progress.held(from_start=has_stops)
     else:
         held = None if has_text else progress.since_boundary()
-    assert progress.prompt_ids is not None  # noqa: S101 - checked by the caller
     request: dict[str, Any] = {k: body[k] for k in SAMPLING_FIELDS if k in body}
     request.update(extra)
     if held is not None:
@@ -202,8 +206,8 @@ def _token_plan(
         request.pop("include_stop_str_in_output", None)
     if k is not None:
         # Logprobs: vLLM's token-in/token-out endpoint gives them in chat's shape.
-        sampling = {**extra, **_remaining(body, len(kept))}
-        request = generate.body(client, [*progress.prompt_ids, *kept], k, sampling)
+        sampling = {**extra, **_remaining(body, n_kept)}
+        request = generate.body(client, prompt, k, sampling)
         if held is not None:  # stop strings matched by Baton, as below
             request["sampling_params"].pop("stop", None)
             request["sampling_params"].pop("include_stop_str_in_output", None)
@@ -211,18 +215,18 @@ def _token_plan(
     else:
         request.update(
             model=client.model,
-            prompt=[*progress.prompt_ids, *kept],
+            prompt=prompt,
             stream=True,
             return_token_ids=True,
             n=1,
-            **_remaining(body, len(kept)),
+            **_remaining(body, n_kept),
         )
         path = ""
     return ResumePlan(
         ResumePath.TOKEN,
         Endpoint.COMPLETIONS,
         request,
-        tuple(progress.token_ids[len(kept) :]),
+        tuple(progress.token_ids[n_kept:]),
         overlap_text,
         seam,
         held=held,
