@@ -20,7 +20,7 @@ from dataplane.relay.resume.reasoning import Markers, open_after
 from dataplane.relay.strip import client_event, edited, strip_ids
 from dataplane.relay.thinking import CutText, TagCut, Thinking, other_fields
 from dataplane.relay.tools.follow import ToolFollow, runs_tool_parser
-from dataplane.relay.tools.parsers import parser_for
+from dataplane.relay.tools.parsers import keeps_special, parser_for
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.sse import DONE_EVENT, sse
 from dataplane.upstream.chunks import FAILED_FINISH, Choice, Chunk, parse_chunk
@@ -60,6 +60,8 @@ class Stitcher:
         self.thinking = Thinking(client.body)
         # The tool calls, read by Baton's copy of the backend's tool parser (follow_tools).
         self.tools: ToolFollow | None = None
+        # The engine's parsers turn skip_special_tokens off for this request (follow_tools).
+        self._keeps_special = False
         # Top candidates per token the client's stream carries (None: no logprobs).
         self.logprobs_k = generate.logprobs_wanted(client)
         # original(): the chunk just offered needs these texts decoded first (TagCut).
@@ -84,10 +86,15 @@ class Stitcher:
             )
         return p
 
-    def follow_tools(self, parser: str, new_id: Callable[[], str]) -> None:
-        """The first backend runs tool parser `parser` ("" = none); `new_id()` makes a tool
-        call's id. Called before follow_reasoning: a parser that keeps special tokens' text
-        changes what the think tags show."""
+    def follow_tools(
+        self, parser: str, new_id: Callable[[], str], *, reasoning: bool = False
+    ) -> None:
+        """The first backend runs tool parser `parser` ("" = none) and, when `reasoning`, a
+        reasoning parser; `new_id()` makes a tool call's id. Called before follow_reasoning:
+        where the engine keeps special tokens' text, the think tags show it."""
+        if self.chat and keeps_special(parser, self._body, reasoning=reasoning):
+            self._keeps_special = True
+            self.thinking = Thinking({**self._body, "skip_special_tokens": False})
         if not (self.chat and runs_tool_parser(self._body)):
             return
         follower = parser_for(parser, self._body["tools"]) if parser else None
@@ -101,16 +108,12 @@ class Stitcher:
             p.unfollowed = ""  # (NO_TOOL_PARSER, until now)
         first_only = self._body.get("parallel_tool_calls") is False
         self.tools = ToolFollow(follower, new_id, first_only=first_only)
-        if follower.keeps_special:
-            self.thinking = Thinking({**self._body, "skip_special_tokens": False})
 
     @property
     def resume_fields(self) -> dict[str, Any]:
         """What a resume request must set beyond the client's body to decode as the first
         stream did."""
-        if self.tools is not None and self.tools.parser.keeps_special:
-            return {"skip_special_tokens": False}
-        return {}
+        return {"skip_special_tokens": False} if self._keeps_special else {}
 
     def fields_agree(self, p: ChoiceProgress) -> bool:
         """Whether the reasoning and content the client assembled are the split by ids (the

@@ -87,6 +87,7 @@ class StreamRelay:
         )  # fmt: skip
         self.first_byte: float | None = None
         self._started_on: Backend | None = None
+        self._first = b""  # the first stream's first read, until its reader takes it
 
     @property
     def served_by(self) -> Backend | None:
@@ -97,14 +98,18 @@ class StreamRelay:
         """True when the client got a complete answer, False when it got an error event."""
         self._started_on = backend
         self.stitcher.follow_tools(
-            backend.tool_parser, functools.partial(tool_call_id, backend.tool_parser)
+            backend.tool_parser,
+            functools.partial(tool_call_id, backend.tool_parser),
+            reasoning=bool(backend.reasoning_parser),
         )
         parser = backend.reasoning_parser
         if parser and self.stitcher.chat:
             markers = await self._markers.get(backend) if self._markers is not None else None
             self.stitcher.follow_reasoning(parser, markers)
+        self._first = first
+        del first  # (parsed once by _pump's reader, then let go: it can be a burst)
         try:
-            target = await self._pump(backend, upstream, first)
+            target = await self._pump(backend, upstream)
         except StreamFailed as failed:
             upstream.close()
             if self.stitcher.unfinished():
@@ -168,13 +173,14 @@ class StreamRelay:
         await self._resp.write(data)
         self._chooser.wrote()
 
-    async def _pump(
-        self, backend: Backend, upstream: aiohttp.ClientResponse, first: bytes
-    ) -> Backend | None:
+    async def _pump(self, backend: Backend, upstream: aiohttp.ClientResponse) -> Backend | None:
         """Relays the first stream to its end. Returns where to move it when `backend` is
         drained with migration (decided between two reads: a chunk boundary)."""
         original = self.stitcher.original
-        async for events in upstream_events(upstream, first, self._settings):
+        first, self._first = self._first, b""
+        reads = upstream_events(upstream, first, self._settings)
+        del first
+        async for events in reads:
             out: list[bytes] = []
             for event in events:
                 if event.is_done:

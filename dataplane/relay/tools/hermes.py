@@ -17,7 +17,7 @@ the ones here:
 vLLM sends a call's arguments as the difference in length from what it sent before, so
 the client's string is always the latest of these texts (follow.py sends it the same
 way). The engine turns skip_special_tokens off for such a request: the tags' text is in
-the stream even where the tokenizer marks them special (`keeps_special`)."""
+the stream even where the tokenizer marks them special (parsers.keeps_special)."""
 
 # baton: pure
 
@@ -43,8 +43,6 @@ def _whole_json(text: str) -> bool:
 
 
 class Hermes:
-    keeps_special = True  # vLLM's adjust_request: skip_special_tokens off with tools
-
     def __init__(self, tools: Tools) -> None:
         self._tools = tools  # the format names its tool itself; nothing is typed by schema
 

@@ -221,8 +221,6 @@ def _partial_call(s: str, i: int) -> tuple[str | None, str]:
 
 
 class Llama3Json:
-    keeps_special = False  # vLLM leaves skip_special_tokens as the request has it
-
     def __init__(self, tools: Tools) -> None:
         self._tools = tools  # the call names its tool; nothing is typed by schema
 

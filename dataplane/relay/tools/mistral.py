@@ -41,8 +41,6 @@ def _name_end(text: str, at: int) -> tuple[int, int] | None:
 
 
 class Mistral:
-    keeps_special = True  # vLLM's adjust_request: skip_special_tokens off with tools
-
     def __init__(self, tools: Tools) -> None:
         self._tools = tools  # the call names its tool; nothing is typed by schema
 

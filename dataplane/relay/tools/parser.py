@@ -47,10 +47,6 @@ class ToolParser(Protocol):
     """One engine tool parser's assembled output (module docstring). Built per request,
     from the request's `tools` (some parsers type the arguments by the tools' schemas)."""
 
-    # The engine turns skip_special_tokens off for a request with tools (vLLM's
-    # adjust_request), so the stream shows special tags' text: Baton decodes the same way.
-    keeps_special: bool
-
     def parse(self, text: str, *, final: bool = False) -> Parsed:
         """`final`: the generation ended with this text (a parser then flushes what it held
         back, as vLLM's does at the end of a stream)."""

@@ -210,8 +210,6 @@ def _content(piece: str, before: list[str], after_call: bool, call_next: bool, f
 
 
 class Qwen3Xml:
-    keeps_special = True  # vLLM's adjust_request: skip_special_tokens off with tools
-
     def __init__(self, tools: Tools) -> None:
         self._tools = tools  # parameters are typed by the called tool's schema
 
