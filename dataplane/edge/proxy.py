@@ -207,6 +207,10 @@ class Proxy:
     ) -> tuple[web.StreamResponse, bool]:
         """The response, and whether `upstream` was handed to _settle."""
         first, resp = await _start_stream(request, ex, upstream)
+        # Handed over, not kept here: the first read can be a burst of events, and this frame
+        # lives as long as the stream (the relay parses it once and lets it go).
+        box = [first]
+        del first
         guard = self._guard(request, resp)
         ctx = StreamContext(
             request_id=ex.request_id,
@@ -224,7 +228,7 @@ class Proxy:
         relay = StreamRelay(ctx, session=self._resumes, control=self._control, resp=out)
         try:
             try:
-                complete = await relay.run(backend, upstream, first)
+                complete = await relay.run(backend, upstream, box.pop())
             finally:
                 ex.first_byte = relay.first_byte
             self._stream_finished(ex, relay.relayed(complete, backend), complete)
