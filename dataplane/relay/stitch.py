@@ -204,7 +204,9 @@ class Stitcher:
         if not chs or len(chs) > 1 or chunk.prompt_token_ids is not None:
             return None
         ch = chs[0]
-        if ch.finish_reason is not None or ch.logprobs is not None or ch.prompt_token_ids:
+        if ch.finish_reason is not None or ch.logprobs is not None:
+            return None
+        if ch.prompt_token_ids is not None:
             return None
         if self.chat:
             delta = ch.delta

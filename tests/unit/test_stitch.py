@@ -98,3 +98,37 @@ def test_stop_matcher_across_the_seam() -> None:
     m3 = StopMatcher(["xyz"], include=False)
     assert m3.feed("abxy") == ("ab", None)
     assert m3.flush() == "xy"
+
+
+def test_the_one_step_path_sends_and_tracks_what_the_general_path_does() -> None:
+    """Stitcher._plain takes most chunks of a stream in one step; with it turned off, the
+    general path must give the client the same bytes and keep the same progress."""
+    stream = [
+        chunk(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+              prompt_token_ids=[1, 2, 3]),  # fmt: skip
+        *(chunk(choices=[{"index": 0, "delta": {"content": t}, "logprobs": None,
+                          "finish_reason": None, "token_ids": [40 + i]}])  # fmt: skip
+          for i, t in enumerate(["He", "llo", "", " wö", "rld"])),
+        chunk(choices=[{"index": 0, "delta": {}, "token_ids": [50]}]),  # a skipped tag's token
+        chunk(choices=[{"index": 0, "delta": {"content": "!"}, "finish_reason": "stop",
+                        "stop_reason": None, "token_ids": [51]}],
+              system_fingerprint="fp"),  # fmt: skip
+    ]
+    outs, progress, taken = [], [], []
+    for plain in (True, False):
+        s = Stitcher(client_request(), strip_ids=True)
+        one_step = s._plain  # noqa: SLF001
+
+        def counted(c: object, raw: bytes, one_step: object = one_step, on: bool = plain) -> object:
+            out = one_step(c, raw) if on else None  # type: ignore[operator]
+            taken.append(out is not None)
+            return out
+
+        s._plain = counted  # type: ignore[method-assign,assignment]  # noqa: SLF001
+        sent = [s.original(c, b"data: " + c + b"\n\n")[0] for c in stream]
+        outs.append(sent)
+        p = s.choices[0]
+        progress.append((p.ids(), p.text, p.settled, p.finish_reason, s.ident.system_fingerprint))
+    assert outs[0] == outs[1] and progress[0] == progress[1]
+    assert sum(taken) == 5  # the five text chunks took the one step, in the first run only
+    assert progress[0][:2] == ([40, 41, 42, 43, 44, 50, 51], "Hello wörld!")
