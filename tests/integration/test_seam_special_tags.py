@@ -15,14 +15,14 @@ import openai
 import pytest
 
 from tests.factories import sdk
-from tests.integration.harness import MODEL
+from tests.integration import test_seam_tools as seam_tools
 from tests.integration.test_seam_bytes import BytesFleet, seam_fleet
+from tests.integration.test_seam_tools import with_reasoning
 
 pytestmark = pytest.mark.timeout(600)
 
 FLAGS = ("--tool-calls", "--tool-call-parser", "qwen3_xml", "--reasoning", "--think-special",
          "--byte-level", "--instant")  # fmt: skip
-MESSAGES = [{"role": "user", "content": "what is the weather in Paris?"}]
 TOKENS = 60
 MERGED = {"stream_interval": 3}
 
@@ -35,30 +35,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BytesFleet]:
 
 
 def read(c: openai.OpenAI, extra: dict[str, Any]) -> tuple[list[Any], openai.APIError | None]:
-    """The chunks of a greedy chat stream offering no tools, and the error that ended it."""
-    chunks: list[Any] = []
-    try:
-        for ch in c.chat.completions.create(
-            model=MODEL, messages=MESSAGES, temperature=0, stream=True,  # type: ignore[arg-type]
-            max_tokens=TOKENS, extra_body=extra,
-        ):  # fmt: skip
-            chunks.append(ch)
-    except openai.APIError as e:
-        return chunks, e
-    return chunks, None
-
-
-def fields(chunks: list[Any]) -> dict[str, Any]:
-    """Reasoning, content and finish_reason as the client assembles them."""
-    out: dict[str, Any] = {"reasoning": "", "content": "", "finish": None}
-    for ch in chunks:
-        if not ch.choices:
-            continue
-        c = ch.choices[0]
-        out["reasoning"] += (c.delta.model_extra or {}).get("reasoning") or ""
-        out["content"] += c.delta.content or ""
-        out["finish"] = c.finish_reason or out["finish"]
-    return out
+    """A greedy chat stream offering no tools (test_seam_tools.read)."""
+    return seam_tools.read(c, tools=openai.omit, max_tokens=TOKENS, extra_body=extra)
 
 
 @pytest.mark.parametrize("choice", [{}, {"tool_choice": None}], ids=["no-tools", "null-choice"])
@@ -71,7 +49,7 @@ def test_a_chat_without_tools_resumes_across_a_shown_special_end_tag(
     assert err is None
     ids = [t for ch in chunks if ch.choices
            for t in (ch.choices[0].model_extra or {}).get("token_ids") or []]  # fmt: skip
-    want = fields(chunks)
+    want = with_reasoning(chunks)
     assert want["reasoning"] and want["content"], want
     end = f.ref_think_end()
     assert end in ids and "</think>" not in want["reasoning"] + want["content"]
@@ -86,7 +64,7 @@ def test_a_chat_without_tools_resumes_across_a_shown_special_end_tag(
         got, err = read(f.client(mode), {**MERGED, **choice})
         assert f.arm.fired.is_set()
         assert err is None, f"cut after {k} (the end tag is {think_at + 1}): {err!r}"
-        assert fields(got) == want, f"cut after {k} tokens (the end tag is {think_at + 1})"
+        assert with_reasoning(got) == want, f"cut after {k} tokens (the end tag is {think_at + 1})"
     f.settled(before + len(tried))
     events = f.admin.events(kind="failover", limit=10_000)[before:]
     assert len(events) == len(tried)

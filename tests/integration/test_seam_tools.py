@@ -54,13 +54,16 @@ def tf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
         yield parser, f
 
 
-def read(c: openai.OpenAI, **kw: Any) -> tuple[list[Any], openai.APIError | None]:
-    """The chunks of a greedy chat stream offering TOOLS, and the error that ended it."""
+def read(
+    c: openai.OpenAI, tools: Any = TOOLS, max_tokens: int = TOKENS, **kw: Any
+) -> tuple[list[Any], openai.APIError | None]:
+    """The chunks of a greedy chat stream offering `tools` (TOOLS; openai.omit: none), and the
+    error that ended it."""
     chunks: list[Any] = []
     try:
         for ch in c.chat.completions.create(
             model=MODEL, messages=MESSAGES, temperature=0, stream=True,  # type: ignore[arg-type]
-            max_tokens=TOKENS, tools=TOOLS, **kw,  # type: ignore[arg-type]
+            max_tokens=max_tokens, tools=tools, **kw,
         ):  # fmt: skip
             chunks.append(ch)
     except openai.APIError as e:
