@@ -465,9 +465,7 @@ def main(argv: list[str] | None = None) -> int:
            "summary": {p: asdict(s) for p, s in summary.items()},
            "targets": [{**asdict(t), "verdict": t.verdict} for t in targets(summary)],
            "reps": [asdict(r) for r in reps], "raw": raw}  # fmt: skip
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(stats.finite(doc), allow_nan=False))
-    print(f"wrote {json_path}")
+    stats.write_json(json_path, doc)
     return 0
 
 

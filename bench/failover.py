@@ -576,9 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report(doc["summary"], doc["overhead"], doc["cpu_busy"]))
     doc["plan"] = asdict(plan)
     doc["targets"] = [{**asdict(t), "verdict": t.verdict} for t in targets(doc["summary"])]
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(stats.finite(doc), allow_nan=False))
-    print(f"\nwrote {json_path}")
+    stats.write_json(json_path, doc)
     return 0
 
 

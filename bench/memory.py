@@ -59,7 +59,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import platform
 import signal
@@ -384,9 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"plan": asdict(plan), "python": platform.python_version(),
            "kernel": platform.release(), "load_average_before": load_before,
            "summary": rows, "slope_bytes_per_token": slope, "runs": runs}  # fmt: skip
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(stats.finite(doc), allow_nan=False))
-    print(f"\nwrote {json_path}")
+    stats.write_json(json_path, doc)
     return 0
 
 

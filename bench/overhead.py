@@ -262,8 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     print(overhead_table.render(table, bench.not_run))
     print(f"\nload average before the run: {load_before:.2f} ({os.cpu_count()} cores)")
     doc = {**results_doc(plan, bench, table, runs), "load_average_before": load_before}
-    json_path.write_text(json.dumps(stats.finite(doc), allow_nan=False))
-    print(f"\nwrote {json_path}")
+    stats.write_json(json_path, doc)
     return 0
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import sys
@@ -210,8 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": [asdict(r) for r in rows],
         "runs": raw_runs,
     }
-    json_path.write_text(json.dumps(stats.finite(doc), allow_nan=False))
-    print(f"\nwrote {json_path}")
+    stats.write_json(json_path, doc)
     return 0
 
 

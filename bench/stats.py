@@ -3,9 +3,11 @@ target checks and plain-text tables. No I/O, so every number printed is unit-tes
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import median as _median
 from typing import Any
 
@@ -166,6 +168,13 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         return "  ".join([first, *rest]).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def write_json(path: Path, doc: Any) -> None:
+    """A bench's raw numbers and summary, NaN written as null; says where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(finite(doc), allow_nan=False))
+    print(f"\nwrote {path}")
 
 
 def finite(value: Any) -> Any:
