@@ -152,11 +152,7 @@ class ChoiceProgress:
         """One chunk's text and ids, as the client got them. `settled`: the caller knows the
         text covers every one of the ids (Baton decoded them itself)."""
         if text:
-            self.pieces.append(text)
-            self.loose += 1
-            if self.loose >= PIECES_BLOCK:
-                self.pieces[-PIECES_BLOCK:] = ["".join(self.pieces[-PIECES_BLOCK:])]
-                self.loose = 0
+            self._append(text)
             self.text_len += len(text)
             self.content_chunks += 1
             if not ids:
