@@ -92,6 +92,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connect-timeout", type=float, default=3.0)
     parser.add_argument("--read-timeout", type=float, default=600.0)
     parser.add_argument(
+        "--stream-buffer",
+        type=int,
+        default=64 * 1024,
+        metavar="BYTES",
+        help="what the kernel may buffer for one stream on each side (the client connection's "
+        "send buffer, the engine connection's receive buffer) and aiohttp's read-ahead: "
+        "how far an engine runs ahead of a client that stops reading; 0 = the kernel's "
+        "autotuning (megabytes)",
+    )
+    parser.add_argument(
         "--client-write-timeout",
         type=float,
         default=60.0,
@@ -207,6 +217,8 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
         raise SystemExit(f"--api-keys-file: {exc}") from None
     if args.standby_connections < 0:
         raise SystemExit("--standby-connections must not be negative")
+    if args.stream_buffer < 0:
+        raise SystemExit("--stream-buffer must not be negative")
     if args.route_timeout <= 0 or args.shutdown_grace < 0:
         raise SystemExit("--route-timeout must be positive and --shutdown-grace not negative")
     try:
@@ -233,6 +245,7 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
                 seam_tokens=args.seam_tokens,
                 seam_mode=SeamMode(args.seam_mode),
                 standby_connections=args.standby_connections,
+                stream_buffer=args.stream_buffer,
                 max_resumes=args.max_resumes,
                 max_resume_seconds=args.max_resume_seconds,
                 first_token_timeout=args.first_token_timeout,

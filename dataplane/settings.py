@@ -54,6 +54,10 @@ class ResumeSettings:
     # Connections kept open to every routable backend for resumes (dataplane/upstream/standby.py); 0
     # = none.
     standby_connections: int = 4
+    # Bytes a stream may have buffered on each side of the shim: the kernel's send buffer of
+    # the client's connection, the receive buffer of the engine's and aiohttp's read-ahead
+    # of it (dataplane/upstream/buffers.py). 0 = the kernel's autotuning, megabytes a stream.
+    stream_buffer: int = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from dataplane.link.control_link import ControlLink
 from dataplane.metrics import ShimMetrics
 from dataplane.responses.stored import StoredResponses
 from dataplane.settings import ShimSettings
+from dataplane.upstream import buffers
 from dataplane.upstream.standby import Standby
 
 
@@ -101,7 +102,8 @@ def _session(settings: ShimSettings) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(
         limit=settings.max_connections, keepalive_timeout=settings.keepalive_timeout
     )
-    return aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    bufsize = buffers.read_bufsize(settings.proxy.resume.stream_buffer)
+    return aiohttp.ClientSession(connector=connector, auto_decompress=False, read_bufsize=bufsize)
 
 
 def resume_targets(control: ControlLink) -> list[Backend]:

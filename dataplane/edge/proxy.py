@@ -35,7 +35,7 @@ from dataplane.request import ClientRequest
 from dataplane.settings import ProxySettings
 from dataplane.spec.server import SpecControl, SpecServer
 from dataplane.sse import ClientStream
-from dataplane.upstream import genai
+from dataplane.upstream import buffers, genai
 from dataplane.upstream.engine import classify_exception, open_attempt, settle
 from dataplane.upstream.failures import classify_status
 
@@ -290,8 +290,10 @@ class Proxy:
         return resp
 
     def _guard(self, request: web.Request, resp: web.StreamResponse) -> GuardedStream:
-        """The client's stream, ended when a write waits --client-write-timeout for it."""
+        """The client's stream, ended when a write waits --client-write-timeout for it, its
+        connection's send buffer capped (--stream-buffer)."""
         timeout = self._settings.client_write_timeout
+        buffers.cap_client(request.transport, self._settings.resume.stream_buffer)
         return GuardedStream(request, resp, timeout, self._metrics.client_write_timeouts)
 
     async def _own(self, ex: Exchange, backend: Backend, key: str) -> None:

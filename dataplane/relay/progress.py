@@ -10,18 +10,21 @@ from __future__ import annotations
 import zlib
 from array import array
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeAlias
+
+from dataplane.relay.blocklog import IdLog, Utf8Log
 
 RECENT_CHUNKS = 64  # per choice, for choosing the seam overlap; bounds memory
 # Token ids are held 4 bytes each (array typecode "I"), not as Python ints (28-32 bytes and
 # an 8-byte list slot): a stream holds every id it generated, for as long as it runs.
 ID_TYPE = "I"
 Ids: TypeAlias = "array[int]"
-# The client's text is kept as the engine's chunks came, joined every PIECES_BLOCK pieces:
-# one str per chunk costs ~50 bytes of object header for ~4 characters of text.
-PIECES_BLOCK = 256
+# The client's text is kept as UTF-8 in a block log (blocklog.py, ids too), not as a str per
+# chunk: one costs ~50 bytes of object header for ~4 characters of text. "surrogatepass":
+# any str round-trips, a lone surrogate from a JSON escape too.
+UTF8_ERRORS = "surrogatepass"
 # A seam overlap starts at a character boundary at most this many tokens before the m it
 # must cover (a held-back character is at most 4 byte tokens). Every overlap token is a
 # decode step on the new engine before the client gets anything: a boundary further back
@@ -35,17 +38,58 @@ def id_array(ids: Iterable[int] = ()) -> Ids:
     return array(ID_TYPE, ids)
 
 
+class Boundaries:
+    """The latest RECENT_CHUNKS (tokens, characters) pairs, oldest first, as a deque of
+    tuples would hold them, packed into one preallocated array: a pair is appended per
+    one-token chunk, so as tuples they would be a stream's steady churn of small objects."""
+
+    __slots__ = ("_ring", "_next", "_len")
+
+    def __init__(self, first: tuple[int, int] | None = (0, 0)) -> None:
+        self._ring = array("Q", bytes(8 * RECENT_CHUNKS))
+        self._next = self._len = 0
+        if first is not None:
+            self.append(first)
+
+    def append(self, pair: tuple[int, int]) -> None:
+        self._ring[self._next] = (pair[0] << 32) | pair[1]
+        self._next = (self._next + 1) % RECENT_CHUNKS
+        self._len = min(self._len + 1, RECENT_CHUNKS)
+
+    def clear(self) -> None:
+        self._next = self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        if not -self._len <= i < self._len:
+            raise IndexError("no such boundary")
+        v = self._ring[(self._next - self._len + i % self._len) % RECENT_CHUNKS]
+        return v >> 32, v & 0xFFFFFFFF
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return (self[i] for i in range(self._len))
+
+    def __reversed__(self) -> Iterator[tuple[int, int]]:
+        return (self[i] for i in range(self._len - 1, -1, -1))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Boundaries) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"Boundaries({list(self)})"
+
+
 @dataclass(slots=True)
 class ChoiceProgress:
     """What one choice has produced so far. Mutable; owned by one request's stitcher."""
 
     index: int
     prompt_ids: Ids | None = None
-    token_ids: Ids = field(default_factory=id_array)
-    # The text sent to the client, in order: whole blocks of PIECES_BLOCK chunks' texts, then
-    # the `loose` latest ones.
-    pieces: list[str] = field(default_factory=list)
-    loose: int = 0
+    token_ids: IdLog = field(default_factory=IdLog)
+    # The text sent to the client, in order, as UTF-8 (UTF8_ERRORS).
+    utf8: Utf8Log = field(default_factory=Utf8Log)
     # Character boundaries the client's text is known to end at, newest last: (tokens, text
     # length) after a one-token chunk that carried text. Byte-level engines (vLLM, the sim)
     # release a token's text only once the bytes so far decode to whole characters, so after
@@ -53,9 +97,7 @@ class ChoiceProgress:
     # its last ones back. (0, 0) is the start of the generation. A resume whose prompt ends
     # at one of these behaves like a fresh request; past the last one the client may lack
     # the text of some tokens (half a character), which Baton then derives itself.
-    settled: deque[tuple[int, int]] = field(
-        default_factory=lambda: deque([(0, 0)], maxlen=RECENT_CHUNKS)
-    )
+    settled: Boundaries = field(default_factory=Boundaries)
     # False with stop strings: the engine holds back text that could start one, so a chunk's
     # text says nothing of where the client's text ends.
     settles: bool = True
@@ -73,7 +115,7 @@ class ChoiceProgress:
     tool_call: bool = False
     # Tool calls the client has (a followed parser's: dataplane/relay/tools/follow.py), and,
     # once the text has been rebuilt from ids at a seam (the engine's parser withholds the
-    # calls' text, so until then `pieces` hold only what the client was sent), how much of
+    # calls' text, so until then `utf8` holds only what the client was sent), how much of
     # the reply's parsed content the client has; -1 before any rebuild.
     calls: list[SentCall] = field(default_factory=list)
     content_sent: int = -1
@@ -82,7 +124,7 @@ class ChoiceProgress:
     logprob_offset: int = 0
     # Reasoning (dataplane/relay/resume/reasoning.py): the delta field it came in ("" =
     # none seen yet), whether it is still open, and whether its end tag's token was
-    # generated while the text around it has not come yet. `pieces` hold the engine's raw
+    # generated while the text around it has not come yet. `utf8` holds the engine's raw
     # text, the tags' as the stream shows them ("" for a skipped special tag), as a resume's
     # /v1/completions would decode it. Split by the tags' ids, the reasoning is
     # text[thought_from:thought_to] (thought_to None while it is open) and the reply
@@ -103,25 +145,19 @@ class ChoiceProgress:
 
     @property
     def text(self) -> str:
-        if len(self.pieces) > 1:
-            self.pieces[:] = ["".join(self.pieces)]
-            self.loose = 0
-        return self.pieces[0] if self.pieces else ""
+        """The client's text (decoded on each read: only seams and the end read it)."""
+        return self.utf8.bytes().decode("utf-8", UTF8_ERRORS)
 
     def set_text(self, text: str) -> None:
-        self.pieces[:] = [text] if text else []
-        self.loose = 0
+        self.utf8.clear()
+        self._append(text)
 
     def _append(self, text: str) -> None:
-        self.pieces.append(text)
-        self.loose += 1
-        if self.loose >= PIECES_BLOCK:
-            self.pieces[-PIECES_BLOCK:] = ["".join(self.pieces[-PIECES_BLOCK:])]
-            self.loose = 0
+        self.utf8.extend(text.encode("utf-8", UTF8_ERRORS))
 
     def ids(self, start: int = 0, end: int | None = None) -> list[int]:
         """Generated ids [start:end] as a list (for a request body or list arithmetic)."""
-        return self.token_ids[start:end].tolist()
+        return self.token_ids.tolist(start, end)
 
     @property
     def reply(self) -> str:

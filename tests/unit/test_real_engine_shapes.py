@@ -23,7 +23,7 @@ def test_null_prompt_ids_on_later_chunks_keep_the_first_ones() -> None:
     s.original(completion_chunk("b", [98], None), b"")
     p = s.choices[0]
     # Without the prompt ids the resume could not take the token path.
-    assert (p.prompt_ids, p.token_ids) == (id_array([120]), id_array([97, 98]))
+    assert (p.prompt_ids, p.ids()) == (id_array([120]), [97, 98])
 
 
 def test_text_chunks_after_ids_count_as_generated() -> None:
