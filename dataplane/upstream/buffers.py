@@ -1,11 +1,11 @@
 """What the kernel may buffer for one stream on each side of the shim.
 
 Left to itself, Linux autotunes a socket's buffers up to tcp_wmem/tcp_rmem's maximum (4 and
-6-32 MiB by default). For a client that stops reading, that is megabytes of SSE the engine
-generates into nowhere before its backpressure reaches it, and every token of it is a token
-whose id and text the shim holds for a resume (bench.memory's stalled case: ~1 MiB a
-stalled stream, against ~0.2 with these caps). A token stream needs little: 64 KiB is
-hundreds of events, and keeps a 100 ms client link at over 600 KB/s."""
+6-32 MiB by default). For a client that stops reading, that is megabytes of SSE queued in
+the kernel for one stream before the relay's write waits, and every token of it is one
+whose id and text the shim holds for a resume (bench.memory's stalled case: 1.4 MiB of the
+shim a stalled stream, 0.4 with these caps; the floor proxy's 0.7). A token stream needs
+little: 64 KiB is hundreds of events, and keeps a 100 ms client link at over 600 KB/s."""
 
 from __future__ import annotations
 
