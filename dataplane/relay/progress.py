@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 from array import array
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -38,49 +38,6 @@ def id_array(ids: Iterable[int] = ()) -> Ids:
     return array(ID_TYPE, ids)
 
 
-class Boundaries:
-    """The latest RECENT_CHUNKS (tokens, characters) pairs, oldest first, as a deque of
-    tuples would hold them, packed into one preallocated array: a pair is appended per
-    one-token chunk, so as tuples they would be a stream's steady churn of small objects."""
-
-    __slots__ = ("_ring", "_next", "_len")
-
-    def __init__(self, first: tuple[int, int] | None = (0, 0)) -> None:
-        self._ring = array("Q", bytes(8 * RECENT_CHUNKS))
-        self._next = self._len = 0
-        if first is not None:
-            self.append(first)
-
-    def append(self, pair: tuple[int, int]) -> None:
-        self._ring[self._next] = (pair[0] << 32) | pair[1]
-        self._next = (self._next + 1) % RECENT_CHUNKS
-        self._len = min(self._len + 1, RECENT_CHUNKS)
-
-    def clear(self) -> None:
-        self._next = self._len = 0
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __getitem__(self, i: int) -> tuple[int, int]:
-        if not -self._len <= i < self._len:
-            raise IndexError("no such boundary")
-        v = self._ring[(self._next - self._len + i % self._len) % RECENT_CHUNKS]
-        return v >> 32, v & 0xFFFFFFFF
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        return (self[i] for i in range(self._len))
-
-    def __reversed__(self) -> Iterator[tuple[int, int]]:
-        return (self[i] for i in range(self._len - 1, -1, -1))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Boundaries) and list(self) == list(other)
-
-    def __repr__(self) -> str:
-        return f"Boundaries({list(self)})"
-
-
 @dataclass(slots=True)
 class ChoiceProgress:
     """What one choice has produced so far. Mutable; owned by one request's stitcher."""
@@ -97,7 +54,9 @@ class ChoiceProgress:
     # its last ones back. (0, 0) is the start of the generation. A resume whose prompt ends
     # at one of these behaves like a fresh request; past the last one the client may lack
     # the text of some tokens (half a character), which Baton then derives itself.
-    settled: Boundaries = field(default_factory=Boundaries)
+    settled: deque[tuple[int, int]] = field(
+        default_factory=lambda: deque([(0, 0)], maxlen=RECENT_CHUNKS)
+    )
     # False with stop strings: the engine holds back text that could start one, so a chunk's
     # text says nothing of where the client's text ends.
     settles: bool = True
@@ -188,7 +147,7 @@ class ChoiceProgress:
         """One chunk's text and ids, as the client got them. `settled`: the caller knows the
         text covers every one of the ids (Baton decoded them itself)."""
         if text:
-            self._append(text)
+            self.utf8.extend(text.encode("utf-8", UTF8_ERRORS))
             self.text_len += len(text)
             self.content_chunks += 1
             if not ids:
@@ -197,9 +156,10 @@ class ChoiceProgress:
                 if self.token_ids:
                     self.untracked_chunks += 1
         if ids:
-            self.token_ids.extend(ids)
+            log = self.token_ids
+            log.extend(ids)
             if self.settles and (settled or (text and len(ids) == 1)):
-                self.settled.append((len(self.token_ids), self.text_len))
+                self.settled.append((len(log), self.text_len))
 
     def end(self, finish: str, stop_reason: str | int | None = None, held_text: str = "") -> None:
         """The choice's finish. `held_text`: text the client gets with it for tokens counted
