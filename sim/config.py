@@ -17,6 +17,27 @@ from sim.specdecode import SpecConfig
 
 
 @dataclass(frozen=True, slots=True)
+class LoraModule:
+    """One of vLLM's --lora-modules: an adapter registered at start (``name=path``, or JSON
+    with ``base_model_name``, which becomes its card's parent when it names the base)."""
+
+    name: str
+    path: str
+    base_model_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoraConfig:
+    """vLLM's --enable-lora and its LoRA flags, as the sim models them (sim.lora)."""
+
+    max_loras: int = 1  # distinct adapters in one running batch (vLLM's default)
+    max_cpu_loras: int = 1  # adapters the engine keeps loaded, LRU (vLLM: max_loras)
+    max_lora_rank: int = 16  # an adapter_config.json with a larger r fails to load
+    load_s: float = 0.0  # loading one adapter's weights into the engine
+    modules: tuple[LoraModule, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class SimConfig:
     model: ModelConfig
     limits: Limits
@@ -59,3 +80,8 @@ class SimConfig:
     # vLLM's --enable-scale-out: POST /inference/v1/generate (token ids in and out) is served;
     # without it the route answers 403, as vLLM 0.32's does (sim.generate_http).
     enable_scale_out: bool = False
+    # vLLM's --enable-lora (None: off; requests may name only the base model).
+    lora: LoraConfig | None = None
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING: POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+    # are served (sim.lora_http); vLLM attaches them by the variable alone, --enable-lora or not.
+    runtime_lora_updating: bool = False

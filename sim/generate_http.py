@@ -26,6 +26,7 @@ from sim.faults import FaultSpec
 from sim.generation import Sequence
 from sim.http_common import error_type, garbage, json_body, request_faults, serve_run
 from sim.logprobs import Style
+from sim.lora import Adapter
 from sim.protocol import ApiError, GenRequest
 from sim.run import Run
 from sim.state import STATE, SimState
@@ -49,20 +50,22 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise ApiError(faults.status, "injected fault", error_type(faults.status))
     if faults.garbage:
         return await garbage(request)
-    spec = g.parse_generate(await json_body(request), state.tokenizer, state.cfg.limits)
+    body = await json_body(request)
+    adapter = state.loras.resolve(body.get("model"))  # a LoRA adapter's name runs under it
+    spec = g.parse_generate(body, state.tokenizer, state.loras.limits(adapter))
     base = request.headers.get("X-Request-Id") or spec.request_id or os.urandom(8).hex()
     req = spec.req
     meta = r.Meta(
         id="generate-tokens-" + base,
         created=int(time.time()),
-        model=state.cfg.limits.model,
+        model=state.cfg.limits.model if adapter is None else adapter.name,
         fingerprint=state.fingerprint,
         chat=False,
         return_token_ids=req.return_token_ids,
         include_usage=req.include_usage,
         continuous_usage=req.continuous_usage,
     )
-    run = GenerateRun(state, state.engine_for(request), req, faults, meta, spec.mode)
+    run = GenerateRun(state, state.engine_for(request), req, faults, meta, spec.mode, adapter)
     return await serve_run(request, run, req.stream)
 
 
@@ -71,11 +74,11 @@ class GenerateRun(Run):
 
     def __init__(
         self, state: SimState, engine: EngineRank, req: GenRequest, faults: FaultSpec,
-        meta: r.Meta, mode: g.Mode,
+        meta: r.Meta, mode: g.Mode, adapter: Adapter | None = None,
     ) -> None:
         self.mode: g.Mode = mode  # before Run's init: it asks _lp_style
         self._prompt_due = req.return_token_ids  # the first chunk of all carries them
-        super().__init__(state, engine, req, faults, meta)
+        super().__init__(state, engine, req, faults, meta, adapter)
 
     def _lp_style(self) -> Style:
         return self.mode

@@ -48,7 +48,7 @@ async def json_body(request: web.Request) -> dict[str, Any]:
 async def serve_run(request: web.Request, run: Run, stream: bool) -> web.StreamResponse:
     """Admit, generate (streamed or not), account: one generation's life on its engine."""
     engine = run.engine
-    await engine.admit()
+    await engine.admit(run.adapter)
     run.begin()
     try:
         if stream:
@@ -62,7 +62,7 @@ async def serve_run(request: web.Request, run: Run, stream: bool) -> web.StreamR
         return web.Response(status=499)
     finally:
         run.end()
-        engine.release()
+        engine.release(run.adapter)
 
 
 def request_faults(request: web.Request, state: SimState) -> FaultSpec:

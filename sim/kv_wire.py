@@ -84,19 +84,25 @@ KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 def stored(
-    hashes: Sequence[int], parent: int | None, token_ids: list[int], block_size: int
+    hashes: Sequence[int], parent: int | None, token_ids: list[int], block_size: int,
+    lora: tuple[int, str] | None = None,
 ) -> BlockStored:
-    """A BlockStored as vLLM's BlockPool/KVCacheManager fill it for a plain request."""
+    """A BlockStored as vLLM's BlockPool/KVCacheManager fill it for a plain request, or for
+    one under the LoRA adapter ``lora`` = (lora_int_id, lora_name): then every block's extra
+    keys are ``(lora_name,)`` (vLLM's to_event_extra_keys keeps the name of its
+    ``("lora", name, path)`` key)."""
     block_hashes: list[bytes | int] = [*hashes]
+    lora_id, lora_name = (None, None) if lora is None else lora
+    extra: tuple[Any, ...] | None = None if lora_name is None else (lora_name,)
     return BlockStored(
         block_hashes=block_hashes,
         parent_block_hash=parent,
         token_ids=token_ids,
         block_size=block_size,
-        lora_id=None,
+        lora_id=lora_id,
         medium=MEDIUM_GPU,
-        lora_name=None,
-        extra_keys=[None] * len(hashes),  # no LoRA, multimodal, salt or embeds keys
+        lora_name=lora_name,
+        extra_keys=[extra] * len(hashes),  # no multimodal, salt or embeds keys
         group_idx=0,
         kv_cache_spec_kind=FULL_ATTENTION,
     )

@@ -18,6 +18,9 @@ KV-cache events it emits are the ones vLLM would emit for the same requests:
   tail first); its partial block is free at once. A new block takes a free one,
   else evicts the least recent candidate: one ``BlockRemoved`` per block.
 * ``reset()`` drops every cached hash when no block is held (``AllBlocksCleared``).
+* A sequence under a LoRA adapter (``LoraTag``) hashes its blocks with the adapter's
+  extra key, as vLLM does: the same tokens under another adapter (or none) share nothing;
+  its ``BlockStored`` carry the adapter's lora_id, lora_name and extra keys.
 
 Usage (vllm:kv_cache_usage_perc) is held blocks / capacity, as vLLM counts it:
 cached blocks nobody holds are free. Capacity 0 turns the cache off.
@@ -40,9 +43,23 @@ _MASK = (1 << 64) - 1
 _ROOT = 0  # the parent "hash" of a chain's first block
 
 
-def block_hash(parent: int | None, tokens: Sequence[int]) -> int:
-    """A deterministic unsigned 64-bit hash of (parent hash, the block's token ids)."""
-    return hash((_ROOT if parent is None else parent, tuple(tokens))) & _MASK
+def block_hash(parent: int | None, tokens: Sequence[int], extra: int | None = None) -> int:
+    """A deterministic unsigned 64-bit hash of (parent hash, the block's token ids) and, for
+    a sequence under a LoRA adapter, its extra key (vLLM hashes ("lora", name, path) in)."""
+    root = _ROOT if parent is None else parent
+    if extra is None:
+        return hash((root, tuple(tokens))) & _MASK
+    return hash((root, tuple(tokens), extra)) & _MASK
+
+
+@dataclass(frozen=True, slots=True)
+class LoraTag:
+    """A sequence's adapter as its blocks know it: the extra key their hashes fold in
+    (sim.lora's Adapter.kv_key), and the lora_id and lora_name of their BlockStored."""
+
+    key: int
+    lora_id: int
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,25 +139,29 @@ class PrefixCache:
         return events
 
     # -- lookups and sequences -------------------------------------------------------
-    def chain_hashes(self, ids: Sequence[int]) -> list[int]:
+    def chain_hashes(self, ids: Sequence[int], lora: LoraTag | None = None) -> list[int]:
         """h_i = H(h_{i-1}, block_i) over full blocks only (a partial block is never cached)."""
         bs, out, h = self._bs, [], None
+        extra = None if lora is None else lora.key
         for start in range(0, len(ids) - bs + 1, bs):
-            h = block_hash(h, ids[start : start + bs])
+            h = block_hash(h, ids[start : start + bs], extra)
             out.append(h)
         return out
 
-    def lookup(self, ids: Sequence[int]) -> CacheLookup:
+    def lookup(self, ids: Sequence[int], lora: LoraTag | None = None) -> CacheLookup:
         """Count the cached leading tokens (read-only)."""
-        return self._lookup(ids, self.chain_hashes(ids) if self._capacity else [])
+        return self._lookup(ids, self.chain_hashes(ids, lora) if self._capacity else [])
 
-    def open(self, prompt: list[int], generated: list[int]) -> KvSeq:
+    def open(
+        self, prompt: list[int], generated: list[int], lora: LoraTag | None = None
+    ) -> KvSeq:
         """Admit one sequence: share its cached prefix, take blocks for the rest and
         cache the prompt's full blocks. ``generated`` is the sequence's output list,
-        read (never written) as it grows; see ``KvSeq.grow``."""
-        seq = KvSeq(self, prompt, generated)
+        read (never written) as it grows; see ``KvSeq.grow``. Under an adapter (``lora``)
+        its blocks are that adapter's: no other sequence's hashes match them."""
+        seq = KvSeq(self, prompt, generated, lora)
         if self._capacity:
-            hashes = self.chain_hashes(prompt)
+            hashes = self.chain_hashes(prompt, lora)
             seq.lookup = self._lookup(prompt, hashes)
             for h in hashes[: (len(prompt) - 1) // self._bs]:
                 blocks = self._by_hash.get(h)
@@ -240,12 +261,16 @@ class PrefixCache:
 class KvSeq:
     """One sequence's blocks (a request's choice). Mutable; owned by one Run."""
 
-    __slots__ = ("_cache", "_prompt", "_out", "blocks", "hashes", "lookup")
+    __slots__ = ("_cache", "_prompt", "_out", "_lora", "blocks", "hashes", "lookup")
 
-    def __init__(self, cache: PrefixCache, prompt: list[int], generated: list[int]) -> None:
+    def __init__(
+        self, cache: PrefixCache, prompt: list[int], generated: list[int],
+        lora: LoraTag | None = None,
+    ) -> None:
         self._cache = cache
         self._prompt = prompt
         self._out = generated
+        self._lora = lora
         self.blocks: list[_Block] = []
         self.hashes: list[int] = []  # of the leading full blocks cached so far
         self.lookup = CacheLookup(len(prompt), 0)
@@ -271,12 +296,15 @@ class KvSeq:
         c, bs, hashes = self._cache, self._cache._bs, self.hashes
         parent = hashes[-1] if hashes else None
         tokens = self._tokens(first * bs, full * bs)
+        lora = self._lora
+        extra = None if lora is None else lora.key
         for i in range(full - first):
-            h = block_hash(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs])
+            h = block_hash(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs], extra)
             c._cache(self.blocks[first + i], h)
             hashes.append(h)
         if c._events is not None:
-            c._emit(stored(hashes[first:], parent, tokens, bs))
+            tag = None if lora is None else (lora.lora_id, lora.name)
+            c._emit(stored(hashes[first:], parent, tokens, bs, tag))
 
     def _tokens(self, start: int, end: int) -> list[int]:
         p = self._prompt

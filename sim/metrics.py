@@ -41,8 +41,11 @@ class SimMetrics:
         block_size: int = 16,
         cache_blocks: int = 4096,
         engines: int = 1,
+        max_loras: int | None = None,
     ) -> None:
         self.registry = r = CollectorRegistry()
+        # With --enable-lora (max_loras set): the LoRA families (sim.lora_runtime feeds them).
+        self.lora = LoraMetrics(r, max_loras) if max_loras is not None else None
         labels = ("model_name", "engine")
 
         def gauge(name: str, doc: str) -> Gauge:
@@ -103,6 +106,29 @@ class SimMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class LoraMetrics:
+    """vLLM's vllm:lora_requests_info, and the sim's own count of adapter loads.
+
+    The gauge is the API server's (no engine label). Each label set it was ever set with
+    stays on the page, valued the time it was last current (vLLM's set_to_current_time),
+    so a reader takes the sample with the largest value. ``sim:lora_loads_total`` is not
+    vLLM's: adapter weights loaded into an engine rank, a reload after an eviction too."""
+
+    def __init__(self, r: CollectorRegistry, max_loras: int) -> None:
+        self._max = str(max_loras)
+        self._info = Gauge(
+            "vllm:lora_requests_info", "Running stats on lora requests.",
+            ("max_lora", "waiting_lora_adapters", "running_lora_adapters"), registry=r,
+        )  # fmt: skip
+        self.loads = Counter(
+            "sim:lora_loads", "Sim only: LoRA adapter loads into an engine rank.",
+            ("adapter", "engine"), registry=r,
+        )  # fmt: skip
+
+    def current(self, waiting: str, running: str) -> None:
+        self._info.labels(self._max, waiting, running).set_to_current_time()
 
 
 class _SpecFamilies:

@@ -49,6 +49,11 @@ a history whose prompt offers tools (or answers a tool result) gets a plan
 argmax once ``tool_call_after`` tokens are out, at a history
 ``answer_boundary`` allows.
 
+LoRA adapters (sim.lora): ``with_adapter(identity)`` is the same model whose
+history hash starts elsewhere (``identity`` is a digest of the adapter's files),
+so its greedy output is another continuation, the same on every replica that
+loaded the same files, and resume stays exact under it.
+
 Hashing uses CPython's tuple hash of ints, which is fixed per interpreter
 build (no PYTHONHASHSEED involvement): replicas must run the same CPython,
 the sim's equivalent of "same engine version".
@@ -58,6 +63,7 @@ the sim's equivalent of "same engine version".
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -82,6 +88,7 @@ _SALT_CHIP = -11
 _SALT_DRAFT = -13
 _DRAFT_BITS = 24
 _SALT_THINK = -17
+_SALT_ADAPTER = -19
 # Stateful modes keep this in the low bits of the history hash: bits 0-1 =
 # UTF-8 continuation bytes still owed, bit 2 = text so far ends in U+FFFD,
 # bits 3.. = 1 + tokens since <think> (saturating), 0 = not thinking.
@@ -163,9 +170,7 @@ class ToyModel:
                 tuple(_pack(*utf8_state(p, s & 3, bool(s & 4))) for s in range(8))
                 for p in tokenizer.visible
             )
-            self.start, self.advance = self._start_stateful, self._advance_stateful
-        else:
-            self.start, self.advance = self._start_plain, _advance_plain
+        self._bind()
         self._tie_cut = int(min(max(config.tie_rate, 0.0), 1.0) * (1 << _TIE_BITS))
         self._eos_cut = int(min(max(config.eos_rate, 0.0), 1.0) * (1 << _EOS_BITS))
         self._h0 = hash((config.seed, 0x5EED))
@@ -176,6 +181,22 @@ class ToyModel:
         ranked = sum(math.exp(-r * _RANK_GAP) for r in range(MAX_RANKED))
         tail = max(tokenizer.vocab_size - MAX_RANKED, 0) * math.exp(_TAIL_LOGIT)
         self._log_z = math.log(ranked + tail)
+
+    def _bind(self) -> None:
+        if self._utf8:
+            self.start, self.advance = self._start_stateful, self._advance_stateful
+        else:
+            self.start, self.advance = self._start_plain, _advance_plain
+
+    def with_adapter(self, identity: int) -> ToyModel:
+        """This model with a LoRA adapter on top (sim.lora): the same tables, another start
+        of the history hash, so another greedy continuation at every history, and still
+        the same whether a history came as prompt or was generated (the hash of
+        ``prompt + generated[:k]`` folds the same steps from the same start)."""
+        other = copy.copy(self)
+        other._h0 = hash((self.config.seed, 0x5EED, _SALT_ADAPTER, identity))
+        other._bind()  # start and advance are bound methods: rebind them to the copy
+        return other
 
     # -- history hashing -------------------------------------------------
     def _start_plain(self, ids: Sequence[int]) -> int:

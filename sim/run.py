@@ -34,6 +34,7 @@ from sim.tools import ToolStream
 
 if TYPE_CHECKING:
     from sim.engine import EngineRank
+    from sim.lora import Adapter
     from sim.state import SimState
 
 FLUSH_EVERY = 64  # chunks buffered per write when nothing is paced
@@ -46,16 +47,16 @@ class Dropped(Exception):
 class Run(EngineUse):
     def __init__(
         self, state: SimState, engine: EngineRank, req: GenRequest, faults: FaultSpec,
-        meta: r.Meta,
+        meta: r.Meta, adapter: Adapter | None = None,
     ) -> None:
         cfg = state.cfg  # the request as the server's parsers adjust it (sim.adjust)
         req = adjusted(req, cfg.model.tool_format if cfg.tool_calls else None,
                        reasoning=cfg.reasoning)  # fmt: skip
-        super().__init__(state, engine, req)
+        super().__init__(state, engine, req, adapter)
         self.faults = faults
         self.meta = meta
         self.emitted = 0
-        h, model = self.prompt_hash, state.model
+        h, model = self.prompt_hash, self.model
         self.seqs = [
             Sequence(model, req.prompt_ids, req.params, index=i, prompt_hash=h,
                      tool=self._plan())
@@ -81,7 +82,7 @@ class Run(EngineUse):
                 R1Stream(*think, include_reasoning=meta.include_reasoning) for _ in range(req.n)
             ]
         self._lp = None if req.logprobs is None else RunLogprobs(
-            state.model, self._lp_style(), req.logprobs, req.n,
+            model, self._lp_style(), req.logprobs, req.n,
             # vLLM hides them where the reasoning is hidden (they would spell it out).
             hidden=self._parsed and not meta.include_reasoning,
         )  # fmt: skip
@@ -113,7 +114,7 @@ class Run(EngineUse):
         """Tool-call mode: what the prompt's ids make the model write (sim.tool_script)."""
         if self.state.tokenizer.tool_call_start is None:
             return None
-        plan = ToolCallPlan(self.state.model, self.req.prompt_ids)
+        plan = ToolCallPlan(self.model, self.req.prompt_ids)
         return plan if plan.active else None
 
     # -- non-streaming -------------------------------------------------------
@@ -124,7 +125,7 @@ class Run(EngineUse):
         await self._prefill()
         k = self.req.prompt_logprobs
         if k is not None:
-            scored = prompt_logprobs(self.state.model, self.req.prompt_ids, k)
+            scored = prompt_logprobs(self.model, self.req.prompt_ids, k)
             self._prompt_logprobs = r.prompt_logprobs(scored, self.state.tokenizer.texts)
         tight = self.state.cfg.cost.decode_ms_per_step <= 0 and self.engine.cells is None
         if not self._check_faults and tight and self._lp is None:

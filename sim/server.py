@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sim import generate_http, kv_http, messages_http, pooling_http, responses_http
+from sim import generate_http, kv_http, lora_http, messages_http, pooling_http, responses_http
 from sim import responses as r
 from sim.chat_template import TemplateError, parse_messages, render
 from sim.config import SimConfig
@@ -63,6 +63,7 @@ def create_app(cfg: SimConfig) -> web.Application:
     pooling_http.add_routes(app)
     kv_http.add_routes(app)
     generate_http.add_routes(app)
+    lora_http.add_routes(app)
     return app
 
 
@@ -126,12 +127,15 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
         raise ApiError(faults.status, "injected fault", error_type(faults.status))
     if faults.garbage:
         return await garbage(request)
-    req = parse(await json_body(request), state.tokenizer, state.cfg.limits)
+    body = await json_body(request)
+    adapter = state.loras.resolve(body.get("model"))  # a LoRA adapter's name runs under it
+    limits = state.loras.limits(adapter)
+    req = parse(body, state.tokenizer, limits)
     chat = req.kind == "chat"
     meta = r.Meta(
         id=("chatcmpl-" if chat else "cmpl-") + os.urandom(16).hex(),
         created=int(time.time()),
-        model=state.cfg.limits.model,
+        model=limits.model,
         fingerprint=state.fingerprint,
         chat=chat,
         return_token_ids=req.return_token_ids,
@@ -145,14 +149,15 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
         tool_defs=req.tool.tools if chat and req.tool else (),
     )
     engine = state.engine_for(request)
-    return await serve_run(request, Run(state, engine, req, faults, meta), req.stream)
+    run = Run(state, engine, req, faults, meta, adapter)
+    return await serve_run(request, run, req.stream)
 
 
 # -- tokenizer endpoints ---------------------------------------------------------
 async def tokenize(request: web.Request) -> web.Response:
     state = request.app[STATE]
     body = await json_body(request)
-    check_model(body, state.cfg.limits)
+    check_model(body, state.loras.limits(state.loras.resolve(body.get("model"))))
     add_special = body.get("add_special_tokens")
     if "messages" in body:
         try:
@@ -180,7 +185,7 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     state = request.app[STATE]
     body = await json_body(request)
-    check_model(body, state.cfg.limits)
+    check_model(body, state.loras.limits(state.loras.resolve(body.get("model"))))
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not state.tokenizer.valid_ids(tokens):
         raise bad_request(
@@ -207,7 +212,7 @@ async def models(request: web.Request) -> web.Response:
         "max_model_len": state.cfg.limits.max_model_len,
         "permission": [],
     }
-    return ok({"object": "list", "data": [card]})
+    return ok({"object": "list", "data": [card, *lora_http.cards(state)]})
 
 
 async def version(request: web.Request) -> web.Response:

@@ -13,6 +13,7 @@ from aiohttp import web
 from sim.balancer import RANK_HEADER, LeastLoaded, header_rank
 from sim.config import SimConfig
 from sim.engine import EngineRank
+from sim.lora_runtime import Loras
 from sim.metrics import SimMetrics
 from sim.model import ToyModel
 from sim.responses_store import ResponseStore
@@ -38,6 +39,7 @@ class SimState:
             block_size=cfg.cost.block_size,
             cache_blocks=cfg.cost.cache_blocks,
             engines=size,
+            max_loras=cfg.lora.max_loras if cfg.lora is not None else None,
         )
         self.engines: list[EngineRank] = []
         try:
@@ -47,6 +49,8 @@ class SimState:
             self.close()
             raise
         self.balancer = LeastLoaded(size)
+        # Adapters (vLLM's --enable-lora): the registry is there either way, as vLLM's is.
+        self.loras = Loras(cfg, self.engines, self.metrics.lora)
         self.fingerprint = f"sim-{cfg.model.seed}"
         self.created = int(time.time())
         # Unbuffered appends: a SIGKILLed sim keeps every line it wrote (benchmarks kill them).
