@@ -19,10 +19,13 @@
 #   model/tiny-tools/, model/tiny-tools-llama3/  an agent that calls tools (a Markov chain
 #                     through added tokens: three turns, parallel calls, arguments cut
 #                     mid-string/number/escape/character) for vLLM's hermes / llama3_json parsers
+#   model/tiny-lora-{a,b,c}/  LoRA adapters for tiny (rank 8, random, one seed each; peft
+#                     installed into vllm-venv builds them), each with greedy.json: the tokens
+#                     transformers + peft decode with it (make_lora_adapters.py)
 #   router-venv/      sglang-router 0.3.2, the peer bench/kv_routing.py --real runs beside
 #                     Baton (its own environment; only with the named step `router`)
 # and, system-wide, Debian's `prometheus` (tests/real/test_dashboard.py runs its own process).
-# Usage: scripts/engines/setup.sh [vllm|llama_server|model|prometheus|router]...  (env BATON_ENGINE_CACHE, default ~/.cache/baton-engines)
+# Usage: scripts/engines/setup.sh [vllm|llama_server|model|lora|prometheus|router]...  (env BATON_ENGINE_CACHE, default ~/.cache/baton-engines)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${BATON_ENGINE_CACHE:-$HOME/.cache/baton-engines}"
@@ -32,6 +35,9 @@ LLAMA_CPP_PYTHON=0.3.36   # its sdist vendors the llama.cpp source and converter
 # A model's version: bump it when make_tiny_model.py changes that model, and it is rebuilt.
 TINY_VERSION=2 BYTES_VERSION=1 THINK_VERSION=2 WIDE_VERSION=1 ALTERED_VERSION=1 SPEC_VERSION=1
 TOOLS_VERSION=1
+# The LoRA adapters: bump LORA_VERSION when make_lora_adapters.py changes them (a new
+# TINY_VERSION rebuilds them too: their greedy.json holds tiny's output).
+PEFT_VERSION=0.21.0 LORA_VERSION=1
 SGLANG_ROUTER=0.3.2
 SRC="$CACHE/src/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
 mkdir -p "$CACHE/src" "$CACHE/bin" "$CACHE/model" "$CACHE/logs"
@@ -116,6 +122,26 @@ model() {
   one_model spec-target-95 "$SPEC_VERSION"  # ~0.95
 }
 
+# LoRA adapters for tiny (vLLM --enable-lora), built by peft in vllm-venv.
+lora() {
+  local v="$CACHE/vllm-venv" stamp="$CACHE/model/.ok-lora-$LORA_VERSION-tiny-$TINY_VERSION"
+  [[ -f "$stamp" && -f "$v/.ok-peft-$PEFT_VERSION" ]] && { say "lora adapters: cached"; return; }
+  local log="$CACHE/logs/lora.log"
+  : >"$log"
+  one_model tiny "$TINY_VERSION" gguf
+  if [[ ! -f "$v/.ok-peft-$PEFT_VERSION" ]]; then
+    say "peft $PEFT_VERSION: installing into vllm-venv"
+    "$v/bin/pip" install -q "peft==$PEFT_VERSION" >>"$log" 2>&1 || fail_with_log "$log"
+    touch "$v/.ok-peft-$PEFT_VERSION"
+  fi
+  say "lora adapters: building"
+  { rm -rf "$CACHE"/model/tiny-lora-{a,b,c} \
+    && "$v/bin/python" "$HERE/make_lora_adapters.py" "$CACHE/model/tiny" "$CACHE/model"; } \
+    >>"$log" 2>&1 || fail_with_log "$log"
+  touch "$stamp"
+  say "lora adapters: done"
+}
+
 # A benchmark-only peer, in its own venv (never in Baton's dependencies).
 router() {
   local v="$CACHE/router-venv"
@@ -144,13 +170,14 @@ prometheus() {
 
 start=$(date +%s)
 llama_source  # both the build and the GGUF converter need it; fetched once, before either
-if [[ $# -gt 0 ]]; then  # named steps only: vllm, llama_server, model
+if [[ $# -gt 0 ]]; then  # named steps only: vllm, llama_server, model, lora, ...
   for step in "$@"; do "$step"; done
 else
   # The compile is CPU-bound and the install mostly download and unpack: run them side by side.
   llama_server & building=$!
   vllm
   model
+  lora
   prometheus
   wait "$building"
 fi
