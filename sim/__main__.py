@@ -17,13 +17,12 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Mapping
 
-from sim.config import LoraConfig, SimConfig
+from sim.config import SimConfig
 from sim.costmodel import CostParams
 from sim.faults import FaultSpecError, parse_fault_spec
 from sim.kv_wire import DEFAULT_TOPIC, KvEventsConfig, kv_events_from_json
-from sim.lora import parse_lora_modules
+from sim.lora_cli import add_lora_arguments, lora_from_args, runtime_lora_updating
 from sim.model import MAX_THINK_TOKENS, ModelConfig
 from sim.protocol import Limits
 from sim.responses_store import DEFAULT_CAPACITY
@@ -33,9 +32,6 @@ from sim.state import STATE
 from sim.tokenizer import FIRST_MERGE_ID
 from sim.tool_script import FORMATS
 from sim.tools import MAX_TOOL_CALL_AFTER
-
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
-DEFAULT_LORA_LOAD_MS = 150.0  # a small adapter's weights from local disk into the engine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -143,23 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="pose as a target with a draft proposing K tokens per step (0 = off)")
     s.add_argument("--spec-acceptance", type=float, default=0.7,
                    help="chance each draft token is accepted")
-    lo = parser.add_argument_group(
-        "LoRA adapters (vLLM's; load/unload routes with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)"
-    )
-    lo.add_argument("--enable-lora", action="store_true",
-                    help="requests may name a loaded adapter as their model (sim.lora)")
-    lo.add_argument("--max-loras", type=int, default=1, metavar="N",
-                    help="distinct adapters in one running batch; a request for another waits")
-    lo.add_argument("--max-cpu-loras", type=int, default=None, metavar="N",
-                    help="adapters each engine keeps loaded, least recently used evicted "
-                         "(default: --max-loras)")
-    lo.add_argument("--max-lora-rank", type=int, choices=LORA_RANKS, default=16,
-                    help="an adapter whose r is larger fails to load")
-    lo.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
-                    help="adapters loaded at start: NAME=PATH or JSON {\"name\", \"path\"}")
-    lo.add_argument("--lora-load-ms", type=float, default=None, metavar="MS",
-                    help=f"loading one adapter's weights into an engine (default "
-                         f"{DEFAULT_LORA_LOAD_MS:g}; 0 with --instant)")
+    add_lora_arguments(parser)
     k = parser.add_argument_group("KV-cache events (vLLM's --kv-events-config, publisher zmq)")
     k.add_argument("--kv-events-endpoint", default="", metavar="ENDPOINT",
                    help="publish on ZMQ: tcp://*:PORT, ipc://... are bound, tcp://HOST:PORT "
@@ -238,37 +218,6 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         lora=lora_from_args(args),
         runtime_lora_updating=runtime_lora_updating(os.environ),
     )
-
-
-def lora_from_args(args: argparse.Namespace) -> LoraConfig | None:
-    """--enable-lora and its flags; None when LoRA is off (vLLM's max_cpu_loras rule)."""
-    if not args.enable_lora:
-        if args.lora_modules:  # vLLM fails to start: each static load needs LoRA
-            raise SystemExit("--lora-modules needs --enable-lora")
-        return None
-    max_loras = args.max_loras
-    max_cpu = max_loras if args.max_cpu_loras is None else args.max_cpu_loras
-    if max_loras < 1:
-        raise SystemExit("--max-loras must be at least 1")
-    if max_cpu < max_loras:
-        raise SystemExit(f"max_cpu_loras ({max_cpu}) must be >= max_loras ({max_loras}).")
-    load_ms = args.lora_load_ms
-    if load_ms is None:
-        load_ms = 0.0 if args.instant else DEFAULT_LORA_LOAD_MS
-    if load_ms < 0:
-        raise SystemExit("--lora-load-ms must be >= 0")
-    try:
-        modules = parse_lora_modules(args.lora_modules or [])
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-    return LoraConfig(max_loras=max_loras, max_cpu_loras=max_cpu,
-                      max_lora_rank=args.max_lora_rank, load_s=load_ms / 1000.0,
-                      modules=modules)  # fmt: skip
-
-
-def runtime_lora_updating(env: Mapping[str, str]) -> bool:
-    """vLLM's envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING: "1" or "true", any case and spacing."""
-    return env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true")
 
 
 def kv_events_from_args(args: argparse.Namespace) -> KvEventsConfig | None:

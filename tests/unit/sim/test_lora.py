@@ -9,7 +9,6 @@ import json
 
 import pytest
 
-from sim.__main__ import runtime_lora_updating
 from sim.admission import Admission
 from sim.config import LoraModule
 from sim.kv_wire import BlockStored
@@ -25,6 +24,7 @@ from sim.lora import (
     sanitized,
     weights_identity,
 )
+from sim.lora_cli import runtime_lora_updating
 from sim.model import ModelConfig, ToyModel
 from sim.protocol import ApiError
 from sim.tokenizer import build_tokenizer
