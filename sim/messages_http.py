@@ -83,20 +83,23 @@ async def create(request: web.Request) -> web.StreamResponse:
     if faults.garbage:
         return await garbage(request)
     req = check_messages(await _body(request))
+    chat = chat_body(req)
+    adapter = state.loras.resolve(chat.get("model"))  # vLLM serves it as a chat request
+    limits = state.loras.limits(adapter)
     try:
-        gen = parse_chat(chat_body(req), state.tokenizer, state.cfg.limits)
+        gen = parse_chat(chat, state.tokenizer, limits)
     except ApiError as e:
         return anthropic_error(e)
     # vLLM's request id: the X-Request-Id header when there is one.
     rid = request.headers.get(REQUEST_ID_HEADER) or os.urandom(8).hex()  # random_uuid(): 16 hex
     meta = r.Meta(
-        id="chatcmpl-" + rid, created=int(time.time()), model=state.cfg.limits.model,
+        id="chatcmpl-" + rid, created=int(time.time()), model=limits.model,
         fingerprint=state.fingerprint, chat=True, return_token_ids=False,
         include_usage=gen.include_usage, continuous_usage=gen.continuous_usage,
         reasoning=state.cfg.reasoning, tools=gen.tool is not None,
         tool_format=state.cfg.model.tool_format, tool_defs=gen.tool.tools if gen.tool else (),
     )  # fmt: skip
-    run = MessagesRun(state, state.engine_for(request), gen, faults, meta)
+    run = MessagesRun(state, state.engine_for(request), gen, faults, meta, adapter)
     return await serve_run(request, run, gen.stream)
 
 
@@ -106,7 +109,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     req = check_count(await _body(request))
     try:
         chat = chat_body(req, count_only=True)
-        check_model(chat, state.cfg.limits)
+        check_model(chat, state.loras.limits(state.loras.resolve(chat.get("model"))))
         try:
             text = render(parse_messages(chat["messages"]),
                           open_think=state.tokenizer.think_start is not None)  # fmt: skip

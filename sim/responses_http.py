@@ -39,7 +39,9 @@ async def create(request: web.Request) -> web.StreamResponse:
     if faults.garbage:
         return await garbage(request)
     body = await json_body(request)
-    check_model(body, state.cfg.limits)
+    adapter = state.loras.resolve(body.get("model"))  # a LoRA adapter's name runs under it
+    limits = state.loras.limits(adapter)
+    check_model(body, limits)
     earlier: list[Message] = []
     prev = body.get("previous_response_id")
     if prev is not None:
@@ -52,14 +54,13 @@ async def create(request: web.Request) -> web.StreamResponse:
     rid = body.get("request_id")
     if not isinstance(rid, str) or not rid:
         rid = "resp_" + os.urandom(8).hex()  # vLLM: "resp_" + random_uuid()
-    req = ra.parse_responses(
-        body, state.tokenizer, state.cfg.limits, response_id=rid, earlier=earlier
-    )
+    req = ra.parse_responses(body, state.tokenizer, limits, response_id=rid, earlier=earlier)
     if not state.responses.enabled:
         req = replace(req, store=False)  # vLLM ignores store without its store variable
     # vLLM's Responses path never reads X-data-parallel-rank: always balanced.
     engine = state.engine_for(request, pinnable=False)
-    return await serve_run(request, ResponsesRun(state, engine, req, faults), req.gen.stream)
+    run = ResponsesRun(state, engine, req, faults, adapter)
+    return await serve_run(request, run, req.gen.stream)
 
 
 async def retrieve(request: web.Request) -> web.Response:

@@ -30,19 +30,22 @@ from sim.run import FLUSH_EVERY, Run, end_abruptly
 
 if TYPE_CHECKING:
     from sim.engine import EngineRank
+    from sim.lora import Adapter
     from sim.state import SimState
 
 
 class ResponsesRun(Run):
     def __init__(
-        self, state: SimState, engine: EngineRank, req: ResponsesRequest, faults: FaultSpec
+        self, state: SimState, engine: EngineRank, req: ResponsesRequest, faults: FaultSpec,
+        adapter: Adapter | None = None,
     ) -> None:
+        model = state.cfg.limits.model if adapter is None else adapter.name
         meta = r.Meta(
-            id=req.response_id, created=int(time.time()), model=state.cfg.limits.model,
+            id=req.response_id, created=int(time.time()), model=model,
             fingerprint=state.fingerprint, chat=True, return_token_ids=False,
             include_usage=False,
         )  # fmt: skip
-        super().__init__(state, engine, req.gen, faults, meta)
+        super().__init__(state, engine, req.gen, faults, meta, adapter)
         self.rreq = req
         self.item_id = "msg_" + os.urandom(8).hex()
 

@@ -247,6 +247,42 @@ def test_each_adapter_has_its_own_output_and_names_the_response(tmp_path: Path) 
     run(config("--enable-lora", "--max-loras", "2", "--lora-modules", f"a={a}", f"b={b}"), body)
 
 
+def test_messages_and_responses_run_under_the_adapter_too(tmp_path: Path) -> None:
+    a = make_adapter(tmp_path, "a", 1)
+    messages = [{"role": "user", "content": "Tell me a story"}]
+
+    async def body(http: Http, state: SimState) -> None:
+        texts = {}
+        for model in ("toy", "a"):
+            async with http.post("/v1/chat/completions", json={
+                    "model": model, "messages": messages, "max_tokens": 12}) as r:
+                texts[model] = (await r.json())["choices"][0]["message"]["content"]
+        assert texts["a"] != texts["toy"]
+        async with http.post("/v1/messages", json={
+                "model": "a", "messages": messages, "max_tokens": 12}) as r:
+            msg = await r.json()
+        assert r.status == 200 and msg["model"] == "a"
+        assert msg["content"][0]["text"] == texts["a"]  # the same chat request underneath
+        async with http.post("/v1/responses", json={
+                "model": "a", "input": "Tell me a story", "max_output_tokens": 12}) as r:
+            resp = await r.json()
+        assert r.status == 200 and resp["model"] == "a"
+
+    run(config("--enable-lora", "--lora-modules", f"a={a}"), body)
+
+
+def test_two_loads_of_one_name_take_turns(tmp_path: Path) -> None:
+    """vLLM holds a lock per name: the second load sees the first one's adapter."""
+    a = make_adapter(tmp_path, "a", 1)
+
+    async def body(http: Http, state: SimState) -> None:
+        answers = await asyncio.gather(load(http, "a", a), load(http, "a", a))
+        assert sorted(status for status, _ in answers) == [200, 400]
+        assert await loads(http) == {"a": 1}
+
+    run(config("--enable-lora", "--lora-load-ms", "30"), body)
+
+
 def test_two_replicas_loading_the_same_weights_agree(tmp_path: Path) -> None:
     """The output is the weights', not the name's: a copy under another name agrees."""
     a = make_adapter(tmp_path, "a", 1)
