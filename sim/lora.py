@@ -11,6 +11,9 @@
 * One engine's loaded adapters (lora/worker_manager.py, LRUCacheWorkerLoRAManager, by int
   id): at most max_cpu_loras, the least recently used evicted by the next load; a request
   whose adapter is not loaded loads it again from its path (sim.run_engine pays for it).
+  An adapter loaded with load_inplace keeps the flag, and vLLM's add_adapter reloads such
+  an adapter from disk whenever its batch runs (every step); the sim reloads it once per
+  request.
 * vllm:lora_requests_info (v1/metrics/stats.py LoRARequestStates): see LoraRequestStates.
 * KV: block hashes of a request under an adapter take ``("lora", name, path)`` as an extra
   key (v1/core/kv_cache_utils.py), so the same tokens under two adapters share no block;
