@@ -5,8 +5,9 @@ one replica and a hot one spreads; loads happen on the home set, and a replica j
 leaving moves only the adapters whose home it changes (llm-d's LoRA-affinity scorer and
 Dynamo's HRW placement route adapters the same way).
 
-    place(adapter, candidates, residency, demand_rate, load, *, per_replica_rate, now,
-          saturated_at=inf, min_idle=0.0, spread_margin=1.0) -> Placement
+    place(adapter, candidates, residency, demand_rate, load, tuning, *, now) -> Placement
+
+(`Tuning`: per_replica_rate, saturated_at=inf, min_idle=0.0, spread_margin=1.0.)
 
 - `candidates`: routable backend ids serving the adapter's base, in any order (the result does
   not depend on it); `load`: in-flight requests or a load score per backend (missing = 0);
@@ -85,20 +86,32 @@ def home_size(demand_rate: float, per_replica_rate: float, n: int) -> int:
     return max(1, min(n, math.ceil(max(0.0, demand_rate) / per_replica_rate)))
 
 
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """The operator's knobs of placement: the request rate one replica takes of an adapter
+    (how home sets grow), the load at which a replica counts as saturated, how long an
+    adapter must be idle before it may be unloaded, and the load gap that spreads a hot
+    adapter to one more home member."""
+
+    per_replica_rate: float
+    saturated_at: float = math.inf
+    min_idle: float = 0.0
+    spread_margin: float = 1.0
+
+
 def place(
     adapter: str,
     candidates: Sequence[str],
     residency: Residency,
     demand_rate: float,
     load: Mapping[str, float],
+    tuning: Tuning,
     *,
-    per_replica_rate: float,
     now: float,
-    saturated_at: float = math.inf,
-    min_idle: float = 0.0,
-    spread_margin: float = 1.0,
 ) -> Placement:
     """Choose the backend for a request to `adapter` (see the module docstring)."""
+    per_replica_rate, saturated_at = tuning.per_replica_rate, tuning.saturated_at
+    min_idle, spread_margin = tuning.min_idle, tuning.spread_margin
     ranked = rank(adapter, candidates)
     if not ranked:
         return Placement(None, PlaceReason.NO_CANDIDATE)
@@ -149,31 +162,17 @@ def place_resume(
     residency: Residency,
     demand_rate: float,
     load: Mapping[str, float],
+    tuning: Tuning,
     *,
-    per_replica_rate: float,
     now: float,
-    saturated_at: float = math.inf,
-    min_idle: float = 0.0,
-    spread_margin: float = 1.0,
 ) -> Placement:
     """Where a failed stream for `adapter` resumes: the least loaded unsaturated surviving
     holder, else `place` without the failed backend."""
     survivors = [b for b in candidates if b != failed]
     ranked = rank(adapter, survivors)
-    holders = [b for b in ranked
-               if residency.holds(b, adapter) and load.get(b, 0.0) < saturated_at]  # fmt: skip
+    bound = tuning.saturated_at
+    holders = [b for b in ranked if residency.holds(b, adapter) and load.get(b, 0.0) < bound]
     if holders:
         best = min(holders, key=lambda b: (load.get(b, 0.0), ranked.index(b)))
         return Placement(best, PlaceReason.RESUME_HOLDER, home=ranked[:1])
-    return place(
-        adapter,
-        survivors,
-        residency,
-        demand_rate,
-        load,
-        per_replica_rate=per_replica_rate,
-        now=now,
-        saturated_at=saturated_at,
-        min_idle=min_idle,
-        spread_margin=spread_margin,
-    )
+    return place(adapter, survivors, residency, demand_rate, load, tuning, now=now)

@@ -15,6 +15,7 @@ from control.fleet.adapters import Demand, Residency
 from control.routing.adapters import (
     Placement,
     PlaceReason,
+    Tuning,
     home_size,
     place,
     place_resume,
@@ -29,7 +30,7 @@ FLEET = ("r0", "r1", "r2")
 def go(adapter: str, res: Residency, load: dict[str, float] | None = None,
        fleet: tuple[str, ...] = FLEET, rate: float = 0.0, now: float = 0.0,
        **kw: float) -> Placement:  # fmt: skip
-    return place(adapter, fleet, res, rate, load or {}, per_replica_rate=10.0, now=now, **kw)
+    return place(adapter, fleet, res, rate, load or {}, Tuning(10.0, **kw), now=now)
 
 
 def serve(res: Residency, adapter: str, p: Placement, now: float) -> int:
@@ -177,13 +178,14 @@ def test_a_resume_goes_to_a_surviving_holder() -> None:
     top, second, third = rank("x", FLEET)
     res.touch(top, "x", 0.0)
     res.touch(third, "x", 0.0)
-    kw: dict[str, float] = {"per_replica_rate": 10.0, "now": 1.0}
-    p = place_resume("x", top, FLEET, res, 0.0, {third: 7.0}, **kw)
+    tuning = Tuning(per_replica_rate=10.0)
+    p = place_resume("x", top, FLEET, res, 0.0, {third: 7.0}, tuning, now=1.0)
     assert (p.backend, p.needs_load) == (third, False)
     assert p.reason == R.RESUME_HOLDER  # even though `second` is now its home
-    p = place_resume("x", top, FLEET, Residency(), 0.0, {}, **kw)  # no holder: the next home
+    p = place_resume("x", top, FLEET, Residency(), 0.0, {}, tuning, now=1.0)  # next home
     assert (p.backend, p.reason, p.needs_load) == (second, R.HOME_LOAD, True)
-    p = place_resume("x", top, FLEET, res, 0.0, {third: 9.0}, saturated_at=8.0, **kw)
+    saturated = Tuning(per_replica_rate=10.0, saturated_at=8.0)
+    p = place_resume("x", top, FLEET, res, 0.0, {third: 9.0}, saturated, now=1.0)
     assert (p.backend, p.reason) == (second, R.HOME_LOAD)  # the holder is saturated
 
 
@@ -233,8 +235,8 @@ def baton_router(min_idle: float) -> Route:
         for b, cache in engines.items():  # what /v1/models lists (a poll, here each request)
             res.learned(b, cache)
         demand.observe(adapter, now)
-        p = place(adapter, FLEET, res, demand.rate(adapter, now), load, per_replica_rate=10.0,
-                  now=now, min_idle=min_idle)  # fmt: skip
+        tuning = Tuning(per_replica_rate=10.0, min_idle=min_idle)
+        p = place(adapter, FLEET, res, demand.rate(adapter, now), load, tuning, now=now)
         assert p.backend is not None
         for name in p.evict:  # the unload reaches the engine
             engines[p.backend].pop(name, None)
