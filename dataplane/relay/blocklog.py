@@ -6,7 +6,8 @@ dozens of streams growing at once each realloc moves a buffer and leaves the old
 hole in the heap that nothing growing fits any more. bench.memory measured it: the heap
 held about twice the streams' bytes. Here only a tail of up to BLOCK_BYTES grows (by the
 container's own C append, a few dozen ns a token); a full tail is sealed into an exact-size
-block that never moves, and blocks all of one size are holes the next stream's fit."""
+block that never moves. Id blocks are all BLOCK_BYTES, text blocks BLOCK_BYTES plus at most
+the chunk that filled them: when a stream ends, its blocks are holes the next stream's fit."""
 
 # baton: pure
 
@@ -84,7 +85,8 @@ class IdLog:
 
 
 class Utf8Log:
-    """Text as UTF-8 bytes: sealed blocks of BLOCK_BYTES and a growing tail."""
+    """Text as UTF-8 bytes: a growing tail, sealed (copied to exact-size bytes) once it holds
+    BLOCK_BYTES or more; chunks are not split across blocks."""
 
     __slots__ = ("_sealed", "_sealed_len", "_tail")
 

@@ -147,7 +147,7 @@ class ChoiceProgress:
         """One chunk's text and ids, as the client got them. `settled`: the caller knows the
         text covers every one of the ids (Baton decoded them itself)."""
         if text:
-            self.utf8.extend(text.encode("utf-8", UTF8_ERRORS))
+            self._append(text)
             self.text_len += len(text)
             self.content_chunks += 1
             if not ids:
