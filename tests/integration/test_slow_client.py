@@ -117,7 +117,10 @@ def test_a_stalled_client_holds_no_more_than_the_stream_buffer_on_either_side(
             assert wait_until(still, timeout=60)
             client_side, engine = seen[-1]
             assert client_side is not None and engine is not None
-            assert 0 < client_side[0] <= cap, client_side  # the shim's unsent bytes to the client
+            # The shim's unsent bytes to the client. TCP checks the send buffer before it
+            # begins a segment, then fills it, so the queue may end one segment (up to 64 KiB
+            # on loopback) past it: 90 KiB once on CI's kernel, 3.9 MB with autotuning.
+            assert 0 < client_side[0] <= 2 * cap, client_side
             assert 0 < engine[1] <= cap, engine  # what the engine sent that the shim has not read
         finally:
             sock.close()
