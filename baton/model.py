@@ -143,6 +143,13 @@ class BackendStatus:
     migrating: bool = False
     max_model_len: int = 0  # the engine's context length (/v1/models); 0: not read yet
     kv_block_size: int = 0  # tokens per KV block, from its KV events; 0: none seen
+    # LoRA adapters the engine holds as control knows them (sorted by name), and
+    # how many it may hold at once (vLLM's max_lora); 0: not an adapter engine, or not read.
+    adapters: tuple[str, ...] = ()
+    max_adapters: int = 0
+
+    def serves_adapters(self) -> bool:
+        return self.max_adapters > 0 or bool(self.adapters)
 
     @property
     def routable(self) -> bool:
@@ -231,6 +238,17 @@ class Decision:
 
 
 @dataclass(frozen=True, slots=True)
+class Adapter:
+    """A LoRA adapter: `name` as clients send it in `model`, the `base` model it applies to,
+    and the `source` (a path on the engine's machine, or what its resolver takes) an engine
+    loads it from."""
+
+    name: str
+    base: str
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Immutable, versioned view of the fleet; a higher version supersedes a lower one."""
 
@@ -240,9 +258,28 @@ class Snapshot:
     # The shims control counts as live (watching its snapshots): while control is away each
     # enforces this share of every tenant's limits (baton/ledger.py).
     shims: int = 0
+    # The LoRA adapters clients may name: declared by the operator or found on the engines.
+    adapters: tuple[Adapter, ...] = ()
+
+    def adapter(self, model: str) -> Adapter | None:
+        """The adapter a request's `model` names, if it names one."""
+        for a in self.adapters:
+            if a.name == model:
+                return a
+        return None
 
     def serving(self, model: str) -> tuple[BackendStatus, ...]:
-        """Backends that serve `model` to clients (drafts only serve through a pair)."""
+        """Backends that serve `model` to clients (drafts only serve through a pair). An
+        adapter is served by its base's adapter engines, which hold it or can load it."""
+        adapter = self.adapter(model) if self.adapters else None
+        if adapter is not None:
+            return tuple(
+                b
+                for b in self.backends
+                if b.backend.model == adapter.base
+                and b.backend.role is not Role.DRAFT
+                and b.serves_adapters()
+            )
         return tuple(
             b
             for b in self.backends

@@ -11,6 +11,7 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from baton.model import (
+    Adapter,
     Backend,
     BackendId,
     BackendKind,
@@ -184,7 +185,17 @@ def status_to_pb(s: BackendStatus, in_flight: Mapping[BackendId, int]) -> fleet_
         migrating=s.migrating,
         max_model_len=s.max_model_len,
         kv_block_size=s.kv_block_size,
+        adapters=s.adapters,
+        max_adapters=s.max_adapters,
     )
+
+
+def adapter_to_pb(a: Adapter) -> fleet_pb2.Adapter:
+    return fleet_pb2.Adapter(name=a.name, base=a.base, source=a.source)
+
+
+def adapter_from_pb(a: fleet_pb2.Adapter) -> Adapter:
+    return Adapter(a.name, a.base, a.source)
 
 
 def snapshot_to_pb(s: Snapshot, in_flight: Mapping[BackendId, int]) -> fleet_pb2.Snapshot:
@@ -193,6 +204,7 @@ def snapshot_to_pb(s: Snapshot, in_flight: Mapping[BackendId, int]) -> fleet_pb2
         backends=[status_to_pb(b, in_flight) for b in s.backends],
         tenants=[tenant_to_pb(t) for t in s.tenants],
         shims=s.shims,
+        adapters=[adapter_to_pb(a) for a in s.adapters],
     )
 
 
@@ -407,11 +419,14 @@ def snapshot_from_pb(s: fleet_pb2.Snapshot) -> Snapshot:
                 b.migrating,
                 b.max_model_len,
                 b.kv_block_size,
+                tuple(b.adapters),
+                b.max_adapters,
             )
             for b in s.backends
         ),
         tuple(tenant_from_pb(t) for t in s.tenants),
         s.shims,
+        tuple(adapter_from_pb(a) for a in s.adapters),
     )
 
 

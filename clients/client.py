@@ -94,6 +94,10 @@ class BackendRow:
     kv_index: str = "off"
     kv_blocks: int = 0
     kv_reason: str = ""
+    # LoRA adapters it holds as control knows them, and how many it may hold (0: not an
+    # adapter engine, or not read yet).
+    adapters: tuple[str, ...] = ()
+    max_adapters: int = 0
 
 
 def _iso(ts: Timestamp) -> str:
@@ -219,6 +223,8 @@ def _row(s: fleet_pb2.BackendStatus, kv: admin_pb2.KvIndexStatus | None = None) 
         kv_index=_kv_state(kv.state) if kv is not None else "off",
         kv_blocks=kv.blocks if kv is not None else 0,
         kv_reason=kv.reason if kv is not None else "",
+        adapters=tuple(s.adapters),
+        max_adapters=s.max_adapters,
     )
 
 

@@ -22,6 +22,13 @@ KV_ENDPOINT_COLUMNS = ("kv_events", "kv_events_replay")
 
 
 RANK_COLUMN = "rank"  # shown when some backend is one rank of a data-parallel engine
+ADAPTERS_COLUMN = "adapters"  # shown when some backend serves LoRA adapters: "a,b (2/4)"
+
+
+def _adapters(r: BackendRow) -> str:
+    if not (r.max_adapters or r.adapters):
+        return "-"
+    return f"{','.join(r.adapters) or 'none'} ({len(r.adapters)}/{r.max_adapters or '?'})"
 
 
 def _kv(r: BackendRow) -> str:
@@ -47,13 +54,14 @@ def backends(rows: Sequence[BackendRow]) -> str:
     parsers = _set_in(rows, PARSER_COLUMNS)
     kv = [KV_COLUMN] if any(r.kv_index != "off" or r.kv_events for r in rows) else []
     rank = [RANK_COLUMN] if any(r.data_parallel_rank is not None for r in rows) else []
+    lora = [ADAPTERS_COLUMN] if any(r.max_adapters or r.adapters for r in rows) else []
     return table(
         [{**asdict(r), "state": f"{r.state} (migrate)" if r.migrating else r.state,
-          KV_COLUMN: _kv(r),
+          KV_COLUMN: _kv(r), ADAPTERS_COLUMN: _adapters(r),
           RANK_COLUMN: "-" if r.data_parallel_rank is None else r.data_parallel_rank}
          for r in rows],
         (*BACKEND_COLUMNS[:_URL], *parsers, *kv, *_set_in(rows, KV_ENDPOINT_COLUMNS),
-         *rank, *BACKEND_COLUMNS[_URL:]),
+         *rank, *lora, *BACKEND_COLUMNS[_URL:]),
     )  # fmt: skip
 
 

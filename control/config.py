@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from baton.model import Backend
+from baton.model import Adapter, Backend
 from baton.tenancy import Limits, Priority, Tenant, TenantKey, id_problem
 from control.backend_spec import (
     BACKEND_KEYS,
@@ -26,6 +26,7 @@ from control.settings import (
     HealthPolicy,
     KvSettings,
     LoadSettings,
+    LoraSettings,
     PairSpec,
     ProbeSettings,
 )
@@ -44,6 +45,8 @@ class Config:
     kv: KvSettings = field(default_factory=KvSettings)
     tenants: tuple[Tenant, ...] = ()
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    adapters: tuple[Adapter, ...] = ()
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
 
 # What ZMQ's connect takes, and nothing it would refuse later inside a subscriber task: a
@@ -84,10 +87,35 @@ def parse(data: dict[str, Any]) -> Config:
     tenants = _tenants(data.get("tenants", []))
     try:
         admission = AdmissionSettings(**_table(data, "admission", AdmissionSettings))
+        lora = LoraSettings(**_table(data, "lora", LoraSettings))
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+    adapters = _adapters(data.get("adapters", []), {b.model for b in backends})
     return Config(tuple(backends), routing, probes, health, affinity, audit, pairs, load, kv,
-                  tenants, admission)  # fmt: skip
+                  tenants, admission, adapters, lora)  # fmt: skip
+
+
+def _adapters(raw: object, models: set[str]) -> tuple[Adapter, ...]:
+    """[[adapters]]: name, base, source. An adapter may not take a backend's model's name
+    (a request naming it would be ambiguous)."""
+    if not isinstance(raw, list):
+        raise ConfigError("adapters must be an array of tables ([[adapters]])")
+    out: list[Adapter] = []
+    for i, t in enumerate(raw):
+        where = f"adapters[{i}]"
+        if not isinstance(t, dict):
+            raise ConfigError(f"{where} must be a table")
+        if set(t) - {"name", "base", "source"} or not {"name", "base", "source"} <= set(t):
+            raise ConfigError(f"{where}: takes exactly name, base and source, got {sorted(t)}")
+        if not all(isinstance(t[k], str) and t[k] for k in ("name", "base", "source")):
+            raise ConfigError(f"{where}: name, base and source must be non-empty strings")
+        if t["name"] in models:
+            raise ConfigError(f"{where}: {t['name']!r} is a backend's model, not an adapter")
+        out.append(Adapter(t["name"], t["base"], t["source"]))
+    names = [a.name for a in out]
+    if len(names) != len(set(names)):
+        raise ConfigError("adapter names must be unique")
+    return tuple(out)
 
 
 TENANT_KEYS = frozenset({"id", "priority", "weight", "concurrent", "requests_per_minute",

@@ -107,6 +107,22 @@ class FleetCollector(Collector):
         yield baseline
         yield recent
         yield from self._kv()
+        yield from self._adapters(snap)
+
+    def _adapters(self, snap: Snapshot) -> Iterator[Metric]:
+        """The LoRA adapters each backend holds as control knows them, and its room."""
+        held = GaugeMetricFamily("baton_backend_adapters",
+                                 "LoRA adapters each backend holds, as control knows them.",
+                                 labels=["backend"])  # fmt: skip
+        room = GaugeMetricFamily("baton_backend_max_adapters",
+                                 "LoRA adapters each backend may hold at once (its max_lora).",
+                                 labels=["backend"])  # fmt: skip
+        for b in snap.backends:
+            if b.serves_adapters():
+                held.add_metric([b.backend.id], len(b.adapters))
+                room.add_metric([b.backend.id], b.max_adapters)
+        yield held
+        yield room
 
     def _kv(self) -> Iterator[Metric]:
         """Each backend's KV-cache index: its state (1 on the current one; `off` without
@@ -270,6 +286,25 @@ class ControlMetrics:
             "baton_pair_gate_verdicts",
             "Post-failover pairing gate verdicts.",
             ["verdict"],
+            registry=r,
+        )
+        self.adapter_loads = Counter(
+            "baton_adapter_loads",
+            "LoRA adapter loads Baton asked of engines, by backend and outcome (ok, failed).",
+            ["backend", "outcome"],
+            registry=r,
+        )
+        self.adapter_load_seconds = Histogram(
+            "baton_adapter_load_seconds",
+            "Time from asking an engine to load an adapter (evictions first included) to its "
+            "answer.",
+            registry=r,
+            buckets=(5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+        )
+        self.adapter_unloads = Counter(
+            "baton_adapter_unloads",
+            "LoRA adapters Baton unloaded, by backend and why (evict: room for another; admin).",
+            ["backend", "why"],
             registry=r,
         )
         r.register(FleetCollector(registry, pairs, now))

@@ -105,3 +105,37 @@ class PairSpec:
     draft: str
     target: str
     num_draft_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSettings:
+    """[lora]: where LoRA adapters' requests go and when adapters are loaded (control/routing/
+    adapters.py; docs/routing.md#adapter-fleets)."""
+
+    # Requests a second of one adapter that one replica takes before the adapter spreads to
+    # another (its home set grows by one replica per this much demand).
+    per_replica_rate: float = 8.0
+    # Requests in flight at which a replica counts as saturated for placement (0: never).
+    saturated_at: int = 0
+    # An adapter used within this many seconds is not unloaded to make room for another.
+    min_idle: float = 2.0
+    # How long a request waits for its adapter to load before it is refused.
+    load_timeout: float = 60.0
+    # A load that failed on a backend is not tried there again for this long.
+    retry_after: float = 30.0
+    # Seconds between reads of each engine's adapters (/v1/models, max_lora); 0: never.
+    refresh: float = 5.0
+    # Demand is a request rate decayed with this half-life, in seconds.
+    half_life: float = 30.0
+    # How many adapters an adapter engine is taken to hold at once until its /metrics says
+    # (vLLM shows max_lora only once it has run a request under an adapter): vLLM's own
+    # default --max-loras. Set it to the fleet's --max-loras (or --max-cpu-loras).
+    max_adapters: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("per_replica_rate", "load_timeout", "half_life", "max_adapters"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"[lora] {name} must be > 0")
+        for name in ("saturated_at", "min_idle", "retry_after", "refresh"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"[lora] {name} must be >= 0")

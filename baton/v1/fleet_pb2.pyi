@@ -228,6 +228,8 @@ class BackendStatus(_message.Message):
     MIGRATING_FIELD_NUMBER: _builtins.int
     MAX_MODEL_LEN_FIELD_NUMBER: _builtins.int
     KV_BLOCK_SIZE_FIELD_NUMBER: _builtins.int
+    ADAPTERS_FIELD_NUMBER: _builtins.int
+    MAX_ADAPTERS_FIELD_NUMBER: _builtins.int
     ENGINE_READ_FIELD_NUMBER: _builtins.int
     ENGINE_RUNNING_FIELD_NUMBER: _builtins.int
     ENGINE_WAITING_FIELD_NUMBER: _builtins.int
@@ -246,6 +248,10 @@ class BackendStatus(_message.Message):
     """Tokens per KV-cache block, from the engine's KV events; 0: no events (yet). A shim
     reports a prefix's blocks in this size (baton.blocks).
     """
+    max_adapters: _builtins.int
+    """How many adapters it may hold at once (vLLM's max_lora); 0: not an adapter engine, or
+    not read yet.
+    """
     engine_read: _builtins.bool
     """The engine's own load gauges at its last reading (ListBackends only; snapshots leave
     them out: they change every second). engine_read false: no reading.
@@ -260,6 +266,10 @@ class BackendStatus(_message.Message):
     def backend(self) -> Global___Backend: ...
     @_builtins.property
     def since(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def adapters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """LoRA adapters the engine holds as control knows them, by name."""
+
     def __init__(
         self,
         *,
@@ -271,6 +281,8 @@ class BackendStatus(_message.Message):
         migrating: _builtins.bool = ...,
         max_model_len: _builtins.int = ...,
         kv_block_size: _builtins.int = ...,
+        adapters: _abc.Iterable[_builtins.str] | None = ...,
+        max_adapters: _builtins.int = ...,
         engine_read: _builtins.bool = ...,
         engine_running: _builtins.float = ...,
         engine_waiting: _builtins.float = ...,
@@ -279,7 +291,7 @@ class BackendStatus(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "engine_age_s", b"engine_age_s", "engine_kv_usage", b"engine_kv_usage", "engine_read", b"engine_read", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "in_flight", b"in_flight", "kv_block_size", b"kv_block_size", "max_model_len", b"max_model_len", "migrating", b"migrating", "reason", b"reason", "since", b"since", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapters", b"adapters", "backend", b"backend", "engine_age_s", b"engine_age_s", "engine_kv_usage", b"engine_kv_usage", "engine_read", b"engine_read", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "in_flight", b"in_flight", "kv_block_size", b"kv_block_size", "max_adapters", b"max_adapters", "max_model_len", b"max_model_len", "migrating", b"migrating", "reason", b"reason", "since", b"since", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -400,6 +412,7 @@ class Snapshot(_message.Message):
     BACKENDS_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
     SHIMS_FIELD_NUMBER: _builtins.int
+    ADAPTERS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     shims: _builtins.int
     """Shims watching control's snapshots now: while control is unreachable each enforces this
@@ -413,6 +426,12 @@ class Snapshot(_message.Message):
         by these (key digests only), and enforce a share of each limit while control is away.
         """
 
+    @_builtins.property
+    def adapters(self) -> _containers.RepeatedCompositeFieldContainer[Global___Adapter]:
+        """The LoRA adapters clients may name in `model`: declared by the operator or found on the
+        engines' /v1/models.
+        """
+
     def __init__(
         self,
         *,
@@ -420,14 +439,44 @@ class Snapshot(_message.Message):
         backends: _abc.Iterable[Global___BackendStatus] | None = ...,
         tenants: _abc.Iterable[Global___Tenant] | None = ...,
         shims: _builtins.int = ...,
+        adapters: _abc.Iterable[Global___Adapter] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "shims", b"shims", "tenants", b"tenants", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapters", b"adapters", "backends", b"backends", "shims", b"shims", "tenants", b"tenants", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Snapshot: _TypeAlias = Snapshot  # noqa: Y015
+
+@_typing.final
+class Adapter(_message.Message):
+    """A LoRA adapter: the name clients send as `model`, the base model it applies to, and where an
+    engine loads it from (a path on the engine's machine, or what its resolver takes).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    BASE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    base: _builtins.str
+    source: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        base: _builtins.str = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base", b"base", "name", b"name", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Adapter: _TypeAlias = Adapter  # noqa: Y015
 
 @_typing.final
 class TenantLimits(_message.Message):

@@ -12,7 +12,7 @@ import grpc
 from opentelemetry.trace import Span
 
 from baton import wire
-from baton.model import Decision, FailoverOutcome, Snapshot
+from baton.model import Decision, FailoverOutcome, Reason, Snapshot
 from baton.tracing import OFF, SpanKind, Tracing
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from control.api import convert
@@ -152,7 +152,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
             self.drain()
         results += [
             routing_pb2.RouteResult(
-                request_id=f.request_id, response=wire.route_response(self._failover(f))
+                request_id=f.request_id, response=wire.route_response(self._failover(f, later))
             )
             for f in msg.failovers
         ]
@@ -197,9 +197,22 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
     async def Failover(
         self, request: routing_pb2.FailoverRequest, context: Context
     ) -> routing_pb2.FailoverResponse:
-        return wire.failover_response(self._failover(request))
+        # A resume that must wait for its adapter's load is answered when the load ends.
+        turn: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
 
-    def _failover(self, request: routing_pb2.FailoverRequest) -> Decision:
+        def send(msg: routing_pb2.RouteStreamResponse) -> None:
+            if not turn.done():
+                turn.set_result(wire.decision_from_pb(msg.results[0].response))
+
+        decision = self._failover(request, send)
+        if decision.reason is Reason.QUEUED:
+            decision = await turn
+        return wire.failover_response(decision)
+
+    def _failover(
+        self, request: routing_pb2.FailoverRequest, later: Send | None = None
+    ) -> Decision:
+        """`later`: where the answer goes if the resume must wait for its adapter's load."""
         route_request = convert.route_request_from_pb(
             request.request_id, request.shape, tuple(request.exclude_backend_ids)
         )
@@ -210,6 +223,7 @@ class RoutingServicer(routing_pb2_grpc.RoutingServiceServicer):
                 wire.failure_from_pb(request.failure_class, request.failure),
                 preferred=tuple(request.preferred_backend_ids),
                 pair_id=request.pair_id,
+                reply=later,
             )
 
     async def ReportFailover(

@@ -23,6 +23,7 @@ class EventKind(StrEnum):
     ADMIN = "admin"
     PAIR = "pair"
     KV = "kv"  # a backend's KV-cache index changed state (control/signals/kv/index.py)
+    ADAPTER = "adapter"  # a LoRA adapter loaded, unloaded or found changed on a backend
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,8 +116,27 @@ class PairChange:
     baseline: float | None = None  # and the pair's paired baseline
 
 
-Payload = Retry | Failover | HealthChange | KvChange | Admin | PairChange
-PAYLOADS: tuple[type[Payload], ...] = (Retry, Failover, HealthChange, KvChange, Admin, PairChange)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdapterChange:
+    """A LoRA adapter on one backend (control/server/adapter_loader.py, control/fleet/
+    adapter_book.py). `action`: load (Baton loaded it: `ok`, `ms`, `reason` the placement's,
+    `evicted` what it unloaded first), unload (an operator's or Baton's), found and lost (the
+    engine's /v1/models listed it, or stopped listing it: a restart, an unload elsewhere).
+    The event's request id is the request whose route asked for the load."""
+
+    KIND: ClassVar[EventKind] = EventKind.ADAPTER
+    adapter: str
+    action: str
+    ok: bool | None = None
+    ms: float | None = None
+    reason: str | None = None
+    evicted: str | None = None  # comma-separated names
+    detail: str | None = None
+
+
+Payload = Retry | Failover | HealthChange | KvChange | Admin | PairChange | AdapterChange
+PAYLOADS: tuple[type[Payload], ...] = (Retry, Failover, HealthChange, KvChange, Admin, PairChange,
+                                       AdapterChange)  # fmt: skip
 
 
 def data_of(payload: Payload) -> dict[str, Any]:

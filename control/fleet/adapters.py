@@ -1,7 +1,7 @@
 """LoRA adapters on the fleet (issue 42): which adapters the operator declared, which each
-backend holds, and how much each is asked for. One owner (control's registry holds one
-`Residency` and one `Demand`); the placement decision that reads them is
-`control.routing.adapters.place`.
+backend holds, and how much each is asked for (an adapter itself is baton.model.Adapter).
+One owner (control/fleet/adapter_book.py holds one `Residency` and one `Demand`); the
+placement decision that reads them is `control.routing.adapters.place`.
 
 What the engine does (vLLM 0.32, docs/research `vllm-lora-cpu.md`): a replica serves an
 adapter named as the request's `model`; `--max-loras` bounds the distinct adapters in one
@@ -22,8 +22,9 @@ a restart loses every runtime-loaded adapter.
 - `victims(b, room_for, now=, min_idle=)`: the least recently used adapters to unload so that
   `room_for` more fit in the capacity (an in-flight load takes a slot), never one being loaded
   nor one used within `min_idle` seconds; `fits` says whether that makes enough room;
-- `learned(b, names)`: what the engine lists in /v1/models is the truth: adapters Baton thought
-  it held but the engine no longer lists (a restart) are dropped, unknown listed ones are added
+- `learned(b, names, read_at)`: what the engine lists in /v1/models is the truth: adapters
+  Baton thought it held but the engine no longer lists (a restart; one not used or loaded
+  since `read_at`) are dropped, unknown listed ones are added
   as the least recently used; returns the `Drift`;
 - `forget(b)`: the backend left the fleet; `loads_in_flight()`.
 
@@ -38,16 +39,6 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-
-
-@dataclass(frozen=True, slots=True)
-class AdapterSpec:
-    """An operator-declared adapter: `name` as clients send it in `model`, the `base` model it
-    applies to, and the `source` (path or URI) the engine loads it from."""
-
-    name: str
-    base: str
-    source: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,12 +156,15 @@ class Residency:
                                                          min_idle=min_idle))  # fmt: skip
         return free >= room_for
 
-    def learned(self, backend: str, names: Iterable[str]) -> Drift:
+    def learned(self, backend: str, names: Iterable[str], read_at: float | None = None) -> Drift:
         """The engine lists exactly `names`: drop what it no longer lists (a restart, an
-        unload elsewhere), add what Baton did not know as the least recently used."""
+        unload elsewhere), add what Baton did not know as the least recently used. `read_at`:
+        when the list was asked for; an adapter used or loaded since is kept (the list may
+        predate its load)."""
         entry = self._get(backend)
         listed = dict.fromkeys(names)
-        dropped = tuple(n for n in entry.held if n not in listed)
+        dropped = tuple(n for n, last in entry.held.items() if n not in listed
+                        and (read_at is None or last is None or last < read_at))  # fmt: skip
         for name in dropped:
             del entry.held[name]
         added = tuple(n for n in listed if n not in entry.held)

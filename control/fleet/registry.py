@@ -15,12 +15,13 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 
-from baton.model import Backend, BackendId, BackendStatus, RequestShape, Snapshot
+from baton.model import Adapter, Backend, BackendId, BackendStatus, RequestShape, Snapshot
 from baton.tenancy import Tenant
 from control.audit.log import EventLog
 from control.audit.payloads import Admin, HealthChange, KvChange
 from control.exceptions import BackendExists, BackendNotFound
 from control.fleet import health
+from control.fleet.adapter_book import AdapterBook
 from control.fleet.health import HealthRecord
 from control.fleet.inflight import Load
 from control.fleet.owners import OwnerTable
@@ -54,6 +55,7 @@ class Registry:
         drained: Mapping[str, bool] | None = None,
         kv_capacity: int = 1_000_000,
         tenants: Iterable[Tenant] = (),
+        adapters: Iterable[Adapter] = (),
     ) -> None:
         """`drained`: backends drained before a restart (id -> migrate), restored as they
         were, with no new audit event: nobody drained them just now."""
@@ -97,6 +99,9 @@ class Registry:
                     self._migrating.add(known)
         self._snapshot = Snapshot(0, ())
         self._shims = 0  # watching the snapshots now
+        # LoRA adapters: declared and found, which backend holds which, their demand
+        # (control/fleet/adapter_book.py); what shims need of it is in every snapshot.
+        self.adapters = AdapterBook(adapters, on_change=self._publish)
         # Who may use the fleet and what each uses now (control/fleet/tenants.py): a change
         # of tenants is published in the snapshot, so every shim knows the keys within one.
         self.tenants = TenantBook(tenants, on_change=self._publish)
@@ -169,6 +174,7 @@ class Registry:
         self._migrating.discard(bid)
         self._facts.pop(bid, None)
         self._kv.forget(bid)
+        self.adapters.forget(bid)
         for hook in list(self._removed):
             hook(bid)
         # Its pins stay until used (then re-pinned, visibly, as `repin`) or expired.
@@ -352,7 +358,8 @@ class Registry:
     def _status(self, bid: BackendId) -> BackendStatus:
         kv = self._kv.status(bid)
         return BackendStatus(self._backends[bid], self._health[bid].health, bid in self._migrating,
-                             self._model_len.get(bid, 0), kv.block_size if kv else 0)  # fmt: skip
+                             self._model_len.get(bid, 0), kv.block_size if kv else 0,
+                             self.adapters.held(bid), self.adapters.capacity(bid))  # fmt: skip
 
     def _update(
         self, backend_id: str, step: Callable[[HealthRecord, float], HealthRecord]
@@ -377,7 +384,8 @@ class Registry:
     def _publish(self) -> None:
         statuses = tuple(self._status(bid) for bid in sorted(self._backends))
         self._snapshot = Snapshot(
-            self._snapshot.version + 1, statuses, self.tenants.all(), self._shims
+            self._snapshot.version + 1, statuses, self.tenants.all(), self._shims,
+            self.adapters.all(),
         )
         for listener in list(self._listeners):
             listener(self._snapshot)

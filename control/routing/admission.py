@@ -118,10 +118,14 @@ class AdmissionQueue:
             self._replies[request.request_id] = reply
         return Queued(waits)
 
-    def dequeue(self, now: float, route: Callable[[Admitted], Decision]) -> list[Answer]:
-        """Queued requests whose turn came, routed now by `route`, and those shed (their wait
-        reached its bound, or the queue was full): each with its answer and where it goes.
-        Called whenever room may have freed (an outcome, a load reading, a tick)."""
+    def dequeue(
+        self, now: float, route: Callable[[Admitted, Reply | None], Decision]
+    ) -> list[Answer]:
+        """Queued requests whose turn came, routed now by `route` (given where the answer
+        goes, for a request that must wait again: for its LoRA adapter's load), and those
+        shed (their wait reached its bound, or the queue was full): each with its answer and
+        where it goes. Called whenever room may have freed (an outcome, a load reading, a
+        tick)."""
         decided, self._decided = self._decided, []
         out = [Answer(rid, d, self._replies.pop(rid, None)) for rid, d in decided]
         version = self._registry.snapshot.version
@@ -137,7 +141,9 @@ class AdmissionQueue:
                     break
                 tenants.waited(w.tenant, now - w.since, False, now)
                 request = self._away_from_full(w.item.request, w.band, now)
-                out.append(self._answer(w.request_id, route(Admitted(request, w.item.quota))))
+                reply = self._replies.pop(w.request_id, None)
+                routed = route(Admitted(request, w.item.quota), reply)
+                out.append(Answer(w.request_id, routed, reply))
             if not len(q):
                 del self._queues[model]
         return out

@@ -11,7 +11,6 @@ router asks them, through their methods."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
@@ -27,12 +26,13 @@ from baton.spread import Spreader, last_resort, prefer
 from control.fleet.pins import PinMatch
 from control.fleet.registry import Registry
 from control.pairs.flow import NO_PAIRING, PairFlow, PairIntent
+from control.routing.adapter_flow import AdapterFlow, LoadOrder, Parked, Steered, Wait
 from control.routing.admission import AdmissionQueue, Admitted, Answer, Queued, Reply
 from control.routing.learning import Learning
 from control.routing.policy import Policy, RoutingView, look_up
 from control.routing.policy.base import Prediction
 from control.routing.prefill import Predicted, PrefillRates
-from control.settings import AdmissionSettings
+from control.settings import AdmissionSettings, LoraSettings
 
 # Decisions that put the request where its pinned prefix already is.
 FOLLOWED_PIN = frozenset({Reason.PIN_HIT})
@@ -49,6 +49,8 @@ class Router:
         pairs: PairFlow | None = None,
         stale_after: float = 3.0,
         admission: AdmissionSettings | None = None,
+        lora: LoraSettings | None = None,
+        start_load: Callable[[LoadOrder], None] | None = None,
     ) -> None:
         """`pairs`: the control plane's one pair flow over `registry`; a router of its own
         (tests, benchmarks) gets a fresh one."""
@@ -68,6 +70,10 @@ class Router:
             chars_per_token=self.prefill.chars_per_token,
         )  # fmt: skip
         self.learning = Learning(registry, self.pairs, self.prefill)
+        # Requests for LoRA adapters: placement, loads, and those waiting for one (`start_load`:
+        # the plumbing's loader; control/routing/adapter_flow.py).
+        self.adapters = AdapterFlow(registry, lora or LoraSettings(), start_load)
+        self._loaded: list[Answer] = []  # answers of requests that waited for a load, unsent
 
     def now(self) -> float:
         """Control's clock, the one readings and pins are aged by."""
@@ -79,16 +85,18 @@ class Router:
         now = self._clock()
         door = self.admission.admit(request, now, reply)
         if isinstance(door, Admitted):
-            return self._routed(door, now)
+            return self._routed(door, now, reply)
         if isinstance(door, Queued):
             return door.decision
         if door.audit and self._route_events:
             self._audit(request, door.decision, None)
         return door.decision
 
-    def _routed(self, admitted: Admitted, now: float) -> Decision:
+    def _routed(self, admitted: Admitted, now: float, reply: Reply | None = None) -> Decision:
         request = admitted.request
-        decision = self._route(request, None, (), now)
+        decision = self._route(request, None, (), now, reply)
+        if decision.reason is Reason.QUEUED:
+            return decision  # it waits for its adapter's load: still admitted
         if not decision.backends:
             self.registry.tenants.cancel(request.request_id)
         elif admitted.quota is not None:
@@ -100,12 +108,36 @@ class Router:
         and where it goes. Called whenever room may have freed (an outcome, a load reading, a
         tick)."""
         now = self._clock()
-        return self.admission.dequeue(now, functools.partial(self._routed, now=now))
+        out, self._loaded = self._loaded, []
+        for late in self.adapters.expired(now):
+            why = (f"adapter {late.request.shape.model!r} did not load within "
+                   f"{self.adapters.settings.load_timeout:g} s")  # fmt: skip
+            refused = Decision((), Reason.NO_BACKEND, self.registry.snapshot.version, why)
+            out.append(self._answer_parked(late, refused))
+        return out + self.admission.dequeue(
+            now, lambda admitted, reply: self._routed(admitted, now, reply)
+        )
 
     @property
     def waiting(self) -> bool:
-        """Whether dequeue() may have answers to give (requests queued, or shed unsent)."""
-        return self.admission.waiting
+        """Whether dequeue() may have answers to give (requests queued or waiting for an
+        adapter's load, or answers unsent)."""
+        return self.admission.waiting or bool(self._loaded) or self.adapters.parked > 0
+
+    def adapter_loaded(self, backend_id: str, adapter: str, ok: bool, why: str = "") -> None:
+        """A load `start_load` was ordered ended: the requests that waited for it are routed
+        again (dequeue gives their answers)."""
+        now = self._clock()
+        for parked in self.adapters.loaded(backend_id, adapter, ok, now, why):
+            decision = self._route(parked.request, parked.reason, parked.preferred, now,
+                                   parked.reply)  # fmt: skip
+            if decision.reason is not Reason.QUEUED:  # else it waits for another load
+                self._loaded.append(self._answer_parked(parked, decision))
+
+    def _answer_parked(self, parked: Parked, decision: Decision) -> Answer:
+        if not decision.backends and parked.reason is None:
+            self.registry.tenants.cancel(parked.request.request_id)
+        return Answer(parked.request.request_id, decision, parked.reply)
 
     def queued_by_band(self) -> dict[str, int]:
         """Requests waiting now, by their class's name (for /metrics)."""
@@ -114,12 +146,25 @@ class Router:
     # -- lookup, decide, commit -------------------------------------------------------------
 
     def _route(
-        self, request: RouteRequest, reason: Reason | None, preferred: Sequence[str], now: float
-    ) -> Decision:
+        self, request: RouteRequest, reason: Reason | None, preferred: Sequence[str], now: float,
+        reply: Reply | None = None,
+    ) -> Decision:  # fmt: skip
+        """`reply`: where the answer goes if the request must wait for its adapter's load."""
         if request.shape.owner_key:
             decision = self._to_owner(request, now)
             self._commit(request, None, decision, NO_PAIRING, learn=False, now=now)
             return decision
+        steer = self.adapters.steer(request, now, resume=reason is Reason.FAILOVER)
+        if isinstance(steer, Wait):
+            self.adapters.park(steer, Parked(request, reason, tuple(preferred), reply, now))
+            why = f"loading adapter {steer.adapter!r} on {steer.backend}"
+            return Decision((), Reason.QUEUED, self.registry.snapshot.version, why,
+                            wait_s=self.adapters.settings.load_timeout)  # fmt: skip
+        if isinstance(steer, Decision):
+            self._commit(request, None, steer, NO_PAIRING, learn=False, now=now)
+            return steer
+        if isinstance(steer, Steered):
+            request = steer.request
         pin = self._pin(request, now)
         found = self._lookup(request, pin, now)
         decision, intent = self._decide(request, found, reason, preferred)
@@ -172,6 +217,7 @@ class Router:
         if decision.backends:
             primary = decision.backends[0].id
             reg.acquire(request.request_id, primary, now)
+            self.adapters.used(request, primary, now)
             if decision.reason is not Reason.OWNER:
                 self._place(request, match, decision, now)
             est = decision.estimate
@@ -275,6 +321,7 @@ class Router:
         detail: str = "",
         preferred: Sequence[str] = (),
         pair_id: str = "",
+        reply: Reply | None = None,
     ) -> Decision:
         """A stream died mid-generation: demote its backend and pick another for the resume
         (the first of `preferred`, the route's own remaining fallbacks, still routable), not
@@ -290,7 +337,7 @@ class Router:
         if pair_id:
             # The pairing question is the gate's, not the policy's: route as target-only.
             request = replace(request, shape=replace(request.shape, spec_eligible=False))
-        decision = self._route(request, Reason.FAILOVER, preferred, self._clock())
+        decision = self._route(request, Reason.FAILOVER, preferred, self._clock(), reply)
         if pair_id and decision.backends:
             pairing = self.pairs.repair(pair_id, decision.backends[0].id, failed_backend_id)
             decision = replace(decision, pairing=pairing)
@@ -308,4 +355,6 @@ class Router:
         outcomes = list(outcomes)
         for outcome in outcomes:
             self.admission.left(outcome.request_id)
+            if self.adapters.parked:
+                self.adapters.left(outcome.request_id)
         self.learning.finished(outcomes, self._clock())

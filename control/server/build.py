@@ -43,6 +43,7 @@ def registry_for(
         owners=OwnerTable(config.affinity.owner_capacity, config.affinity.owner_ttl),
         kv_capacity=config.kv.capacity,
         tenants=tenants(config.tenants, saved),
+        adapters=config.adapters,
     )
 
 

@@ -38,6 +38,7 @@ from control.replicas.reconcile import reconcile
 from control.replicas.replica import Replica
 from control.routing.policy import SpillGuard, make_policy
 from control.routing.router import Router
+from control.server.adapters import AdapterService
 from control.server.build import (
     GATED_SERVICES,
     add_services,
@@ -142,12 +143,17 @@ class ControlPlane:
             self.registry, make_policy(config.routing, guard), clock=self._clock,
             route_events=config.audit.route_events, pairs=self.pairs,
             stale_after=config.load.stale_after, admission=config.admission,
+            lora=config.lora,
         )  # fmt: skip
         # Configured and previously bound pairs, bound as soon as both sides' facts are read.
         self._pending = PendingPairs(self.registry, self.pairs, (*config.pairs, *saved.pairs))
         self.metrics = ControlMetrics(
             self.registry, self.pairs, self._clock, queued=self.router.queued_by_band
         )
+        # LoRA adapters: the loads the router orders, an operator's, and what engines hold.
+        self.adapters = AdapterService(self.registry, config.lora, self.metrics, self._clock)
+        self.adapters.router = self.router
+        self.router.adapters.start_load = self.adapters.order
 
     async def read_facts(self, backend: Backend, within: float) -> Facts:
         assert self._http is not None, "read_facts before start()"
@@ -197,6 +203,7 @@ class ControlPlane:
         routing = RoutingServicer(self.router, self.metrics, self.read_facts, self.tracing,
                                   replica=self)  # fmt: skip
         self._routing = routing
+        self.adapters.on_answers = routing.drain
         status = self._replica_status if self._store else None
         admin = AdminServicer(self.router, self.read_facts, on_changed=self._save, status=status)
         self._health = add_services(self.server, routing, admin)
@@ -229,10 +236,14 @@ class ControlPlane:
             poll = run_load_poller(self.registry, self._config.load, http, self._clock)
             self._tasks.append(asyncio.create_task(poll))
         self.kv.start()
+        watch = self.adapters.start(http)
+        if watch is not None:
+            self._tasks.append(watch)
         self._tasks.append(asyncio.create_task(self._expire_load()))
         self._tasks.append(asyncio.create_task(self._flush_events()))
-        if self._config.admission.enabled:
-            self._tasks.append(asyncio.create_task(self._drain_queue(routing)))
+        # Queued requests, and requests waiting for an adapter's load (adapters may be found
+        # on the engines at any time).
+        self._tasks.append(asyncio.create_task(self._drain_queue(routing)))
         if self._pending and self._binding is None:
             self._binding = asyncio.create_task(self._pending.bind())
 

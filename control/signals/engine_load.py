@@ -46,7 +46,7 @@ def parse_load(
     model or per engine index); None when the page lacks the running/waiting gauges. With
     `rank`, only that data-parallel rank's series (vLLM labels each engine core's `engine`)."""
     names = GAUGES.get(kind)
-    samples = _samples(text, names) if names is not None else None
+    samples = page_samples(text, names) if names is not None else None
     if names is None or samples is None:
         return None
     engine = None if rank is None else str(rank)
@@ -64,12 +64,12 @@ def engine_ranks(text: str, kind: BackendKind) -> frozenset[int]:
     """The data-parallel ranks a /metrics page has load series for (vLLM labels each engine
     core's `engine`); empty when it says nothing of ranks."""
     names = GAUGES.get(kind)
-    samples = _samples(text, names[:1]) if names is not None else None
+    samples = page_samples(text, names[:1]) if names is not None else None
     return frozenset(int(e) for s in samples or ()
                      if (e := s.labels.get("engine", "")).isdigit())  # fmt: skip
 
 
-def _samples(text: str, names: Sequence[str]) -> list[Sample] | None:
+def page_samples(text: str, names: Sequence[str]) -> list[Sample] | None:
     """The samples of `names` in a /metrics page; None when it is not a Prometheus text page."""
     wanted = set(names)
     try:

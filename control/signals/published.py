@@ -35,7 +35,7 @@ from control.signals.facts import (
 CALLS_AT_ONCE = 4  # the vocabulary sweep's concurrent calls to one engine
 
 
-async def _get(
+async def get_text(
     session: aiohttp.ClientSession, backend: Backend, path: str, timeout: float
 ) -> tuple[int, str]:
     """One GET of the engine with its own headers: (status, body text). Raises what aiohttp
@@ -48,7 +48,7 @@ async def _get(
         return resp.status, await resp.text()
 
 
-_UNANSWERED = (aiohttp.ClientError, TimeoutError, UnicodeDecodeError)
+UNANSWERED = (aiohttp.ClientError, TimeoutError, UnicodeDecodeError)
 
 
 async def fetch_max_model_len(
@@ -57,9 +57,9 @@ async def fetch_max_model_len(
     """The engine's context length for the backend's model from its `GET /v1/models` (vLLM
     and SGLang say `max_model_len`); None when it does not say."""
     try:
-        status, text = await _get(session, backend, "/v1/models", timeout)
+        status, text = await get_text(session, backend, "/v1/models", timeout)
         body = orjson.loads(text) if status == 200 else None
-    except (*_UNANSWERED, orjson.JSONDecodeError):
+    except (*UNANSWERED, orjson.JSONDecodeError):
         return None
     data = body.get("data") if isinstance(body, dict) else None
     models = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
@@ -74,8 +74,8 @@ async def fetch_metrics_page(
 ) -> str | None:
     """The engine's /metrics page; None when it does not answer with one."""
     try:
-        status, text = await _get(session, backend, "/metrics", timeout)
-    except _UNANSWERED:
+        status, text = await get_text(session, backend, "/metrics", timeout)
+    except UNANSWERED:
         return None
     return text if status == 200 else None
 
@@ -114,7 +114,7 @@ class _Engine:
                 ) as resp:
                     raw = await resp.read()
                     status = resp.status
-            except _UNANSWERED as exc:
+            except UNANSWERED as exc:
                 raise self.error(f"unreachable ({type(exc).__name__}) at {path}") from exc
         try:
             return status, orjson.loads(raw)
@@ -132,8 +132,8 @@ class _Engine:
     async def text(self, path: str) -> str:
         """A GET whose answer is text (a /metrics page)."""
         try:
-            status, text = await _get(self._session, self.backend, path, self._left())
-        except _UNANSWERED as exc:
+            status, text = await get_text(self._session, self.backend, path, self._left())
+        except UNANSWERED as exc:
             raise self.error(f"unreachable ({type(exc).__name__}) at {path}") from exc
         if status != 200:
             raise self.error(f"answered {path} with {status}")

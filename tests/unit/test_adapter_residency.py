@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from control.fleet.adapters import AdapterSpec, Demand, Drift, Residency
+from baton.model import Adapter
+from control.fleet.adapters import Demand, Drift, Residency
 
 
 def full(capacity: int = 2, *names: str) -> Residency:
@@ -20,8 +21,8 @@ def full(capacity: int = 2, *names: str) -> Residency:
 
 
 def test_spec_is_a_frozen_value() -> None:
-    spec = AdapterSpec("sql-lora", "llama-3-8b", "/adapters/sql")
-    assert spec == AdapterSpec("sql-lora", "llama-3-8b", "/adapters/sql")
+    spec = Adapter("sql-lora", "llama-3-8b", "/adapters/sql")
+    assert spec == Adapter("sql-lora", "llama-3-8b", "/adapters/sql")
     with pytest.raises(AttributeError):
         spec.name = "x"  # type: ignore[misc]
 
