@@ -6,7 +6,11 @@ They are independent of any engine's internal hash (vLLM's depends on its hash f
 seed and extra keys), stable across processes and machines (blake2b, no seed), and computed
 the same from a request's prompt ids (the shim) and from an engine's BlockStored token ids
 (control's KV index): both sides meet on these keys. A partial last block has no key:
-engines cache full blocks only."""
+engines cache full blocks only.
+
+A chain starts at `root(adapter)`: ROOT for the base model, a key of its own for each LoRA
+adapter, since an engine caches the same tokens under two adapters (or none) as different
+blocks (vLLM hashes the adapter in) and neither may be credited for the other's."""
 
 # baton: pure
 
@@ -16,8 +20,19 @@ import struct
 from collections.abc import Sequence
 from hashlib import blake2b
 
-ROOT = 0  # the parent of a prompt's first block
+ROOT = 0  # the parent of a prompt's first block (the base model's)
 _PERSON = b"baton.blocks.v1"  # blake2b's personalisation: these digests mean nothing else
+_ROOT_PERSON = b"baton.lora.root"  # another: an adapter's root is never some block's key
+
+
+def root(adapter: str | None) -> int:
+    """The parent of a prompt's first block under LoRA adapter `adapter` (its name, as
+    clients send it in `model` and vLLM reports it as a block's lora_name); ROOT for the base
+    model (None or ""), so the base's keys are what they always were."""
+    if not adapter:
+        return ROOT
+    digest = blake2b(adapter.encode(), digest_size=8, person=_ROOT_PERSON).digest()
+    return int.from_bytes(digest, "big")
 
 
 def block_key(parent: int, tokens: Sequence[int]) -> int:

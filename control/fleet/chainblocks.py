@@ -5,7 +5,10 @@ prefix chain reaches a known hash implies those blocks without a tokenizer round
 the engines' KV events (control/signals/kv/index.py) say which backends still hold them.
 
 A prefix Baton has never seen implies no blocks: it is uncached everywhere as far as routing
-knows, and the queue decides. Bounded: least recently used first out."""
+knows, and the queue decides. Bounded: least recently used first out. Per LoRA adapter with
+no table of its own: a shim roots an adapter's request's chain hashes and block keys at the
+adapter (dataplane/prefix_chain.py, baton.blocks.root), so what one adapter's prefix implies is
+never looked up for another's, nor for the base's."""
 
 # baton: pure
 

@@ -18,7 +18,7 @@ from dataplane.edge.health import Health
 from dataplane.edge.limits import StreamSlots, check_head, check_request
 from dataplane.edge.proxy import Exchange, Proxy
 from dataplane.edge.quota import QUOTA, TENANT
-from dataplane.edge.shape import SESSION_HEADER, session_of, shape_of, with_request
+from dataplane.edge.shape import SESSION_HEADER, adapter_of, session_of, shape_of, with_request
 from dataplane.exceptions import ControlUnavailable, ErrorKind, ErrorShape, OpenAIError
 from dataplane.link.needs import Routing
 from dataplane.metrics import ShimMetrics
@@ -92,6 +92,7 @@ async def _route_and_serve(
             session_of(client, request.headers.get(SESSION_HEADER)),
             request.headers,
             request.get(TENANT, ""),
+            adapter_of(app[CONTROL].fleet.snapshot, client.model),
         )
         started = time.perf_counter()
         tracing = app[TRACING]
@@ -128,18 +129,26 @@ def _unserved(ex: Exchange) -> RequestOutcome:
 
 
 def _exchange(
-    client: ClientRequest, raw: bytes, session: str, headers: Mapping[str, str], tenant: str
+    client: ClientRequest,
+    raw: bytes,
+    session: str,
+    headers: Mapping[str, str],
+    tenant: str,
+    adapter: str | None,
 ) -> Exchange:
+    """`adapter`: the LoRA adapter the client's model names (None: a base model), whose
+    prefix hashes, session and blocks are its own (dataplane/edge/shape.py)."""
     rid = os.urandom(16).hex()  # 128 random bits, as uuid4's hex, without building a UUID
     api = APIS[client.endpoint]
     served = api.as_chat(client)
     if served is None:
         sent = {k: v for k in api.forwarded if (v := headers.get(k))}
-        shape = with_request(shape_of(client), session, tenant)
-        return Exchange(rid, client, api, raw, shape, headers=sent)
+        shape = with_request(shape_of(client, adapter=adapter), session, tenant, adapter)
+        return Exchange(rid, client, api, raw, shape, headers=sent, adapter=adapter)
     chat = served.client
-    shape = with_request(shape_of(chat), session, tenant)
-    return Exchange(rid, chat, APIS[chat.endpoint], served.raw, shape, events=served.events)
+    shape = with_request(shape_of(chat, adapter=adapter), session, tenant, adapter)
+    return Exchange(rid, chat, APIS[chat.endpoint], served.raw, shape, events=served.events,
+                    adapter=adapter)  # fmt: skip
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -65,6 +65,9 @@ class Exchange:
     # Headers of the client's that go to the engine with the request (the Messages API's
     # anthropic-version and -beta); nothing else of the client's request goes upstream.
     headers: Mapping[str, str] = field(default_factory=dict)
+    # The LoRA adapter the request names (dataplane/edge/shape.py: adapter_of), None for a base
+    # model: decided once, with its shape, so the blocks it reports are keyed the same way.
+    adapter: str | None = None
 
 
 class Proxy:
@@ -245,7 +248,7 @@ class Proxy:
         first_choice = end.first_choice
         status = self._control.fleet.snapshot.get(end.served_by.id)
         size = status.kv_block_size if status is not None else 0
-        blocks = prefix_blocks(ex.shape, size, first_choice) if complete else None
+        blocks = prefix_blocks(ex.shape, size, first_choice, ex.adapter) if complete else None
         prompt_tokens = len(first_choice.prompt_ids or ()) if first_choice else 0
         if self._tracing.enabled:
             attrs = genai.result_attributes(

@@ -1,5 +1,10 @@
 """Pure: a request's shape for control — sizes and keyed hashes (dataplane/prefix_chain.py),
-never prompt text. What each API hashes and caps is its own (dataplane/apis/)."""
+never prompt text. What each API hashes and caps is its own (dataplane/apis/).
+
+A request whose model is a LoRA adapter (as the shim's snapshot knows it: `adapter_of`) has
+its prefix chain rooted at the adapter and its session key scoped to it: an engine holds a
+conversation's KV cache per adapter, so pins, sessions and the blocks a prefix implies are
+per adapter too. A base model's request hashes and keys exactly as it always has."""
 
 # baton: pure
 
@@ -7,14 +12,24 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from baton.model import RequestShape
+from baton.model import RequestShape, Snapshot
 from dataplane.apis.table import APIS
-from dataplane.prefix_chain import DEFAULT_KEY, prefix_chain
+from dataplane.prefix_chain import DEFAULT_KEY, chain_root, prefix_chain
 from dataplane.request import ClientRequest
 from dataplane.spec.plan import sets_temperature, spec_eligible
 
 
-def shape_of(req: ClientRequest, key: bytes = DEFAULT_KEY) -> RequestShape:
+def adapter_of(snapshot: Snapshot, model: str) -> str | None:
+    """The LoRA adapter `model` names, if the snapshot knows it as one (None: a base model,
+    or a name control has not published an adapter for)."""
+    adapter = snapshot.adapter(model) if snapshot.adapters else None
+    return adapter.name if adapter is not None else None
+
+
+def shape_of(
+    req: ClientRequest, key: bytes = DEFAULT_KEY, adapter: str | None = None
+) -> RequestShape:
+    """`adapter`: the LoRA adapter the request names (adapter_of), None for a base model."""
     if not req.endpoint.generates:
         # A one-shot call: nothing to pin, so no prefix to hash (control spreads it).
         return RequestShape(model=req.model, greedy=False, sets_temperature=False)
@@ -23,7 +38,7 @@ def shape_of(req: ClientRequest, key: bytes = DEFAULT_KEY) -> RequestShape:
     return RequestShape(
         model=req.model,
         message_count=len(prompt.messages),
-        prefix_chain=prefix_chain(prompt.messages, key),
+        prefix_chain=prefix_chain(prompt.messages, key, chain_root(adapter, key)),
         assistant_turns=prompt.turns,
         prompt_chars=prompt.chars,
         greedy=req.greedy,
@@ -58,7 +73,21 @@ def session_of(req: ClientRequest, header: str | None) -> str:
     return key if len(key) <= MAX_SESSION_CHARS else ""
 
 
-def with_request(shape: RequestShape, session: str, tenant: str) -> RequestShape:
+def session_key(session: str, adapter: str | None) -> str:
+    """The key control pins a session by: the client's own for a base model; for an adapter,
+    scoped to it ("lora:<adapter>:<session>", as `baton pins list` shows it), since a replica
+    holds a conversation's KV cache under one adapter only, so a client that reuses a
+    session id across adapters gets a pin for each rather than one that drags the second
+    adapter's turns to where the first one's cache is. (A base session literally named that
+    way shares the pin: a hint only, and the client's own doing.)"""
+    return f"lora:{adapter}:{session}" if session and adapter else session
+
+
+def with_request(
+    shape: RequestShape, session: str, tenant: str, adapter: str | None = None
+) -> RequestShape:
     """The shape with what the client's request says beside its body: its session header's
-    key and the tenant its API key belongs to."""
-    return replace(shape, session=session, tenant=tenant) if session or tenant else shape
+    key (per adapter: session_key) and the tenant its API key belongs to."""
+    if not (session or tenant):
+        return shape
+    return replace(shape, session=session_key(session, adapter), tenant=tenant)

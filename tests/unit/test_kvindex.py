@@ -284,7 +284,12 @@ def test_vllm_shaped_payloads_decode_into_index_events() -> None:
     assert events == [Stored((b"\x01" * 32,), None, PROMPT[:4], BS, True)]
     cpu = KVEventBatch(1.0, [BlockStored([1], None, list(PROMPT[:4]), BS, None, "CPU", None)])
     assert to_events(decode(msgspec.msgpack.encode(cpu))) == []
+    # A LoRA block is keyed under its adapter's name (tests/unit/test_kv_lora.py); one known
+    # by its lora_id alone is not.
     lora = KVEventBatch(1.0, [BlockStored([1], None, list(PROMPT[:4]), BS, 3, "GPU", "ad")])
     assert to_events(decode(msgspec.msgpack.encode(lora)))[0] == Stored(
-        (1,), None, PROMPT[:4], BS, False
+        (1,), None, PROMPT[:4], BS, True, "ad"
     )
+    by_id = KVEventBatch(1.0, [BlockStored([1], None, list(PROMPT[:4]), BS, 3, "GPU", None)])
+    (ev,) = to_events(decode(msgspec.msgpack.encode(by_id)))
+    assert isinstance(ev, Stored) and not ev.keyable

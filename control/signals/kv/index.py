@@ -15,11 +15,14 @@ be in it). So each backend tracks the next sequence number it expects:
 - `lost` (the stream is gone, or a replay failed) clears the index; the next batch starts a
   fresh one, and a new connection does too.
 
-Only a `live` index answers queries: a dead one never silently steers a request. Blocks the
-index cannot key (a parent it does not know, a LoRA adapter, multimodal or salted blocks,
-whose content is more than their token ids) are recorded without a key, so their removal and
-their children are recognised; nothing is guessed. Memory is bounded per backend: beyond
-`capacity` blocks, the oldest stored goes first. Time comes in as `now`."""
+Only a `live` index answers queries: a dead one never silently steers a request. A block
+stored under a LoRA adapter is keyed from that adapter's root (baton.blocks.root), as the
+shim keys a request for it, so one adapter's (or the base's) blocks never answer for
+another's. Blocks the index cannot key (a parent it does not know, multimodal or salted
+blocks, whose content is more than their token ids and adapter) are recorded without a key,
+so their removal and their children are recognised; nothing is guessed. Memory is bounded
+per backend: beyond `capacity` blocks, the oldest stored goes first. Time comes in as
+`now`."""
 
 # baton: pure
 
@@ -30,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from baton.blocks import ROOT, block_keys
+from baton.blocks import block_keys, root
 from baton.model import BackendId
 
 EngineHash = bytes | int  # vLLM's ExternalBlockHash
@@ -59,7 +62,8 @@ class Stored:
     parent: EngineHash | None
     token_ids: tuple[int, ...]
     block_size: int
-    keyable: bool = True  # False: the blocks' content is more than their token ids
+    keyable: bool = True  # False: the blocks' content is more than their token ids (and adapter)
+    adapter: str | None = None  # the LoRA adapter they were computed under (its lora_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +115,9 @@ class _Blocks:
         unknown: list[int | None] = [None] * len(ev.hashes)
         if not ev.keyable or ev.block_size <= 0:
             return unknown
-        parent = ROOT if ev.parent is None else self.by_hash.get(ev.parent)
+        # Only a chain's first block starts at its adapter's root: a child continues its
+        # parent's key, which already has the adapter in it.
+        parent = root(ev.adapter) if ev.parent is None else self.by_hash.get(ev.parent)
         if parent is None or len(ev.token_ids) != ev.block_size * len(ev.hashes):
             return unknown
         if self.block_size and ev.block_size != self.block_size:

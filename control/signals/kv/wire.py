@@ -92,9 +92,17 @@ def _ours(medium: str | None, group_idx: int | None) -> bool:
 
 
 def _keyable(ev: BlockStored) -> bool:
-    """A block's content is its token ids only without LoRA, multimodal inputs or a salt."""
-    extra = ev.extra_keys is None or all(k is None for k in ev.extra_keys)
-    return extra and ev.lora_id is None and ev.lora_name is None
+    """Whether a block's content is its token ids, under its adapter if any. vLLM hashes a
+    LoRA adapter's name in and lists it first in each block's extra keys, so an adapter's
+    block carries `(lora_name,)` there; anything more (multimodal inputs, a salt, prompt
+    embeddings) is content Baton cannot key. An adapter named only by its lora_id (vLLM before
+    lora_name) is not keyable either: ids are per engine, names are what clients send. No
+    extra keys at all (vLLM before extra_keys) is taken as none, for an adapter's block as
+    for the base's."""
+    if ev.lora_name is None and ev.lora_id is not None:
+        return False
+    own = None if ev.lora_name is None else (ev.lora_name,)
+    return ev.extra_keys is None or all(k is None or k == own for k in ev.extra_keys)
 
 
 def to_events(batch: KVEventBatch) -> list[KvEvent]:
@@ -106,7 +114,7 @@ def to_events(batch: KVEventBatch) -> list[KvEvent]:
             continue
         elif isinstance(ev, BlockStored):
             out.append(Stored(tuple(ev.block_hashes), ev.parent_block_hash, tuple(ev.token_ids),
-                              ev.block_size, _keyable(ev)))  # fmt: skip
+                              ev.block_size, _keyable(ev), ev.lora_name))  # fmt: skip
         else:
             out.append(Removed(tuple(ev.block_hashes)))
     return out
