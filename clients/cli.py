@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from clients import render
+from clients.adapter_commands import add_adapter_commands
 from clients.client import DEFAULT_CONTROL, AdminClient, AdminError
 from clients.tenant_commands import add_tenant_commands
 
@@ -154,6 +155,7 @@ def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     sub.add_parser("status", parents=[parent], help="fleet summary").set_defaults(admin=cmd_status)
     _add_pin_and_pair_commands(sub, parent)
     add_tenant_commands(sub, parent)
+    add_adapter_commands(sub, parent)
     _add_event_command(sub, parent)
 
 

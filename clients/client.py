@@ -469,6 +469,29 @@ class AdminClient:
         )
         return resp.cleared
 
+    def adapters(self) -> list[dict[str, Any]]:
+        resp = self._call("ListAdapters", admin_pb2.ListAdaptersRequest())
+        return [
+            {"name": r.adapter.name, "base": r.adapter.base, "source": r.adapter.source,
+             "declared": r.declared, "held_by": list(r.held_by),
+             "loading_on": list(r.loading_on), "demand_rps": round(r.demand_rps, 3)}
+            for r in resp.adapters  # type: ignore[attr-defined]
+        ]  # fmt: skip
+
+    def load_adapter(
+        self, name: str, backend_id: str = "", base: str = "", source: str = ""
+    ) -> dict[str, Any]:
+        resp = self._call("LoadAdapter", admin_pb2.LoadAdapterRequest(
+            name=name, backend_id=backend_id, base=base, source=source))  # fmt: skip
+        return {"backend_id": resp.backend_id, "ok": resp.ok,  # type: ignore[attr-defined]
+                "ms": round(resp.ms, 2), "detail": resp.detail,  # type: ignore[attr-defined]
+                "evicted": list(resp.evicted)}  # type: ignore[attr-defined]  # fmt: skip
+
+    def unload_adapter(self, name: str, backend_id: str = "") -> list[str]:
+        resp = self._call("UnloadAdapter",
+                          admin_pb2.UnloadAdapterRequest(name=name, backend_id=backend_id))
+        return list(resp.unloaded_from)  # type: ignore[attr-defined]
+
     def tenants(self) -> list[dict[str, Any]]:
         resp = self._call("ListTenants", admin_pb2.ListTenantsRequest())
         return [_tenant(t) for t in resp.tenants]  # type: ignore[attr-defined]

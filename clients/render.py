@@ -202,3 +202,15 @@ def usage(rows: Sequence[Mapping[str, Any]]) -> str:
          for u in rows],
         USAGE_COLUMNS,
     )  # fmt: skip
+
+
+def adapters(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return ("no adapters (declare them in [[adapters]], or `baton adapters load NAME "
+                "--base MODEL --source PATH`)")
+    return table(
+        [{**r, "held_by": ",".join(r["held_by"]) or "-",
+          "loading_on": ",".join(r["loading_on"]) or "-",
+          "declared": "yes" if r["declared"] else "found"} for r in rows],
+        ("name", "base", "held_by", "loading_on", "demand_rps", "declared", "source"),
+    )  # fmt: skip

@@ -71,6 +71,14 @@ class TenantNotFound(RegistryError):
     pass
 
 
+class AdapterNotFound(RegistryError):
+    pass
+
+
+class AdapterRefused(RegistryError):
+    """An adapter operation the fleet cannot do (the backend serves no adapters of its base)."""
+
+
 class StoreError(ControlPlaneError):
     """A control replica's write to etcd was not made (and its change was undone)."""
 

@@ -1143,3 +1143,188 @@ class TenantUsageResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TenantUsageResponse: _TypeAlias = TenantUsageResponse  # noqa: Y015
+
+@_typing.final
+class ListAdaptersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAdaptersRequest: _TypeAlias = ListAdaptersRequest  # noqa: Y015
+
+@_typing.final
+class AdapterRow(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADAPTER_FIELD_NUMBER: _builtins.int
+    DECLARED_FIELD_NUMBER: _builtins.int
+    HELD_BY_FIELD_NUMBER: _builtins.int
+    LOADING_ON_FIELD_NUMBER: _builtins.int
+    DEMAND_RPS_FIELD_NUMBER: _builtins.int
+    declared: _builtins.bool
+    """Declared by the operator ([[adapters]] or LoadAdapter with a source); false: found on an
+    engine's /v1/models.
+    """
+    demand_rps: _builtins.float
+    """Its recent request rate (requests a second, decayed), what placement sizes its home by."""
+    @_builtins.property
+    def adapter(self) -> _fleet_pb2.Adapter: ...
+    @_builtins.property
+    def held_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Backends that hold it, and those loading it now."""
+
+    @_builtins.property
+    def loading_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        adapter: _fleet_pb2.Adapter | None = ...,
+        declared: _builtins.bool = ...,
+        held_by: _abc.Iterable[_builtins.str] | None = ...,
+        loading_on: _abc.Iterable[_builtins.str] | None = ...,
+        demand_rps: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["adapter", b"adapter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter", b"adapter", "declared", b"declared", "demand_rps", b"demand_rps", "held_by", b"held_by", "loading_on", b"loading_on"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdapterRow: _TypeAlias = AdapterRow  # noqa: Y015
+
+@_typing.final
+class ListAdaptersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADAPTERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def adapters(self) -> _containers.RepeatedCompositeFieldContainer[Global___AdapterRow]: ...
+    def __init__(
+        self,
+        *,
+        adapters: _abc.Iterable[Global___AdapterRow] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapters", b"adapters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAdaptersResponse: _TypeAlias = ListAdaptersResponse  # noqa: Y015
+
+@_typing.final
+class LoadAdapterRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    BACKEND_ID_FIELD_NUMBER: _builtins.int
+    BASE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    backend_id: _builtins.str
+    """Empty: the first replica of its placement ranking (rendezvous hashing) not holding it."""
+    base: _builtins.str
+    """To declare an adapter not known yet (both needed): its base model and where engines load
+    it from. Declared at run time; [[adapters]] in control's config keeps it across restarts.
+    """
+    source: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        backend_id: _builtins.str = ...,
+        base: _builtins.str = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "base", b"base", "name", b"name", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoadAdapterRequest: _TypeAlias = LoadAdapterRequest  # noqa: Y015
+
+@_typing.final
+class LoadAdapterResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BACKEND_ID_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    MS_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    EVICTED_FIELD_NUMBER: _builtins.int
+    backend_id: _builtins.str
+    ok: _builtins.bool
+    ms: _builtins.float
+    detail: _builtins.str
+    """The engine's answer when it failed."""
+    @_builtins.property
+    def evicted(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What was unloaded first to make room (least recently used)."""
+
+    def __init__(
+        self,
+        *,
+        backend_id: _builtins.str = ...,
+        ok: _builtins.bool = ...,
+        ms: _builtins.float = ...,
+        detail: _builtins.str = ...,
+        evicted: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "detail", b"detail", "evicted", b"evicted", "ms", b"ms", "ok", b"ok"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoadAdapterResponse: _TypeAlias = LoadAdapterResponse  # noqa: Y015
+
+@_typing.final
+class UnloadAdapterRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    BACKEND_ID_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    backend_id: _builtins.str
+    """Empty: from every backend that holds it."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        backend_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnloadAdapterRequest: _TypeAlias = UnloadAdapterRequest  # noqa: Y015
+
+@_typing.final
+class UnloadAdapterResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UNLOADED_FROM_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def unloaded_from(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        unloaded_from: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["unloaded_from", b"unloaded_from"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnloadAdapterResponse: _TypeAlias = UnloadAdapterResponse  # noqa: Y015

@@ -135,6 +135,21 @@ class AdminServiceStub:
                 request_serializer=baton_dot_v1_dot_admin__pb2.TenantUsageRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_admin__pb2.TenantUsageResponse.FromString,
                 _registered_method=True)
+        self.ListAdapters = channel.unary_unary(
+                '/baton.v1.AdminService/ListAdapters',
+                request_serializer=baton_dot_v1_dot_admin__pb2.ListAdaptersRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.ListAdaptersResponse.FromString,
+                _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/baton.v1.AdminService/LoadAdapter',
+                request_serializer=baton_dot_v1_dot_admin__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.LoadAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/baton.v1.AdminService/UnloadAdapter',
+                request_serializer=baton_dot_v1_dot_admin__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -270,6 +285,26 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAdapters(self, request, context):
+        """LoRA adapters: the ones clients may name, where each is held, and an operator's loads
+        and unloads (audit events of kind "adapter").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadAdapter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -372,6 +407,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.TenantUsage,
                     request_deserializer=baton_dot_v1_dot_admin__pb2.TenantUsageRequest.FromString,
                     response_serializer=baton_dot_v1_dot_admin__pb2.TenantUsageResponse.SerializeToString,
+            ),
+            'ListAdapters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAdapters,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.ListAdaptersRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.ListAdaptersResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.LoadAdapterResponse.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.UnloadAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -915,6 +965,87 @@ class AdminService:
             '/baton.v1.AdminService/TenantUsage',
             baton_dot_v1_dot_admin__pb2.TenantUsageRequest.SerializeToString,
             baton_dot_v1_dot_admin__pb2.TenantUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAdapters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/ListAdapters',
+            baton_dot_v1_dot_admin__pb2.ListAdaptersRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.ListAdaptersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/LoadAdapter',
+            baton_dot_v1_dot_admin__pb2.LoadAdapterRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.LoadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/UnloadAdapter',
+            baton_dot_v1_dot_admin__pb2.UnloadAdapterRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.UnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -64,6 +64,12 @@ class AdminServiceStub:
     RevokeTenantKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeTenantKeyRequest, _admin_pb2.RevokeTenantKeyResponse]
     TenantUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.TenantUsageRequest, _admin_pb2.TenantUsageResponse]
     """What each tenant used and was refused, since control started (or since `since`)."""
+    ListAdapters: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListAdaptersRequest, _admin_pb2.ListAdaptersResponse]
+    """LoRA adapters: the ones clients may name, where each is held, and an operator's loads
+    and unloads (audit events of kind "adapter").
+    """
+    LoadAdapter: _grpc.UnaryUnaryMultiCallable[_admin_pb2.LoadAdapterRequest, _admin_pb2.LoadAdapterResponse]
+    UnloadAdapter: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UnloadAdapterRequest, _admin_pb2.UnloadAdapterResponse]
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -101,6 +107,12 @@ class AdminServiceAsyncStub(AdminServiceStub):
     RevokeTenantKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeTenantKeyRequest, _admin_pb2.RevokeTenantKeyResponse]  # type: ignore[assignment]
     TenantUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.TenantUsageRequest, _admin_pb2.TenantUsageResponse]  # type: ignore[assignment]
     """What each tenant used and was refused, since control started (or since `since`)."""
+    ListAdapters: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListAdaptersRequest, _admin_pb2.ListAdaptersResponse]  # type: ignore[assignment]
+    """LoRA adapters: the ones clients may name, where each is held, and an operator's loads
+    and unloads (audit events of kind "adapter").
+    """
+    LoadAdapter: _aio.UnaryUnaryMultiCallable[_admin_pb2.LoadAdapterRequest, _admin_pb2.LoadAdapterResponse]  # type: ignore[assignment]
+    UnloadAdapter: _aio.UnaryUnaryMultiCallable[_admin_pb2.UnloadAdapterRequest, _admin_pb2.UnloadAdapterResponse]  # type: ignore[assignment]
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Operator-facing fleet management. Requires the admin bearer token when control has one."""
@@ -255,5 +267,29 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.TenantUsageResponse, _abc.Awaitable[_admin_pb2.TenantUsageResponse]]:
         """What each tenant used and was refused, since control started (or since `since`)."""
+
+    @_abc_1.abstractmethod
+    def ListAdapters(
+        self,
+        request: _admin_pb2.ListAdaptersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListAdaptersResponse, _abc.Awaitable[_admin_pb2.ListAdaptersResponse]]:
+        """LoRA adapters: the ones clients may name, where each is held, and an operator's loads
+        and unloads (audit events of kind "adapter").
+        """
+
+    @_abc_1.abstractmethod
+    def LoadAdapter(
+        self,
+        request: _admin_pb2.LoadAdapterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.LoadAdapterResponse, _abc.Awaitable[_admin_pb2.LoadAdapterResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UnloadAdapter(
+        self,
+        request: _admin_pb2.UnloadAdapterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.UnloadAdapterResponse, _abc.Awaitable[_admin_pb2.UnloadAdapterResponse]]: ...
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -17,6 +17,7 @@ from baton.replicas import STORE_METADATA
 from baton.tenancy import KEY_PREFIX, digest
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control.api import convert
+from control.api.admin_adapters import AdapterAdmin, AdapterOps
 from control.api.errors import Context, Trailing, map_errors, within
 from control.audit.log import Event, EventQuery
 from control.audit.payloads import Admin, Payload
@@ -58,7 +59,7 @@ def _write(
     return serialized
 
 
-class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+class AdminServicer(AdapterAdmin, admin_pb2_grpc.AdminServiceServicer):
     def __init__(
         self,
         router: Router,
@@ -67,6 +68,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         started: float | None = None,
         on_changed: Callable[[], Awaitable[None]] | None = None,
         status: Callable[[admin_pb2.GetStatusResponse], Awaitable[None]] | None = None,
+        adapters: AdapterOps | None = None,
     ) -> None:
         # Awaited after each change an operator made (backends, drains, pairs, tenants):
         # control persists its configuration there, off the routing path. A replica writes
@@ -77,6 +79,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         # never takes another's change with it.
         self._writes = asyncio.Lock()
         self._status = status  # fills in a replica's part of GetStatus
+        self._adapter_ops = adapters  # LoRA loads and unloads (control/server/adapters.py)
         self._read_facts = read_facts
         self._router = router
         self._registry = router.registry

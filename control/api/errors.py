@@ -9,6 +9,8 @@ from typing import Any, NoReturn, TypeAlias, TypeVar
 import grpc
 
 from control.exceptions import (
+    AdapterNotFound,
+    AdapterRefused,
     BackendExists,
     BackendNotFound,
     ConfigError,
@@ -36,6 +38,8 @@ STATUS_FOR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (PairRefused, grpc.StatusCode.FAILED_PRECONDITION),
     (TenantExists, grpc.StatusCode.ALREADY_EXISTS),
     (TenantNotFound, grpc.StatusCode.NOT_FOUND),
+    (AdapterNotFound, grpc.StatusCode.NOT_FOUND),
+    (AdapterRefused, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
     (NotLeader, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreConflict, grpc.StatusCode.ABORTED),

@@ -45,6 +45,17 @@ class LoadOrder:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadResult:
+    """How a load ended: `detail` the engine's answer when it failed; `evicted` what was
+    unloaded first."""
+
+    ok: bool
+    ms: float
+    detail: str = ""
+    evicted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Steered:
     """Route `request` (others excluded) as any request; `placement` says why there."""
 

@@ -15,9 +15,10 @@ Dynamo's HRW placement route adapters the same way).
 - in order: the least loaded home member that holds the adapter (or is loading it) and is
   below `saturated_at` -> HOLDER; if k exceeds the home members that have it and the best
   holder's load is `spread_margin` above a free home member's, that member loads it -> SPREAD;
-  with no unsaturated holder at home, the highest-ranked unsaturated home member with room ->
-  HOME_LOAD; every home member saturated: the least loaded holder outside it -> STRAY_HOLDER;
-  else the least loaded candidate (a load; room preferred) -> FALLBACK; none -> NO_CANDIDATE.
+  with no unsaturated holder at home, the least loaded unsaturated holder outside it ->
+  STRAY_HOLDER (a request goes where its adapter is held before any load); else the
+  highest-ranked unsaturated home member with room -> HOME_LOAD; else the least loaded
+  candidate (a load; room preferred) -> FALLBACK; none -> NO_CANDIDATE.
   Room is `Residency.fits` with `min_idle`: adapters used within `min_idle` are not evicted.
 - `Placement.needs_load`: the backend does not hold it yet. The caller calls
   `Residency.begin_load`; False means that load is already in flight (single flight) and the
@@ -55,6 +56,7 @@ class PlaceReason(StrEnum):
     RESUME_HOLDER = "resume_holder"  # a failed stream resumes where the adapter is held
     FALLBACK = "fallback"  # saturated everywhere it is held: the least loaded candidate loads
     NO_CANDIDATE = "no_candidate"  # nothing serves the base
+    ADMIN = "admin"  # an operator's load (`baton adapters load`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,12 +148,14 @@ def place(
         if spare and lo(holder) - lo(least(spare)) >= spread_margin:
             return go(least(spare), PlaceReason.SPREAD)
         return go(holder, PlaceReason.HOLDER)
+    # A holder outside the home set serves it without a load (an operator's load, a spread
+    # the demand has since shrunk from, a resume's): the rule, a holder first.
+    strays = [b for b in ranked if b not in home and has(b) and free(b)]
+    if strays:
+        return go(least(strays), PlaceReason.STRAY_HOLDER)
     loader = next((b for b in home if free(b) and room(b)), None)
     if loader is not None:
         return go(loader, PlaceReason.HOME_LOAD)
-    strays = [b for b in ranked if b not in home and has(b)]
-    if strays:
-        return go(least(strays), PlaceReason.STRAY_HOLDER)
     return go(least([b for b in ranked if room(b)] or ranked), PlaceReason.FALLBACK)
 
 

@@ -20,7 +20,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import aiohttp
 
@@ -28,21 +27,13 @@ from baton.model import Adapter, BackendId, Snapshot
 from control.audit.payloads import AdapterChange
 from control.fleet.registry import Registry
 from control.metrics import ControlMetrics
-from control.routing.adapter_flow import LoadOrder
+from control.routing.adapter_flow import LoadOrder, LoadResult
 from control.routing.adapters import PlaceReason
 from control.routing.router import Router
 from control.settings import LoraSettings
 from control.signals.adapters import fetch_adapters
 
 log = logging.getLogger("baton.control.adapters")
-
-
-@dataclass(frozen=True, slots=True)
-class LoadResult:
-    ok: bool
-    ms: float
-    detail: str = ""
-    evicted: tuple[str, ...] = ()
 
 
 class AdapterService:
@@ -88,7 +79,7 @@ class AdapterService:
             else:
                 evict = book.residency.victims(backend_id, now=self._clock(),
                                                min_idle=self._settings.min_idle)  # fmt: skip
-                self.order(LoadOrder(BackendId(backend_id), adapter, evict, PlaceReason.HOME_LOAD,
+                self.order(LoadOrder(BackendId(backend_id), adapter, evict, PlaceReason.ADMIN,
                                      ""))  # fmt: skip
                 running = self._loads[key]
         if running is None:

@@ -205,7 +205,8 @@ class ControlPlane:
         self._routing = routing
         self.adapters.on_answers = routing.drain
         status = self._replica_status if self._store else None
-        admin = AdminServicer(self.router, self.read_facts, on_changed=self._save, status=status)
+        admin = AdminServicer(self.router, self.read_facts, on_changed=self._save, status=status,
+                              adapters=self.adapters)  # fmt: skip
         self._health = add_services(self.server, routing, admin)
         self.port = listen(self.server, self._listen, self._tls)
         if self._store:

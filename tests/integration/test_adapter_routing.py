@@ -149,3 +149,54 @@ def test_an_adapter_stream_resumes_identical_on_a_replica_that_loads_it(tmp_path
         failover = events(f, "failover")
         assert failover and failover[0]["outcome"] == "resumed"
         assert failover[0]["to_backend"] == other and failover[0]["seam"] == "verified"
+
+
+def test_an_operator_lists_loads_and_unloads_adapters(lora_fleet: Fleet) -> None:
+    f = lora_fleet
+    out = f.baton("adapters", "list", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert set(rows) == {"a", "b", "c"} and all(r["held_by"] == [] for r in rows.values())
+    stray = rank("a", ["s0", "s1"])[1]  # not where placement would put it
+    out = f.baton("adapters", "load", "a", "--backend", stray, "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["ok"] is True
+    assert engine_adapters(f.sims[stray].ready) == {"a"}
+    listed = {r["name"]: r for r in json.loads(f.baton("adapters", "list", "--json").stdout)}
+    assert listed["a"]["held_by"] == [stray]
+    # A request goes where the adapter is held, with no load of its own.
+    complete(f.base_url, "a")
+    loads = [e for e in events(f, "adapter") if e["action"] == "load"]
+    assert [(e["backend_id"], e["reason"]) for e in loads] == [(stray, "admin")]
+    out = f.baton("adapters", "unload", "a")
+    assert out.returncode == 0, out.stderr
+    assert engine_adapters(f.sims[stray].ready) == set()
+    # A new adapter declared at run time, then served.
+    missing = f.baton("adapters", "load", "nobody")
+    assert missing.returncode != 0 and "declare it" in missing.stderr
+    source = rows["b"]["source"]
+    out = f.baton("adapters", "load", "b2", "--base", MODEL, "--source", source, "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["ok"], out.stderr
+    assert complete(f.base_url, "b2") == complete(f.base_url, "b")  # the same weights
+
+
+def test_a_tenant_uses_only_the_adapters_its_models_list(lora_fleet: Fleet) -> None:
+    f = lora_fleet
+    out = f.baton("tenants", "add", "acme", "--models", "a", "--json")
+    assert out.returncode == 0, out.stderr
+    key = json.loads(out.stdout)["key"]
+    client = openai.OpenAI(base_url=f.base_url, api_key=key, max_retries=0, timeout=30)
+    ok = lambda: client.completions.create(model="a", prompt=PROMPT, max_tokens=2)  # noqa: E731
+    assert wait_until(lambda: _answers(ok), 10)
+    for other in ("b", MODEL):
+        with pytest.raises(openai.PermissionDeniedError):
+            client.completions.create(model=other, prompt=PROMPT, max_tokens=2)
+    assert not [e for e in events(f, "adapter") if e["adapter"] == "b"]  # nothing loaded
+
+
+def _answers(call: Any) -> bool:
+    try:
+        call()
+    except openai.AuthenticationError:
+        return False  # the shims do not know the key yet
+    return True

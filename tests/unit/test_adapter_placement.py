@@ -156,15 +156,17 @@ def test_a_replica_leaving_or_joining_moves_only_adapters_whose_home_changed(k: 
     assert moved and all(six[a] == "r5" for a in moved)  # only onto the newcomer
 
 
-def test_a_saturated_home_falls_back_to_a_holder_elsewhere() -> None:
+def test_a_holder_outside_the_home_serves_before_any_load() -> None:
     res = Residency()
     top, second, third = rank("x", FLEET)
     res.touch(third, "x", 0.0)
     busy = {top: 9.0, second: 1.0, third: 5.0}
-    p = go("x", res, busy, saturated_at=8.0)
+    p = go("x", res, busy, saturated_at=8.0)  # the home is saturated
     assert (p.backend, p.reason, p.needs_load) == (third, R.STRAY_HOLDER, False)
-    p = go("x", res, {top: 1.0, third: 5.0}, saturated_at=8.0)  # home has room: load there
-    assert (p.backend, p.reason) == (top, R.HOME_LOAD)
+    p = go("x", res, {top: 1.0, third: 5.0}, saturated_at=8.0)  # the home has room too
+    assert (p.backend, p.reason, p.needs_load) == (third, R.STRAY_HOLDER, False)
+    p = go("x", res, {top: 1.0, third: 9.0}, saturated_at=8.0)  # the holder is saturated
+    assert (p.backend, p.reason, p.needs_load) == (top, R.HOME_LOAD, True)
 
 
 def test_saturated_everywhere_loads_on_the_least_loaded_candidate() -> None:
