@@ -59,15 +59,16 @@ class Plan:
 
 
 def run_mode(plan: Plan, mode: str, sequence: Sequence[str], adapters: Mapping[str, str],
-             logdir: Path) -> Measured:  # fmt: skip
-    with lora_fleet.running(mode, plan.setup, adapters, logdir) as fleet:
+             logdir: Path, tag: str) -> Measured:  # fmt: skip
+    with lora_fleet.running(mode, plan.setup, adapters, logdir, tag) as fleet:
         before = lora_fleet.engine_loads(fleet.sims)
         t0 = time.perf_counter()
         outcomes = asyncio.run(closed_loop(fleet.base, sequence,
                                            Load(plan.concurrency, plan.max_tokens)))  # fmt: skip
         wall = time.perf_counter() - t0
         loads = lora_fleet.engine_loads(fleet.sims) - before
-    return measured(outcomes, wall, loads)
+        events = lora_fleet.adapter_events(fleet.control) if mode == "baton" else {}
+    return replace(measured(outcomes, wall, loads), control_events=events)
 
 
 def run_all(plan: Plan, logdir: Path) -> dict[float, dict[str, Measured]]:
@@ -80,11 +81,13 @@ def run_all(plan: Plan, logdir: Path) -> dict[float, dict[str, Measured]]:
             by_mode: dict[str, Measured] = {}
             # Each exponent starts with another mode: drift does not always hit the same one.
             for mode in stats.rotated(list(plan.modes), k):
-                m = run_mode(plan, mode, sequence, adapters, logdir)
+                m = run_mode(plan, mode, sequence, adapters, logdir, f"{exponent:g}.{mode}")
+                events = f" control {m.control_events}" if m.control_events else ""
                 by_mode[mode] = m
                 print(f"  zipf {exponent:g} {mode:10} ttft p50 {m.ttft_p50_ms:7.1f} ms  p99 "
                       f"{m.ttft_p99_ms:7.1f} ms  loads {m.loads:5.0f}  errors {m.errors}  "
-                      f"{m.wall_s:5.1f} s", file=sys.stderr, flush=True)  # fmt: skip
+                      f"{m.wall_s:5.1f} s {dict(m.error_kinds) or ''}{events}", file=sys.stderr,
+                      flush=True)  # fmt: skip
             results[exponent] = {mode: by_mode[mode] for mode in plan.modes}
     return results
 
@@ -118,7 +121,7 @@ def targets(results: Mapping[float, Mapping[str, Measured]]) -> list[stats.Targe
 
 
 HEADERS = ("zipf", "mode", "requests", "errors", "ttft p50 ms", "ttft p99 ms", "loads",
-           "loads/1k req", "x fewer loads", "baton p99 /", "req/s")  # fmt: skip
+           "loads/1k req", "x fewer loads", "baton p99 /", "req/s", "ctl loads")  # fmt: skip
 
 
 def table(results: Mapping[float, Mapping[str, Measured]]) -> str:
@@ -133,7 +136,8 @@ def table(results: Mapping[float, Mapping[str, Measured]]) -> str:
             rows.append([f"{exponent:g}", mode, str(m.requests), str(m.errors),
                          stats.fmt(m.ttft_p50_ms, 1), stats.fmt(m.ttft_p99_ms, 1),
                          f"{m.loads:.0f}", stats.fmt(m.loads_per_1k, 1), stats.fmt(fewer, 1),
-                         stats.fmt(p99), stats.fmt(m.requests / m.wall_s, 1)])  # fmt: skip
+                         stats.fmt(p99), stats.fmt(m.requests / m.wall_s, 1),
+                         str(m.control_loads) if mode == "baton" else "-"])  # fmt: skip
     return stats.render_table(HEADERS, rows)
 
 
@@ -154,7 +158,9 @@ def notes(plan: Plan) -> list[str]:
         "per adapter on the replica a rendezvous hash of its name picks (engines register "
         "their own adapters at start); the same client path as every other mode.",
         "loads = delta of sim:lora_loads_total summed over the sims; x fewer loads = row's "
-        "loads / baton's; baton p99 / = baton's TTFT p99 / the row's.",
+        "loads / baton's; baton p99 / = baton's TTFT p99 / the row's; ctl loads = the loads "
+        "Baton's control ordered (its audit log); the rest of baton's loads are reloads the "
+        "engines' own LRU made (more adapters registered on an engine than max_cpu_loras).",
     ]  # fmt: skip
 
 
@@ -206,15 +212,18 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     load["after"] = os.getloadavg()[0]
     ts = targets(results)
+    fleet, *rest = notes(plan)
+    print(fleet)  # above the table: the settings every number below depends on
     print(table(results))
     print()
-    print("\n".join(notes(plan)))
+    print("\n".join(rest))
     print()
     print("\n".join(stats.target_lines(ts)))
     print(f"\n1-min load average: {load['before']:.2f} before, {load['after']:.2f} after")
     doc: dict[str, Any] = {
         "plan": asdict(plan), "load": load, "notes": notes(plan),
-        "results": {f"{e:g}": {m: {**asdict(r), "loads_per_1k": r.loads_per_1k}
+        "results": {f"{e:g}": {m: {**asdict(r), "loads_per_1k": r.loads_per_1k,
+                                   "control_loads": r.control_loads}
                                for m, r in by.items()} for e, by in results.items()},
         "targets": [{**asdict(t), "verdict": t.verdict} for t in ts],
     }  # fmt: skip

@@ -19,8 +19,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import subprocess
+import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,16 +141,18 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def running(mode: str, setup: Setup, adapters: Mapping[str, str], logdir: Path) -> Iterator[Fleet]:
+def running(
+    mode: str, setup: Setup, adapters: Mapping[str, str], logdir: Path, tag: str
+) -> Iterator[Fleet]:
     """Fresh sims, control and a shim for `mode`, serving when yielded; all stopped in reverse
-    order on any exit, Ctrl-C included."""
+    order on any exit, Ctrl-C included. Logs and config: logdir/lora.TAG.*"""
     logdir.mkdir(parents=True, exist_ok=True)
     reps = replica_ids(setup.replicas)
     with contextlib.ExitStack() as stack:
 
         def start(name: str, argv: list[str], env: Mapping[str, str] | None = None) -> Part:
             # stderr to a file: a warning per request must not garble the table.
-            log = stack.enter_context((logdir / f"lora.{name}.log").open("wb"))
+            log = stack.enter_context((logdir / f"lora.{tag}.{name}.log").open("wb"))
             part = Part(name, argv, stderr=log.fileno(), env=env)
             stack.callback(part.stop, 3.0)
             return part
@@ -155,7 +160,7 @@ def running(mode: str, setup: Setup, adapters: Mapping[str, str], logdir: Path) 
         env = RUNTIME_ENV if mode == "baton" else None
         sims = {r: start(r, sim_argv("127.0.0.1:0", *sim_args(
             setup, modules_for(mode, r, adapters, reps))), env) for r in reps}  # fmt: skip
-        config = logdir / "lora.control.toml"
+        config = logdir / f"lora.{tag}.control.toml"
         urls = {r: p.ready for r, p in sims.items()}
         config.write_text(control_config(mode, setup, urls, adapters))
         control = start("control", control_argv(str(config)))
@@ -210,3 +215,16 @@ def engine_loads(sims: Sequence[str]) -> float:
             value = stats.metric_sum(resp.read().decode(), LOADS)
         total += 0.0 if math.isnan(value) else value  # NaN: no load yet on that sim
     return total
+
+
+def adapter_events(control: str) -> dict[str, int]:
+    """Control's adapter audit events counted by `action:reason` (load:home_load,
+    load:fallback, unload:evict, found, ...), read through the real CLI: the loads Baton
+    ordered, beside the engines' own count (which also has the reloads an engine's LRU made
+    on its own)."""
+    argv = [sys.executable, "-m", "clients.cli", "events", "--kind", "adapter", "--json",
+            "--control", control, "--limit", "100000"]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    found = Counter(f"{e['action']}:{e['reason']}" if e.get("reason") else str(e["action"])
+                    for e in json.loads(out.stdout))  # fmt: skip
+    return dict(sorted(found.items()))

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from random import Random
 
 import aiohttp
@@ -116,6 +117,13 @@ class Measured:
     ttft_p99_ms: float
     wall_s: float
     loads: float  # delta of sim:lora_loads_total summed over the sims
+    error_kinds: Mapping[str, int] = field(default_factory=dict)
+    # Control's adapter events (bench/lora_fleet.adapter_events): baton mode only.
+    control_events: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def control_loads(self) -> int:
+        return sum(n for k, n in self.control_events.items() if k.startswith("load"))
 
     @property
     def loads_per_1k(self) -> float:
@@ -124,6 +132,6 @@ class Measured:
 
 def measured(outcomes: Sequence[Outcome], wall_s: float, loads: float) -> Measured:
     ttfts = [o.ttft_ms for o in outcomes if o.error is None]
-    return Measured(len(outcomes), sum(o.error is not None for o in outcomes),
-                    stats.percentile(ttfts, 50), stats.percentile(ttfts, 99), wall_s,
-                    loads)  # fmt: skip
+    errors = Counter(o.error for o in outcomes if o.error is not None)
+    return Measured(len(outcomes), sum(errors.values()), stats.percentile(ttfts, 50),
+                    stats.percentile(ttfts, 99), wall_s, loads, dict(errors))  # fmt: skip
