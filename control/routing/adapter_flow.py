@@ -135,7 +135,10 @@ class AdapterFlow:
         allowed = {target} | {b for b in placement.home if res.holds(b, adapter.name)
                               and load.get(b, 0.0) < self._tuning.saturated_at}  # fmt: skip
         others = frozenset(BackendId(b) for b in serving if b not in allowed)
-        return Steered(replace(request, exclude=request.exclude | others), placement)
+        # A pair's draft runs the base, not the adapter: an adapter's request is served
+        # target-only (docs/routing.md#adapter-fleets).
+        shape = replace(request.shape, spec_eligible=False)
+        return Steered(replace(request, exclude=request.exclude | others, shape=shape), placement)
 
     def used(self, request: RouteRequest, backend: BackendId, now: float) -> None:
         """The request was routed to `backend`: its adapter is the newest there."""
