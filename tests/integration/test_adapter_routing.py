@@ -16,6 +16,7 @@ from typing import Any
 import openai
 import pytest
 
+from clients.procs import Part
 from control.routing.adapters import rank
 from tests.factories import sdk
 from tests.integration.harness import MODEL, Fleet, fleet, http, start_sim, wait_until
@@ -149,6 +150,27 @@ def test_an_adapter_stream_resumes_identical_on_a_replica_that_loads_it(tmp_path
         failover = events(f, "failover")
         assert failover and failover[0]["outcome"] == "resumed"
         assert failover[0]["to_backend"] == other and failover[0]["seam"] == "verified"
+
+
+def test_a_replica_restarted_without_its_adapter_is_known_not_to_hold_it(
+    lora_fleet: Fleet,
+) -> None:
+    f = lora_fleet
+    home = rank("a", ["s0", "s1"])[0]
+    complete(f.base_url, "a")
+    assert f.backends()[home]["adapters"] == ["a"]
+    port = f.sims[home].ready.rsplit(":", 1)[1]
+    f.sims[home].kill()
+    assert wait_until(lambda: f.backends()[home]["state"] != "healthy", 10)
+    revived = Part("sim", ["sim", "--listen", f"127.0.0.1:{port}", "--model", MODEL,
+                           "--instant", *LORA])  # fmt: skip
+    f.parts.append(revived)
+    assert wait_until(lambda: f.backends()[home]["state"] == "healthy", 10)
+    assert wait_until(lambda: f.backends()[home]["adapters"] == [], 10)
+    lost = [e for e in events(f, "adapter") if e["action"] == "lost"]
+    assert [(e["backend_id"], e["adapter"]) for e in lost] == [(home, "a")]
+    complete(f.base_url, "a")  # loaded again, where it is not held now
+    assert engine_adapters(revived.ready) == {"a"}
 
 
 def test_an_operator_lists_loads_and_unloads_adapters(lora_fleet: Fleet) -> None:
