@@ -19,6 +19,7 @@ in front of the replicas it names.
 | e0 | vLLM `--runner pooling --convert embed` | tiny, as an embedding model |
 | k0, k1 | vLLM with KV-cache events on ipc sockets (`KV_EVENTS`) | tiny |
 | d0 | vLLM `--data-parallel-size 2` (two engine cores, one API server), KV events on tcp | tiny |
+| lo0, lo1 | vLLM `--enable-lora --max-loras 1 --max-cpu-loras 1`, runtime adapter loads | tiny |
 
 Every vLLM replica keeps stored Responses API responses (VLLM_ENABLE_RESPONSES_API_STORE=1).
 """
@@ -54,6 +55,7 @@ class Spec:
     model: str = "tiny"
     core: int = 0  # vLLM only
     args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # vLLM only: more environment (also on a restart)
 
 
 def _specs() -> dict[str, Spec]:
@@ -146,19 +148,29 @@ class Pool:
             if e is None:
                 self._start(n)
             elif not e.alive:
-                self.replicas.restart(n)
+                self._restart(n)
         self.replicas.wait_healthy(list(names))
         return [self.replicas.engines[n] for n in names]
 
     def revive(self, name: str) -> None:
         """Start a killed replica again without waiting: the next get() waits for it."""
-        self.replicas.restart(name)
+        self._restart(name)
 
-    def _start(self, name: str) -> Engine:
+    def _start(self, name: str, port: int | None = None) -> Engine:
         s = SPECS[name]
         if s.engine == "vllm":
-            return self.replicas.start_vllm(name, core=s.core, model=s.model, args=s.args)
-        return self.replicas.start_llama(name, model=s.model, args=s.args)
+            return self.replicas.start_vllm(name, core=s.core, port=port, model=s.model,
+                                            args=s.args, env=dict(s.env))  # fmt: skip
+        return self.replicas.start_llama(name, port=port, model=s.model, args=s.args)
+
+    def _restart(self, name: str) -> Engine:
+        """Replicas.restart, with the spec's environment too: the same name, port (a router
+        configured with its URL finds it again), model and arguments."""
+        if not SPECS[name].env:
+            return self.replicas.restart(name)
+        old = self.replicas.engines[name]
+        old.stop(grace=1)
+        return self._start(name, port=old.port)
 
     def _make_room(self, wanted: set[str]) -> None:
         running = [n for n, e in self.replicas.engines.items() if e.kind == "vllm" and e.alive]
@@ -191,7 +203,9 @@ def write_config(
     routing: str,
     probe: float,
     roles: Mapping[str, str] | None = None,
+    extra: str = "",
 ) -> Path:
+    """`extra`: more TOML after the backends (e.g. `[lora]`, `[[adapters]]` tables)."""
     lines = [f'routing = "{routing}"', "[probes]", f"interval = {probe}", "timeout = 1.0", ""]
     for e in engines:
         lines += ["[[backends]]", f'id = "{e.name}"', f'url = "{e.url}"']
@@ -203,6 +217,8 @@ def write_config(
         if e.tool_parser:
             lines.append(f'tool_parser = "{e.tool_parser}"')
         lines.append("")
+    if extra:
+        lines.append(extra)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     return path
@@ -217,10 +233,12 @@ def baton(
     probe: float = 0.5,
     shim_args: Sequence[str] = (),
     roles: Mapping[str, str] | None = None,
+    control_extra: str = "",
 ) -> Iterator[Fleet]:
     """Control and one shim in front of `engines` (backend id = replica name; `roles`: a
-    backend's role where it is not "serve")."""
-    config = write_config(tmp_path / "control.toml", engines, routing, probe, roles)
+    backend's role where it is not "serve"; `control_extra`: more of control's TOML)."""
+    config = write_config(tmp_path / "control.toml", engines, routing, probe, roles,
+                          control_extra)  # fmt: skip
     # Their logs stay beside the test's other files: a failure is read from them.
     control = start_control(config, log=tmp_path / "control.log")
     try:
@@ -269,3 +287,14 @@ def tool_chain(model: str) -> dict[str, Any]:
         pytest.fail(f"{path} missing: run scripts/engines/setup.sh model")
     out: dict[str, Any] = json.loads(path.read_text())
     return out
+
+
+# LoRA replicas (tests/real/test_lora.py): tiny with one adapter slot each (--max-loras 1,
+# --max-cpu-loras 1; vLLM's own list is not bounded by them: control unloads one adapter to load
+# another), loaded and unloaded at run time by control (VLLM_ALLOW_RUNTIME_LORA_UPDATING); none
+# at start. The adapters
+# (make_lora_adapters.py: tiny-lora-a/-b/-c) are rank 8: --max-lora-rank 8.
+LORA_ARGS = ("--enable-lora", "--max-loras", "1", "--max-lora-rank", "8", "--max-cpu-loras", "1")
+LORA_ENV = (("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1"),)
+for _i in range(2):
+    SPECS[f"lo{_i}"] = Spec("vllm", "tiny", _i % (os.cpu_count() or 1), LORA_ARGS, LORA_ENV)
