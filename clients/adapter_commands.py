@@ -1,6 +1,8 @@
 """`baton adapters ...`: the LoRA adapters clients may name, which backend holds each, and an
 operator's loads and unloads (docs/routing.md#adapter-fleets)."""
 
+# baton: pure
+
 from __future__ import annotations
 
 import argparse
