@@ -7,13 +7,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from baton.model import Adapter, Backend, BackendId, Reason, RequestShape, RouteRequest
+from baton.model import (
+    Adapter,
+    Backend,
+    BackendId,
+    Reason,
+    RequestOutcome,
+    RequestShape,
+    RouteRequest,
+)
 from control.fleet.registry import Registry
 from control.routing.adapter_flow import LoadOrder
 from control.routing.adapters import rank
 from control.routing.policy import make_policy
 from control.routing.router import Router
-from control.settings import LoraSettings
+from control.settings import AdmissionSettings, LoraSettings
 
 BASE = "m"
 IDS = ("b0", "b1", "b2")
@@ -105,3 +113,30 @@ def test_an_adapter_request_never_uses_a_speculative_pairing() -> None:
 def test_the_base_model_is_routed_as_before() -> None:
     f = Fleet()
     assert f.route("r0", BASE).reason is not Reason.QUEUED and f.orders == []
+
+
+def test_a_request_that_waited_in_its_band_then_waits_for_its_load_is_answered_once() -> None:
+    now = [0.0]
+    b0 = Backend(BackendId("b0"), "http://127.0.0.1:9/b0", BASE)
+    registry = Registry([b0], clock=lambda: now[0], adapters=[Adapter("sql", BASE, "/a/sql")])
+    registry.probe_result("b0", True)
+    registry.adapters.learned("b0", BASE, {}, 2, read_at=0.0)
+    orders: list[LoadOrder] = []
+    router = Router(registry, make_policy("roundrobin"), clock=lambda: now[0],
+                    admission=AdmissionSettings(backend_capacity=1, headroom=0.0),
+                    start_load=orders.append)  # fmt: skip
+    sent: list[tuple[str, Reason]] = []
+    assert router.route(RouteRequest("r0", RequestShape(BASE))).backends  # the one slot
+    reply = lambda d: sent.append(("r1", d))  # noqa: E731
+    assert router.route(RouteRequest("r1", RequestShape("sql")), reply=reply).reason \
+        is Reason.QUEUED  # full: it waits in its band
+    router.finished([RequestOutcome(request_id="r0", backend_id="b0", model=BASE, ok=True,
+                                    http_status=200)])  # fmt: skip
+    answers = router.dequeue()  # its turn: it now waits for the adapter's load
+    assert [(a.request_id, a.decision.reason, a.reply) for a in answers] == [
+        ("r1", Reason.QUEUED, reply)]
+    assert [(o.backend, o.adapter.name) for o in orders] == [("b0", "sql")]
+    router.adapter_loaded("b0", "sql", True)
+    (answer,) = router.dequeue()
+    assert answer.request_id == "r1" and answer.reply is reply
+    assert [b.id for b in answer.decision.backends] == ["b0"]
