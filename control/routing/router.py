@@ -135,8 +135,10 @@ class Router:
                 self._loaded.append(self._answer_parked(parked, decision))
 
     def _answer_parked(self, parked: Parked, decision: Decision) -> Answer:
-        if not decision.backends and parked.reason is None:
-            self.registry.tenants.cancel(parked.request.request_id)
+        if not decision.backends:
+            self.registry.release(parked.request.request_id)
+            if parked.reason is None:
+                self.registry.tenants.cancel(parked.request.request_id)
         return Answer(parked.request.request_id, decision, parked.reply)
 
     def queued_by_band(self) -> dict[str, int]:
@@ -157,6 +159,8 @@ class Router:
         steer = self.adapters.steer(request, now, resume=reason is Reason.FAILOVER)
         if isinstance(steer, Wait):
             self.adapters.park(steer, Parked(request, reason, tuple(preferred), reply, now))
+            # It counts on the backend it waits for: admission and placement see it there.
+            self.registry.acquire(request.request_id, steer.backend, now)
             why = f"loading adapter {steer.adapter!r} on {steer.backend}"
             return Decision((), Reason.QUEUED, self.registry.snapshot.version, why,
                             wait_s=self.adapters.settings.load_timeout)  # fmt: skip

@@ -57,6 +57,7 @@ def test_requests_for_an_adapter_nobody_holds_wait_for_one_load_then_go_where_it
     home = rank("sql", IDS)[0]
     assert [f.route(f"r{i}").reason for i in range(3)] == [Reason.QUEUED] * 3
     assert [(o.backend, o.adapter.name) for o in f.orders] == [(home, "sql")]  # single flight
+    assert f.registry.in_flight()[home] == 3  # they count where they wait (admission sees them)
     assert f.delivered() == {}  # nothing until the load ends
     f.router.adapter_loaded(home, "sql", True)
     out = f.delivered()
@@ -98,6 +99,7 @@ def test_a_wait_past_the_load_timeout_is_refused() -> None:
     f.now = 5.0
     (decision, _), = f.delivered().values()
     assert not decision.backends and "did not load within 5 s" in decision.detail
+    assert f.registry.in_flight_total() == 0
 
 
 def test_an_adapter_request_never_uses_a_speculative_pairing() -> None:
