@@ -127,15 +127,17 @@ class LoraSettings:
     refresh: float = 5.0
     # Demand is a request rate decayed with this half-life, in seconds.
     half_life: float = 30.0
-    # How many adapters an adapter engine is taken to hold at once until its /metrics says
-    # (vLLM shows max_lora only once it has run a request under an adapter): vLLM's own
-    # default --max-loras. Set it to the fleet's --max-loras (or --max-cpu-loras).
-    max_adapters: int = 1
+    # How many adapters Baton keeps loaded on each adapter engine. 0: the engine's own
+    # max_lora (its --max-loras, read from its /metrics once it has run a request under an
+    # adapter; 1, vLLM's default, until then). Set it to the fleet's --max-cpu-loras when that
+    # is larger: the engine keeps that many in memory, and only --max-loras of them run in
+    # one batch.
+    max_adapters: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("per_replica_rate", "load_timeout", "half_life", "max_adapters"):
+        for name in ("per_replica_rate", "load_timeout", "half_life"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"[lora] {name} must be > 0")
-        for name in ("saturated_at", "min_idle", "retry_after", "refresh"):
+        for name in ("saturated_at", "min_idle", "retry_after", "refresh", "max_adapters"):
             if getattr(self, name) < 0:
                 raise ValueError(f"[lora] {name} must be >= 0")

@@ -20,8 +20,9 @@ a restart loses every runtime-loaded adapter.
   (backend, adapter): `begin_load` is False while that load is already in flight, and the
   caller then waits for the running one instead of issuing another;
 - `victims(b, room_for, now=, min_idle=)`: the least recently used adapters to unload so that
-  `room_for` more fit in the capacity (an in-flight load takes a slot), never one being loaded
-  nor one used within `min_idle` seconds; `fits` says whether that makes enough room;
+  `room_for` more fit in the capacity (an in-flight load takes a slot), never one being loaded,
+  one with requests routed to it and not ended (`begin_use`/`end_use`), nor one used within
+  `min_idle` seconds; `fits` says whether that makes enough room;
 - `learned(b, names, read_at)`: what the engine lists in /v1/models is the truth: adapters
   Baton thought it held but the engine no longer lists (a restart; one not used or loaded
   since `read_at`) are dropped, unknown listed ones are added
@@ -54,6 +55,9 @@ class _Backend:
     held: OrderedDict[str, float | None] = field(default_factory=OrderedDict)  # name -> last use
     loading: set[str] = field(default_factory=set)
     capacity: int | None = None
+    # Requests routed to it with each adapter and not ended: an adapter in use is never
+    # unloaded (vLLM answers 404 to a request whose adapter went before it arrived).
+    in_use: dict[str, int] = field(default_factory=dict)
 
 
 class Residency:
@@ -103,6 +107,23 @@ class Residency:
         entry.held[name] = now
         entry.held.move_to_end(name)
 
+    def begin_use(self, backend: str, name: str) -> None:
+        """A request was routed to `backend` with `name`: not to be unloaded until it ends."""
+        entry = self._get(backend)
+        entry.in_use[name] = entry.in_use.get(name, 0) + 1
+
+    def end_use(self, backend: str, name: str) -> None:
+        entry = self._backends.get(backend)
+        if entry is None or name not in entry.in_use:
+            return
+        entry.in_use[name] -= 1
+        if entry.in_use[name] <= 0:
+            del entry.in_use[name]
+
+    def in_use(self, backend: str, name: str) -> int:
+        entry = self._backends.get(backend)
+        return entry.in_use.get(name, 0) if entry is not None else 0
+
     def begin_load(self, backend: str, name: str) -> bool:
         """Start loading `name` on `backend`; False when that load is already in flight."""
         entry = self._get(backend)
@@ -131,7 +152,8 @@ class Residency:
     ) -> tuple[str, ...]:
         """Least recently used adapters to unload so `room_for` more fit within the capacity;
         never one with a load in flight or used within `min_idle` seconds of `now`. Fewer than
-        needed (see `fits`) when too many are busy; () when there is room or no capacity."""
+        needed (see `fits`) when too many are busy; () when there is room or no capacity.
+        One with requests in flight is never chosen."""
         entry = self._backends.get(backend)
         if entry is None or entry.capacity is None:
             return ()
@@ -141,7 +163,8 @@ class Residency:
         for name, last in entry.held.items():
             if len(out) >= excess:
                 break
-            if name in entry.loading or (last is not None and now - last < min_idle):
+            if name in entry.loading or name in entry.in_use or (
+                    last is not None and now - last < min_idle):  # fmt: skip
                 continue
             out.append(name)
         return tuple(out)

@@ -98,6 +98,9 @@ class AdapterFlow:
         )
         self.start_load = start_load
         self._parked: dict[tuple[str, str], list[Parked]] = {}
+        # Each routed adapter request's (backend, adapter) until it ends: what is in use is
+        # never unloaded (Residency.begin_use).
+        self._uses: dict[str, tuple[str, str]] = {}
 
     def steer(
         self, request: RouteRequest, now: float, *, resume: bool
@@ -128,9 +131,14 @@ class AdapterFlow:
                             _nowhere(adapter, serving, failed))  # fmt: skip
         target = BackendId(placement.backend)
         if placement.needs_load:
-            if res.begin_load(target, adapter.name) and self.start_load is not None:
-                self.start_load(LoadOrder(target, adapter, placement.evict, placement.reason,
-                                          request.request_id))  # fmt: skip
+            if res.begin_load(target, adapter.name):
+                for victim in placement.evict:
+                    # Gone for routing now, not once the engine has answered: no request may
+                    # be sent to it between this decision and its unload.
+                    book.unloaded(target, victim)
+                if self.start_load is not None:
+                    self.start_load(LoadOrder(target, adapter, placement.evict,
+                                              placement.reason, request.request_id))  # fmt: skip
             return Wait(target, adapter.name)
         allowed = {target} | {b for b in placement.home if res.holds(b, adapter.name)
                               and load.get(b, 0.0) < self._tuning.saturated_at}  # fmt: skip
@@ -141,9 +149,30 @@ class AdapterFlow:
         return Steered(replace(request, exclude=request.exclude | others, shape=shape), placement)
 
     def used(self, request: RouteRequest, backend: BackendId, now: float) -> None:
-        """The request was routed to `backend`: its adapter is the newest there."""
-        if self._registry.snapshot.adapter(request.shape.model) is not None:
-            self._registry.adapters.residency.touch(backend, request.shape.model, now)
+        """The request was routed to `backend`: its adapter is the newest there, and in use
+        until the request ends (`done`)."""
+        name = request.shape.model
+        if self._registry.snapshot.adapter(name) is None:
+            return
+        res = self._registry.adapters.residency
+        res.touch(backend, name, now)
+        self.done(request.request_id)  # a failover's resume: it left the failed backend
+        self._uses[request.request_id] = (backend, name)
+        res.begin_use(backend, name)
+
+    def done(self, request_id: str) -> None:
+        """The request ended (or moved): its adapter is no longer in use by it."""
+        use = self._uses.pop(request_id, None) if self._uses else None
+        if use is not None:
+            self._registry.adapters.residency.end_use(*use)
+
+    def forget_stale(self, held: set[str]) -> int:
+        """Uses of requests control no longer counts in flight (a shim that died without
+        reporting their ends: the registry's load expiry dropped them); how many."""
+        stale = [rid for rid in self._uses if rid not in held]
+        for rid in stale:
+            self.done(rid)
+        return len(stale)
 
     # -- requests waiting for a load ----------------------------------------------------------
 

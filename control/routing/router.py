@@ -158,6 +158,7 @@ class Router:
             return decision
         steer = self.adapters.steer(request, now, resume=reason is Reason.FAILOVER)
         if isinstance(steer, Wait):
+            self.adapters.done(request.request_id)  # a resume: it left the failed backend
             self.adapters.park(steer, Parked(request, reason, tuple(preferred), reply, now))
             # It counts on the backend it waits for: admission and placement see it there.
             self.registry.acquire(request.request_id, steer.backend, now)
@@ -359,6 +360,7 @@ class Router:
         outcomes = list(outcomes)
         for outcome in outcomes:
             self.admission.left(outcome.request_id)
+            self.adapters.done(outcome.request_id)
             if self.adapters.parked:
                 self.adapters.left(outcome.request_id)
         self.learning.finished(outcomes, self._clock())

@@ -192,8 +192,10 @@ class AdapterService:
                 continue
             if not (seen.lora or seen.listed or book.held(backend.id)):
                 continue  # not an adapter engine
-            # Until its page says, it holds what it held, or vLLM's default --max-loras.
-            room = seen.max_lora or book.capacity(backend.id) or self._settings.max_adapters
+            # The operator's number, else the engine's; until its page says, what it was
+            # taken to hold, or vLLM's default --max-loras (1).
+            room = (self._settings.max_adapters or seen.max_lora
+                    or book.capacity(backend.id) or 1)  # fmt: skip
             drift = book.learned(backend.id, backend.model, seen.listed, room, read_at)
             for name in drift.added:
                 self._registry.events.record(AdapterChange(adapter=name, action="found"),

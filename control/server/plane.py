@@ -316,6 +316,7 @@ class ControlPlane:
             await asyncio.sleep(30)
             now = self._clock()
             self.registry.expire_load(now)
+            self.router.adapters.forget_stale({rid for rid, _, _ in self.registry.held()})
             self.registry.placement.expire_pins(now)
 
     async def stop(self, grace: float = 2.0) -> None:

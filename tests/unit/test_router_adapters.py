@@ -142,3 +142,32 @@ def test_a_request_that_waited_in_its_band_then_waits_for_its_load_is_answered_o
     (answer,) = router.dequeue()
     assert answer.request_id == "r1" and answer.reply is reply
     assert [b.id for b in answer.decision.backends] == ["b0"]
+
+
+def test_an_adapter_with_a_request_in_flight_is_never_unloaded_for_another() -> None:
+    now = [0.0]
+    b0 = Backend(BackendId("b0"), "http://127.0.0.1:9/b0", BASE)
+    registry = Registry([b0], clock=lambda: now[0],
+                        adapters=[Adapter("sql", BASE, "/a/sql"), Adapter("law", BASE, "/a/l")])
+    registry.probe_result("b0", True)
+    registry.adapters.learned("b0", BASE, {"sql": "/a/sql"}, 1, read_at=0.0)  # full
+    orders: list[LoadOrder] = []
+    router = Router(registry, make_policy("roundrobin"), clock=lambda: now[0],
+                    lora=LoraSettings(min_idle=0.0), start_load=orders.append)  # fmt: skip
+    assert [b.id for b in router.route(RouteRequest("r1", RequestShape("sql"))).backends] == [
+        "b0"]
+    now[0] = 100.0  # long idle by the clock, but r1 has not ended
+    router.route(RouteRequest("r2", RequestShape("law")), reply=lambda _: None)
+    assert [o.evict for o in orders] == [()]  # loaded beside it, not in its place
+    assert registry.adapters.held("b0") == ("sql",)
+    router.adapter_loaded("b0", "law", True)
+    router.finished([RequestOutcome(request_id="r1", backend_id="b0", model="sql", ok=True,
+                                    http_status=200)])  # fmt: skip
+    router.finished([RequestOutcome(request_id="r2", backend_id="b0", model="law", ok=True,
+                                    http_status=200)])  # fmt: skip
+    registry.adapters.learned("b0", BASE, {"sql": "/a/sql", "law": "/a/l"}, 1, read_at=100.0)
+    now[0] = 101.0
+    registry.adapters.declare(Adapter("tax", BASE, "/a/t"))
+    router.route(RouteRequest("r5", RequestShape("tax")), reply=lambda _: None)
+    assert orders[-1].adapter.name == "tax" and orders[-1].evict  # idle ones go now
+    assert not set(orders[-1].evict) & set(registry.adapters.held("b0"))  # off routing at once
