@@ -161,7 +161,7 @@ def notes(plan: Plan) -> list[str]:
         "every request, cold start included.",
         f"Baton [lora]: per_replica_rate {k.per_replica_rate:g}, min_idle {k.min_idle:g}, "
         f"saturated_at {k.saturated_at}, half_life {k.half_life:g}, refresh {k.refresh:g}, "
-        f"max_adapters {s.max_loras}; default routing policy (adaptive) among holders.",
+        f"max_adapters {s.max_cpu_loras}; default routing policy (adaptive) among holders.",
         "roundrobin/adaptive: adapter-blind, every adapter registered on every engine "
         "(--lora-modules), one backend per (replica, adapter). hash: Baton with one backend "
         "per adapter on the replica a rendezvous hash of its name picks (engines register "

@@ -120,7 +120,9 @@ def control_config(mode: str, setup: Setup, urls: Mapping[str, str],
         tables = [_backend(r, u, MODEL) for r, u in urls.items()]
         tables += [f'[[adapters]]\nname = "{a}"\nbase = "{MODEL}"\nsource = "{p}"\n'
                    for a, p in adapters.items()]  # fmt: skip
-        return "\n".join([setup.knobs.toml(setup.max_loras), *tables])
+        # What Baton keeps loaded per engine: the engine's cache (--max-cpu-loras), of which
+        # --max-loras run in one batch (docs/config.md [lora] max_adapters).
+        return "\n".join([setup.knobs.toml(setup.max_cpu_loras), *tables])
     if mode in BLIND:
         pairs = [(r, a) for r in urls for a in adapters]
     elif mode == "hash":
