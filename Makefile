@@ -17,12 +17,12 @@ up: $(STAMP)
 
 # Three workers, one test file each at a time (a file's module fixtures start once): the
 # suite mostly waits on its processes, so it takes about half as long even on two cores.
-# JOBS=0 runs it in one process.
+# JOBS=0 runs it in one process. The 25 slowest tests are listed at the end (CI's log keeps them).
 # Tests marked `alone` (a storm that times probes) run after the rest, with nothing beside them
 # but their own load; pytest's 5 (none selected by ARGS) is not a failure there.
 JOBS ?= 3
 test: $(STAMP) lint
-	$(PY) -m pytest -n $(JOBS) --dist loadfile -m "not real and not alone and not ha and not matrix" $(ARGS)
+	$(PY) -m pytest -n $(JOBS) --dist loadfile -m "not real and not alone and not ha and not matrix" --durations=25 $(ARGS)
 	$(PY) -m pytest -m alone $(ARGS) || test $$? -eq 5
 
 lint: $(STAMP)
