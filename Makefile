@@ -42,7 +42,7 @@ engines:
 # The sim's KV-event wire format is checked against vLLM's own decoder there too.
 test-real: $(STAMP) engines
 	$(PY) -m pytest -m real tests/real tests/integration/test_sim_kv_events.py \
-		tests/integration/test_sim_data_parallel.py $(ARGS)
+		tests/integration/test_sim_data_parallel.py --durations=25 $(ARGS)
 
 # Every cut position of every tool-call format Baton follows and of logprobs streams, on sims
 # (the default suite tries each kind of cut once and every 12th token; every 2nd for logprobs).
