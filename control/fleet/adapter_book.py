@@ -93,6 +93,13 @@ class AdapterBook:
         if self.held(backend) != before:
             self._on_change()
 
+    def leave(self, backend: str, name: str) -> None:
+        """`name` is to be unloaded from `backend` (a load's victim): off routing now."""
+        before = self.held(backend)
+        self.residency.leave(backend, name)
+        if self.held(backend) != before:
+            self._on_change()
+
     def unloaded(self, backend: str, name: str) -> None:
         before = self.held(backend)
         self.residency.unloaded(backend, name)

@@ -58,6 +58,9 @@ class _Backend:
     # Requests routed to it with each adapter and not ended: an adapter in use is never
     # unloaded (vLLM answers 404 to a request whose adapter went before it arrived).
     in_use: dict[str, int] = field(default_factory=dict)
+    # Chosen to be unloaded, the engine not yet told: not held for routing, and not taken
+    # back from the engine's own list meanwhile (it still lists them until the unload).
+    leaving: set[str] = field(default_factory=set)
 
 
 class Residency:
@@ -141,11 +144,18 @@ class Residency:
         if ok:
             self.touch(backend, name, now)
 
+    def leave(self, backend: str, name: str) -> None:
+        """`name` is to be unloaded from `backend`: it is not held from now on."""
+        entry = self._get(backend)
+        entry.held.pop(name, None)
+        entry.leaving.add(name)
+
     def unloaded(self, backend: str, name: str) -> None:
         """Baton unloaded `name` from `backend` (or the engine refused it: 404)."""
         entry = self._backends.get(backend)
         if entry is not None:
             entry.held.pop(name, None)
+            entry.leaving.discard(name)
 
     def victims(
         self, backend: str, room_for: int = 1, *, now: float, min_idle: float = 0.0
@@ -190,7 +200,7 @@ class Residency:
                         and (read_at is None or last is None or last < read_at))  # fmt: skip
         for name in dropped:
             del entry.held[name]
-        added = tuple(n for n in listed if n not in entry.held)
+        added = tuple(n for n in listed if n not in entry.held and n not in entry.leaving)
         fresh: OrderedDict[str, float | None] = OrderedDict((n, None) for n in added)
         fresh.update(entry.held)
         entry.held = fresh

@@ -135,7 +135,7 @@ class AdapterFlow:
                 for victim in placement.evict:
                     # Gone for routing now, not once the engine has answered: no request may
                     # be sent to it between this decision and its unload.
-                    book.unloaded(target, victim)
+                    book.leave(target, victim)
                 if self.start_load is not None:
                     self.start_load(LoadOrder(target, adapter, placement.evict,
                                               placement.reason, request.request_id))  # fmt: skip

@@ -52,6 +52,11 @@ class AdapterService:
         self.on_answers: Callable[[], None] = lambda: None  # answers of waiting requests out
         self._http: aiohttp.ClientSession | None = None
         self._loads: dict[tuple[str, str], asyncio.Task[LoadResult]] = {}
+        # One backend's loads and unloads run one at a time, in the order they were decided:
+        # two loads at once could unload an adapter the other has just loaded (it was the
+        # first's victim and the second's adapter), and the engine would then answer 404 to
+        # requests control sends it there.
+        self._turns: dict[str, asyncio.Lock] = {}
 
     def start(self, http: aiohttp.ClientSession) -> asyncio.Task[None] | None:
         """The session calls go through; the watch task when engines are read periodically."""
@@ -86,13 +91,22 @@ class AdapterService:
             return LoadResult(False, 0.0, "a load of it there is in flight")
         return await asyncio.shield(running)
 
+    def _turn(self, backend_id: str) -> asyncio.Lock:
+        return self._turns.setdefault(backend_id, asyncio.Lock())
+
     async def _load(self, order: LoadOrder) -> LoadResult:
         started = time.perf_counter()
+        async with self._turn(order.backend):
+            result = await self._load_now(order, started)
+        self._settle(order, result)
+        return result
+
+    async def _load_now(self, order: LoadOrder, started: float) -> LoadResult:
         name, bid = order.adapter.name, order.backend
         evicted: list[str] = []
         try:
             for victim in order.evict:
-                ok, _ = await self.unload(bid, victim, why="evict")
+                ok, _ = await self._unload(bid, victim, why="evict")
                 if ok:
                     evicted.append(victim)
             status, detail = await self._post(bid, "/v1/load_lora_adapter",
@@ -103,10 +117,8 @@ class AdapterService:
             ok, detail = False, f"{type(exc).__name__}: {exc}"
         except asyncio.CancelledError:
             ok, detail = False, "control stopped"
-        result = LoadResult(ok, (time.perf_counter() - started) * 1000, "" if ok else detail,
-                            tuple(evicted))  # fmt: skip
-        self._settle(order, result)
-        return result
+        return LoadResult(ok, (time.perf_counter() - started) * 1000, "" if ok else detail,
+                          tuple(evicted))  # fmt: skip
 
     def _settle(self, order: LoadOrder, result: LoadResult) -> None:
         name, bid = order.adapter.name, order.backend
@@ -127,6 +139,10 @@ class AdapterService:
 
     async def unload(self, backend_id: str, name: str, *, why: str = "admin") -> tuple[bool, str]:
         """Unload `name` from the backend: (whether it is unheld now, the engine's answer)."""
+        async with self._turn(backend_id):
+            return await self._unload(backend_id, name, why=why)
+
+    async def _unload(self, backend_id: str, name: str, *, why: str) -> tuple[bool, str]:
         try:
             status, detail = await self._post(backend_id, "/v1/unload_lora_adapter",
                                               {"lora_name": name})  # fmt: skip

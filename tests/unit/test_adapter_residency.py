@@ -136,3 +136,22 @@ def test_demand_prunes_adapters_gone_quiet() -> None:
     assert math.isclose(demand.rate("new", 30.0), math.log(2))
     with pytest.raises(ValueError):
         Demand(half_life=0.0)
+
+
+def test_an_adapter_chosen_to_leave_is_not_taken_back_from_the_engines_list() -> None:
+    res = full(1, "old")
+    res.leave("a", "old")  # a load's victim: the engine is told later
+    assert not res.holds("a", "old")
+    res.learned("a", ["old"], read_at=5.0)  # the engine still lists it
+    assert not res.holds("a", "old")
+    res.unloaded("a", "old")
+    res.learned("a", ["old"], read_at=6.0)  # listed after its unload: someone loaded it
+    assert res.holds("a", "old")
+
+
+def test_an_adapter_in_use_is_never_a_victim() -> None:
+    res = full(1, "busy")
+    res.begin_use("a", "busy")
+    assert res.victims("a", now=100.0) == () and not res.fits("a", now=100.0)
+    res.end_use("a", "busy")
+    assert res.victims("a", now=100.0) == ("busy",)
