@@ -1,7 +1,7 @@
 """Budgets: how much a tenant may spend over a period (an amount per hour, day, ISO week or
 calendar month, on the calendar of a time zone the operator names; baton/periods.py), and
 the values the spend ledger (baton/spend.py) answers with: a budget's standing, a refusal at a
-budget, a request's end as charged, and the rows persistence keeps. Amounts are integer
+budget, and the rows persistence keeps. Amounts are integer
 units of money (baton/pricing.py)."""
 
 # baton: pure
@@ -46,7 +46,7 @@ class Budget:
         return cls(units(amount, "amount"), Calendar.of(period, zone_name), soft)
 
     def describe(self) -> str:
-        """ "50.00 per day (UTC)", "soft 40.00 per week (Europe/Berlin)". """
+        """As an operator reads it: "50.00 per day (UTC)", "soft 40.00 per week (UTC)"."""
         soft = "soft " if self.soft else ""
         return f"{soft}{money(self.amount)} per {self.calendar.period} ({self.calendar.zone})"
 
@@ -115,16 +115,6 @@ class Refusal:
 
     def retry_after_s(self, now: float) -> float:
         return max(self.standing.reset_at - now, 0.0)
-
-
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """A request's end as charged: `crossed` holds the budgets its cost reached this period
-    (each once a period: for an audit event and a metric)."""
-
-    tenant_id: str
-    cost: int
-    crossed: tuple[Standing, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

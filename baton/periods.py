@@ -100,7 +100,7 @@ class Calendar:
 
     @property
     def name(self) -> str:
-        """"day:Europe/Berlin": the calendar as keys and labels show it."""
+        """The calendar as keys and labels show it: "day:Europe/Berlin"."""
         return f"{self.period}:{self.zone}"
 
     def span(self, t: float) -> Span:

@@ -95,15 +95,19 @@ class Price:
         """Units for that usage. `cached_tokens` are part of `prompt_tokens` (OpenAI's usage
         counts them in both); counts from an engine are clamped to sense rather than refused
         (a bad report must not take the accounting down)."""
-        prompt = max(prompt_tokens, 0)
-        cached = min(max(cached_tokens, 0), prompt)
-        return ((prompt - cached) * self.input + cached * self.cached_input
-                + max(completion_tokens, 0) * self.output)  # fmt: skip
+        if not 0 <= cached_tokens <= prompt_tokens or completion_tokens < 0:  # rare: no min/max
+            prompt_tokens = max(prompt_tokens, 0)
+            cached_tokens = min(max(cached_tokens, 0), prompt_tokens)
+            completion_tokens = max(completion_tokens, 0)
+        return ((prompt_tokens - cached_tokens) * self.input + cached_tokens * self.cached_input
+                + completion_tokens * self.output)  # fmt: skip
 
     def estimate(self, prompt_tokens: int, max_tokens: int) -> int:
         """What a request may cost before the engine says: its prompt at the full input price
         (which part the engine has cached is not known yet) and its cap on output."""
-        return max(prompt_tokens, 0) * self.input + max(max_tokens, 0) * self.output
+        if prompt_tokens < 0 or max_tokens < 0:
+            return self.estimate(max(prompt_tokens, 0), max(max_tokens, 0))
+        return prompt_tokens * self.input + max_tokens * self.output
 
 
 def _per_token(value: object, what: str) -> int:

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from baton.budgets import Budget, Refusal, Settled, SpendRow, Standing
+from baton.budgets import Budget, Refusal, SpendRow, Standing
 from baton.periods import Calendar, Span
 
 HOLD_TTL_S = 900.0  # an admitted request whose end was never reported (its shim died)
@@ -42,11 +42,12 @@ DONE_KEPT = 65_536  # ends remembered, so one reported twice is charged once
 class _Spend:
     """One tenant's spend over one period, shared by its budgets on that calendar."""
 
-    __slots__ = ("tenant_id", "key", "start", "end", "settled", "pending", "holds", "written",
-                 "base", "told")  # fmt: skip
+    __slots__ = ("tenant_id", "key", "ident", "start", "end", "settled", "pending", "holds",
+                 "written", "base", "told")  # fmt: skip
 
     def __init__(self, tenant_id: str, key: str, start: int, end: int) -> None:
         self.tenant_id, self.key, self.start, self.end = tenant_id, key, start, end
+        self.ident = (tenant_id, key)  # its key in the ledger
         self.settled = 0  # costs of requests that ended
         self.pending = 0  # estimates of requests in flight
         self.holds = 0  # requests in flight
@@ -76,13 +77,9 @@ class _Account:
         self.end = min(s.end for s in self.spends)
 
 
-class _Hold:
-    """An admitted request until it ends: its estimate, held against its admission's periods."""
-
-    __slots__ = ("tenant_id", "cost", "acct", "since")
-
-    def __init__(self, tenant_id: str, cost: int, acct: _Account, since: float) -> None:
-        self.tenant_id, self.cost, self.acct, self.since = tenant_id, cost, acct, since
+# An admitted request until it ends: (tenant id, estimate, the account it was admitted on,
+# since when). A tuple: made on every admission, and a tuple is the cheapest thing to make.
+_Hold = tuple[str, int, _Account, float]
 
 
 class SpendLedger:
@@ -125,7 +122,7 @@ class SpendLedger:
         for s in acct.spends:
             s.pending += cost
             s.holds += 1
-        self._holds[request_id] = _Hold(tenant_id, cost, acct, now)
+        self._holds[request_id] = (tenant_id, cost, acct, now)
         return None
 
     def cancel(self, request_id: str) -> str | None:
@@ -133,8 +130,8 @@ class SpendLedger:
         hold = self._holds.pop(request_id, None)
         if hold is None:
             return None
-        self._release(hold)
-        return hold.tenant_id
+        self._release(hold, None)
+        return hold[0]
 
     def finished(
         self,
@@ -144,39 +141,42 @@ class SpendLedger:
         *,
         tenant_id: str = "",
         budgets: tuple[Budget, ...] = (),
-    ) -> Settled | None:
+    ) -> tuple[Standing, ...] | None:
         """The request ended and cost `cost` units (the engine's usage at the model's price);
         None: its usage is unknown (a client gone, an engine that failed), the estimate
         stands. Charged once per request id. A request this ledger did not admit (admitted
         by another leader, or by a shim while control was away) is charged now to
-        `tenant_id`'s current periods when the caller names them; otherwise None."""
+        `tenant_id`'s current periods when the caller names them. The budgets this cost
+        reached (each reported once a period; usually none), or None: nothing was charged."""
         hold = self._holds.pop(request_id, None)
         if hold is None:
             if not tenant_id or not budgets or request_id in self._done:
                 return None
             acct = self._current(tenant_id, budgets, now)
-            actual = max(cost or 0, 0)
+            actual = cost if cost is not None and cost > 0 else 0
         else:
-            tenant_id, acct = hold.tenant_id, hold.acct
-            actual = hold.cost if cost is None else max(cost, 0)
+            acct = hold[2]
+            actual = hold[1] if cost is None else cost if cost > 0 else 0
         self._remember(request_id)
         if actual:
             for s in acct.spends:
                 s.settled += actual
-                self._changed(s)
-        settled = Settled(tenant_id, actual, self._crossed(acct.lines))
+                if self._persisted:
+                    self._dirty.add(s.ident)
+        crossed = self._crossed(acct.lines)
         if hold is not None:
             self._release(hold, now)
-        return settled
+        return crossed
 
-    def expire(self, now: float) -> tuple[Settled, ...]:
-        """Requests whose end was never reported (their shim died), charged their estimate;
-        and periods that ended, once nothing holds them (called now and then)."""
-        stale = [rid for rid, h in self._holds.items() if now - h.since > HOLD_TTL_S]
-        settled = tuple(e for rid in stale if (e := self.finished(rid, None, now)) is not None)
+    def expire(self, now: float) -> tuple[Standing, ...]:
+        """Requests whose end was never reported (their shim died), charged their estimate
+        (the budgets that reached); and periods that ended, let go once nothing holds them
+        (called now and then)."""
+        stale = [rid for rid, h in self._holds.items() if now - h[3] > HOLD_TTL_S]
+        crossed = [c for rid in stale for c in self.finished(rid, None, now) or ()]
         for spend in list(self._spends.values()):
             self._drop_if_done(spend, now)
-        return settled
+        return tuple(crossed)
 
     def standing(
         self, tenant_id: str, budgets: tuple[Budget, ...], now: float, share: int = 1
@@ -193,29 +193,27 @@ class SpendLedger:
         return Refusal(_standing(b, s, share))
 
     def _crossed(self, lines: tuple[Line, ...]) -> tuple[Standing, ...]:
-        out = []
+        out: tuple[Standing, ...] = ()
         for b, s in lines:
             if s.settled >= b.amount and s.settled > 0 and b.amount not in s.told:
                 s.told.add(b.amount)
-                self._changed(s)
-                out.append(_standing(b, s, 1))
-        return tuple(out)
+                if self._persisted:
+                    self._dirty.add(s.ident)
+                out += (_standing(b, s, 1),)
+        return out
 
-    def _changed(self, s: _Spend) -> None:
-        if self._persisted:
-            self._dirty.add((s.tenant_id, s.key))
-
-    def _release(self, hold: _Hold, now: float | None = None) -> None:
+    def _release(self, hold: _Hold, now: float | None) -> None:
         """A request's estimate no longer held; a period it kept after its end is let go."""
-        for s in hold.acct.spends:
-            s.pending -= hold.cost
+        estimate = hold[1]
+        for s in hold[2].spends:
+            s.pending -= estimate
             s.holds -= 1
-            if now is not None:
+            if now is not None and s.end <= now:
                 self._drop_if_done(s, now)
 
     def _drop_if_done(self, s: _Spend, now: float) -> None:
         """Forget a period that ended, once no request holds it and its spend is stored."""
-        k = (s.tenant_id, s.key)
+        k = s.ident
         if s.end <= now and s.holds == 0 and k not in self._dirty and self._spends.get(k) is s:
             del self._spends[k]
 
@@ -316,4 +314,3 @@ def _limit(b: Budget, s: _Spend, share: int) -> int:
 def _standing(b: Budget, s: _Spend, share: int) -> Standing:
     return Standing(s.tenant_id, b, s.key, _limit(b, s, share), s.settled, s.pending, s.start,
                     s.end)  # fmt: skip
-
