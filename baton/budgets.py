@@ -1,8 +1,8 @@
 """Budgets: how much a tenant may spend over a period (an amount per hour, day, ISO week or
 calendar month, on the calendar of a time zone the operator names; baton/periods.py), and
-the values the spend ledger (baton/spend.py) answers with: a budget's standing, a refusal at a
-budget, and the rows persistence keeps. Amounts are integer
-units of money (baton/pricing.py)."""
+the values the spend ledger (baton/spend.py) answers with: a budget's standing, a refusal at
+a budget, and the rows persistence keeps. Amounts are integer units of money
+(baton/pricing.py)."""
 
 # baton: pure
 

@@ -83,6 +83,9 @@ _Hold = tuple[str, int, _Account, float]
 
 
 class SpendLedger:
+    """`now` is control's clock (the shim's, in a shim), passed in; it is taken not to go
+    back across a period's end."""
+
     def __init__(self, *, persisted: bool = True) -> None:
         """`persisted`: spend is written somewhere (control); a shim's ledger, whose spend
         control learns from the shim's reports, is not, and drops a period once it ended."""

@@ -255,6 +255,23 @@ def test_the_period_rolls_over_on_the_injected_clock() -> None:
     assert today.reset_at == utc(2025, 3, 12)
 
 
+def test_a_berlin_day_budget_resets_at_berlins_midnight_after_a_23_hour_day() -> None:
+    berlin = ZoneInfo("Europe/Berlin")
+    day = (Budget.of(1, "day", "Europe/Berlin"),)
+    ledger = SpendLedger()
+    morning = datetime(2025, 3, 30, 0, 30, tzinfo=berlin).timestamp()  # the clocks go forward
+    assert spend(ledger, "r1", "1", morning, day) is None
+    refused = ledger.admit("r2", "acme", day, 1, morning)
+    assert refused is not None
+    midnight = datetime(2025, 3, 31, tzinfo=berlin).timestamp()
+    assert refused.standing.reset_at == midnight == utc(2025, 3, 30, 22)
+    assert refused.retry_after_s(morning) == 22.5 * 3600  # 23:30 on the wall clock
+    assert ledger.admit("r2", "acme", day, 1, midnight - 1) is not None
+    assert ledger.admit("r2", "acme", day, 1, midnight) is None
+    [standing] = ledger.standing("acme", day, midnight)
+    assert standing.remaining == u(1) - 1 and standing.key == "day:Europe/Berlin:2025-03-31"
+
+
 def test_a_request_is_charged_to_the_period_it_was_admitted_in() -> None:
     ledger = SpendLedger()
     ledger.admit("r1", "acme", (DAY,), u("0.2"), utc(2025, 3, 10, 23, 59))
