@@ -55,7 +55,7 @@ class AdapterAdmin:
     async def LoadAdapter(
         self, request: admin_pb2.LoadAdapterRequest, context: Context
     ) -> admin_pb2.LoadAdapterResponse:
-        adapter = self._known(request.name, request.base, request.source)
+        adapter, new = self._known(request.name, request.base, request.source)
         backend_id = request.backend_id or self._placed(adapter)
         status = self._registry.snapshot.get(backend_id)
         if status is None:
@@ -65,6 +65,8 @@ class AdapterAdmin:
                                  f"(its model: {status.backend.model!r}; an adapter engine "
                                  "runs with --enable-lora)")  # fmt: skip
         assert self._adapter_ops is not None
+        if new:  # declared only once the call is known to be good: a refusal changes nothing
+            self._registry.adapters.declare(adapter)
         done = await self._adapter_ops.load(backend_id, adapter)
         return admin_pb2.LoadAdapterResponse(backend_id=backend_id, ok=done.ok, ms=done.ms,
                                              detail=done.detail, evicted=done.evicted)  # fmt: skip
@@ -87,27 +89,26 @@ class AdapterAdmin:
                 gone.append(backend_id)
         return admin_pb2.UnloadAdapterResponse(unloaded_from=gone)
 
-    def _known(self, name: str, base: str, source: str) -> Adapter:
-        """The adapter by name, declared now when a base and source are given for a new one."""
+    def _known(self, name: str, base: str, source: str) -> tuple[Adapter, bool]:
+        """The adapter by name, or a new one when a base and source are given (True: new)."""
         if not name:
             raise ConfigError("an adapter's name is required")
         book = self._registry.adapters
         known = book.get(name)
         if known is not None:
-            return known
+            return known, False
         if not (base and source):
             raise AdapterNotFound(f"no adapter named {name!r}: declare it with its base and "
                                   "source (--base, --source), or in [[adapters]]")  # fmt: skip
         if any(s.backend.model == name for s in self._registry.snapshot.backends):
             raise ConfigError(f"{name!r} is a backend's model, not an adapter")
-        adapter = Adapter(name, base, source)
-        book.declare(adapter)
-        return adapter
+        return Adapter(name, base, source), True
 
     def _placed(self, adapter: Adapter) -> str:
         """Where placement would load it: the first of its ranking that does not hold it."""
         snap = self._registry.snapshot
-        serving = [s.backend.id for s in snap.serving(adapter.name) if s.routable]
+        serving = [s.backend.id for s in snap.backends if s.routable and s.serves_adapters()
+                   and s.backend.model == adapter.base]  # fmt: skip
         lacking = [b for b in rank(adapter.name, serving)
                    if not self._registry.adapters.residency.holds(b, adapter.name)]  # fmt: skip
         if not lacking:

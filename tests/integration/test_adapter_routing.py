@@ -196,6 +196,11 @@ def test_an_operator_lists_loads_and_unloads_adapters(lora_fleet: Fleet) -> None
     # A new adapter declared at run time, then served.
     missing = f.baton("adapters", "load", "nobody")
     assert missing.returncode != 0 and "declare it" in missing.stderr
+    refused = f.baton("adapters", "load", "x", "--base", MODEL, "--source", "/p", "--backend",
+                      "no-such-backend")  # fmt: skip
+    assert refused.returncode != 0 and "no-such-backend" in refused.stderr
+    listed = {r["name"] for r in json.loads(f.baton("adapters", "list", "--json").stdout)}
+    assert "x" not in listed  # a refused call declared nothing
     source = rows["b"]["source"]
     out = f.baton("adapters", "load", "b2", "--base", MODEL, "--source", source, "--json")
     assert out.returncode == 0 and json.loads(out.stdout)["ok"], out.stderr

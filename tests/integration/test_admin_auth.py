@@ -60,6 +60,7 @@ def state(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Any]:
     pins = stub.ListPins(admin_pb2.ListPinsRequest(limit=1000), **kw)
     pairs = stub.ListPairs(admin_pb2.ListPairsRequest(), **kw)
     tenants = stub.ListTenants(admin_pb2.ListTenantsRequest(), **kw)
+    adapters = stub.ListAdapters(admin_pb2.ListAdaptersRequest(), **kw)
     audit = [
         (e.seq, e.kind, e.backend_id, e.json)
         for kind in ("admin", "pair")
@@ -78,6 +79,7 @@ def state(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Any]:
         ),
         "audit": audit,
         "tenants": sorted(t.SerializeToString(deterministic=True) for t in tenants.tenants),
+        "adapters": sorted(a.SerializeToString(deterministic=True) for a in adapters.adapters),
     }
 
 
@@ -148,6 +150,16 @@ CALLS: dict[str, Call] = {
         lambda f: admin_pb2.RevokeTenantKeyRequest(tenant_id="t", key_id="000000000000"),
     ),
     "TenantUsage": _unary("TenantUsage", lambda f: admin_pb2.TenantUsageRequest()),
+    # LoRA adapters: a load that would declare one, an unload, and the list.
+    "LoadAdapter": _unary(
+        "LoadAdapter",
+        lambda f: admin_pb2.LoadAdapterRequest(name="intruder-lora", base=MODEL,
+                                               source="/tmp/none"),  # fmt: skip
+    ),
+    "UnloadAdapter": _unary(
+        "UnloadAdapter", lambda f: admin_pb2.UnloadAdapterRequest(name="intruder-lora")
+    ),
+    "ListAdapters": _unary("ListAdapters", lambda f: admin_pb2.ListAdaptersRequest()),
 }
 
 
