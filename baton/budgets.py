@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from baton.periods import PERIODS, UTC, Calendar, zone
-from baton.pricing import money, units
+from baton.pricing import amount, money, units
 
 BUDGET_FIELDS = ("amount", "period", "zone", "soft")
 
@@ -44,6 +44,27 @@ class Budget:
         if not isinstance(soft, bool):
             raise ValueError(f"soft is true or false, not {soft!r}")
         return cls(units(amount, "amount"), Calendar.of(period, zone_name), soft)
+
+    @classmethod
+    def parse(cls, text: str) -> Budget:
+        """From the CLI's spelling: AMOUNT/PERIOD[@ZONE][:soft], e.g. 50/day,
+        1000/month@Europe/Berlin, 40/week:soft. A ValueError says what is wrong."""
+        spec, soft = text.strip(), False
+        if spec.endswith(":soft"):
+            spec, soft = spec[: -len(":soft")], True
+        value, sep, rest = spec.partition("/")
+        period_name, _, zone_name = rest.partition("@")
+        if not sep or not value or not period_name:
+            raise ValueError(f"a budget is AMOUNT/PERIOD[@ZONE][:soft] (50/day@UTC), "
+                             f"not {text!r}")  # fmt: skip
+        return cls.of(value.strip(), period_name.strip(), zone_name.strip() or UTC, soft)
+
+    def text(self) -> str:
+        """As Budget.parse reads it: 50/day@UTC, 40/week@Europe/Berlin:soft."""
+        whole = format(amount(self.amount), "f")
+        whole = whole.rstrip("0").rstrip(".") if "." in whole else whole
+        soft = ":soft" if self.soft else ""
+        return f"{whole}/{self.calendar.period.value}@{self.calendar.zone}{soft}"
 
     def describe(self) -> str:
         """As an operator reads it: "50.00 per day (UTC)", "soft 40.00 per week (UTC)"."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NewType
 
+from baton.pricing import PriceTable
 from baton.tenancy import Quota, Tenant
 
 BackendId = NewType("BackendId", str)
@@ -59,6 +60,8 @@ class Reason(StrEnum):
     TENANT_LIMITED = "tenant-limited"
     TENANT_MODEL = "tenant-model"
     TENANT_UNKNOWN = "tenant-unknown"
+    # ...or at a spend budget (baton/budgets.py): the quota says until when.
+    TENANT_BUDGET = "tenant-budget"
     # Not yet: the fleet is saturated and the request waits in its priority band; control
     # answers again when its turn comes, within the decision's `wait_s`...
     QUEUED = "queued"
@@ -260,6 +263,9 @@ class Snapshot:
     shims: int = 0
     # The LoRA adapters clients may name: declared by the operator or found on the engines.
     adapters: tuple[Adapter, ...] = ()
+    # Prices per model (baton/pricing.py): shims price requests against tenants' budgets
+    # while control is away.
+    prices: PriceTable = field(default_factory=PriceTable)
 
     def adapter(self, model: str) -> Adapter | None:
         """The adapter a request's `model` names, if it names one."""
@@ -336,6 +342,12 @@ class RequestOutcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     blocks: PrefixBlocks | None = None
+    # Of the prompt tokens, those the engine had cached (its usage's
+    # prompt_tokens_details.cached_tokens; 0 where it says none), priced apart.
+    cached_tokens: int = 0
+    # The request's tenant (shape.tenant): a request a shim admitted while control was away
+    # is charged to its tenant's budgets when its end is reported.
+    tenant: str = ""
 
     @property
     def engine_refused(self) -> bool:

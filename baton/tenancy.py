@@ -10,6 +10,8 @@ import hashlib
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from baton.budgets import Budget
+
 KEY_PREFIX = "sk-baton-"
 KEY_ID_HEX = 12  # digits of a key's digest that name it in lists, events and revocations
 # The tenant of a shim's flat --api-keys-file (or $BATON_API_KEYS): unlimited unless control
@@ -79,6 +81,9 @@ class Tenant:
     weight: int = 1
     limits: Limits = field(default_factory=Limits)
     keys: tuple[TenantKey, ...] = ()
+    # Spend limits per period (baton/budgets.py). The tuple is kept as the tenant is: the
+    # spend ledger's fast path knows a tenant's budgets unchanged by its identity.
+    budgets: tuple[Budget, ...] = ()
 
 
 class Limited(StrEnum):
@@ -87,6 +92,7 @@ class Limited(StrEnum):
     REQUESTS = "requests"
     TOKENS = "tokens"
     CONCURRENT = "concurrent"
+    BUDGET = "budget"  # a spend budget (Reason.TENANT_BUDGET)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +108,7 @@ class Quota:
     reset_tokens_s: float = 0.0
     retry_after_s: float = 0.0
     limited_by: Limited | None = None
+    reset_at: float = 0.0  # BUDGET: when the budget's period resets (unix seconds)
 
 
 def id_problem(tenant_id: str) -> str | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from baton import wire_money
 from baton.model import (
     Adapter,
     Backend,
@@ -72,6 +73,7 @@ REASON_TO_PB = {
     Reason.TENANT_LIMITED: routing_pb2.ROUTE_REASON_TENANT_LIMITED,
     Reason.TENANT_MODEL: routing_pb2.ROUTE_REASON_TENANT_MODEL,
     Reason.TENANT_UNKNOWN: routing_pb2.ROUTE_REASON_TENANT_UNKNOWN,
+    Reason.TENANT_BUDGET: routing_pb2.ROUTE_REASON_TENANT_BUDGET,
     Reason.QUEUED: routing_pb2.ROUTE_REASON_QUEUED,
     Reason.SHED: routing_pb2.ROUTE_REASON_SHED,
 }
@@ -205,6 +207,7 @@ def snapshot_to_pb(s: Snapshot, in_flight: Mapping[BackendId, int]) -> fleet_pb2
         tenants=[tenant_to_pb(t) for t in s.tenants],
         shims=s.shims,
         adapters=[adapter_to_pb(a) for a in s.adapters],
+        prices=wire_money.prices_to_pb(s.prices),
     )
 
 
@@ -238,6 +241,7 @@ def tenant_to_pb(t: Tenant) -> fleet_pb2.Tenant:
             fleet_pb2.TenantKey(digest=k.digest, key_id=k.key_id, created=timestamp(k.created))
             for k in t.keys
         ],
+        budgets=[wire_money.budget_to_pb(b) for b in t.budgets],
     )
 
 
@@ -249,6 +253,7 @@ def tenant_from_pb(t: fleet_pb2.Tenant) -> Tenant:
         weight=max(t.weight, 1),
         limits=limits_from_pb(t.limits),
         keys=tuple(TenantKey(k.digest, k.created.ToNanoseconds() / 1e9) for k in t.keys),
+        budgets=wire_money.budgets_from_pb(t.budgets, t.id),
     )
 
 
@@ -262,6 +267,7 @@ def quota_to_pb(q: Quota) -> routing_pb2.Quota:
         reset_tokens_ms=round(q.reset_tokens_s * 1000),
         retry_after_ms=round(q.retry_after_s * 1000),
         limited_by=q.limited_by.value if q.limited_by is not None else "",
+        reset_at_ms=round(q.reset_at * 1000),
     )
 
 
@@ -275,6 +281,7 @@ def quota_from_pb(q: routing_pb2.Quota) -> Quota:
         reset_tokens_s=q.reset_tokens_ms / 1000,
         retry_after_s=q.retry_after_ms / 1000,
         limited_by=_limited(q.limited_by),
+        reset_at=q.reset_at_ms / 1000,
     )
 
 
@@ -427,6 +434,7 @@ def snapshot_from_pb(s: fleet_pb2.Snapshot) -> Snapshot:
         tuple(tenant_from_pb(t) for t in s.tenants),
         s.shims,
         tuple(adapter_from_pb(a) for a in s.adapters),
+        wire_money.prices_from_pb(s.prices),
     )
 
 
@@ -497,6 +505,8 @@ def outcome_to_pb(o: RequestOutcome) -> routing_pb2.RequestOutcome:
         prompt_tokens=o.prompt_tokens,
         completion_tokens=o.completion_tokens,
         **(_blocks_fields(o.blocks) if o.blocks is not None else {}),
+        cached_tokens=o.cached_tokens,
+        tenant=o.tenant,
     )
 
 
@@ -515,6 +525,8 @@ def outcome_from_pb(o: routing_pb2.RequestOutcome) -> RequestOutcome:
         prompt_tokens=o.prompt_tokens,
         completion_tokens=o.completion_tokens,
         blocks=blocks_from_pb(o),
+        cached_tokens=o.cached_tokens,
+        tenant=o.tenant,
     )
 
 

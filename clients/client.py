@@ -20,7 +20,8 @@ from typing import Any
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from baton import replicas, wire
+from baton import replicas, wire, wire_money
+from baton.budgets import Budget
 from baton.model import BackendKind, HealthState, Role
 from baton.tenancy import KEY_ID_HEX, Limits, Priority
 from baton.tokens import ADMIN_ENV
@@ -144,6 +145,7 @@ def _tenant(t: fleet_pb2.Tenant) -> dict[str, Any]:
              "created": _iso(k.created) if k.created.ToNanoseconds() else None}
             for k in t.keys
         ],
+        "budgets": [b.text() for b in wire_money.budgets_from_pb(t.budgets, t.id)],
     }  # fmt: skip
 
 
@@ -156,7 +158,15 @@ def _usage(u: admin_pb2.TenantUsage) -> dict[str, Any]:
         "refused": dict(sorted(u.refused.items())),
         "in_flight": u.in_flight,
         "queued_seconds": round(u.queued_seconds, 3),
+        "cost": u.cost or "0",
+        "budgets": [_standing(s) for s in u.budgets],
     }
+
+
+def _standing(s: admin_pb2.BudgetStanding) -> dict[str, Any]:
+    return {"budget": wire_money.budget_from_pb(s.budget).text(), "spent": s.spent,
+            "in_flight": s.in_flight, "remaining": s.remaining,
+            "resets": _iso(s.reset)}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +180,7 @@ class TenantSpec:
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     models: tuple[str, ...] = ()
+    budgets: tuple[Budget, ...] = ()
 
     @classmethod
     def of(cls, row: dict[str, Any]) -> TenantSpec:
@@ -177,7 +188,8 @@ class TenantSpec:
         lim = row["limits"]
         return cls(row["id"], row["priority"], row["weight"], lim["concurrent"],
                    lim["requests_per_minute"], lim["tokens_per_minute"],
-                   tuple(lim["models"]))  # fmt: skip
+                   tuple(lim["models"]),
+                   tuple(Budget.parse(b) for b in row.get("budgets", ())))  # fmt: skip
 
     def to_pb(self) -> fleet_pb2.Tenant:
         try:
@@ -190,6 +202,7 @@ class TenantSpec:
                     Limits(self.concurrent, self.requests_per_minute, self.tokens_per_minute,
                            frozenset(self.models))  # fmt: skip
                 ),
+                budgets=[wire_money.budget_to_pb(b) for b in self.budgets],
             )
         except ValueError as exc:  # a priority not known, a number the wire cannot carry
             raise AdminError(f"tenant {self.id!r}: {exc}") from None
@@ -525,7 +538,11 @@ class AdminClient:
         if since is not None:
             request.since.FromNanoseconds(int(since * 1e9))
         resp = self._call("TenantUsage", request)
-        return [_usage(u) for u in resp.usage]  # type: ignore[attr-defined]
+        # The fleet's models without a price (each costs 0): in every row, so a row says
+        # whether its cost leaves something out.
+        unpriced = list(resp.unpriced_models)  # type: ignore[attr-defined]
+        return [{**_usage(u), "unpriced_models": unpriced}
+                for u in resp.usage]  # type: ignore[attr-defined]  # fmt: skip
 
     def follow(
         self, *, kind: str = "", request_id: str = "", backend_id: str = ""

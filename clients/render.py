@@ -158,9 +158,11 @@ def pairs(rows: Sequence[Mapping[str, Any]]) -> str:
     return table(rows, PAIR_COLUMNS) if rows else "no pairs"
 
 
-TENANT_COLUMNS = ("id", "priority", "weight", "concurrent", "rpm", "tpm", "models", "keys")
-USAGE_COLUMNS = ("tenant", "requests", "prompt_tokens", "completion_tokens", "refused",
+TENANT_COLUMNS = ("id", "priority", "weight", "concurrent", "rpm", "tpm", "models", "budgets",
+                  "keys")  # fmt: skip
+USAGE_COLUMNS = ("tenant", "requests", "prompt_tokens", "completion_tokens", "cost", "refused",
                  "in_flight", "queued_seconds")  # fmt: skip
+BUDGET_COLUMNS = ("tenant", "budget", "spent", "in_flight", "remaining", "resets")
 KEY_NOTICE = "This key is shown once and will not be shown again: store it now (control keeps \
 only its SHA-256 digest)."
 
@@ -177,6 +179,7 @@ def _tenant_cells(t: Mapping[str, Any]) -> dict[str, Any]:
         "rpm": limit(lim["requests_per_minute"]),
         "tpm": limit(lim["tokens_per_minute"]),
         "models": ",".join(lim["models"]) or "all",
+        "budgets": " ".join(t.get("budgets", ())) or "-",
         # By key id (a prefix of the digest) and when it was made; a config key has no time.
         "keys": ", ".join(f"{k['key_id']} ({k['created'] or 'config'})" for k in t["keys"])
         or "none",
@@ -197,11 +200,18 @@ def new_key(tenant: Mapping[str, Any], key: str, key_id: str, said: str) -> str:
 def usage(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return "no tenants and no tenant traffic"
-    return table(
+    out = table(
         [{**u, "refused": " ".join(f"{k}={v}" for k, v in u["refused"].items()) or "0"}
          for u in rows],
         USAGE_COLUMNS,
     )  # fmt: skip
+    budgets = [{"tenant": u["tenant"], **b} for u in rows for b in u.get("budgets", ())]
+    if budgets:
+        out += "\n\nbudgets (this period)\n" + table(budgets, BUDGET_COLUMNS)
+    unpriced = rows[0].get("unpriced_models") or ()
+    if unpriced:
+        out += f"\n\nno price (cost 0 against every budget): {', '.join(unpriced)}"
+    return out
 
 
 def adapters(rows: Sequence[Mapping[str, Any]]) -> str:

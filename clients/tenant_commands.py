@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from baton.budgets import Budget
 from baton.tenancy import KEY_PREFIX, Priority, digest, key_id
 from clients import render
 from clients.client import AdminClient, AdminError, TenantSpec
@@ -41,6 +42,21 @@ def _models(text: str | None) -> tuple[str, ...]:
     return tuple(sorted({m.strip() for m in (text or "").split(",") if m.strip()}))
 
 
+def _budgets(texts: list[str] | None) -> tuple[Budget, ...]:
+    """--budget values, checked here (an unknown period or zone says so, exit 1, and nothing
+    is sent); control checks them again."""
+    out: list[Budget] = []
+    for text in texts or ():
+        try:
+            b = Budget.parse(text)
+        except ValueError as exc:
+            raise AdminError(f"--budget {text}: {exc}") from None
+        if b in out:
+            raise AdminError(f"--budget {text} is given twice")
+        out.append(b)
+    return tuple(out)
+
+
 def _new_key(args: argparse.Namespace, tenant: dict[str, Any], key: str, said: str) -> None:
     """The one time a key is printed (with --json: its "key" field)."""
     kid = key_id(digest(key))
@@ -62,6 +78,7 @@ def cmd_add(args: argparse.Namespace, c: AdminClient) -> None:
         args.rpm,
         args.tpm,
         _models(args.models),
+        _budgets(args.budget),
     )
     tenant, key = c.add_tenant(spec)
     _new_key(args, tenant, key, f"added tenant {tenant['id']}")
@@ -82,9 +99,11 @@ def cmd_update(args: argparse.Namespace, c: AdminClient) -> None:
             changes[field] = None
     if args.models is not None or args.all_models:
         changes["models"] = _models(args.models)
+    if args.budget is not None or args.no_budgets:
+        changes["budgets"] = _budgets(args.budget)  # the tenant's budgets: these, or none
     if not changes:
-        raise AdminError("nothing to change: give --priority, --weight, a limit, --no-LIMIT "
-                         "or --all-models")  # fmt: skip
+        raise AdminError("nothing to change: give --priority, --weight, a limit, --no-LIMIT, "
+                         "--all-models, --budget or --no-budgets")  # fmt: skip
     current = next((t for t in c.tenants() if t["id"] == args.id), None)
     # An unknown id is still sent: control answers NOT_FOUND in its own words.
     base = TenantSpec.of(current) if current is not None else TenantSpec(args.id)
@@ -146,6 +165,14 @@ def _config_flags(p: argparse.ArgumentParser, *, update: bool) -> None:
                         help="the models it may use (default: every model)")  # fmt: skip
     if update:
         models.add_argument("--all-models", action="store_true", help="every model")
+    budgets = p.add_mutually_exclusive_group() if update else p
+    budgets.add_argument("--budget", action="append", default=None,
+                         metavar="AMOUNT/PERIOD[@ZONE][:soft]",
+                         help="a spend budget, repeatable: 50/day, 1000/month@Europe/Berlin, "
+                         "40/week:soft (periods: hour, day, week, month; zone: UTC by default)"
+                         + ("; replaces the tenant's budgets" if update else ""))  # fmt: skip
+    if update:
+        budgets.add_argument("--no-budgets", action="store_true", help="no spend budgets")
 
 
 def add_tenant_commands(

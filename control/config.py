@@ -8,7 +8,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from baton.budgets import parse_budgets
 from baton.model import Adapter, Backend
+from baton.pricing import PriceTable
 from baton.tenancy import Limits, Priority, Tenant, TenantKey, id_problem
 from control.backend_spec import (
     BACKEND_KEYS,
@@ -47,6 +49,7 @@ class Config:
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     adapters: tuple[Adapter, ...] = ()
     lora: LoraSettings = field(default_factory=LoraSettings)
+    prices: PriceTable = field(default_factory=PriceTable)
 
 
 # What ZMQ's connect takes, and nothing it would refuse later inside a subscriber task: a
@@ -92,7 +95,17 @@ def parse(data: dict[str, Any]) -> Config:
         raise ConfigError(str(exc)) from None
     adapters = _adapters(data.get("adapters", []), {b.model for b in backends})
     return Config(tuple(backends), routing, probes, health, affinity, audit, pairs, load, kv,
-                  tenants, admission, adapters, lora)  # fmt: skip
+                  tenants, admission, adapters, lora, _prices(data.get("prices", {})))  # fmt: skip
+
+
+def _prices(raw: object) -> PriceTable:
+    """[prices."MODEL"]: input, output, cached_input per million tokens (baton/pricing.py)."""
+    if not isinstance(raw, dict):
+        raise ConfigError('prices must be a table of models ([prices."MODEL"])')
+    try:
+        return PriceTable.parse(raw)
+    except ValueError as exc:
+        raise ConfigError(f"prices: {exc}") from None
 
 
 def _adapters(raw: object, models: set[str]) -> tuple[Adapter, ...]:
@@ -119,7 +132,7 @@ def _adapters(raw: object, models: set[str]) -> tuple[Adapter, ...]:
 
 
 TENANT_KEYS = frozenset({"id", "priority", "weight", "concurrent", "requests_per_minute",
-                         "tokens_per_minute", "models", "key_sha256"})  # fmt: skip
+                         "tokens_per_minute", "models", "key_sha256", "budgets"})  # fmt: skip
 
 
 def _tenants(raw: object) -> tuple[Tenant, ...]:
@@ -168,7 +181,15 @@ def _tenant(raw: object, where: str) -> Tenant:
     weight = _count(raw, "weight", where)
     keys = tuple(TenantKey(_digest(d, f"{where}: key_sha256[{j}]"), 0.0)
                  for j, d in enumerate(digests))  # fmt: skip
-    return Tenant(tid, Priority(priority), 1 if weight is None else weight, limits, keys)
+    budgets = raw.get("budgets", [])
+    if not isinstance(budgets, list):
+        raise ConfigError(f"{where}: budgets must be an array of tables "
+                          '([{amount = 50, period = "day"}])')  # fmt: skip
+    try:
+        budget = parse_budgets(budgets)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return Tenant(tid, Priority(priority), 1 if weight is None else weight, limits, keys, budget)
 
 
 def _count(raw: dict[str, Any], key: str, where: str) -> int | None:

@@ -209,6 +209,18 @@ class TenantCollector(Collector):
         for (tid, limit), n in refused.items():
             fams["refused"].add_metric([tid, limit], n)
         yield from fams.values()
+        reached = CounterMetricFamily(
+            "baton_tenant_budget_reached",
+            "Budgets a tenant's spend reached, once per period, by tenant, period and kind "
+            "(hard: refused until it resets; soft: said only).",
+            labels=["tenant", "period", "kind"],
+        )
+        by_label: Tally[tuple[str, str, str]] = Tally()
+        for (tid, period, soft), n in book.reached.items():
+            by_label[(tid if tid in known else "other", period, "soft" if soft else "hard")] += n
+        for labels, n in sorted(by_label.items()):
+            reached.add_metric(list(labels), n)
+        yield reached
         if self._queued is not None:
             waiting = GaugeMetricFamily(
                 "baton_queued_requests",

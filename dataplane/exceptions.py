@@ -61,6 +61,8 @@ class ErrorKind(StrEnum):
     RATE_LIMITED = "rate_limit_exceeded"
     # The fleet was saturated and the request's wait in its priority band reached its bound.
     FLEET_SATURATED = "fleet_saturated"
+    # The tenant reached a spend budget: OpenAI's own code for a quota that ran out.
+    INSUFFICIENT_QUOTA = "insufficient_quota"
 
 
 # kind -> (HTTP status, OpenAI error `type`)
@@ -85,6 +87,7 @@ STATUS: dict[ErrorKind, tuple[int, str]] = {
     # OpenAI says which limit in `type` ("requests" or "tokens"): OpenAIError's error_type.
     ErrorKind.RATE_LIMITED: (429, "requests"),
     ErrorKind.FLEET_SATURATED: (429, "rate_limit_error"),
+    ErrorKind.INSUFFICIENT_QUOTA: (429, "insufficient_quota"),
 }
 
 
@@ -112,6 +115,9 @@ ANTHROPIC: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.MODEL_NOT_ALLOWED: (403, "permission_error"),
     ErrorKind.RATE_LIMITED: (429, "rate_limit_error"),
     ErrorKind.FLEET_SATURATED: (529, "overloaded_error"),
+    # Anthropic answers a spend limit the organization set with a 400, not a 429
+    # (docs.anthropic.com, API errors): its SDK does not retry it.
+    ErrorKind.INSUFFICIENT_QUOTA: (400, "invalid_request_error"),
 }
 ANTHROPIC_PATHS = "/v1/messages"  # the prefix of the paths whose clients speak Anthropic's API
 
@@ -136,12 +142,15 @@ class OpenAIError(ShimError):
         *,
         headers: Mapping[str, str] | None = None,
         error_type: str | None = None,
+        anthropic_message: str | None = None,
     ) -> None:
         """`headers`: extra response headers (Retry-After with a 429). `error_type`: the
-        OpenAI body's `type` when it is not the kind's own (a rate limit's "tokens")."""
+        OpenAI body's `type` when it is not the kind's own (a rate limit's "tokens").
+        `anthropic_message`: what Anthropic's API says instead, where its words differ."""
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.anthropic_message = anthropic_message
         self.param = param
         self.headers = headers
         self.error_type = error_type
@@ -175,7 +184,8 @@ class OpenAIError(ShimError):
         return self.shaped(ErrorShape.of_path(path))
 
     def _anthropic(self) -> bytes:
-        error = {"type": ANTHROPIC[self.kind][1], "message": self.message}
+        error = {"type": ANTHROPIC[self.kind][1],
+                 "message": self.anthropic_message or self.message}  # fmt: skip
         return orjson.dumps({"type": "error", "error": error})
 
     def sse(self) -> bytes:

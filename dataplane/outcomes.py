@@ -29,6 +29,7 @@ def outcome(
     completion_tokens: int = 0,
     blocks: PrefixBlocks | None = None,
     spec: SpecStats | None = None,
+    cached_tokens: int = 0,
 ) -> RequestOutcome:
     """`ok`: whether it counts as served (default: a status under 400). `started`,
     `first_byte`, `now`: monotonic times, for the time to first byte (`now` when none came)
@@ -55,4 +56,14 @@ def outcome(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         blocks=blocks,
+        cached_tokens=cached_tokens,
+        tenant=shape.tenant if shape is not None else "",
     )
+
+
+def cached_count(usage: object) -> int:
+    """Prompt tokens the engine had cached, as its usage says them (OpenAI's
+    prompt_tokens_details.cached_tokens; 0 where it says none): priced apart."""
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    n = details.get("cached_tokens") if isinstance(details, dict) else None
+    return n if type(n) is int and n > 0 else 0

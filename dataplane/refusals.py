@@ -2,7 +2,8 @@
 error (DESIGN §2: plumbing maps errors through one table per edge), applied once, wherever a
 decision comes back with no backend (dataplane/edge/handlers.py, a stored response's
 follow-up in dataplane/responses/stored.py). In OpenAI's conventions: 403 for a model the
-tenant may not use, 429 with Retry-After and x-ratelimit-* headers at a limit, 401 for a key
+tenant may not use, 429 with Retry-After and x-ratelimit-* headers at a limit, 429
+insufficient_quota at a spend budget (a 400 on Anthropic's API), 401 for a key
 whose tenant was removed since this shim's snapshot, 404s that say where a stored response
 was, never a misleading "not found" from an engine that never had it."""
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 
 from baton.model import Decision, Reason
 from baton.tenancy import Limited, Quota
@@ -76,6 +78,25 @@ def _rate_limited(decision: Decision, model: str) -> OpenAIError:
     )
 
 
+def _insufficient_quota(decision: Decision, model: str) -> OpenAIError:
+    """A spend budget reached: OpenAI's insufficient_quota (429), told not to retry (the
+    OpenAI and Anthropic SDKs retry a 429 unless x-should-retry says false, and a retry
+    before the period resets is refused again); on /v1/messages, Anthropic's answer to a
+    spend limit: a 400 that says when access comes back."""
+    q = decision.quota or Quota()
+    anthropic = "You have reached your specified API usage limits."
+    if q.reset_at:
+        at = datetime.fromtimestamp(q.reset_at, UTC).strftime("%Y-%m-%d at %H:%M")
+        anthropic += f" You will regain access on {at} UTC."
+    return OpenAIError(
+        ErrorKind.INSUFFICIENT_QUOTA,
+        f"You exceeded your current quota: {decision.detail}.",
+        headers={"Retry-After": str(max(math.ceil(q.retry_after_s), 1)),
+                 "x-should-retry": "false"},  # fmt: skip
+        anthropic_message=anthropic,
+    )
+
+
 def _owner_gone(decision: Decision, model: str) -> OpenAIError:
     return OpenAIError(ErrorKind.RESPONSE_OWNER_GONE,
                        f"the stored response cannot be reached: {decision.detail}")  # fmt: skip
@@ -99,6 +120,7 @@ REFUSALS: Mapping[Reason, Callable[[Decision, str], OpenAIError]] = {
     Reason.TENANT_MODEL: _model_not_allowed,
     Reason.TENANT_UNKNOWN: _unknown_key,
     Reason.TENANT_LIMITED: _rate_limited,
+    Reason.TENANT_BUDGET: _insufficient_quota,
     Reason.SHED: _shed,
     # A stored response's follow-up (control/routing/router.py's owner reasons).
     Reason.OWNER_GONE: _owner_gone,

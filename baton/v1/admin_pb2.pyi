@@ -1093,6 +1093,8 @@ class TenantUsage(_message.Message):
     REFUSED_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
     QUEUED_SECONDS_FIELD_NUMBER: _builtins.int
+    COST_FIELD_NUMBER: _builtins.int
+    BUDGETS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     requests: _builtins.int
     prompt_tokens: _builtins.int
@@ -1101,9 +1103,15 @@ class TenantUsage(_message.Message):
     """Requests in flight now."""
     queued_seconds: _builtins.float
     """Seconds requests spent waiting for admission, in total."""
+    cost: _builtins.str
+    """What its requests cost (a decimal string of currency units), over the same time."""
     @_builtins.property
     def refused(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Refused at admission (limits, models), by what refused them."""
+
+    @_builtins.property
+    def budgets(self) -> _containers.RepeatedCompositeFieldContainer[Global___BudgetStanding]:
+        """Each of its budgets now, in its current period."""
 
     def __init__(
         self,
@@ -1115,30 +1123,79 @@ class TenantUsage(_message.Message):
         refused: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         in_flight: _builtins.int = ...,
         queued_seconds: _builtins.float = ...,
+        cost: _builtins.str = ...,
+        budgets: _abc.Iterable[Global___BudgetStanding] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_tokens", b"completion_tokens", "in_flight", b"in_flight", "prompt_tokens", b"prompt_tokens", "queued_seconds", b"queued_seconds", "refused", b"refused", "requests", b"requests", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "completion_tokens", b"completion_tokens", "cost", b"cost", "in_flight", b"in_flight", "prompt_tokens", b"prompt_tokens", "queued_seconds", b"queued_seconds", "refused", b"refused", "requests", b"requests", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TenantUsage: _TypeAlias = TenantUsage  # noqa: Y015
 
 @_typing.final
+class BudgetStanding(_message.Message):
+    """One budget of a tenant in its current period; amounts are decimal strings of currency."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUDGET_FIELD_NUMBER: _builtins.int
+    SPENT_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    REMAINING_FIELD_NUMBER: _builtins.int
+    PERIOD_START_FIELD_NUMBER: _builtins.int
+    RESET_FIELD_NUMBER: _builtins.int
+    spent: _builtins.str
+    """Settled: the cost of requests that ended in the period."""
+    in_flight: _builtins.str
+    """The estimates of requests admitted and not ended yet."""
+    remaining: _builtins.str
+    @_builtins.property
+    def budget(self) -> _fleet_pb2.Budget: ...
+    @_builtins.property
+    def period_start(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def reset(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        budget: _fleet_pb2.Budget | None = ...,
+        spent: _builtins.str = ...,
+        in_flight: _builtins.str = ...,
+        remaining: _builtins.str = ...,
+        period_start: _timestamp_pb2.Timestamp | None = ...,
+        reset: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "period_start", b"period_start", "reset", b"reset"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "in_flight", b"in_flight", "period_start", b"period_start", "remaining", b"remaining", "reset", b"reset", "spent", b"spent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BudgetStanding: _TypeAlias = BudgetStanding  # noqa: Y015
+
+@_typing.final
 class TenantUsageResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     USAGE_FIELD_NUMBER: _builtins.int
+    UNPRICED_MODELS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def usage(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantUsage]: ...
+    @_builtins.property
+    def unpriced_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Models the fleet serves that have no price: they cost 0 against every budget."""
+
     def __init__(
         self,
         *,
         usage: _abc.Iterable[Global___TenantUsage] | None = ...,
+        unpriced_models: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["unpriced_models", b"unpriced_models", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -408,11 +408,33 @@ Global___Pair: _TypeAlias = Pair  # noqa: Y015
 class Snapshot(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class PricesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___Price: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___Price | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     VERSION_FIELD_NUMBER: _builtins.int
     BACKENDS_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
     SHIMS_FIELD_NUMBER: _builtins.int
     ADAPTERS_FIELD_NUMBER: _builtins.int
+    PRICES_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     shims: _builtins.int
     """Shims watching control's snapshots now: while control is unreachable each enforces this
@@ -432,6 +454,12 @@ class Snapshot(_message.Message):
         engines' /v1/models.
         """
 
+    @_builtins.property
+    def prices(self) -> _containers.MessageMap[_builtins.str, Global___Price]:
+        """Prices by model name (an adapter's under its own name): shims price requests against
+        tenants' budgets while control is away. A model absent costs 0.
+        """
+
     def __init__(
         self,
         *,
@@ -440,14 +468,78 @@ class Snapshot(_message.Message):
         tenants: _abc.Iterable[Global___Tenant] | None = ...,
         shims: _builtins.int = ...,
         adapters: _abc.Iterable[Global___Adapter] | None = ...,
+        prices: _abc.Mapping[_builtins.str, Global___Price] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapters", b"adapters", "backends", b"backends", "shims", b"shims", "tenants", b"tenants", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapters", b"adapters", "backends", b"backends", "prices", b"prices", "shims", b"shims", "tenants", b"tenants", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Snapshot: _TypeAlias = Snapshot  # noqa: Y015
+
+@_typing.final
+class Price(_message.Message):
+    """A model's price per million tokens, as a decimal string of currency units ("3", "0.15"):
+    exact, where a double is not.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INPUT_FIELD_NUMBER: _builtins.int
+    CACHED_INPUT_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    input: _builtins.str
+    cached_input: _builtins.str
+    """Prompt tokens the engine had cached (its usage's prompt_tokens_details.cached_tokens)."""
+    output: _builtins.str
+    def __init__(
+        self,
+        *,
+        input: _builtins.str = ...,
+        cached_input: _builtins.str = ...,
+        output: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_input", b"cached_input", "input", b"input", "output", b"output"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Price: _TypeAlias = Price  # noqa: Y015
+
+@_typing.final
+class Budget(_message.Message):
+    """A spend limit: `amount` (a decimal string of currency units) per `period` ("hour", "day",
+    "week" or "month") on the calendar of the IANA time zone `zone` ("UTC" when empty).
+    `soft`: reported when reached (an audit event, a metric), never refused.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AMOUNT_FIELD_NUMBER: _builtins.int
+    PERIOD_FIELD_NUMBER: _builtins.int
+    ZONE_FIELD_NUMBER: _builtins.int
+    SOFT_FIELD_NUMBER: _builtins.int
+    amount: _builtins.str
+    period: _builtins.str
+    zone: _builtins.str
+    soft: _builtins.bool
+    def __init__(
+        self,
+        *,
+        amount: _builtins.str = ...,
+        period: _builtins.str = ...,
+        zone: _builtins.str = ...,
+        soft: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["amount", b"amount", "period", b"period", "soft", b"soft", "zone", b"zone"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Budget: _TypeAlias = Budget  # noqa: Y015
 
 @_typing.final
 class Adapter(_message.Message):
@@ -562,6 +654,7 @@ class Tenant(_message.Message):
     WEIGHT_FIELD_NUMBER: _builtins.int
     LIMITS_FIELD_NUMBER: _builtins.int
     KEYS_FIELD_NUMBER: _builtins.int
+    BUDGETS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     priority: Global___PriorityClass.ValueType
     weight: _builtins.int
@@ -570,6 +663,8 @@ class Tenant(_message.Message):
     def limits(self) -> Global___TenantLimits: ...
     @_builtins.property
     def keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantKey]: ...
+    @_builtins.property
+    def budgets(self) -> _containers.RepeatedCompositeFieldContainer[Global___Budget]: ...
     def __init__(
         self,
         *,
@@ -578,10 +673,11 @@ class Tenant(_message.Message):
         weight: _builtins.int = ...,
         limits: Global___TenantLimits | None = ...,
         keys: _abc.Iterable[Global___TenantKey] | None = ...,
+        budgets: _abc.Iterable[Global___Budget] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "keys", b"keys", "limits", b"limits", "priority", b"priority", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "id", b"id", "keys", b"keys", "limits", b"limits", "priority", b"priority", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -59,6 +59,10 @@ class _RouteReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RouteReas
     """Refused: it waited `wait_ms` in its band without room, or a higher band's request took
     its place in a full queue.
     """
+    ROUTE_REASON_TENANT_BUDGET: _RouteReason.ValueType  # 18
+    """Refused: the tenant reached one of its spend budgets (RouteResponse.quota says when it
+    resets).
+    """
 
 class RouteReason(_RouteReason, metaclass=_RouteReasonEnumTypeWrapper):
     """Why a routing decision was made; also a span attribute and a metric label."""
@@ -95,6 +99,10 @@ Control sends the request's real answer later on the same stream, within `wait_m
 ROUTE_REASON_SHED: RouteReason.ValueType  # 17
 """Refused: it waited `wait_ms` in its band without room, or a higher band's request took
 its place in a full queue.
+"""
+ROUTE_REASON_TENANT_BUDGET: RouteReason.ValueType  # 18
+"""Refused: the tenant reached one of its spend budgets (RouteResponse.quota says when it
+resets).
 """
 Global___RouteReason: _TypeAlias = RouteReason  # noqa: Y015
 
@@ -461,6 +469,7 @@ class Quota(_message.Message):
     RESET_TOKENS_MS_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
     LIMITED_BY_FIELD_NUMBER: _builtins.int
+    RESET_AT_MS_FIELD_NUMBER: _builtins.int
     limit_requests: _builtins.int
     """Requests per minute: 0 = no such limit."""
     remaining_requests: _builtins.int
@@ -472,7 +481,9 @@ class Quota(_message.Message):
     retry_after_ms: _builtins.int
     """On a refusal: when a retry can be admitted."""
     limited_by: _builtins.str
-    """On a refusal: "requests", "tokens" or "concurrent", the limit that refused it."""
+    """On a refusal: "requests", "tokens", "concurrent" or "budget", the limit that refused it."""
+    reset_at_ms: _builtins.int
+    """A budget's refusal: when its period resets (unix milliseconds)."""
     def __init__(
         self,
         *,
@@ -484,10 +495,11 @@ class Quota(_message.Message):
         reset_tokens_ms: _builtins.int = ...,
         retry_after_ms: _builtins.int = ...,
         limited_by: _builtins.str = ...,
+        reset_at_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit_requests", b"limit_requests", "limit_tokens", b"limit_tokens", "limited_by", b"limited_by", "remaining_requests", b"remaining_requests", "remaining_tokens", b"remaining_tokens", "reset_requests_ms", b"reset_requests_ms", "reset_tokens_ms", b"reset_tokens_ms", "retry_after_ms", b"retry_after_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit_requests", b"limit_requests", "limit_tokens", b"limit_tokens", "limited_by", b"limited_by", "remaining_requests", b"remaining_requests", "remaining_tokens", b"remaining_tokens", "reset_at_ms", b"reset_at_ms", "reset_requests_ms", b"reset_requests_ms", "reset_tokens_ms", b"reset_tokens_ms", "retry_after_ms", b"retry_after_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -679,6 +691,8 @@ class RequestOutcome(_message.Message):
     BLOCK_KEYS_FIELD_NUMBER: _builtins.int
     PROMPT_BLOCKS_FIELD_NUMBER: _builtins.int
     BLOCK_SIZE_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     backend_id: _builtins.str
     outcome: Global___Outcome.ValueType
@@ -700,6 +714,14 @@ class RequestOutcome(_message.Message):
     """
     prompt_blocks: _builtins.int
     block_size: _builtins.int
+    cached_tokens: _builtins.int
+    """Of prompt_tokens, those the engine had cached (its usage's
+    prompt_tokens_details.cached_tokens), priced apart.
+    """
+    tenant: _builtins.str
+    """The request's tenant (RequestShape.tenant): what a shim admitted while control was away
+    is charged to its tenant's budgets when its end arrives.
+    """
     @_builtins.property
     def spec(self) -> Global___SpecOutcome:
         """Set when the request was served by a speculative pair."""
@@ -725,10 +747,12 @@ class RequestOutcome(_message.Message):
         block_keys: _abc.Iterable[_builtins.int] | None = ...,
         prompt_blocks: _builtins.int = ...,
         block_size: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
+        tenant: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "block_keys", b"block_keys", "block_size", b"block_size", "completion_tokens", b"completion_tokens", "http_status", b"http_status", "message_count", b"message_count", "model", b"model", "outcome", b"outcome", "prompt_blocks", b"prompt_blocks", "prompt_chain_hash", b"prompt_chain_hash", "prompt_tokens", b"prompt_tokens", "reply_chain_hash", b"reply_chain_hash", "request_id", b"request_id", "spec", b"spec", "total_ms", b"total_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_id", b"backend_id", "block_keys", b"block_keys", "block_size", b"block_size", "cached_tokens", b"cached_tokens", "completion_tokens", b"completion_tokens", "http_status", b"http_status", "message_count", b"message_count", "model", b"model", "outcome", b"outcome", "prompt_blocks", b"prompt_blocks", "prompt_chain_hash", b"prompt_chain_hash", "prompt_tokens", b"prompt_tokens", "reply_chain_hash", b"reply_chain_hash", "request_id", b"request_id", "spec", b"spec", "tenant", b"tenant", "total_ms", b"total_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -263,7 +263,7 @@ class AdminServicer(AdapterAdmin, admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.UpdateTenantRequest, context: Context
     ) -> admin_pb2.UpdateTenantResponse:
         t = convert.configured_tenant_from_pb(request.tenant, update=True)
-        tenant = self._registry.tenants.update(t.id, t.priority, t.weight, t.limits)
+        tenant = self._registry.tenants.update(t.id, t.priority, t.weight, t.limits, t.budgets)
         await self._tenants_changed(convert.tenant_event("update-tenant", tenant))
         return admin_pb2.UpdateTenantResponse(tenant=wire.tenant_to_pb(tenant))
 
@@ -305,8 +305,10 @@ class AdminServicer(AdapterAdmin, admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.TenantUsageRequest, context: Context
     ) -> admin_pb2.TenantUsageResponse:
         since = request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None
-        usage = self._registry.tenants.usage(since)
-        return admin_pb2.TenantUsageResponse(usage=[convert.usage_to_pb(u) for u in usage])
+        reg = self._registry
+        usage = reg.tenants.usage(since, now=self._router.now())
+        return admin_pb2.TenantUsageResponse(usage=[convert.usage_to_pb(u) for u in usage],
+                                             unpriced_models=convert.unpriced(reg))  # fmt: skip
 
     async def WatchEvents(
         self, request: admin_pb2.WatchEventsRequest, context: Context

@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from baton import wire_money
+from baton.budgets import Budget
 from baton.model import BackendId, BackendKind, Role, RouteRequest
 from baton.tenancy import Limits, Priority, Tenant
 from baton.v1 import admin_pb2, fleet_pb2, routing_pb2
@@ -31,6 +33,7 @@ from control.audit.payloads import Admin, Failover
 from control.exceptions import ConfigError
 from control.fleet.owners import Owned
 from control.fleet.pins import Pin
+from control.fleet.registry import Registry
 from control.fleet.tenants import Usage
 from control.pairs.flow import GateResult
 from control.pairs.table import Pair
@@ -186,15 +189,25 @@ def configured_tenant_from_pb(t: fleet_pb2.Tenant, *, update: bool = False) -> T
     limits = limits_from_pb(t.limits)
     if any(not m.strip() for m in limits.models):
         raise ConfigError(f"tenant {t.id!r}: a model name is empty")
+    try:
+        budgets = tuple(wire_money.budget_from_pb(b) for b in t.budgets)
+    except ValueError as exc:
+        raise ConfigError(f"tenant {t.id!r}: budget: {exc}") from None
+    if len(set(budgets)) != len(budgets):
+        raise ConfigError(f"tenant {t.id!r}: a budget is given twice")
     # An update's weight 0 is left to the tenant book to refuse: weights are at least 1.
-    return Tenant(t.id, priority, t.weight if t.weight or update else 1, limits)
+    return Tenant(t.id, priority, t.weight if t.weight or update else 1, limits,
+                  budgets=budgets)  # fmt: skip
 
 
-def limits_text(lim: Limits) -> str:
-    """The limits set, as the audit log says them: "concurrent=4 models=a,b"; "" for none."""
+def limits_text(lim: Limits, budgets: tuple[Budget, ...] = ()) -> str:
+    """The limits set, as the audit log says them: "concurrent=4 models=a,b
+    budgets=50/day@UTC,1000/month@UTC:soft"; "" for none."""
     said = [f"{name}={v}" for name, v in lim.rates() if v is not None]
     if lim.models:
         said.append("models=" + ",".join(sorted(lim.models)))
+    if budgets:
+        said.append("budgets=" + ",".join(b.text() for b in budgets))
     return " ".join(said)
 
 
@@ -207,7 +220,7 @@ def tenant_event(action: str, t: Tenant, key_id: str | None = None) -> Admin:
         key_id=key_id,
         priority=t.priority.value if configured else None,
         weight=t.weight if configured else None,
-        limits=limits_text(t.limits) if configured else None,
+        limits=limits_text(t.limits, t.budgets) if configured else None,
     )
 
 
@@ -220,4 +233,15 @@ def usage_to_pb(u: Usage) -> admin_pb2.TenantUsage:
         refused=u.refused,
         in_flight=u.in_flight,
         queued_seconds=u.queued_s,
+        cost=wire_money.decimal(u.cost),
+        budgets=[wire_money.standing_to_pb(s) for s in u.budgets],
     )
+
+
+def unpriced(registry: Registry) -> list[str]:
+    """The models the fleet serves (its backends' and its adapters') that have no price: they
+    cost 0 against every budget, which `baton tenants usage` says rather than a silent 0."""
+    snap = registry.snapshot
+    served = (b.backend.model for b in snap.backends if b.backend.role is not Role.DRAFT)
+    models = set(served) | {a.name for a in snap.adapters}
+    return sorted(m for m in models if not snap.prices.priced(m))

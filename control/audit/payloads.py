@@ -24,6 +24,7 @@ class EventKind(StrEnum):
     PAIR = "pair"
     KV = "kv"  # a backend's KV-cache index changed state (control/signals/kv/index.py)
     ADAPTER = "adapter"  # a LoRA adapter loaded, unloaded or found changed on a backend
+    BUDGET = "budget"  # a tenant's spend reached one of its budgets (baton/budgets.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,9 +135,27 @@ class AdapterChange:
     detail: str | None = None
 
 
-Payload = Retry | Failover | HealthChange | KvChange | Admin | PairChange | AdapterChange
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetReached:
+    """A tenant's settled spend reached one of its budgets, once a period: a soft budget
+    only says so; a hard one refuses the tenant's requests until `reset`. Amounts are
+    decimal strings of currency; times ISO 8601 on the budget's own zone. The event's request
+    id is the request whose cost reached it."""
+
+    KIND: ClassVar[EventKind] = EventKind.BUDGET
+    tenant: str
+    period: str
+    zone: str
+    soft: bool
+    amount: str
+    spent: str
+    reset: str
+
+
+Payload = (Retry | Failover | HealthChange | KvChange | Admin | PairChange | AdapterChange
+           | BudgetReached)  # fmt: skip
 PAYLOADS: tuple[type[Payload], ...] = (Retry, Failover, HealthChange, KvChange, Admin, PairChange,
-                                       AdapterChange)  # fmt: skip
+                                       AdapterChange, BudgetReached)  # fmt: skip
 
 
 def data_of(payload: Payload) -> dict[str, Any]:

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from baton.budgets import Budget, parse_budgets
 from baton.model import Backend, BackendId
+from baton.pricing import amount
 from baton.tenancy import Limits, Priority, Tenant, TenantKey
 from control.backend_spec import make_backend
 from control.exceptions import ConfigError
@@ -125,7 +127,9 @@ def shadowed_tenants(config: Iterable[Tenant], saved: Configured) -> list[Tenant
 
 def tenant_row(t: Tenant) -> tuple[str, str, int, str, str]:
     lim = t.limits
-    limits = {**dict(lim.rates()), "models": sorted(lim.models)}
+    limits: dict[str, object] = {**dict(lim.rates()), "models": sorted(lim.models)}
+    if t.budgets:  # with the limits: one more key in a JSON column, no new schema
+        limits["budgets"] = [budget_row(b) for b in t.budgets]
     keys = [{"sha256": k.digest.hex(), "created": k.created} for k in t.keys]
     return t.id, t.priority.value, t.weight, json.dumps(limits), json.dumps(keys)
 
@@ -146,9 +150,18 @@ def tenant_from_row(tid: str, priority: str, weight: int, limits: str, keys: str
                 frozenset(map(str, lim["models"])),
             ),
             tuple(TenantKey(_digest(k["sha256"]), float(k["created"])) for k in made),
+            parse_budgets(lim.get("budgets", [])),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"tenant {tid!r}: unreadable row ({exc})") from None
+
+
+def budget_row(b: Budget) -> dict[str, object]:
+    """A budget as config writes it (parse_budgets reads it back): the amount as a string,
+    exact."""
+    cal = b.calendar
+    return {"amount": format(amount(b.amount), "f"), "period": cal.period.value, "zone": cal.zone,
+            "soft": b.soft}  # fmt: skip
 
 
 def _count(value: object) -> int | None:

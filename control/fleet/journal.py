@@ -53,6 +53,8 @@ def _pin(
     r.placement.restore(Pin(prefix, BackendId(bid), depth, created, last_used, hits), session)
 
 
+_FINISHED = ("model", "cached_tokens", "tenant_id", "served")  # finished()'s keywords, in order
+
 _REPLAY: dict[str, Callable[..., Any]] = {
     "acquire": lambda r, rid, bid, now: r.acquire(rid, BackendId(bid), now),
     "release": lambda r, rid: r.release(rid),
@@ -66,11 +68,15 @@ _REPLAY: dict[str, Callable[..., Any]] = {
     ),
     "disown": lambda r, key: r.placement.release_owner(key),
     "learn": _learn,
-    "admit": lambda r, rid, tenant, model, tokens, now: r.tenants.admit(
-        rid, tenant, model, tokens, now
+    # An older leader's ops lack the later arguments (budgets': output tokens, model, cached
+    # tokens, tenant, served): their defaults stand.
+    "admit": lambda r, rid, tenant, model, tokens, now, *rest: r.tenants.admit(
+        rid, tenant, model, tokens, now, *rest
     ),
     "cancel": lambda r, rid: r.tenants.cancel(rid),
-    "finished": lambda r, rid, p, c, now, refused: r.tenants.finished(rid, p, c, now, refused),
+    "finished": lambda r, rid, p, c, now, refused, *rest: r.tenants.finished(
+        rid, p, c, now, refused, **dict(zip(_FINISHED, rest, strict=False))
+    ),
     "waited": lambda r, tenant, s, shed, now: r.tenants.waited(tenant, s, shed, now),
     "pin": lambda r, *args: _pin(r, False, *args),
     "session-pin": lambda r, *args: _pin(r, True, *args),

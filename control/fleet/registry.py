@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 
 from baton.model import Adapter, Backend, BackendId, BackendStatus, RequestShape, Snapshot
+from baton.pricing import PriceTable
 from baton.tenancy import Tenant
 from control.audit.log import EventLog
 from control.audit.payloads import Admin, HealthChange, KvChange
@@ -56,6 +57,7 @@ class Registry:
         kv_capacity: int = 1_000_000,
         tenants: Iterable[Tenant] = (),
         adapters: Iterable[Adapter] = (),
+        prices: PriceTable | None = None,
     ) -> None:
         """`drained`: backends drained before a restart (id -> migrate), restored as they
         were, with no new audit event: nobody drained them just now."""
@@ -104,7 +106,7 @@ class Registry:
         self.adapters = AdapterBook(adapters, on_change=self._publish)
         # Who may use the fleet and what each uses now (control/fleet/tenants.py): a change
         # of tenants is published in the snapshot, so every shim knows the keys within one.
-        self.tenants = TenantBook(tenants, on_change=self._publish)
+        self.tenants = TenantBook(tenants, on_change=self._publish, prices=prices)
         self._publish()
 
     @property
@@ -385,7 +387,7 @@ class Registry:
         statuses = tuple(self._status(bid) for bid in sorted(self._backends))
         self._snapshot = Snapshot(
             self._snapshot.version + 1, statuses, self.tenants.all(), self._shims,
-            self.adapters.all(),
+            self.adapters.all(), self.tenants.prices,
         )
         for listener in list(self._listeners):
             listener(self._snapshot)

@@ -2,7 +2,9 @@
 configuration is the operator's (persisted with the fleet); what each is using now is the
 shared ledger's (baton/ledger.py), soft state rebuilt from traffic. Admission is one call in
 control's route decision, which sees every shim's requests, so a tenant's limits hold across
-all shims, not per shim."""
+all shims, not per shim. So do its spend budgets (baton/spend.py): each request is charged
+its estimated cost at admission, and its cost from the engine's usage at its end, at the
+model's price (baton/pricing.py)."""
 
 # baton: pure
 
@@ -12,7 +14,11 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+from baton import charging
+from baton.budgets import Budget, Standing
 from baton.ledger import Admission, Ledger
+from baton.pricing import PriceTable
+from baton.spend import SpendLedger
 from baton.tenancy import Limits, Priority, Tenant, TenantKey, id_problem
 from control.exceptions import ConfigError, TenantExists, TenantNotFound
 
@@ -26,6 +32,7 @@ class _Counts:
     completion_tokens: int = 0
     queued_s: float = 0.0
     refused: Counter[str] = field(default_factory=Counter)
+    cost: int = 0  # units (baton/pricing.py)
 
     def add(self, other: _Counts) -> None:
         self.requests += other.requests
@@ -33,6 +40,7 @@ class _Counts:
         self.completion_tokens += other.completion_tokens
         self.queued_s += other.queued_s
         self.refused.update(other.refused)
+        self.cost += other.cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +52,8 @@ class Usage:
     refused: dict[str, int]
     in_flight: int
     queued_s: float
+    cost: int = 0  # units
+    budgets: tuple[Standing, ...] = ()  # each budget in its current period
 
 
 class _Minutes:
@@ -73,10 +83,18 @@ class _Minutes:
 
 class TenantBook:
     def __init__(
-        self, tenants: Iterable[Tenant] = (), *, on_change: Callable[[], None] | None = None
+        self,
+        tenants: Iterable[Tenant] = (),
+        *,
+        on_change: Callable[[], None] | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
         self._tenants: dict[str, Tenant] = {}
         self._ledger = Ledger()
+        self.prices = prices if prices is not None else PriceTable()
+        self._spend = SpendLedger()
+        # Budgets reached (soft or hard), by (tenant, period, soft): a metric's counts.
+        self.reached: Counter[tuple[str, str, bool]] = Counter()
         self._counts: dict[str, _Minutes] = {}
         self._on_change = on_change
         # While a leader replica has followers: each use as an op (control/fleet/journal.py),
@@ -114,8 +132,18 @@ class TenantBook:
         self._changed()
         return added
 
-    def update(self, tenant_id: str, priority: Priority, weight: int, limits: Limits) -> Tenant:
+    def update(
+        self,
+        tenant_id: str,
+        priority: Priority,
+        weight: int,
+        limits: Limits,
+        budgets: tuple[Budget, ...] | None = None,
+    ) -> Tenant:
+        """`budgets` None: kept as they are."""
         t = replace(self.get(tenant_id), priority=priority, weight=weight, limits=limits)
+        if budgets is not None and budgets != t.budgets:
+            t = replace(t, budgets=budgets)
         self._check(t)
         self._tenants[tenant_id] = t
         self._changed()
@@ -182,13 +210,32 @@ class TenantBook:
     # -- admission and use ---------------------------------------------------------------
 
     def admit(
-        self, request_id: str, tenant_id: str, model: str, tokens: int, now: float
+        self,
+        request_id: str,
+        tenant_id: str,
+        model: str,
+        tokens: int,
+        now: float,
+        output_tokens: int = 0,
     ) -> Admission:
-        """The ledger's admission (baton/ledger.py) against the tenant's whole limits."""
+        """The tenant's budgets first (a refusal there charges nothing), then the ledger's
+        admission (baton/ledger.py) against its whole limits. `tokens`: the request's
+        estimate, `output_tokens` of them its max_tokens (priced at the output price)."""
         if self.journal is not None:
-            self.journal(("admit", request_id, tenant_id, model, tokens, now))
+            self.journal(("admit", request_id, tenant_id, model, tokens, now, output_tokens))
         tenant = self._tenants.get(tenant_id)
-        admission = self._ledger.admit(request_id, tenant_id, tenant, model, tokens, now)
+        admission = None
+        budgeted = False
+        if tenant is not None and tenant.budgets and tenant.limits.allows(model):
+            budgeted = True
+            cost = charging.estimate(self.prices, model, tokens, output_tokens)
+            refusal = self._spend.admit(request_id, tenant_id, tenant.budgets, cost, now)
+            if refusal is not None:
+                admission = charging.over_budget(refusal, now)
+        if admission is None:
+            admission = self._ledger.admit(request_id, tenant_id, tenant, model, tokens, now)
+            if budgeted and admission.refused is not None:
+                self._spend.cancel(request_id)
         if tenant is not None:
             for counts in self._minutes(tenant_id).now(now):
                 if admission.refused is None:
@@ -200,10 +247,11 @@ class TenantBook:
 
     def cancel(self, request_id: str) -> None:
         """An admitted request no backend could take: it used nothing (it stays counted as
-        a request admitted)."""
+        a request admitted) and cost nothing."""
         if self.journal is not None:
             self.journal(("cancel", request_id))
         self._ledger.cancel(request_id)
+        self._spend.cancel(request_id)
 
     def finished(
         self,
@@ -212,15 +260,35 @@ class TenantBook:
         completion_tokens: int,
         now: float,
         refused: bool = False,
-    ) -> None:
-        """`refused`: the engine refused the request (a 4xx): it used no tokens."""
+        *,
+        model: str = "",
+        cached_tokens: int = 0,
+        tenant_id: str = "",
+        served: bool = True,
+    ) -> tuple[Standing, ...]:
+        """`refused`: the engine refused the request (a 4xx): it used no tokens. `served`:
+        a backend took it (False: none did, or its client left before its route). Its cost
+        at `model`'s price settles its tenant's spend once per request id, whichever shim
+        admitted it (`tenant_id`: for one a shim admitted while control was away). The
+        budgets this end reached, soft or hard (each once a period; usually none)."""
         if self.journal is not None:
-            self.journal(("finished", request_id, prompt_tokens, completion_tokens, now, refused))
-        tenant_id = self._ledger.finished(request_id, prompt_tokens, completion_tokens, refused)
-        if tenant_id is not None:
-            for counts in self._minutes(tenant_id).now(now):
+            self.journal(("finished", request_id, prompt_tokens, completion_tokens, now, refused,
+                          model, cached_tokens, tenant_id, served))  # fmt: skip
+        admitted = self._ledger.finished(request_id, prompt_tokens, completion_tokens, refused)
+        tid = admitted or (tenant_id if tenant_id in self._tenants else "")
+        cost = charging.cost(self.prices, model, prompt_tokens, cached_tokens,
+                             completion_tokens, generated=served and not refused)  # fmt: skip
+        tenant = self._tenants.get(tid) if tid else None
+        crossed = self._spend.finished(request_id, cost, now, tenant_id=tid,
+                                       budgets=tenant.budgets if tenant else ())  # fmt: skip
+        if tid:
+            for counts in self._minutes(tid).now(now):
                 counts.prompt_tokens += prompt_tokens
                 counts.completion_tokens += completion_tokens
+                counts.cost += cost or 0
+        for s in crossed or ():
+            self.reached[(s.tenant_id, s.budget.calendar.period.value, s.budget.soft)] += 1
+        return crossed or ()
 
     def waited(self, tenant_id: str, seconds: float, shed: bool, now: float) -> None:
         """A request of the tenant waited `seconds` for room on a saturated fleet, and was
@@ -235,15 +303,24 @@ class TenantBook:
                 counts.refused["saturated"] += 1
 
     def expire(self, now: float) -> int:
+        for s in self._spend.expire(now):
+            self.reached[(s.tenant_id, s.budget.calendar.period.value, s.budget.soft)] += 1
         return self._ledger.expire(now)
+
+    def standing(self, tenant_id: str, now: float) -> tuple[Standing, ...]:
+        """Each of the tenant's budgets in its current period (none: no budgets)."""
+        t = self._tenants.get(tenant_id)
+        return self._spend.standing(tenant_id, t.budgets, now) if t is not None else ()
 
     def _minutes(self, tenant_id: str) -> _Minutes:
         return self._counts.setdefault(tenant_id, _Minutes())
 
-    def usage(self, since: float | None = None, *, lifetime: bool = False) -> list[Usage]:
+    def usage(
+        self, since: float | None = None, *, lifetime: bool = False, now: float | None = None
+    ) -> list[Usage]:
         """Per tenant (configured, or seen since control started), since `since` (unix
         seconds, to the minute; None: as far back as kept), or since control started
-        (`lifetime`: what Prometheus' counters say)."""
+        (`lifetime`: what Prometheus' counters say). `now`: with each budget's standing."""
         out = []
         for tid in sorted(set(self._tenants) | set(self._counts)):
             m = self._counts.get(tid)
@@ -252,7 +329,9 @@ class TenantBook:
             else:
                 total = m.total if lifetime else m.since(since)
             now_in = self._ledger.in_flight(tid)
+            budgets = self.standing(tid, now) if now is not None else ()
             out.append(Usage(tid, total.requests, total.prompt_tokens, total.completion_tokens,
-                             dict(total.refused), now_in, total.queued_s))  # fmt: skip
+                             dict(total.refused), now_in, total.queued_s, total.cost,
+                             budgets))  # fmt: skip
         return out
 

@@ -101,7 +101,7 @@ class AdmissionQueue:
         # What it may cost, at the model's learned characters per token.
         tokens = shape.tokens_estimate(self._chars_per_token(shape.model))
         admitted = self._registry.tenants.admit(
-            request.request_id, shape.tenant, shape.model, tokens, now
+            request.request_id, shape.tenant, shape.model, tokens, now, shape.max_tokens
         )
         if admitted.refused is not None:
             return Refused(Decision((), admitted.refused, self._registry.snapshot.version,

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from baton.budgets import Standing
 from baton.model import BackendId, Failure, RequestOutcome
-from control.audit.payloads import Retry
+from baton.pricing import money
+from control.audit.payloads import BudgetReached, Retry
 from control.fleet.registry import Registry
 from control.pairs.flow import PairFlow
 from control.routing.prefill import PrefillRates
@@ -40,10 +42,14 @@ class Learning:
         reg = self._registry
         for outcome in outcomes:
             reg.release(outcome.request_id)
-            reg.tenants.finished(
+            reached = reg.tenants.finished(
                 outcome.request_id, outcome.prompt_tokens, outcome.completion_tokens, now,
-                refused=outcome.engine_refused,
+                refused=outcome.engine_refused, model=outcome.model,
+                cached_tokens=outcome.cached_tokens, tenant_id=outcome.tenant,
+                served=bool(outcome.backend_id),
             )  # fmt: skip
+            for standing in reached:
+                reg.events.record(budget_event(standing), request_id=outcome.request_id)
             if outcome.ok and outcome.ttft_ms > 0:
                 self._prefill.observed(outcome.request_id, outcome.backend_id, outcome.ttft_ms,
                                        outcome.prompt_tokens)  # fmt: skip
@@ -70,3 +76,10 @@ class Learning:
                     outcome.message_count + 1,
                     now,
                 )
+
+
+def budget_event(s: Standing) -> BudgetReached:
+    cal = s.budget.calendar
+    return BudgetReached(tenant=s.tenant_id, period=cal.period.value, zone=cal.zone,
+                         soft=s.budget.soft, amount=money(s.budget.amount), spent=money(s.spent),
+                         reset=s.reset_text())  # fmt: skip

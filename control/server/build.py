@@ -44,6 +44,7 @@ def registry_for(
         kv_capacity=config.kv.capacity,
         tenants=tenants(config.tenants, saved),
         adapters=config.adapters,
+        prices=config.prices,
     )
 
 

@@ -24,7 +24,7 @@ from dataplane.edge.clientwrite import GuardedStream
 from dataplane.exceptions import AttemptFailed, ControlUnavailable, ErrorKind, OpenAIError
 from dataplane.link.needs import Outcomes, Ownership
 from dataplane.metrics import ShimMetrics
-from dataplane.outcomes import CLIENT_GONE, outcome
+from dataplane.outcomes import CLIENT_GONE, cached_count, outcome
 from dataplane.relay.background import Background
 from dataplane.relay.context import StreamContext
 from dataplane.relay.prefixblocks import prefix_blocks
@@ -178,11 +178,13 @@ class Proxy:
             raise classify_exception(exc) from exc
         reply = None
         tokens = (0, 0)
+        cached = 0
         if upstream.status == 200:
             # Nothing has reached the client yet: a garbled answer is retried on the next
             # backend like any other failure, never relayed as a 200.
             answer, reply = check_answer(ex.api, body)
             tokens = usage_counts(answer)
+            cached = cached_count(answer.get("usage") if isinstance(answer, dict) else None)
             if self._tracing.enabled:
                 self._tracing.annotate(genai.answer_attributes(answer))
             key = ex.api.owned(ex.client, answer)
@@ -190,7 +192,7 @@ class Proxy:
                 await self._own(ex, backend, key)
         elif self._tracing.enabled:
             self._tracing.annotate({"error.type": str(upstream.status)})
-        self._finished(ex, backend, upstream.status, reply, None, *tokens)
+        self._finished(ex, backend, upstream.status, reply, None, *tokens, cached)
         return web.Response(
             body=body,
             status=upstream.status,
@@ -256,7 +258,8 @@ class Proxy:
             )
             self._tracing.annotate(attrs if complete else {**attrs, "error.type": "stream"})
         self._finished(ex, end.served_by, 200 if complete else 502, end.reply, blocks,
-                       prompt_tokens or end.prompt_tokens, end.completion_tokens)  # fmt: skip
+                       prompt_tokens or end.prompt_tokens, end.completion_tokens,
+                       end.cached_tokens)  # fmt: skip
 
     async def _relay_engine(
         self,
@@ -323,6 +326,7 @@ class Proxy:
         blocks: PrefixBlocks | None = None,
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
+        cached_tokens: int = 0,
     ) -> None:
         now = time.monotonic()
         first = ex.first_byte or now
@@ -334,6 +338,7 @@ class Proxy:
                 ex.request_id, backend.id, ex.client.model, status, shape=ex.shape,
                 started=ex.started, first_byte=ex.first_byte, now=now, reply=pinned,
                 prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, blocks=blocks,
+                cached_tokens=cached_tokens,
             )  # fmt: skip
         )
 

@@ -9,10 +9,10 @@ from the SnapshotWatch (dataplane/link/snapshots.py).
 
 When control is unreachable (docs/architecture.md#when-control-is-unreachable) the shim keeps
 serving: routes and failovers are decided here from the last snapshot (dataplane/link/degraded.py),
-each tenant's share of its limits counted here (baton/ledger.py), reports wait in bounded buffers
-(outcomes in the RouteStream, attempt failures and failover reports in the Outbox), and the
-Leader (dataplane/link/leader.py) probes control's health service until it answers again, then
-everything buffered is sent.
+each tenant's share of its limits and budgets counted here (dataplane/link/local_admission.py),
+reports wait in bounded buffers (outcomes in the RouteStream, attempt failures and failover
+reports in the Outbox), and the Leader (dataplane/link/leader.py) probes control's health
+service until it answers again, then everything buffered is sent.
 
 Given several addresses (`--control A,B,C`: control replicas, of which one leads) the link talks to
 one at a time, the leader, as the Leader knows it: every call reads its stub when it goes, and a
@@ -29,13 +29,13 @@ from collections.abc import Awaitable, Callable, Sequence
 import grpc
 
 from baton import wire
-from baton.ledger import Ledger
 from baton.model import Decision, FailoverReport, Failure, RequestOutcome, RequestShape
 from baton.v1 import routing_pb2, routing_pb2_grpc
 from dataplane.exceptions import ControlRefused, ControlUnavailable, StreamBroken
 from dataplane.link.calls import Calls
 from dataplane.link.degraded import DegradedRouter
 from dataplane.link.leader import Leader, Target
+from dataplane.link.local_admission import LocalAdmission
 from dataplane.link.needs import FleetView, GateAnswer
 from dataplane.link.outbox import TRANSIENT, Outbox, Report, not_leader
 from dataplane.link.routestream import RouteStream
@@ -94,9 +94,9 @@ class ControlLink:
         self._outbox = Outbox(max_buffered, up=self._leader.up, on_unreachable=lambda reason: None)
         self._calls = Calls(self._leader, self._metadata, route_timeout)
         self._local = DegradedRouter()
-        # While control is away: each tenant's share of its limits, counted here alone
-        # (baton/ledger.py). Requests control admitted are not in it.
-        self._ledger = Ledger()
+        # While control is away: each tenant's share of its limits and budgets, counted here
+        # alone (dataplane/link/local_admission.py). Requests control admitted are not in it.
+        self._admission = LocalAdmission()
         self._backends = wire.Backends()
         self._tasks: list[asyncio.Task[None]] = []
         self._degraded_routes = 0
@@ -183,22 +183,17 @@ class ControlLink:
             return refusal
         decision = self._decide_locally(shape.model)
         if not decision.backends:
-            self._ledger.cancel(request_id)
+            self._admission.cancel(request_id)
         return decision
 
     def _admit_locally(self, request_id: str, shape: RequestShape) -> Decision | None:
-        """The tenant's share of its limits, while control is away (None: admitted)."""
+        """The tenant's share of its limits and budgets, while control is away (None:
+        admitted)."""
         if not shape.tenant:
             return None
-        snap = self.fleet.snapshot
-        admission = self._ledger.admit(
-            request_id, shape.tenant, self.fleet.tenants.get(shape.tenant), shape.model,
-            shape.tokens_estimate(), time.time(), share=self.tenant_share,
-        )  # fmt: skip
-        if admission.refused is None:
-            return None
-        return Decision((), admission.refused, snap.version, admission.detail,
-                        quota=admission.quota)  # fmt: skip
+        return self._admission.admit(request_id, shape, self.fleet.snapshot,
+                                     self.fleet.tenants.get(shape.tenant), time.time(),
+                                     self.tenant_share)  # fmt: skip
 
     @property
     def tenant_share(self) -> int:
@@ -321,10 +316,7 @@ class ControlLink:
         return Report(kind, send)
 
     def finished(self, outcome: RequestOutcome) -> None:
-        self._ledger.finished(
-            outcome.request_id, outcome.prompt_tokens, outcome.completion_tokens,
-            outcome.engine_refused,
-        )  # fmt: skip
+        self._admission.finished(outcome, self.fleet.snapshot, time.time())
         self._stream.report(wire.outcome_to_pb(outcome))
 
     async def _flusher(self) -> None:

@@ -18,6 +18,7 @@ import aiohttp
 from baton.model import Backend, Failure
 from dataplane.exceptions import AttemptFailed, StreamFailed
 from dataplane.link.needs import FailoverAdvice, FailoverAudit
+from dataplane.outcomes import cached_count
 from dataplane.relay.context import StreamContext
 from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume.attempt import TOKEN_KINDS, Resumer
@@ -51,6 +52,7 @@ class Relayed:
     model: str | None
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int  # of the prompt, as the engine's usage said (priced apart)
 
 
 class StreamRelay:
@@ -141,6 +143,7 @@ class StreamRelay:
             model=st.ident.model,
             prompt_tokens=inputs,
             completion_tokens=outputs,
+            cached_tokens=cached_count(st.usage),
         )
 
     def finished_upstreams(self) -> list[aiohttp.ClientResponse]:

@@ -362,8 +362,8 @@ ROW = {"id": "acme", "priority": "batch", "weight": 2,
 def test_a_tenant_shows_its_limits_and_key_ids() -> None:
     header, line = render.tenants([ROW]).splitlines()
     assert header.split() == ["ID", "PRIORITY", "WEIGHT", "CONCURRENT", "RPM", "TPM", "MODELS",
-                              "KEYS"]  # fmt: skip
-    assert line.split()[:7] == ["acme", "batch", "2", "-", "60", "-", "a,b"]
+                              "BUDGETS", "KEYS"]  # fmt: skip
+    assert line.split()[:8] == ["acme", "batch", "2", "-", "60", "-", "a,b", "-"]
     assert "0123456789ab (2027-01-15T08:00:00+00:00), ba9876543210 (config)" in line
     assert render.tenants([]).startswith("no tenants")
 
