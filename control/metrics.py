@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from baton.model import HealthState, Snapshot
+from baton.pricing import amount
 from baton.tenancy import FILE_TENANT
 from control.fleet.registry import Registry
 from control.pairs.flow import PairFlow
@@ -221,6 +222,12 @@ class TenantCollector(Collector):
         for labels, n in sorted(by_label.items()):
             reached.add_metric(list(labels), n)
         yield reached
+        yield GaugeMetricFamily(
+            "baton_spend_unwritten",
+            "Tenants' settled spend not yet written to fleet.db (currency units): what a crash "
+            "of control would lose now.",
+            float(amount(book.spend.unwritten_units)),
+        )
         if self._queued is not None:
             waiting = GaugeMetricFamily(
                 "baton_queued_requests",

@@ -109,6 +109,11 @@ class TenantBook:
 
     # -- configuration ------------------------------------------------------------------
 
+    @property
+    def spend(self) -> SpendLedger:
+        """The spend ledger (its rows are what control/server/spend_flush.py writes)."""
+        return self._spend
+
     def all(self) -> tuple[Tenant, ...]:
         return tuple(self._tenants[i] for i in sorted(self._tenants))
 

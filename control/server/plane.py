@@ -31,6 +31,7 @@ from control.fleet.db import Configured, FleetDB, configured
 from control.fleet.kv_subscribers import KvSubscribers
 from control.fleet.load_poller import run_load_poller
 from control.fleet.prober import run_prober
+from control.fleet.spend_db import SpendDB
 from control.metrics import ControlMetrics, ReplicaCollector
 from control.pairs.flow import PairFlow
 from control.replicas.election import Member
@@ -50,6 +51,7 @@ from control.server.build import (
 from control.server.part import ALONE, Joined, Part
 from control.server.pending import PendingPairs
 from control.server.scrape import serve_metrics
+from control.server.spend_flush import SpendFlusher
 from control.signals.facts import Facts
 from control.signals.published import fetch_facts
 
@@ -99,6 +101,13 @@ class ControlPlane:
         # control joins its group, and for good when it is no replica.
         self._part: Part = ALONE
         self._build_state(config, data_dir, keep_fleet and not store)
+        # Tenants' spend per budget period, kept in fleet.db a second at a time (a replica's
+        # control plane keeps it in memory only, for now: docs/tenants.md#budgets).
+        self._spend: SpendFlusher | None = None
+        if data_dir is not None and not store:
+            ledger = self.registry.tenants.spend
+            self._spend = SpendFlusher(ledger, SpendDB(data_dir / "fleet.db"), clock)
+            self._spend.restore()
         self._listen = listen
         self._tls = tls  # (certificate chain PEM, private key PEM): gRPC over TLS
         self._shim_token = shim_token
@@ -242,6 +251,8 @@ class ControlPlane:
             self._tasks.append(watch)
         self._tasks.append(asyncio.create_task(self._expire_load()))
         self._tasks.append(asyncio.create_task(self._flush_events()))
+        if self._spend is not None:
+            self._tasks.append(asyncio.create_task(self._spend.run()))
         # Queued requests, and requests waiting for an adapter's load (adapters may be found
         # on the engines at any time).
         self._tasks.append(asyncio.create_task(self._drain_queue(routing)))
@@ -342,3 +353,5 @@ class ControlPlane:
             self._event_file.close()
         if self._db is not None:
             self._db.close()
+        if self._spend is not None:
+            self._spend.close()

@@ -46,6 +46,10 @@ class SpendFlusher:
         self._ledger.written(rows, self._clock())
         return len(rows)
 
+    def close(self) -> None:
+        self.flush()
+        self._db.close()
+
     async def run(self) -> None:
         try:
             while True:
