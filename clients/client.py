@@ -163,6 +163,11 @@ def _usage(u: admin_pb2.TenantUsage) -> dict[str, Any]:
     }
 
 
+def _price(p: admin_pb2.ModelPrice) -> dict[str, Any]:
+    return {"model": p.model, "input": p.price.input, "cached_input": p.price.cached_input,
+            "output": p.price.output}  # fmt: skip
+
+
 def _standing(s: admin_pb2.BudgetStanding) -> dict[str, Any]:
     return {"budget": wire_money.budget_from_pb(s.budget).text(), "spent": s.spent,
             "in_flight": s.in_flight, "remaining": s.remaining,
@@ -543,6 +548,25 @@ class AdminClient:
         unpriced = list(resp.unpriced_models)  # type: ignore[attr-defined]
         return [{**_usage(u), "unpriced_models": unpriced}
                 for u in resp.usage]  # type: ignore[attr-defined]  # fmt: skip
+
+    def prices(self) -> dict[str, Any]:
+        """{"prices": [{model, input, cached_input, output}], "unpriced_models": [...]}:
+        per million tokens, as exact decimal strings."""
+        resp: admin_pb2.ListPricesResponse = self._call(  # type: ignore[assignment]
+            "ListPrices", admin_pb2.ListPricesRequest())
+        return {"prices": [_price(p) for p in resp.prices],
+                "unpriced_models": list(resp.unpriced_models)}  # fmt: skip
+
+    def set_price(
+        self, model: str, input: str, output: str, cached_input: str = ""
+    ) -> dict[str, Any]:
+        price = fleet_pb2.Price(input=input, output=output, cached_input=cached_input)
+        resp: admin_pb2.SetPriceResponse = self._call(  # type: ignore[assignment]
+            "SetPrice", admin_pb2.SetPriceRequest(model=model, price=price))
+        return _price(resp.price)
+
+    def unset_price(self, model: str) -> None:
+        self._call("UnsetPrice", admin_pb2.UnsetPriceRequest(model=model))
 
     def follow(
         self, *, kind: str = "", request_id: str = "", backend_id: str = ""

@@ -13,7 +13,8 @@ _exceptions.py). control/api/errors.py maps each to the gRPC status an admin or 
     │   ├── PairNotFound      no pair has the id (NOT_FOUND)
     │   ├── PairExists        the draft is paired already (ALREADY_EXISTS)
     │   ├── TenantExists      add: the tenant id is taken (ALREADY_EXISTS)
-    │   └── TenantNotFound    no tenant (or no key of the tenant) has the id (NOT_FOUND)
+    │   ├── TenantNotFound    no tenant (or no key of the tenant) has the id (NOT_FOUND)
+    │   └── PriceNotFound     unset: the model has no price (NOT_FOUND)
     └── StoreError            a replica's write to its store (etcd) was not made
         ├── StoreUnavailable  etcd did not answer (UNAVAILABLE)
         ├── NotLeader         this replica does not lead (FAILED_PRECONDITION)
@@ -72,6 +73,10 @@ class TenantNotFound(RegistryError):
 
 
 class AdapterNotFound(RegistryError):
+    pass
+
+
+class PriceNotFound(RegistryError):
     pass
 
 

@@ -1385,3 +1385,158 @@ class UnloadAdapterResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UnloadAdapterResponse: _TypeAlias = UnloadAdapterResponse  # noqa: Y015
+
+@_typing.final
+class ListPricesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPricesRequest: _TypeAlias = ListPricesRequest  # noqa: Y015
+
+@_typing.final
+class ModelPrice(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    PRICE_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    @_builtins.property
+    def price(self) -> _fleet_pb2.Price: ...
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        price: _fleet_pb2.Price | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["price", b"price"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "price", b"price"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelPrice: _TypeAlias = ModelPrice  # noqa: Y015
+
+@_typing.final
+class ListPricesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRICES_FIELD_NUMBER: _builtins.int
+    UNPRICED_MODELS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def prices(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelPrice]:
+        """Every price, by model name."""
+
+    @_builtins.property
+    def unpriced_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Models the fleet serves that have no price: they cost 0 against every budget."""
+
+    def __init__(
+        self,
+        *,
+        prices: _abc.Iterable[Global___ModelPrice] | None = ...,
+        unpriced_models: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prices", b"prices", "unpriced_models", b"unpriced_models"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPricesResponse: _TypeAlias = ListPricesResponse  # noqa: Y015
+
+@_typing.final
+class SetPriceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    PRICE_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    @_builtins.property
+    def price(self) -> _fleet_pb2.Price:
+        """Decimal strings of currency units per million tokens, at most 6 decimals; input and
+        output are required, cached_input empty means input's price.
+        """
+
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        price: _fleet_pb2.Price | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["price", b"price"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "price", b"price"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetPriceRequest: _TypeAlias = SetPriceRequest  # noqa: Y015
+
+@_typing.final
+class SetPriceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRICE_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_VERSION_FIELD_NUMBER: _builtins.int
+    snapshot_version: _builtins.int
+    """The snapshot that carries it to shims."""
+    @_builtins.property
+    def price(self) -> Global___ModelPrice: ...
+    def __init__(
+        self,
+        *,
+        price: Global___ModelPrice | None = ...,
+        snapshot_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["price", b"price"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["price", b"price", "snapshot_version", b"snapshot_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetPriceResponse: _TypeAlias = SetPriceResponse  # noqa: Y015
+
+@_typing.final
+class UnsetPriceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnsetPriceRequest: _TypeAlias = UnsetPriceRequest  # noqa: Y015
+
+@_typing.final
+class UnsetPriceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SNAPSHOT_VERSION_FIELD_NUMBER: _builtins.int
+    snapshot_version: _builtins.int
+    def __init__(
+        self,
+        *,
+        snapshot_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["snapshot_version", b"snapshot_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnsetPriceResponse: _TypeAlias = UnsetPriceResponse  # noqa: Y015

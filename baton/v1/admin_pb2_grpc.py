@@ -150,6 +150,21 @@ class AdminServiceStub:
                 request_serializer=baton_dot_v1_dot_admin__pb2.UnloadAdapterRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_admin__pb2.UnloadAdapterResponse.FromString,
                 _registered_method=True)
+        self.ListPrices = channel.unary_unary(
+                '/baton.v1.AdminService/ListPrices',
+                request_serializer=baton_dot_v1_dot_admin__pb2.ListPricesRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.ListPricesResponse.FromString,
+                _registered_method=True)
+        self.SetPrice = channel.unary_unary(
+                '/baton.v1.AdminService/SetPrice',
+                request_serializer=baton_dot_v1_dot_admin__pb2.SetPriceRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.SetPriceResponse.FromString,
+                _registered_method=True)
+        self.UnsetPrice = channel.unary_unary(
+                '/baton.v1.AdminService/UnsetPrice',
+                request_serializer=baton_dot_v1_dot_admin__pb2.UnsetPriceRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.UnsetPriceResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -305,6 +320,28 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPrices(self, request, context):
+        """Prices per million tokens, by model (an adapter under its own name), changed at run time
+        over the config file's [prices."MODEL"]; kept like the rest of the configuration and
+        published in the next snapshot. A bad price is INVALID_ARGUMENT naming its field.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetPrice(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnsetPrice(self, request, context):
+        """NOT_FOUND when the model has no price.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -422,6 +459,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.UnloadAdapter,
                     request_deserializer=baton_dot_v1_dot_admin__pb2.UnloadAdapterRequest.FromString,
                     response_serializer=baton_dot_v1_dot_admin__pb2.UnloadAdapterResponse.SerializeToString,
+            ),
+            'ListPrices': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPrices,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.ListPricesRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.ListPricesResponse.SerializeToString,
+            ),
+            'SetPrice': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPrice,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.SetPriceRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.SetPriceResponse.SerializeToString,
+            ),
+            'UnsetPrice': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnsetPrice,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.UnsetPriceRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.UnsetPriceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1046,6 +1098,87 @@ class AdminService:
             '/baton.v1.AdminService/UnloadAdapter',
             baton_dot_v1_dot_admin__pb2.UnloadAdapterRequest.SerializeToString,
             baton_dot_v1_dot_admin__pb2.UnloadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPrices(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/ListPrices',
+            baton_dot_v1_dot_admin__pb2.ListPricesRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.ListPricesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPrice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/SetPrice',
+            baton_dot_v1_dot_admin__pb2.SetPriceRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.SetPriceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnsetPrice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/UnsetPrice',
+            baton_dot_v1_dot_admin__pb2.UnsetPriceRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.UnsetPriceResponse.FromString,
             options,
             channel_credentials,
             insecure,

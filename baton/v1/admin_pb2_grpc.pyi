@@ -70,6 +70,14 @@ class AdminServiceStub:
     """
     LoadAdapter: _grpc.UnaryUnaryMultiCallable[_admin_pb2.LoadAdapterRequest, _admin_pb2.LoadAdapterResponse]
     UnloadAdapter: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UnloadAdapterRequest, _admin_pb2.UnloadAdapterResponse]
+    ListPrices: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListPricesRequest, _admin_pb2.ListPricesResponse]
+    """Prices per million tokens, by model (an adapter under its own name), changed at run time
+    over the config file's [prices."MODEL"]; kept like the rest of the configuration and
+    published in the next snapshot. A bad price is INVALID_ARGUMENT naming its field.
+    """
+    SetPrice: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetPriceRequest, _admin_pb2.SetPriceResponse]
+    UnsetPrice: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UnsetPriceRequest, _admin_pb2.UnsetPriceResponse]
+    """NOT_FOUND when the model has no price."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -113,6 +121,14 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """
     LoadAdapter: _aio.UnaryUnaryMultiCallable[_admin_pb2.LoadAdapterRequest, _admin_pb2.LoadAdapterResponse]  # type: ignore[assignment]
     UnloadAdapter: _aio.UnaryUnaryMultiCallable[_admin_pb2.UnloadAdapterRequest, _admin_pb2.UnloadAdapterResponse]  # type: ignore[assignment]
+    ListPrices: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListPricesRequest, _admin_pb2.ListPricesResponse]  # type: ignore[assignment]
+    """Prices per million tokens, by model (an adapter under its own name), changed at run time
+    over the config file's [prices."MODEL"]; kept like the rest of the configuration and
+    published in the next snapshot. A bad price is INVALID_ARGUMENT naming its field.
+    """
+    SetPrice: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetPriceRequest, _admin_pb2.SetPriceResponse]  # type: ignore[assignment]
+    UnsetPrice: _aio.UnaryUnaryMultiCallable[_admin_pb2.UnsetPriceRequest, _admin_pb2.UnsetPriceResponse]  # type: ignore[assignment]
+    """NOT_FOUND when the model has no price."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Operator-facing fleet management. Requires the admin bearer token when control has one."""
@@ -291,5 +307,31 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.UnloadAdapterRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.UnloadAdapterResponse, _abc.Awaitable[_admin_pb2.UnloadAdapterResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListPrices(
+        self,
+        request: _admin_pb2.ListPricesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListPricesResponse, _abc.Awaitable[_admin_pb2.ListPricesResponse]]:
+        """Prices per million tokens, by model (an adapter under its own name), changed at run time
+        over the config file's [prices."MODEL"]; kept like the rest of the configuration and
+        published in the next snapshot. A bad price is INVALID_ARGUMENT naming its field.
+        """
+
+    @_abc_1.abstractmethod
+    def SetPrice(
+        self,
+        request: _admin_pb2.SetPriceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SetPriceResponse, _abc.Awaitable[_admin_pb2.SetPriceResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UnsetPrice(
+        self,
+        request: _admin_pb2.UnsetPriceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.UnsetPriceResponse, _abc.Awaitable[_admin_pb2.UnsetPriceResponse]]:
+        """NOT_FOUND when the model has no price."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -18,6 +18,7 @@ from baton.tenancy import KEY_PREFIX, digest
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control.api import convert
 from control.api.admin_adapters import AdapterAdmin, AdapterOps
+from control.api.admin_prices import PriceAdmin
 from control.api.errors import Context, Trailing, map_errors, within
 from control.audit.log import Event, EventQuery
 from control.audit.payloads import Admin, Payload
@@ -59,7 +60,7 @@ def _write(
     return serialized
 
 
-class AdminServicer(AdapterAdmin, admin_pb2_grpc.AdminServiceServicer):
+class AdminServicer(AdapterAdmin, PriceAdmin, admin_pb2_grpc.AdminServiceServicer):
     def __init__(
         self,
         router: Router,
@@ -70,7 +71,7 @@ class AdminServicer(AdapterAdmin, admin_pb2_grpc.AdminServiceServicer):
         status: Callable[[admin_pb2.GetStatusResponse], Awaitable[None]] | None = None,
         adapters: AdapterOps | None = None,
     ) -> None:
-        # Awaited after each change an operator made (backends, drains, pairs, tenants):
+        # Awaited after each change an operator made (backends, drains, pairs, tenants, prices):
         # control persists its configuration there, off the routing path. A replica writes
         # it to etcd; if that fails (StoreError) the change was undone, and the caller is
         # told so.

@@ -79,13 +79,14 @@ class KvChange:
 class Admin:
     """An operator's change to the fleet. `action`: add, remove, drain, undrain, clear-pins
     (backends); add-tenant, update-tenant, remove-tenant, add-tenant-key, revoke-tenant-key;
-    the other fields are said by the actions they belong to. A tenant's key is never said:
-    only its key id (the first hex digits of its digest)."""
+    set-price, unset-price (a model's price); the other fields are said by the actions they
+    belong to. A tenant's key is never said: only its key id (the first hex digits of its
+    digest)."""
 
     KIND: ClassVar[EventKind] = EventKind.ADMIN
     action: str
     url: str | None = None  # add
-    model: str | None = None  # add
+    model: str | None = None  # add, set-price, unset-price
     kind_of_backend: str | None = None  # add
     role: str | None = None  # add
     migrate: bool | None = None  # drain
@@ -97,6 +98,8 @@ class Admin:
     # add-tenant, update-tenant: the limits set, e.g. "concurrent=4 requests_per_minute=60
     # models=a,b"; "" for none
     limits: str | None = None
+    # set-price: per million tokens, e.g. "input=3 cached_input=0.3 output=15"
+    price: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,11 +2,12 @@
 control's data dir, so a restarted control plane comes back with the same fleet.
 
 Kept: backends added at run time, config backends removed at run time, drains (with their
-`migrate` flag), speculative pairs (as bound: draft, the target the operator chose, k) and
+`migrate` flag), speculative pairs (as bound: draft, the target the operator chose, k),
 tenants added, changed or removed at run time (their keys by digest only: a key itself is
-never written). Not kept: health, pins, load and tenants' use (soft state, rebuilt from
-probes and traffic), and pair facts (read anew from both backends before a pair is bound
-again: what held before a restart is not trusted).
+never written), and prices set or unset at run time (control/fleet/prices.py). Not kept:
+health, pins, load and tenants' use (soft state, rebuilt from probes and traffic), and pair
+facts (read anew from both backends before a pair is bound again: what held before a
+restart is not trusted).
 
 The config file stays the base: the database holds an overlay on it (added, removed), so a
 backend or tenant later added to the config file still appears. One removed at run time
@@ -30,13 +31,14 @@ from typing import Any
 
 from baton.budgets import Budget, parse_budgets
 from baton.model import Backend, BackendId
-from baton.pricing import amount
+from baton.pricing import Price, PriceTable, amount
 from baton.tenancy import Limits, Priority, Tenant, TenantKey
 from control.backend_spec import make_backend
 from control.exceptions import ConfigError
+from control.fleet.prices import laid_over, price_from_row, price_overlay, price_row
 from control.settings import PairSpec
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS added (
     id TEXT PRIMARY KEY, url TEXT NOT NULL, model TEXT NOT NULL,
@@ -55,8 +57,13 @@ CREATE TABLE IF NOT EXISTS tenants (
     limits TEXT NOT NULL, keys TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS tenants_removed (id TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS prices (
+    model TEXT PRIMARY KEY, input TEXT NOT NULL, cached_input TEXT NOT NULL, output TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS prices_unset (model TEXT PRIMARY KEY);
 """
-_TABLES = ("added", "removed", "drained", "pairs", "tenants", "tenants_removed")
+_TABLES = ("added", "removed", "drained", "pairs", "tenants", "tenants_removed", "prices",
+           "prices_unset")  # fmt: skip
 
 _ADDED_LATER = ("api_key_env", "reasoning_parser", "tool_parser", "kv_events",
                 "kv_events_replay")  # fmt: skip
@@ -73,6 +80,8 @@ class Configured:
     pairs: tuple[PairSpec, ...] = ()
     tenants: tuple[Tenant, ...] = ()  # added or changed at run time (keys by digest)
     tenants_removed: frozenset[str] = frozenset()  # config tenants removed at run time
+    prices: Mapping[str, Price] = field(default_factory=dict)  # set at run time, by model
+    prices_unset: frozenset[str] = frozenset()  # config prices unset at run time
 
 
 def overlay(config: Iterable[Backend], current: Iterable[Backend]) -> Configured:
@@ -117,6 +126,11 @@ def tenants(config: Iterable[Tenant], saved: Configured) -> list[Tenant]:
     out = {t.id: t for t in config if t.id not in saved.tenants_removed}
     out.update((t.id, t) for t in saved.tenants)
     return list(out.values())
+
+
+def prices(config: PriceTable, saved: Configured) -> PriceTable:
+    """The config's prices with those set and unset at run time laid over them."""
+    return laid_over(config, saved.prices, saved.prices_unset)
 
 
 def shadowed_tenants(config: Iterable[Tenant], saved: Configured) -> list[Tenant]:
@@ -192,7 +206,8 @@ class FleetDB:
             columns = {r[1] for r in self._db.execute("PRAGMA table_info(added)")}
             # Columns later versions added, in order (version 1 had no key, 2 no parsers, 3 no
             # KV events, 4 no ranks): an older database gets them with their empty default,
-            # which is what it meant. Version 5 had no tenant tables: _SCHEMA makes them empty.
+            # which is what it meant. Version 5 had no tenant tables, 6 no price tables: _SCHEMA
+            # makes them empty.
             for column in _ADDED_LATER:
                 if column not in columns:
                     self._db.execute(
@@ -225,6 +240,11 @@ class FleetDB:
                     for row in q("SELECT id, priority, weight, limits, keys FROM tenants")
                 ),
                 tenants_removed=frozenset(r[0] for r in q("SELECT id FROM tenants_removed")),
+                prices={
+                    r[0]: price_from_row(*r)
+                    for r in q("SELECT model, input, cached_input, output FROM prices")
+                },
+                prices_unset=frozenset(r[0] for r in q("SELECT model FROM prices_unset")),
             )
         except (sqlite3.DatabaseError, ConfigError) as exc:
             raise ConfigError(f"{self.path}: {exc}") from None
@@ -256,6 +276,10 @@ class FleetDB:
                 "INSERT INTO tenants_removed VALUES (?)",
                 [(i,) for i in sorted(state.tenants_removed)],
             )
+            db.executemany("INSERT INTO prices VALUES (?, ?, ?, ?)",
+                           [price_row(m, p) for m, p in sorted(state.prices.items())])  # fmt: skip
+            db.executemany("INSERT INTO prices_unset VALUES (?)",
+                           [(m,) for m in sorted(state.prices_unset)])  # fmt: skip
         except BaseException:
             db.execute("ROLLBACK")
             raise
@@ -273,11 +297,15 @@ def configured(
     *,
     config_tenants: Iterable[Tenant] = (),
     current_tenants: Iterable[Tenant] = (),
+    config_prices: PriceTable | None = None,
+    current_prices: PriceTable | None = None,
 ) -> Configured:
-    """What to save: the backend overlay, the drains, the pairs (one per draft) and the
-    tenant overlay, now."""
+    """What to save: the backend overlay, the drains, the pairs (one per draft), the
+    tenant overlay and the price overlay, now."""
     diff = overlay(config, current)
     unique = tuple({p.draft: p for p in pairs}.values())
     added, removed = tenant_overlay(config_tenants, current_tenants)
+    base = config_prices or PriceTable()
+    priced, unset = price_overlay(base, base if current_prices is None else current_prices)
     return Configured(diff.added, diff.removed, {str(k): v for k, v in drained.items()}, unique,
-                      added, removed)  # fmt: skip
+                      added, removed, priced, unset)  # fmt: skip

@@ -191,6 +191,13 @@ class TenantBook:
                 raise
             self._changed()
 
+    def set_prices(self, prices: PriceTable) -> None:
+        """The price table from now on (`baton prices`, or the store's): requests admitted
+        or settled after this are priced by it, and the next snapshot carries it to shims."""
+        if prices != self.prices:
+            self.prices = prices
+            self._changed()
+
     def _check(self, t: Tenant) -> None:
         why = id_problem(t.id)
         if why is not None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from baton.model import Backend, BackendId
+from baton.pricing import PriceTable
 from baton.tenancy import Tenant
-from control.fleet.db import Configured, fleet, tenants
+from control.fleet.db import Configured, fleet, prices, tenants
 from control.fleet.registry import Registry
 from control.pairs.flow import PairFlow
 from control.settings import PairSpec
@@ -25,6 +26,7 @@ def reconcile(
     config_backends: Iterable[Backend] = (),
     config_tenants: Iterable[Tenant] = (),
     config_pairs: Iterable[PairSpec] = (),
+    config_prices: PriceTable | None = None,
 ) -> list[PairSpec]:
     """Changes the registry to `saved` laid over the config file; returns the pairs to bind
     once both sides' facts are read (a bound pair the store no longer holds is unbound)."""
@@ -45,6 +47,7 @@ def reconcile(
         if drained_id not in saved.drained and drained_id in want:
             registry.undrain(drained_id)
     registry.tenants.replace(tenants(config_tenants, saved))
+    registry.tenants.set_prices(prices(config_prices or PriceTable(), saved))
     # As at a restart: the config file's pairs, and those bound at run time over them.
     wanted = {p.draft: p for p in (*config_pairs, *saved.pairs)}
     for p in list(pairs):

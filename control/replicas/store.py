@@ -31,6 +31,7 @@ from control.audit.log import Event
 from control.backend_spec import make_backend
 from control.exceptions import ConfigError, NotLeader, StoreConflict
 from control.fleet.db import BACKEND_COLUMNS, Configured, tenant_from_row, tenant_row
+from control.fleet.prices import price_from_row, price_row
 from control.replicas import etcd
 from control.replicas.etcd import Etcd
 from control.settings import PairSpec
@@ -57,6 +58,8 @@ def encode(c: Configured) -> bytes:
             "pairs": [[p.draft, p.target, p.num_draft_tokens] for p in c.pairs],
             "tenants": [tenant_row(t) for t in c.tenants],
             "tenants_removed": sorted(c.tenants_removed),
+            "prices": [price_row(m, p) for m, p in sorted(c.prices.items())],
+            "prices_unset": sorted(c.prices_unset),
         }
     )
 
@@ -75,6 +78,9 @@ def decode(raw: bytes) -> Configured:
             pairs=tuple(PairSpec(str(a), str(b), int(k)) for a, b, k in d["pairs"]),
             tenants=tuple(tenant_from_row(*row) for row in d["tenants"]),
             tenants_removed=frozenset(map(str, d["tenants_removed"])),
+            # Absent in what a Baton before run-time prices wrote: none set, none unset.
+            prices={row[0]: price_from_row(*row) for row in d.get("prices", [])},
+            prices_unset=frozenset(map(str, d.get("prices_unset", []))),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"the configuration in etcd is unreadable ({exc})") from None

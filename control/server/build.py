@@ -16,9 +16,10 @@ from control.api.routing import RoutingServicer
 from control.audit.durable import EventFile
 from control.audit.log import Entry, EventLog
 from control.config import Config
-from control.fleet.db import Configured, fleet, shadowed, shadowed_tenants, tenants
+from control.fleet.db import Configured, fleet, prices, shadowed, shadowed_tenants, tenants
 from control.fleet.owners import OwnerTable
 from control.fleet.pins import PinTable
+from control.fleet.prices import shadowed_prices
 from control.fleet.registry import Registry
 
 log = logging.getLogger("baton.control")
@@ -44,7 +45,7 @@ def registry_for(
         kv_capacity=config.kv.capacity,
         tenants=tenants(config.tenants, saved),
         adapters=config.adapters,
-        prices=config.prices,
+        prices=prices(config.prices, saved),
     )
 
 
@@ -89,6 +90,15 @@ def warn_shadowed(config: Config, saved: Configured, data_dir: Path | None) -> N
             "(priority, limits, key_sha256) is not used. To use the file's again, stop "
             "control and run: sqlite3 %s \"DELETE FROM tenants WHERE id = '%s'\"",
             t.id, db, db, t.id,
+        )  # fmt: skip
+    changed = [(m, "set") for m in shadowed_prices(config.prices, saved.prices)]
+    changed += [(m, "unset") for m in sorted(saved.prices_unset & set(config.prices.prices))]
+    for model, how in changed:
+        log.warning(
+            "price of %r: %s at run time (saved in %s), which replaces the config file's "
+            "[prices.%r]: run-time changes are the operator's latest word. `baton prices set` "
+            "changes it again.", model, how, data_dir / "fleet.db" if data_dir else "fleet.db",
+            model,
         )  # fmt: skip
 
 

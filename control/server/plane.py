@@ -191,6 +191,7 @@ class ControlPlane:
         wanted = reconcile(
             self.registry, self.pairs, configured, config_backends=self._config.backends,
             config_tenants=self._config.tenants, config_pairs=self._config.pairs,
+            config_prices=self._config.prices,
         )  # fmt: skip
         self._pending.add(wanted)
         if self._pending and (self._binding is None or self._binding.done()):
@@ -306,7 +307,8 @@ class ControlPlane:
         reg = self.registry
         return configured(self._config.backends, reg.backends, reg.drained(),
                           self._pending.configured(), config_tenants=self._config.tenants,
-                          current_tenants=reg.tenants.all())  # fmt: skip
+                          current_tenants=reg.tenants.all(), config_prices=self._config.prices,
+                          current_prices=reg.tenants.prices)  # fmt: skip
 
     async def _flush_events(self) -> None:
         while True:

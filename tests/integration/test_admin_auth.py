@@ -61,6 +61,7 @@ def state(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Any]:
     pairs = stub.ListPairs(admin_pb2.ListPairsRequest(), **kw)
     tenants = stub.ListTenants(admin_pb2.ListTenantsRequest(), **kw)
     adapters = stub.ListAdapters(admin_pb2.ListAdaptersRequest(), **kw)
+    prices = stub.ListPrices(admin_pb2.ListPricesRequest(), **kw)
     audit = [
         (e.seq, e.kind, e.backend_id, e.json)
         for kind in ("admin", "pair")
@@ -80,6 +81,7 @@ def state(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Any]:
         "audit": audit,
         "tenants": sorted(t.SerializeToString(deterministic=True) for t in tenants.tenants),
         "adapters": sorted(a.SerializeToString(deterministic=True) for a in adapters.adapters),
+        "prices": prices.SerializeToString(deterministic=True),
     }
 
 
@@ -160,6 +162,15 @@ CALLS: dict[str, Call] = {
         "UnloadAdapter", lambda f: admin_pb2.UnloadAdapterRequest(name="intruder-lora")
     ),
     "ListAdapters": _unary("ListAdapters", lambda f: admin_pb2.ListAdaptersRequest()),
+    # Prices (the fleet has none: with the token, the unset answers NOT_FOUND).
+    "SetPrice": _unary(
+        "SetPrice",
+        lambda f: admin_pb2.SetPriceRequest(
+            model=MODEL, price=fleet_pb2.Price(input="1", output="2")
+        ),
+    ),
+    "UnsetPrice": _unary("UnsetPrice", lambda f: admin_pb2.UnsetPriceRequest(model=MODEL)),
+    "ListPrices": _unary("ListPrices", lambda f: admin_pb2.ListPricesRequest()),
 }
 
 
@@ -223,7 +234,11 @@ def test_with_the_token_mutations_and_the_watch_work(auth_fleet: AuthFleet) -> N
             lambda: stub.ClearPins(clear_none, **kw).cleared == 0 and bool(seen), interval=0.1
         ), "the right token's watch saw no admin event"
         assert json.loads(seen[0].event.json)["kind"] == "admin"
+        CALLS["SetPrice"](auth_fleet, RIGHT)
+        assert state(stub)["prices"] != before["prices"]
+        CALLS["UnsetPrice"](auth_fleet, RIGHT)
         after = state(stub)
+        assert after["prices"] == before["prices"]
         assert after["backends"] == before["backends"]
         assert after["pins"] == before["pins"] and after["pairs"] == before["pairs"]
     finally:

@@ -142,5 +142,5 @@ def test_an_older_database_is_migrated_keeping_its_rows(tmp_path: Path, version:
     db.close()
     assert FleetDB(path).load().added == (kept, parsed)
     check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     check.close()
