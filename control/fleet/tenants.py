@@ -20,6 +20,7 @@ from baton.ledger import Admission, Ledger
 from baton.pricing import PriceTable
 from baton.spend import SpendLedger
 from baton.tenancy import Limits, Priority, Tenant, TenantKey, id_problem
+from baton.usage_days import UsageDays
 from control.exceptions import ConfigError, TenantExists, TenantNotFound
 
 USAGE_MINUTES = 24 * 60  # how far back `baton tenants usage --since` can look
@@ -93,6 +94,7 @@ class TenantBook:
         self._ledger = Ledger()
         self.prices = prices if prices is not None else PriceTable()
         self._spend = SpendLedger()
+        self._days = UsageDays()  # per tenant, model and UTC day: reports and export
         # Budgets reached (soft or hard), by (tenant, period, soft): a metric's counts.
         self.reached: Counter[tuple[str, str, bool]] = Counter()
         self._counts: dict[str, _Minutes] = {}
@@ -113,6 +115,11 @@ class TenantBook:
     def spend(self) -> SpendLedger:
         """The spend ledger (its rows are what control/server/spend_flush.py writes)."""
         return self._spend
+
+    @property
+    def days(self) -> UsageDays:
+        """Use per tenant, model and UTC day (written beside the spend, the same way)."""
+        return self._days
 
     def all(self) -> tuple[Tenant, ...]:
         return tuple(self._tenants[i] for i in sorted(self._tenants))
@@ -298,6 +305,9 @@ class TenantBook:
                 counts.prompt_tokens += prompt_tokens
                 counts.completion_tokens += completion_tokens
                 counts.cost += cost or 0
+            if served and not refused:
+                self._days.add(request_id, tid, model, prompt_tokens, cached_tokens,
+                               completion_tokens, cost or 0, now)  # fmt: skip
         for s in crossed or ():
             self.reached[(s.tenant_id, s.budget.calendar.period.value, s.budget.soft)] += 1
         return crossed or ()
