@@ -16,6 +16,7 @@ from clients.adapter_commands import add_adapter_commands
 from clients.client import DEFAULT_CONTROL, AdminClient, AdminError
 from clients.price_commands import add_price_commands
 from clients.tenant_commands import add_tenant_commands
+from clients.usage_commands import add_usage_commands
 
 
 def _admin_parent() -> argparse.ArgumentParser:
@@ -156,6 +157,7 @@ def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     sub.add_parser("status", parents=[parent], help="fleet summary").set_defaults(admin=cmd_status)
     _add_pin_and_pair_commands(sub, parent)
     add_tenant_commands(sub, parent)
+    add_usage_commands(sub, parent)
     add_adapter_commands(sub, parent)
     add_price_commands(sub, parent)
     _add_event_command(sub, parent)

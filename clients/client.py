@@ -568,6 +568,27 @@ class AdminClient:
     def unset_price(self, model: str) -> None:
         self._call("UnsetPrice", admin_pb2.UnsetPriceRequest(model=model))
 
+    def usage_days(
+        self, since: float | None = None, until: float | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Use per tenant, model and UTC day over the days that overlap [since, until), page
+        by page, in (day, tenant, model) order; cost a decimal string."""
+        request = admin_pb2.ExportUsageRequest()
+        if since is not None:
+            request.since.FromNanoseconds(int(since * 1e9))
+        if until is not None:
+            request.until.FromNanoseconds(int(until * 1e9))
+        while True:
+            resp: Any = self._call("ExportUsage", request)
+            for r in resp.rows:
+                yield {"day": r.day, "tenant": r.tenant_id, "model": r.model,
+                       "requests": r.requests, "prompt_tokens": r.prompt_tokens,
+                       "cached_tokens": r.cached_tokens,
+                       "completion_tokens": r.completion_tokens, "cost": r.cost}  # fmt: skip
+            if not resp.next_page_token:
+                return
+            request.page_token = resp.next_page_token
+
     def follow(
         self, *, kind: str = "", request_id: str = "", backend_id: str = ""
     ) -> Iterator[dict[str, Any]]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from baton.budgets import Budget
 from baton.tenancy import KEY_PREFIX, Priority, digest, key_id
-from clients import render
+from clients import render, usage_commands
 from clients.client import AdminClient, AdminError, TenantSpec
 
 UINT32 = 2**32 - 1
@@ -136,6 +136,9 @@ def cmd_key_revoke(args: argparse.Namespace, c: AdminClient) -> None:
 
 
 def cmd_usage(args: argparse.Namespace, c: AdminClient) -> None:
+    if args.by:
+        usage_commands.show_by(args, c)
+        return
     try:
         since = render.parse_since(args.since, time.time()) if args.since else None
     except ValueError as exc:
@@ -199,7 +202,11 @@ def add_tenant_commands(
     usage = tsub.add_parser("usage", parents=[parent],
                             help="requests, tokens and refusals per tenant")  # fmt: skip
     usage.add_argument("--since", default="", help="5m, 2h, or an ISO 8601 time (default: "
-                       "as far back as control keeps, 24 h at most, since it started)")  # fmt: skip
+                       "as far back as control keeps, 24 h at most, since it started; "
+                       "with --by: every day kept)")  # fmt: skip
+    usage.add_argument("--by", choices=usage_commands.BY, default=None,
+                       help="per tenant and UTC day, or per tenant and model, with cost "
+                       "(from fleet.db: as far back as it keeps)")  # fmt: skip
     usage.set_defaults(admin=cmd_usage)
     keys = tsub.add_parser("keys", help="a tenant's API keys (rotation: add, move, revoke)")
     ksub = keys.add_subparsers(dest="key_action", required=True)

@@ -16,6 +16,7 @@ from baton.model import HealthState, Snapshot
 from baton.pricing import amount
 from baton.tenancy import FILE_TENANT
 from control.fleet.registry import Registry
+from control.fleet.tenants import TenantBook
 from control.pairs.flow import PairFlow
 from control.signals.kv.index import KvState
 
@@ -159,10 +160,14 @@ class TenantCollector(Collector):
     `default` for the shims' flat key file; any other id (a tenant removed since) is `other`."""
 
     def __init__(
-        self, registry: Registry, queued: Callable[[], Mapping[str, int]] | None = None
+        self,
+        registry: Registry,
+        queued: Callable[[], Mapping[str, int]] | None = None,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self._registry = registry
         self._queued = queued
+        self._now = now  # control's clock: which budget period is current
 
     def collect(self) -> Iterator[Metric]:
         book = self._registry.tenants
@@ -222,6 +227,7 @@ class TenantCollector(Collector):
         for labels, n in sorted(by_label.items()):
             reached.add_metric(list(labels), n)
         yield reached
+        yield from _spend(book, self._now())
         yield GaugeMetricFamily(
             "baton_spend_unwritten",
             "Tenants' settled spend not yet written to fleet.db (currency units): what a crash "
@@ -237,6 +243,37 @@ class TenantCollector(Collector):
             for band, n in self._queued().items():
                 waiting.add_metric([band], n)
             yield waiting
+
+
+def _spend(book: TenantBook, now: float) -> Iterator[GaugeMetricFamily]:
+    """Each budgeted tenant's spend and what is left, per period ("day:UTC"): labels bounded
+    by the operator's tenants and their budgets. Budgets on one period share its spend; what
+    is left is the least of its hard budgets' (of its soft ones' where it has none)."""
+    spend = GaugeMetricFamily(
+        "baton_tenant_spend",
+        "Settled spend in the current period (currency units), by tenant and period.",
+        labels=["tenant", "period"],
+    )
+    remaining = GaugeMetricFamily(
+        "baton_tenant_budget_remaining",
+        "What the tenant's budget leaves in the current period (currency units, in-flight "
+        "estimates taken off), by tenant and period.",
+        labels=["tenant", "period"],
+    )
+    for t in book.all():
+        left: dict[str, tuple[bool, int]] = {}  # period -> (soft, remaining)
+        for s in book.standing(t.id, now):
+            period = s.budget.calendar.name
+            if period not in left:
+                spend.add_metric([t.id, period], float(amount(s.spent)))
+            best = left.get(period)
+            this = (s.budget.soft, s.remaining)
+            if best is None or this < best:  # hard before soft, then the least left
+                left[period] = this
+        for period, (_, units_left) in left.items():
+            remaining.add_metric([t.id, period], float(amount(units_left)))
+    yield spend
+    yield remaining
 
 
 class ReplicaCollector(Collector):
@@ -327,4 +364,4 @@ class ControlMetrics:
             registry=r,
         )
         r.register(FleetCollector(registry, pairs, now))
-        r.register(TenantCollector(registry, queued))
+        r.register(TenantCollector(registry, queued, now))

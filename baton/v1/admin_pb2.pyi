@@ -1202,6 +1202,113 @@ class TenantUsageResponse(_message.Message):
 Global___TenantUsageResponse: _TypeAlias = TenantUsageResponse  # noqa: Y015
 
 @_typing.final
+class ExportUsageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    page_token: _builtins.str
+    """Empty: from the first row; else the previous answer's next_page_token."""
+    page_size: _builtins.int
+    """Rows per answer; 0: control's default (5000)."""
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """The UTC days that overlap [since, until): a day is in whole or not at all. Unset since:
+        every day kept; unset until: up to now.
+        """
+
+    @_builtins.property
+    def until(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        since: _timestamp_pb2.Timestamp | None = ...,
+        until: _timestamp_pb2.Timestamp | None = ...,
+        page_token: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since", "until", b"until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "since", b"since", "until", b"until"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportUsageRequest: _TypeAlias = ExportUsageRequest  # noqa: Y015
+
+@_typing.final
+class UsageDay(_message.Message):
+    """A tenant's use of one model on one UTC day."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    DAY_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    COST_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    model: _builtins.str
+    day: _builtins.str
+    """YYYY-MM-DD (UTC)."""
+    requests: _builtins.int
+    prompt_tokens: _builtins.int
+    cached_tokens: _builtins.int
+    """Of prompt_tokens, those the engine reported cached."""
+    completion_tokens: _builtins.int
+    cost: _builtins.str
+    """A decimal string of currency units, at the model's price when each request ended."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        model: _builtins.str = ...,
+        day: _builtins.str = ...,
+        requests: _builtins.int = ...,
+        prompt_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
+        completion_tokens: _builtins.int = ...,
+        cost: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "completion_tokens", b"completion_tokens", "cost", b"cost", "day", b"day", "model", b"model", "prompt_tokens", b"prompt_tokens", "requests", b"requests", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UsageDay: _TypeAlias = UsageDay  # noqa: Y015
+
+@_typing.final
+class ExportUsageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty: no more rows."""
+    @_builtins.property
+    def rows(self) -> _containers.RepeatedCompositeFieldContainer[Global___UsageDay]:
+        """In (day, tenant, model) order."""
+
+    def __init__(
+        self,
+        *,
+        rows: _abc.Iterable[Global___UsageDay] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportUsageResponse: _TypeAlias = ExportUsageResponse  # noqa: Y015
+
+@_typing.final
 class ListAdaptersRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -135,6 +135,11 @@ class AdminServiceStub:
                 request_serializer=baton_dot_v1_dot_admin__pb2.TenantUsageRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_admin__pb2.TenantUsageResponse.FromString,
                 _registered_method=True)
+        self.ExportUsage = channel.unary_unary(
+                '/baton.v1.AdminService/ExportUsage',
+                request_serializer=baton_dot_v1_dot_admin__pb2.ExportUsageRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_admin__pb2.ExportUsageResponse.FromString,
+                _registered_method=True)
         self.ListAdapters = channel.unary_unary(
                 '/baton.v1.AdminService/ListAdapters',
                 request_serializer=baton_dot_v1_dot_admin__pb2.ListAdaptersRequest.SerializeToString,
@@ -300,6 +305,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportUsage(self, request, context):
+        """Use per tenant, model and UTC day (requests, tokens, cost): what fleet.db kept and what
+        control holds not written yet. `baton usage export`, `baton tenants usage --by`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAdapters(self, request, context):
         """LoRA adapters: the ones clients may name, where each is held, and an operator's loads
         and unloads (audit events of kind "adapter").
@@ -444,6 +457,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.TenantUsage,
                     request_deserializer=baton_dot_v1_dot_admin__pb2.TenantUsageRequest.FromString,
                     response_serializer=baton_dot_v1_dot_admin__pb2.TenantUsageResponse.SerializeToString,
+            ),
+            'ExportUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportUsage,
+                    request_deserializer=baton_dot_v1_dot_admin__pb2.ExportUsageRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_admin__pb2.ExportUsageResponse.SerializeToString,
             ),
             'ListAdapters': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAdapters,
@@ -1017,6 +1035,33 @@ class AdminService:
             '/baton.v1.AdminService/TenantUsage',
             baton_dot_v1_dot_admin__pb2.TenantUsageRequest.SerializeToString,
             baton_dot_v1_dot_admin__pb2.TenantUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.AdminService/ExportUsage',
+            baton_dot_v1_dot_admin__pb2.ExportUsageRequest.SerializeToString,
+            baton_dot_v1_dot_admin__pb2.ExportUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -64,6 +64,10 @@ class AdminServiceStub:
     RevokeTenantKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeTenantKeyRequest, _admin_pb2.RevokeTenantKeyResponse]
     TenantUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.TenantUsageRequest, _admin_pb2.TenantUsageResponse]
     """What each tenant used and was refused, since control started (or since `since`)."""
+    ExportUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ExportUsageRequest, _admin_pb2.ExportUsageResponse]
+    """Use per tenant, model and UTC day (requests, tokens, cost): what fleet.db kept and what
+    control holds not written yet. `baton usage export`, `baton tenants usage --by`.
+    """
     ListAdapters: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListAdaptersRequest, _admin_pb2.ListAdaptersResponse]
     """LoRA adapters: the ones clients may name, where each is held, and an operator's loads
     and unloads (audit events of kind "adapter").
@@ -115,6 +119,10 @@ class AdminServiceAsyncStub(AdminServiceStub):
     RevokeTenantKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeTenantKeyRequest, _admin_pb2.RevokeTenantKeyResponse]  # type: ignore[assignment]
     TenantUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.TenantUsageRequest, _admin_pb2.TenantUsageResponse]  # type: ignore[assignment]
     """What each tenant used and was refused, since control started (or since `since`)."""
+    ExportUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.ExportUsageRequest, _admin_pb2.ExportUsageResponse]  # type: ignore[assignment]
+    """Use per tenant, model and UTC day (requests, tokens, cost): what fleet.db kept and what
+    control holds not written yet. `baton usage export`, `baton tenants usage --by`.
+    """
     ListAdapters: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListAdaptersRequest, _admin_pb2.ListAdaptersResponse]  # type: ignore[assignment]
     """LoRA adapters: the ones clients may name, where each is held, and an operator's loads
     and unloads (audit events of kind "adapter").
@@ -283,6 +291,16 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.TenantUsageResponse, _abc.Awaitable[_admin_pb2.TenantUsageResponse]]:
         """What each tenant used and was refused, since control started (or since `since`)."""
+
+    @_abc_1.abstractmethod
+    def ExportUsage(
+        self,
+        request: _admin_pb2.ExportUsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ExportUsageResponse, _abc.Awaitable[_admin_pb2.ExportUsageResponse]]:
+        """Use per tenant, model and UTC day (requests, tokens, cost): what fleet.db kept and what
+        control holds not written yet. `baton usage export`, `baton tenants usage --by`.
+        """
 
     @_abc_1.abstractmethod
     def ListAdapters(

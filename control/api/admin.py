@@ -19,6 +19,7 @@ from baton.v1 import admin_pb2, admin_pb2_grpc
 from control.api import convert
 from control.api.admin_adapters import AdapterAdmin, AdapterOps
 from control.api.admin_prices import PriceAdmin
+from control.api.admin_usage import StoredDays, UsageAdmin
 from control.api.errors import Context, Trailing, map_errors, within
 from control.audit.log import Event, EventQuery
 from control.audit.payloads import Admin, Payload
@@ -60,7 +61,7 @@ def _write(
     return serialized
 
 
-class AdminServicer(AdapterAdmin, PriceAdmin, admin_pb2_grpc.AdminServiceServicer):
+class AdminServicer(AdapterAdmin, UsageAdmin, PriceAdmin, admin_pb2_grpc.AdminServiceServicer):
     def __init__(
         self,
         router: Router,
@@ -70,6 +71,7 @@ class AdminServicer(AdapterAdmin, PriceAdmin, admin_pb2_grpc.AdminServiceService
         on_changed: Callable[[], Awaitable[None]] | None = None,
         status: Callable[[admin_pb2.GetStatusResponse], Awaitable[None]] | None = None,
         adapters: AdapterOps | None = None,
+        stored_days: StoredDays | None = None,
     ) -> None:
         # Awaited after each change an operator made (backends, drains, pairs, tenants, prices):
         # control persists its configuration there, off the routing path. A replica writes
@@ -81,6 +83,7 @@ class AdminServicer(AdapterAdmin, PriceAdmin, admin_pb2_grpc.AdminServiceService
         self._writes = asyncio.Lock()
         self._status = status  # fills in a replica's part of GetStatus
         self._adapter_ops = adapters  # LoRA loads and unloads (control/server/adapters.py)
+        self._stored_days = stored_days  # use per day as fleet.db kept it
         self._read_facts = read_facts
         self._router = router
         self._registry = router.registry

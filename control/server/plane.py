@@ -106,7 +106,8 @@ class ControlPlane:
         self._spend: SpendFlusher | None = None
         if data_dir is not None and not store:
             ledger = self.registry.tenants.spend
-            self._spend = SpendFlusher(ledger, SpendDB(data_dir / "fleet.db"), clock)
+            self._spend = SpendFlusher(ledger, SpendDB(data_dir / "fleet.db"), clock,
+                                       self.registry.tenants.days)  # fmt: skip
             self._spend.restore()
         self._listen = listen
         self._tls = tls  # (certificate chain PEM, private key PEM): gRPC over TLS
@@ -216,7 +217,7 @@ class ControlPlane:
         self.adapters.on_answers = routing.drain
         status = self._replica_status if self._store else None
         admin = AdminServicer(self.router, self.read_facts, on_changed=self._save, status=status,
-                              adapters=self.adapters)  # fmt: skip
+                              adapters=self.adapters, stored_days=self._spend)  # fmt: skip
         self._health = add_services(self.server, routing, admin)
         self.port = listen(self.server, self._listen, self._tls)
         if self._store:

@@ -152,6 +152,7 @@ CALLS: dict[str, Call] = {
         lambda f: admin_pb2.RevokeTenantKeyRequest(tenant_id="t", key_id="000000000000"),
     ),
     "TenantUsage": _unary("TenantUsage", lambda f: admin_pb2.TenantUsageRequest()),
+    "ExportUsage": _unary("ExportUsage", lambda f: admin_pb2.ExportUsageRequest()),
     # LoRA adapters: a load that would declare one, an unload, and the list.
     "LoadAdapter": _unary(
         "LoadAdapter",
