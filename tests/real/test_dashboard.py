@@ -198,8 +198,9 @@ def serve_traffic(f: Fleet) -> None:
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     # Last (from here on the shim asks every client for a key): a tenant at its limit, for the
-    # Tenants row. Its one request a minute is served; the next is refused for it.
-    out = f.baton("tenants", "add", "acme", "--rpm", "1", "--json")
+    # Tenants row. Its one request a minute is served; the next is refused for it. Its budget
+    # gives the spend panel its series (the model has no price: 0 spent, all of it left).
+    out = f.baton("tenants", "add", "acme", "--rpm", "1", "--budget", "100/day", "--json")
     assert out.returncode == 0, out.stderr
     key = json.loads(out.stdout)["key"]
     t = openai.OpenAI(base_url=f.base_url, api_key=key, max_retries=0, timeout=30)
