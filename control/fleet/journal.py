@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from baton.budgets import SpendRow
 from baton.model import BackendId, PrefixBlocks
 from control.fleet.pins import Pin, PinMatch
 from control.fleet.registry import Registry
@@ -53,6 +54,13 @@ def _pin(
     r.placement.restore(Pin(prefix, BackendId(bid), depth, created, last_used, hits), session)
 
 
+def _spend(
+    r: Registry, tenant: str, key: str, start: int, end: int, spent: str, notified: list[str]
+) -> None:
+    row = SpendRow(tenant, key, start, end, int(spent), tuple(int(n) for n in notified))
+    r.tenants.spend.restore((row,), 0.0)  # every row the leader holds (0: none is "over")
+
+
 _FINISHED = ("model", "cached_tokens", "tenant_id", "served")  # finished()'s keywords, in order
 
 _REPLAY: dict[str, Callable[..., Any]] = {
@@ -78,6 +86,7 @@ _REPLAY: dict[str, Callable[..., Any]] = {
         rid, p, c, now, refused, **dict(zip(_FINISHED, rest, strict=False))
     ),
     "waited": lambda r, tenant, s, shed, now: r.tenants.waited(tenant, s, shed, now),
+    "spend": _spend,
     "pin": lambda r, *args: _pin(r, False, *args),
     "session-pin": lambda r, *args: _pin(r, True, *args),
 }
@@ -94,7 +103,8 @@ def replay(registry: Registry, op: Op) -> bool:
 
 def dump(registry: Registry) -> Iterator[Op]:
     """The soft state now, as ops that rebuild it on an empty follower: pins and sessions
-    with their times, owners, in-flight requests. Tenants' windows are not dumped: a
+    with their times, owners, in-flight requests, tenants' spend per period (amounts as
+    decimal text: msgpack's integers stop at 64 bits). Tenants' windows are not dumped: a
     follower that joins late has them exact a window (a minute) later."""
     placement = registry.placement
     for pin in placement.pins:
@@ -113,3 +123,6 @@ def dump(registry: Registry) -> Iterator[Op]:
         yield ("own", owned.key, owned.backend_id, owned.model, owned.last_used)
     for rid, bid, since in registry.held():
         yield ("acquire", rid, bid, since)
+    for row in registry.tenants.spend.rows():
+        yield ("spend", row.tenant_id, row.key, row.start, row.end, str(row.spent),
+               [str(n) for n in row.notified])  # fmt: skip

@@ -130,6 +130,11 @@ class Etcd:
         kvs = [_kv(kv) for kv in resp.kvs]
         return (kvs[::-1] if limit else kvs), resp.header.revision
 
+    async def get_range(self, key: bytes, range_end: bytes) -> list[KeyValue]:
+        """Keys from `key` up to (not including) `range_end`, in key order."""
+        resp = await self._call(self._kv.Range, rpc.RangeRequest(key=key, range_end=range_end))
+        return [_kv(kv) for kv in resp.kvs]
+
     async def count_prefix(self, prefix: bytes) -> int:
         request = rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), count_only=True)
         return int((await self._call(self._kv.Range, request)).count)

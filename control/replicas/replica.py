@@ -1,7 +1,8 @@
 """One control replica's part in a group on etcd (`baton control --store etcd://...`): it
 campaigns for leadership (election.py), keeps its registry at the configuration in etcd
 (store.py, reconcile.py), writes the leader's low-rate events to etcd, and follows the
-leader's soft state (follow.py) until it leads itself.
+leader's soft state (follow.py) until it leads itself. Tenants' spend is in that stream,
+and the leader writes it to etcd a second at a time (spend.py).
 
 Every replica probes the backends, reads their load and subscribes to their KV events itself
 (control/server.py starts those as for a single control), so a new leader's health, load and
@@ -28,6 +29,7 @@ from control.fleet.registry import Registry
 from control.replicas.election import Election, Member
 from control.replicas.etcd import Etcd, EtcdUnavailable, parse_endpoints
 from control.replicas.follow import BATCH_S, SoftStateServicer, follow
+from control.replicas.spend import SpendWriter
 from control.replicas.store import Owner, ReplicaStore, decode
 
 log = logging.getLogger("baton.control.replicas")
@@ -54,11 +56,13 @@ class Replica:
         metadata: tuple[tuple[str, str], ...] = (),
         owner_ttl: float = 86_400.0,
         tls_ca: bytes | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """`apply(configured)`: bring the registry to it (reconcile). `adopt(events)`: merge
         events another replica recorded into this one's log. `on_role(leading)`: the role
         changed (serve as leader, or refuse and close shims' streams). `metadata`: what this
-        replica presents to the leader's Follow (the shim token)."""
+        replica presents to the leader's Follow (the shim token). `clock`: control's (its
+        tenants' spend periods are on it)."""
         self.etcd = Etcd(parse_endpoints(url))
         self.store = ReplicaStore(self.etcd, prefix)
         self.me = me
@@ -71,6 +75,9 @@ class Replica:
             on_lead=self._on_lead,
         )
         self.soft = SoftStateServicer(registry, lambda: self.election.term)
+        self.spend = SpendWriter(registry.tenants.spend, self.etcd, self.store.prefix,
+                                 self.store.leader_key, lambda: self.election.term,
+                                 clock)  # fmt: skip
         self._registry = registry
         self._apply = apply
         self._adopt = adopt
@@ -144,11 +151,13 @@ class Replica:
     # -- life ------------------------------------------------------------------------------
 
     async def load(self, timeout: float) -> Configured:
-        """The configuration in etcd at start, waiting up to `timeout` for etcd."""
+        """The configuration in etcd at start, waiting up to `timeout` for etcd; and the
+        tenants' spend there."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             try:
                 configured, _ = await self.store.load()
+                await self.spend.restore()
                 self.committed = configured
                 return configured
             except EtcdUnavailable as exc:
@@ -164,6 +173,7 @@ class Replica:
             self._flush_events(),
             self._follow_leader(),
             self._batch_soft_state(),
+            self.spend.run(),
         ):
             self._tasks.append(asyncio.create_task(job))
 
@@ -178,16 +188,19 @@ class Replica:
             # Hand over at once rather than after the lease's TTL.
             with contextlib.suppress(EtcdUnavailable, grpc.aio.AioRpcError):
                 await self._flush()
+            with contextlib.suppress(EtcdUnavailable, grpc.aio.AioRpcError):
+                await self.spend.flush()  # the last second's spend too
             await self.election.resign()
         await self.etcd.close()
 
     async def _on_lead(self, term: int) -> None:
         """Elected: read the configuration as it is now (at least as new as the election),
-        before serving as leader."""
+        and any spend etcd holds more of than the stream brought, before serving as leader."""
         configured, _ = await self.store.load()
         if configured != self.committed:
             self._apply(configured)
             self.committed = configured
+        await self.spend.restore()
         loop = asyncio.get_running_loop()
         self._adopting = [
             loop.create_task(self._adopt_events()),
