@@ -101,8 +101,8 @@ class ControlPlane:
         # control joins its group, and for good when it is no replica.
         self._part: Part = ALONE
         self._build_state(config, data_dir, keep_fleet and not store)
-        # Tenants' spend per budget period, kept in fleet.db a second at a time (a replica's
-        # control plane keeps it in memory only, for now: docs/tenants.md#budgets).
+        # Tenants' spend per budget period, kept in fleet.db a second at a time; a replica
+        # keeps it in etcd instead, as often (control/replicas/spend.py, started with it).
         self._spend: SpendFlusher | None = None
         if data_dir is not None and not store:
             ledger = self.registry.tenants.spend
@@ -281,7 +281,7 @@ class ControlPlane:
             metadata=metadata, owner_ttl=self._config.affinity.owner_ttl,
             # With TLS, a follower checks the leader's certificate against the chain it
             # serves itself: the replicas share a certificate, or a chain ending in the CA.
-            tls_ca=self._tls[0] if self._tls else None,
+            tls_ca=self._tls[0] if self._tls else None, clock=self._clock,
         )  # fmt: skip
         self._part = Joined(replica, self._clock)
         self.metrics.registry.register(
