@@ -1,8 +1,8 @@
 """Tenants' spend with control replicas (issue 43, docs/replicas.md): followers hold the
 leader's spend from the soft-state stream, so a SIGKILLed leader's successor counts on from
 what it had; the leader writes the spend to etcd a second at a time, and while etcd is down
-it counts in memory and writes it all once etcd is back. Real processes: etcd 3.5, three
-control replicas, a shim, sims."""
+it counts in memory and writes it all once etcd is back, and a whole group restarted reads
+it back. Real processes: etcd 3.5, three control replicas, a shim, sims."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from clients.procs import Part
 from control.replicas.etcd import Etcd
 from control.replicas.spend import decode_row
 from tests.ha.group import Group, group
-from tests.integration.harness import wait_until
+from tests.integration.harness import start_control_replica, wait_until
 from tests.integration.test_budgets import PRICES, cost
 from tests.integration.test_tenants import call
 
@@ -171,3 +171,15 @@ def test_spend_counts_through_an_etcd_outage_and_is_written_when_it_is_back(
         assert wait_until(lambda: g.metric(leader, "baton_spend_unwritten") == 0, 15)
         assert g.claims() == [leader]
         assert in_etcd(g) == before + during
+
+        # Every replica SIGKILLed and started again: the spend is read back from etcd.
+        for rid in list(g.replicas):
+            g.stop(rid)
+        for rid, old in list(g.replicas.items()):
+            g.replicas[rid] = start_control_replica(
+                g.etcd, rid, config=g.config, port=int(old.ready.rsplit(":", 1)[1]),
+                log=tmp_path / f"{rid}.again.log",
+            )  # fmt: skip
+            g.parts.append(g.replicas[rid])
+        g.wait_leader()
+        assert settled(g) == before + during
