@@ -230,8 +230,8 @@ class TenantCollector(Collector):
         yield from _spend(book, self._now())
         yield GaugeMetricFamily(
             "baton_spend_unwritten",
-            "Tenants' settled spend not yet written to fleet.db (currency units): what a crash "
-            "of control would lose now.",
+            "Tenants' settled spend not yet written to fleet.db (or to etcd, on a control "
+            "replica's leader), in currency units: what a crash would lose now.",
             float(amount(book.spend.unwritten_units)),
         )
         if self._queued is not None:
