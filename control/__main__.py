@@ -32,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-fleet-db",
         action="store_true",
-        help="keep only the audit log in --data-dir, not the fleet: for a fleet registered "
-        "anew at every start (baton up's embedded sims), which a saved one would collide with",
+        help="keep only the audit log in --data-dir, not the fleet (nor tenants' spend): for "
+        "a fleet registered anew at every start (baton up's embedded sims), which a saved one "
+        "would collide with",
     )
     parser.add_argument(
         "--tls-cert", type=Path, help="PEM certificate chain: serve gRPC over TLS (with --tls-key)"

@@ -103,8 +103,9 @@ class ControlPlane:
         self._build_state(config, data_dir, keep_fleet and not store)
         # Tenants' spend per budget period, kept in fleet.db a second at a time; a replica
         # keeps it in etcd instead, as often (control/replicas/spend.py, started with it).
+        # Not for a fleet that is not kept either (`baton up`'s embedded sims).
         self._spend: SpendFlusher | None = None
-        if data_dir is not None and not store:
+        if data_dir is not None and keep_fleet and not store:
             ledger = self.registry.tenants.spend
             self._spend = SpendFlusher(ledger, SpendDB(data_dir / "fleet.db"), clock,
                                        self.registry.tenants.days)  # fmt: skip
