@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from baton import aio
@@ -145,6 +148,22 @@ def _route_port(value: str) -> int | None:
     return port
 
 
+CLOCK_OFFSET_ENV = "BATON_CLOCK_OFFSET_S"
+
+
+def _clock() -> Callable[[], float]:
+    """Control's wall clock; BATON_CLOCK_OFFSET_S seconds ahead of the machine's when set
+    (a drill or a test that must see a budget's period end without waiting for it)."""
+    raw = os.environ.get(CLOCK_OFFSET_ENV, "")
+    try:
+        offset = float(raw) if raw else 0.0
+    except ValueError:
+        raise ConfigError(f"{CLOCK_OFFSET_ENV}: {raw!r} is not a number of seconds") from None
+    if not math.isfinite(offset):
+        raise ConfigError(f"{CLOCK_OFFSET_ENV}: {raw!r} is not a number of seconds")
+    return (lambda: time.time() + offset) if offset else time.time
+
+
 async def _serve(
     args: argparse.Namespace,
     cfg: config_mod.Config,
@@ -154,6 +173,7 @@ async def _serve(
     plane = ControlPlane(
         cfg,
         args.listen,
+        clock=_clock(),
         metrics_listen=args.metrics_listen or None,
         data_dir=args.data_dir,
         keep_fleet=not args.no_fleet_db,
