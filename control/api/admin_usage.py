@@ -1,6 +1,7 @@
 """AdminService's ExportUsage (`baton usage export`, `baton tenants usage --by`): use per
-tenant, model and UTC day, as fleet.db kept it with what control holds not written yet over
-it (baton/usage_days.py). Translation only; pages go in (day, tenant, model) order."""
+tenant, model and UTC day, as fleet.db kept it (or etcd, with control replicas) with what
+control holds not written yet over it (baton/usage_days.py). Translation only; pages go in
+(day, tenant, model) order."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ PAGE_MAX = 50_000
 
 
 class StoredDays(Protocol):
-    """Where the rows written before are read (control/server/spend_flush.py)."""
+    """Where the rows written before are read: fleet.db (control/server/spend_flush.py), or
+    etcd for a replica (control/replicas/usage.py)."""
 
     async def stored_days(
         self, first: str, last: str, after: Key | None, limit: int
@@ -29,7 +31,7 @@ class StoredDays(Protocol):
 
 class UsageAdmin:
     """Mixed into AdminServicer, which sets `_registry`, `_router` and `_stored_days` (None:
-    no --data-dir, only what memory holds)."""
+    no --data-dir and no replicas, only what memory holds)."""
 
     _registry: Registry
     _router: Router
@@ -75,4 +77,3 @@ def _to_pb(r: DayRow) -> admin_pb2.UsageDay:
         prompt_tokens=r.prompt_tokens, cached_tokens=r.cached_tokens,
         completion_tokens=r.completion_tokens, cost=decimal(r.cost),
     )  # fmt: skip
-

@@ -130,9 +130,11 @@ class Etcd:
         kvs = [_kv(kv) for kv in resp.kvs]
         return (kvs[::-1] if limit else kvs), resp.header.revision
 
-    async def get_range(self, key: bytes, range_end: bytes) -> list[KeyValue]:
-        """Keys from `key` up to (not including) `range_end`, in key order."""
-        resp = await self._call(self._kv.Range, rpc.RangeRequest(key=key, range_end=range_end))
+    async def get_range(self, key: bytes, range_end: bytes, limit: int = 0) -> list[KeyValue]:
+        """Keys from `key` up to (not including) `range_end`, in key order (the first `limit`
+        of them, when set)."""
+        request = rpc.RangeRequest(key=key, range_end=range_end, limit=max(limit, 0))
+        resp = await self._call(self._kv.Range, request)
         return [_kv(kv) for kv in resp.kvs]
 
     async def count_prefix(self, prefix: bytes) -> int:

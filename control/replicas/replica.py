@@ -2,7 +2,8 @@
 campaigns for leadership (election.py), keeps its registry at the configuration in etcd
 (store.py, reconcile.py), writes the leader's low-rate events to etcd, and follows the
 leader's soft state (follow.py) until it leads itself. Tenants' spend is in that stream,
-and the leader writes it to etcd a second at a time (spend.py).
+and the leader writes it to etcd a second at a time (spend.py), with their use per model and
+day (usage.py).
 
 Every replica probes the backends, reads their load and subscribes to their KV events itself
 (control/server.py starts those as for a single control), so a new leader's health, load and
@@ -31,6 +32,7 @@ from control.replicas.etcd import Etcd, EtcdUnavailable, parse_endpoints
 from control.replicas.follow import BATCH_S, SoftStateServicer, follow
 from control.replicas.spend import SpendWriter
 from control.replicas.store import Owner, ReplicaStore, decode
+from control.replicas.usage import DaysWriter
 
 log = logging.getLogger("baton.control.replicas")
 
@@ -78,6 +80,9 @@ class Replica:
         self.spend = SpendWriter(registry.tenants.spend, self.etcd, self.store.prefix,
                                  self.store.leader_key, lambda: self.election.term,
                                  clock)  # fmt: skip
+        self.days = DaysWriter(registry.tenants.days, self.etcd, self.store.prefix,
+                               self.store.leader_key, lambda: self.election.term,
+                               clock)  # fmt: skip
         self._registry = registry
         self._apply = apply
         self._adopt = adopt
@@ -152,12 +157,13 @@ class Replica:
 
     async def load(self, timeout: float) -> Configured:
         """The configuration in etcd at start, waiting up to `timeout` for etcd; and the
-        tenants' spend there."""
+        tenants' spend and today's use per model there."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             try:
                 configured, _ = await self.store.load()
                 await self.spend.restore()
+                await self.days.restore()
                 self.committed = configured
                 return configured
             except EtcdUnavailable as exc:
@@ -174,6 +180,7 @@ class Replica:
             self._follow_leader(),
             self._batch_soft_state(),
             self.spend.run(),
+            self.days.run(),
         ):
             self._tasks.append(asyncio.create_task(job))
 
@@ -190,17 +197,21 @@ class Replica:
                 await self._flush()
             with contextlib.suppress(EtcdUnavailable, grpc.aio.AioRpcError):
                 await self.spend.flush()  # the last second's spend too
+            with contextlib.suppress(EtcdUnavailable, grpc.aio.AioRpcError):
+                await self.days.flush()
             await self.election.resign()
         await self.etcd.close()
 
     async def _on_lead(self, term: int) -> None:
         """Elected: read the configuration as it is now (at least as new as the election),
-        and any spend etcd holds more of than the stream brought, before serving as leader."""
+        and any spend (and today's use) etcd holds more of than the stream brought, before
+        serving as leader."""
         configured, _ = await self.store.load()
         if configured != self.committed:
             self._apply(configured)
             self.committed = configured
         await self.spend.restore()
+        await self.days.restore()
         loop = asyncio.get_running_loop()
         self._adopting = [
             loop.create_task(self._adopt_events()),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 import orjson
 
@@ -32,6 +33,7 @@ from control.replicas import etcd
 from control.replicas.etcd import Etcd, EtcdUnavailable
 
 log = logging.getLogger("baton.control.replicas")
+T = TypeVar("T")
 
 FLUSH_S = 1.0  # at most this much settled spend is lost to a leader's crash
 TXN_ROWS = 100  # rows per transaction: etcd refuses more than 128 operations in one
@@ -77,7 +79,7 @@ def to_restore(stored: Iterable[SpendRow], held: Iterable[SpendRow]) -> list[Spe
     return [r for r in stored if r.spent > have.get((r.tenant_id, r.key), -1)]
 
 
-def batches(rows: Sequence[SpendRow], size: int = TXN_ROWS) -> list[Sequence[SpendRow]]:
+def batches(rows: Sequence[T], size: int = TXN_ROWS) -> list[Sequence[T]]:
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 

@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2
 
 from baton.model import Backend
 from baton.tracing import tracing_from_env
+from baton.usage_days import DayRow, Key
 from baton.v1 import admin_pb2, replica_pb2_grpc
 from control.api import auth
 from control.api.admin import AdminServicer
@@ -185,6 +186,14 @@ class ControlPlane:
     async def own(self, key: str, backend_id: str, model: str, released: bool) -> None:
         await self._part.own(key, backend_id, model, released)
 
+    async def stored_days(
+        self, first: str, last: str, after: Key | None, limit: int
+    ) -> list[DayRow]:
+        """A replica's use per day as etcd has it (control/api/admin_usage.py)."""
+        if self.replica is None:
+            return []
+        return await self.replica.days.stored_days(first, last, after, limit)
+
     def _to_replica(self, entry: Entry) -> None:
         self._part.record(entry)
 
@@ -218,7 +227,8 @@ class ControlPlane:
         self.adapters.on_answers = routing.drain
         status = self._replica_status if self._store else None
         admin = AdminServicer(self.router, self.read_facts, on_changed=self._save, status=status,
-                              adapters=self.adapters, stored_days=self._spend)  # fmt: skip
+                              adapters=self.adapters,
+                              stored_days=self if self._store else self._spend)  # fmt: skip
         self._health = add_services(self.server, routing, admin)
         self.port = listen(self.server, self._listen, self._tls)
         if self._store:
