@@ -10,21 +10,20 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
 
 from baton import wire
-from baton.replicas import STORE_METADATA
 from baton.tenancy import KEY_PREFIX, digest
 from baton.v1 import admin_pb2, admin_pb2_grpc
 from control.api import convert
 from control.api.admin_adapters import AdapterAdmin, AdapterOps
 from control.api.admin_prices import PriceAdmin
 from control.api.admin_usage import StoredDays, UsageAdmin
-from control.api.errors import Context, Trailing, map_errors, within
+from control.api.errors import Context, within
+from control.api.writes import write
 from control.audit.log import Event, EventQuery
 from control.audit.payloads import Admin, Payload
 from control.backend_spec import make_backend
-from control.exceptions import FactsError, PairRefused, StoreError
+from control.exceptions import FactsError, PairRefused
 from control.routing.router import Router
 from control.signals.facts import ReadFacts
 
@@ -34,31 +33,6 @@ VERSION = "0.1.0"
 def new_key() -> str:
     """A tenant's API key: 256 random bits. Shown once, in the answer that made it."""
     return KEY_PREFIX + secrets.token_urlsafe(32)
-
-
-_R = TypeVar("_R")
-
-
-def _from_store(exc: Exception) -> Trailing:
-    # The store's answer (a commit etcd refused), not an unreachable replica's: clients
-    # don't try another.
-    return ((STORE_METADATA, "etcd"),) if isinstance(exc, StoreError) else ()
-
-
-def _write(
-    handler: Callable[[Any, Any, Context], Awaitable[_R]],
-) -> Callable[[Any, Any, Context], Awaitable[_R]]:
-    """A write handler, run while no other write runs (AdminServicer._writes). What it
-    raises answers the call through the one table (control/api/errors.py) while it holds
-    the lock; a StoreError (its commit refused) with the baton-store trailer."""
-    answered = map_errors(handler, trailing=_from_store)
-
-    async def serialized(self: Any, request: Any, context: Context) -> _R:
-        async with self._writes:
-            return await answered(self, request, context)
-
-    serialized.__name__ = handler.__name__
-    return serialized
 
 
 class AdminServicer(AdapterAdmin, UsageAdmin, PriceAdmin, admin_pb2_grpc.AdminServiceServicer):
@@ -117,7 +91,7 @@ class AdminServicer(AdapterAdmin, UsageAdmin, PriceAdmin, admin_pb2_grpc.AdminSe
             backends=rows, snapshot_version=snap.version, kv_index=kv
         )
 
-    @_write
+    @write
     async def AddBackend(
         self, request: admin_pb2.AddBackendRequest, context: Context
     ) -> admin_pb2.AddBackendResponse:
@@ -129,7 +103,7 @@ class AdminServicer(AdapterAdmin, UsageAdmin, PriceAdmin, admin_pb2_grpc.AdminSe
             snapshot_version=self._registry.snapshot.version,
         )
 
-    @_write
+    @write
     async def RemoveBackend(
         self, request: admin_pb2.RemoveBackendRequest, context: Context
     ) -> admin_pb2.RemoveBackendResponse:
@@ -137,7 +111,7 @@ class AdminServicer(AdapterAdmin, UsageAdmin, PriceAdmin, admin_pb2_grpc.AdminSe
         await self._commit()
         return admin_pb2.RemoveBackendResponse(snapshot_version=self._registry.snapshot.version)
 
-    @_write
+    @write
     async def DrainBackend(
         self, request: admin_pb2.DrainBackendRequest, context: Context
     ) -> admin_pb2.DrainBackendResponse:
@@ -148,7 +122,7 @@ class AdminServicer(AdapterAdmin, UsageAdmin, PriceAdmin, admin_pb2_grpc.AdminSe
             snapshot_version=self._registry.snapshot.version,
         )
 
-    @_write
+    @write
     async def UndrainBackend(
         self, request: admin_pb2.UndrainBackendRequest, context: Context
     ) -> admin_pb2.UndrainBackendResponse:
@@ -214,7 +188,7 @@ class AdminServicer(AdapterAdmin, UsageAdmin, PriceAdmin, admin_pb2_grpc.AdminSe
         )
         return admin_pb2.ClearPinsResponse(cleared=cleared)
 
-    @_write
+    @write
     async def BindPair(
         self, request: admin_pb2.BindPairRequest, context: Context
     ) -> admin_pb2.BindPairResponse:
@@ -235,7 +209,7 @@ class AdminServicer(AdapterAdmin, UsageAdmin, PriceAdmin, admin_pb2_grpc.AdminSe
         await self._commit()
         return admin_pb2.BindPairResponse(pair=convert.pair_to_pb(pair, self._pairs.baseline(pair)))
 
-    @_write
+    @write
     async def UnbindPair(
         self, request: admin_pb2.UnbindPairRequest, context: Context
     ) -> admin_pb2.UnbindPairResponse:
@@ -251,7 +225,7 @@ class AdminServicer(AdapterAdmin, UsageAdmin, PriceAdmin, admin_pb2_grpc.AdminSe
             pairs=[convert.pair_to_pb(p, pairs.baseline(p)) for p in pairs]
         )
 
-    @_write
+    @write
     async def AddTenant(
         self, request: admin_pb2.AddTenantRequest, context: Context
     ) -> admin_pb2.AddTenantResponse:
@@ -262,7 +236,7 @@ class AdminServicer(AdapterAdmin, UsageAdmin, PriceAdmin, admin_pb2_grpc.AdminSe
         await self._tenants_changed(event)
         return admin_pb2.AddTenantResponse(tenant=wire.tenant_to_pb(tenant), key=key)
 
-    @_write
+    @write
     async def UpdateTenant(
         self, request: admin_pb2.UpdateTenantRequest, context: Context
     ) -> admin_pb2.UpdateTenantResponse:
@@ -271,7 +245,7 @@ class AdminServicer(AdapterAdmin, UsageAdmin, PriceAdmin, admin_pb2_grpc.AdminSe
         await self._tenants_changed(convert.tenant_event("update-tenant", tenant))
         return admin_pb2.UpdateTenantResponse(tenant=wire.tenant_to_pb(tenant))
 
-    @_write
+    @write
     async def RemoveTenant(
         self, request: admin_pb2.RemoveTenantRequest, context: Context
     ) -> admin_pb2.RemoveTenantResponse:
@@ -286,7 +260,7 @@ class AdminServicer(AdapterAdmin, UsageAdmin, PriceAdmin, admin_pb2_grpc.AdminSe
         tenants = self._registry.tenants.all()
         return admin_pb2.ListTenantsResponse(tenants=[wire.tenant_to_pb(t) for t in tenants])
 
-    @_write
+    @write
     async def AddTenantKey(
         self, request: admin_pb2.AddTenantKeyRequest, context: Context
     ) -> admin_pb2.AddTenantKeyResponse:
@@ -296,7 +270,7 @@ class AdminServicer(AdapterAdmin, UsageAdmin, PriceAdmin, admin_pb2_grpc.AdminSe
         await self._tenants_changed(event)
         return admin_pb2.AddTenantKeyResponse(tenant=wire.tenant_to_pb(tenant), key=key)
 
-    @_write
+    @write
     async def RevokeTenantKey(
         self, request: admin_pb2.RevokeTenantKeyRequest, context: Context
     ) -> admin_pb2.RevokeTenantKeyResponse:

@@ -7,31 +7,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
 
 from baton import wire_money
 from baton.pricing import PRICE_FIELDS, Price, PriceTable
-from baton.replicas import STORE_METADATA
 from baton.v1 import admin_pb2, fleet_pb2
 from control.api import convert
-from control.api.errors import Context, Trailing, map_errors
+from control.api.errors import Context, map_errors
+from control.api.writes import write
 from control.audit.payloads import Admin
-from control.exceptions import ConfigError, PriceNotFound, StoreError
+from control.exceptions import ConfigError, PriceNotFound
 from control.fleet.registry import Registry
-
-_R = TypeVar("_R")
-
-
-def _from_store(exc: Exception) -> Trailing:
-    # As admin.py's writes: a commit etcd refused is the store's answer, not a replica's.
-    return ((STORE_METADATA, "etcd"),) if isinstance(exc, StoreError) else ()
-
-
-def _write(
-    handler: Callable[[Any, Any, Context], Awaitable[_R]],
-) -> Callable[[Any, Any, Context], Awaitable[_R]]:
-    """A write handler, answered through the one table, with the store's trailer."""
-    return map_errors(handler, trailing=_from_store)
 
 
 def price_from_pb(model: str, pb: fleet_pb2.Price) -> Price:
@@ -70,16 +55,15 @@ class PriceAdmin:
         unpriced = convert.unpriced(self._registry)
         return admin_pb2.ListPricesResponse(prices=rows, unpriced_models=unpriced)
 
-    @_write
+    @write
     async def SetPrice(
         self, request: admin_pb2.SetPriceRequest, context: Context
     ) -> admin_pb2.SetPriceResponse:
         price = price_from_pb(request.model, request.price)  # checked before anything changes
-        async with self._writes:  # a change and its saving are one step, as admin.py's
-            book = self._registry.tenants
-            book.set_prices(book.prices.with_price(request.model, price))
-            await self._commit()  # a StoreError undid it (a replica's reconcile)
-            version = self._registry.snapshot.version
+        book = self._registry.tenants
+        book.set_prices(book.prices.with_price(request.model, price))
+        await self._commit()  # a StoreError undid it (a replica's reconcile)
+        version = self._registry.snapshot.version
         self._registry.events.record(Admin(action="set-price", model=request.model,
                                            price=said(price)))  # fmt: skip
         row = wire_money.prices_to_pb(PriceTable({request.model: price}))[request.model]
@@ -87,19 +71,18 @@ class PriceAdmin:
             price=admin_pb2.ModelPrice(model=request.model, price=row), snapshot_version=version
         )
 
-    @_write
+    @write
     async def UnsetPrice(
         self, request: admin_pb2.UnsetPriceRequest, context: Context
     ) -> admin_pb2.UnsetPriceResponse:
         model = request.model
         if not model:
             raise ConfigError("model: a price is for a model name, not ''")
-        async with self._writes:
-            book = self._registry.tenants
-            if not book.prices.priced(model):
-                raise PriceNotFound(f"{model!r} has no price (it costs 0)")
-            book.set_prices(book.prices.with_price(model, None))
-            await self._commit()
-            version = self._registry.snapshot.version
+        book = self._registry.tenants
+        if not book.prices.priced(model):
+            raise PriceNotFound(f"{model!r} has no price (it costs 0)")
+        book.set_prices(book.prices.with_price(model, None))
+        await self._commit()
+        version = self._registry.snapshot.version
         self._registry.events.record(Admin(action="unset-price", model=model))
         return admin_pb2.UnsetPriceResponse(snapshot_version=version)
