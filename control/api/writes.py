@@ -3,6 +3,8 @@ replica's commit to etcd) are one step, so a write undone never takes another's 
 it. What a handler raises answers the call through the one table (control/api/errors.py)
 while it holds the lock; a StoreError (its commit refused) with the baton-store trailer."""
 
+# baton: pure
+
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
