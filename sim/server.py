@@ -17,6 +17,7 @@ from aiohttp import web
 
 from sim import generate_http, kv_http, lora_http, messages_http, pooling_http, responses_http
 from sim import responses as r
+from sim.batch_http import batch_of, complete_batch
 from sim.chat_template import TemplateError, parse_messages, render
 from sim.config import SimConfig
 from sim.http_common import (
@@ -117,17 +118,26 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, parse_completion_with_logprobs)
+    body = await json_body(request)
+    prompts = batch_of(body.get("prompt"))
+    if prompts is None:
+        return await _generate(request, parse_completion_with_logprobs, body)
+    return await complete_batch(
+        body, prompts, lambda one: _generate(request, parse_completion_with_logprobs, one)
+    )
 
 
-async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
+async def _generate(
+    request: web.Request, parse: Parser, body: dict[str, Any] | None = None
+) -> web.StreamResponse:
+    """`body`: the request's, already read (a batch's: one prompt of it)."""
     state = request.app[STATE]
     faults = request_faults(request, state)
     if faults.status is not None:
         raise ApiError(faults.status, "injected fault", error_type(faults.status))
     if faults.garbage:
         return await garbage(request)
-    body = await json_body(request)
+    body = body if body is not None else await json_body(request)
     adapter = state.loras.resolve(body.get("model"))  # a LoRA adapter's name runs under it
     limits = state.loras.limits(adapter)
     req = parse(body, state.tokenizer, limits)

@@ -267,6 +267,28 @@ def test_non_streaming_return_token_ids_placement(sim: SimProcess) -> None:
     assert len(comp["choices"][0]["token_ids"]) == 4
 
 
+def test_a_batch_of_prompts_gets_one_choice_each_in_prompt_order_as_vllm_answers(
+    sim: SimProcess,
+) -> None:
+    """vLLM's completions take a list of prompts (speculative verification sends its k + 1
+    prefixes so): one choice per prompt, by index in prompt order, usage summed."""
+    prompt = tokenize_chat(sim, MSGS)
+    gen, _ = complete_ids(sim, prompt, 6)
+    prefixes = [prompt + gen[:i] for i in range(5)]
+    status, batch = post(f"{sim.url}/v1/completions", {
+        "prompt": prefixes, "max_tokens": 1, "temperature": 0, "return_token_ids": True})
+    assert status == 200, batch
+    assert [c["index"] for c in batch["choices"]] == [0, 1, 2, 3, 4]
+    # Each the next token after its own prefix: the greedy continuation, one at a time.
+    assert [c["token_ids"] for c in batch["choices"]] == [[t] for t in gen[:5]]
+    assert [c["prompt_token_ids"] for c in batch["choices"]] == prefixes
+    assert batch["usage"]["prompt_tokens"] == sum(len(p) for p in prefixes)
+    assert batch["usage"]["completion_tokens"] == 5
+    status, refused = post(f"{sim.url}/v1/completions", {
+        "prompt": prefixes, "max_tokens": 1, "stream": True})
+    assert status == 400 and "batch" in refused["error"]["message"]
+
+
 # -- determinism and resume ----------------------------------------------------------
 def test_token_exact_resume_on_another_replica(sim: SimProcess, replica_b: SimProcess) -> None:
     prompt = tokenize_chat(sim, MSGS)
