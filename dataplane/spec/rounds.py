@@ -1,7 +1,7 @@
 """A speculative round's calls to the engines, each a short non-streaming request: the
 draft's k tokens, the target's own next token after each prefix of the draft (k + 1
-one-token completions at once: plan.py says why), the target alone when there is no usable
-draft, and the target's /tokenize and /detokenize."""
+one-token completions at once, in one request to vLLM: plan.py says why), the target
+alone when there is no usable draft, and the target's /tokenize and /detokenize."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from baton.model import Backend, Failure, Pairing
+from baton.model import Backend, BackendKind, Failure, Pairing
 from baton.sampling import pair_params
 from dataplane.exceptions import AttemptFailed, DraftFailed
 from dataplane.request import ClientRequest, Endpoint
@@ -39,9 +39,8 @@ class Rounds:
         if draft_ids is None:
             raise DraftFailed(Failure.GARBAGE, "draft sent no token_ids")
         # The target's own next token after each prefix of the draft, all at once.
-        answers = await asyncio.gather(
-            *(self._complete(target, ctx + draft_ids[:i], 1) for i in range(len(draft_ids) + 1))
-        )
+        prefixes = [ctx + draft_ids[:i] for i in range(len(draft_ids) + 1)]
+        answers = await self._verify(target, prefixes)
         own = []
         for answer in answers:
             ids = _ints(answer.get("token_ids"))
@@ -53,6 +52,36 @@ class Rounds:
         except ValueError as exc:
             raise AttemptFailed(Failure.GARBAGE, f"target's answer: {exc}") from None
         return judged, len(draft_ids)
+
+    async def _verify(self, target: Backend, prefixes: list[list[int]]) -> list[dict[str, Any]]:
+        """The target's one next token after each prefix. vLLM takes them as one request
+        with a batch of prompts (one engine request each, added at once: one trip through its
+        API server instead of k + 1, which cost about a target step each), answered one choice
+        per prompt by index. Other kinds get k + 1 concurrent calls (SGLang's batch answer is
+        not one this was checked against; llama-server pairs are refused)."""
+        if target.kind is not BackendKind.VLLM:
+            calls = (self._complete(target, prefix, 1) for prefix in prefixes)
+            return list(await asyncio.gather(*calls))
+        body: dict[str, Any] = {
+            **pair_params(target.kind),
+            "model": target.model,
+            "prompt": prefixes,
+            "max_tokens": 1,
+            "return_token_ids": True,
+        }
+        choices = (await self._post(target, "/v1/completions", body)).get("choices")
+        if not isinstance(choices, list) or len(choices) != len(prefixes):
+            raise AttemptFailed(Failure.GARBAGE, f"a batch of {len(prefixes)} prompts answered "
+                                "with another number of choices")  # fmt: skip
+        by_index: dict[int, dict[str, Any]] = {}
+        for choice in choices:
+            index = choice.get("index") if isinstance(choice, dict) else None
+            if not isinstance(index, int) or isinstance(index, bool) or index in by_index:
+                raise AttemptFailed(Failure.GARBAGE, "a batch's choice without its own index")
+            by_index[index] = choice
+        if sorted(by_index) != list(range(len(prefixes))):
+            raise AttemptFailed(Failure.GARBAGE, "a batch's choices are not one per prompt")
+        return [by_index[i] for i in range(len(prefixes))]
 
     async def target_only(self, ctx: list[int], target: Backend, remaining: int) -> Judged:
         """No usable draft: the target generates the rest greedily in one call."""
