@@ -6,21 +6,17 @@ operator's loads and unloads (docs/routing.md#adapter-fleets)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from clients import render
 from clients.client import AdminClient
-
-
-def _show(args: argparse.Namespace, data: object, text: str) -> None:
-    print(json.dumps(data, indent=2) if args.json else text)
+from clients.output import show
 
 
 def cmd_list(args: argparse.Namespace, c: AdminClient) -> None:
     rows = c.adapters()
-    _show(args, rows, render.adapters(rows))
+    show(args, rows, render.adapters(rows))
 
 
 def cmd_load(args: argparse.Namespace, c: AdminClient) -> None:
@@ -30,7 +26,7 @@ def cmd_load(args: argparse.Namespace, c: AdminClient) -> None:
     said = (f"loaded {args.name} on {done['backend_id']} in {done['ms']:g} ms{evicted}"
             if done["ok"] else
             f"{args.name} did not load on {done['backend_id']}: {done['detail']}")  # fmt: skip
-    _show(args, done, said)
+    show(args, done, said)
     if not done["ok"]:
         sys.exit(1)
 
@@ -38,7 +34,7 @@ def cmd_load(args: argparse.Namespace, c: AdminClient) -> None:
 def cmd_unload(args: argparse.Namespace, c: AdminClient) -> None:
     gone = c.unload_adapter(args.name, args.backend or "")
     where = ", ".join(gone) if gone else "nowhere (no backend held it)"
-    _show(args, {"unloaded_from": gone}, f"unloaded {args.name} from {where}")
+    show(args, {"unloaded_from": gone}, f"unloaded {args.name} from {where}")
 
 
 def add_adapter_commands(

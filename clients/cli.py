@@ -14,6 +14,7 @@ from pathlib import Path
 from clients import render
 from clients.adapter_commands import add_adapter_commands
 from clients.client import DEFAULT_CONTROL, AdminClient, AdminError
+from clients.output import show
 from clients.price_commands import add_price_commands
 from clients.tenant_commands import add_tenant_commands
 from clients.usage_commands import add_usage_commands
@@ -38,13 +39,9 @@ def _admin_parent() -> argparse.ArgumentParser:
     return parent
 
 
-def _print(args: argparse.Namespace, data: object, text: str) -> None:
-    print(json.dumps(data, indent=2) if args.json else text)
-
-
 def cmd_backends_list(args: argparse.Namespace, c: AdminClient) -> None:
     rows = c.list_backends()
-    _print(args, [asdict(r) for r in rows], render.backends(rows))
+    show(args, [asdict(r) for r in rows], render.backends(rows))
 
 
 def cmd_backends_add(args: argparse.Namespace, c: AdminClient) -> None:
@@ -61,28 +58,28 @@ def cmd_backends_add(args: argparse.Namespace, c: AdminClient) -> None:
         kv_events_replay=args.kv_events_replay,
         data_parallel_rank=args.data_parallel_rank,
     )
-    _print(args, asdict(row), f"added {row.id} ({row.model} at {row.url})")
+    show(args, asdict(row), f"added {row.id} ({row.model} at {row.url})")
 
 
 def cmd_backends_remove(args: argparse.Namespace, c: AdminClient) -> None:
     c.remove_backend(args.id)
-    _print(args, {"removed": args.id}, f"removed {args.id}")
+    show(args, {"removed": args.id}, f"removed {args.id}")
 
 
 def cmd_backends_drain(args: argparse.Namespace, c: AdminClient) -> None:
     row = c.drain_backend(args.id, migrate=args.migrate)
     then = "in-flight streams move to other backends" if row.migrating else "in-flight ones finish"
-    _print(args, asdict(row), f"{row.id} is {row.state}: no new requests; {then}")
+    show(args, asdict(row), f"{row.id} is {row.state}: no new requests; {then}")
 
 
 def cmd_backends_undrain(args: argparse.Namespace, c: AdminClient) -> None:
     row = c.undrain_backend(args.id)
-    _print(args, asdict(row), f"{row.id} is {row.state}")
+    show(args, asdict(row), f"{row.id} is {row.state}")
 
 
 def cmd_status(args: argparse.Namespace, c: AdminClient) -> None:
     s = c.status()
-    _print(args, s, render.status(s))
+    show(args, s, render.status(s))
 
 
 def cmd_events(args: argparse.Namespace, c: AdminClient) -> None:
@@ -133,22 +130,22 @@ def cmd_pins_list(args: argparse.Namespace, c: AdminClient) -> None:
 
 def cmd_pins_clear(args: argparse.Namespace, c: AdminClient) -> None:
     cleared = c.clear_pins(args.backend)
-    _print(args, {"cleared": cleared}, f"cleared {cleared} pins")
+    show(args, {"cleared": cleared}, f"cleared {cleared} pins")
 
 
 def cmd_pairs_list(args: argparse.Namespace, c: AdminClient) -> None:
     rows = c.pairs()
-    _print(args, rows, render.pairs(rows))
+    show(args, rows, render.pairs(rows))
 
 
 def cmd_pairs_bind(args: argparse.Namespace, c: AdminClient) -> None:
     row = c.bind_pair(args.draft, args.target, args.num_draft_tokens)
-    _print(args, row, render.pairs([row]))
+    show(args, row, render.pairs([row]))
 
 
 def cmd_pairs_unbind(args: argparse.Namespace, c: AdminClient) -> None:
     c.unbind_pair(args.id)
-    _print(args, {"unbound": args.id}, f"unbound {args.id}")
+    show(args, {"unbound": args.id}, f"unbound {args.id}")
 
 
 def _add_admin_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -6,17 +6,13 @@ name), changed at run time over control's config file (docs/tenants.md#budgets).
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from clients.client import AdminClient
+from clients.output import show
 
 COLUMNS = ("model", "input", "cached_input", "output")
 NO_PRICE = "no price (costs 0)"
-
-
-def _show(args: argparse.Namespace, data: object, text: str) -> None:
-    print(json.dumps(data, indent=2) if args.json else text)
 
 
 def table(listed: dict[str, Any]) -> str:
@@ -34,18 +30,18 @@ def table(listed: dict[str, Any]) -> str:
 
 def cmd_list(args: argparse.Namespace, c: AdminClient) -> None:
     listed = c.prices()
-    _show(args, listed, table(listed))
+    show(args, listed, table(listed))
 
 
 def cmd_set(args: argparse.Namespace, c: AdminClient) -> None:
     p = c.set_price(args.model, args.input, args.output, args.cached_input or "")
-    _show(args, p, f"{p['model']}: input {p['input']}, cached input {p['cached_input']}, "
+    show(args, p, f"{p['model']}: input {p['input']}, cached input {p['cached_input']}, "
                    f"output {p['output']} per million tokens")  # fmt: skip
 
 
 def cmd_unset(args: argparse.Namespace, c: AdminClient) -> None:
     c.unset_price(args.model)
-    _show(args, {"model": args.model, "price": None}, f"{args.model}: {NO_PRICE}")
+    show(args, {"model": args.model, "price": None}, f"{args.model}: {NO_PRICE}")
 
 
 def add_price_commands(

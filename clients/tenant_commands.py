@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -14,13 +13,10 @@ from baton.budgets import Budget
 from baton.tenancy import KEY_PREFIX, Priority, digest, key_id
 from clients import render, usage_commands
 from clients.client import AdminClient, AdminError, TenantSpec
+from clients.output import show
 
 UINT32 = 2**32 - 1
 UINT64 = 2**64 - 1
-
-
-def _show(args: argparse.Namespace, data: object, text: str) -> None:
-    print(json.dumps(data, indent=2) if args.json else text)
 
 
 def _whole(minimum: int, maximum: int) -> Callable[[str], int]:
@@ -60,13 +56,13 @@ def _budgets(texts: list[str] | None) -> tuple[Budget, ...]:
 def _new_key(args: argparse.Namespace, tenant: dict[str, Any], key: str, said: str) -> None:
     """The one time a key is printed (with --json: its "key" field)."""
     kid = key_id(digest(key))
-    _show(args, {"tenant": tenant, "key": key, "key_id": kid},
+    show(args, {"tenant": tenant, "key": key, "key_id": kid},
           render.new_key(tenant, key, kid, said))  # fmt: skip
 
 
 def cmd_list(args: argparse.Namespace, c: AdminClient) -> None:
     rows = c.tenants()
-    _show(args, rows, render.tenants(rows))
+    show(args, rows, render.tenants(rows))
 
 
 def cmd_add(args: argparse.Namespace, c: AdminClient) -> None:
@@ -108,12 +104,12 @@ def cmd_update(args: argparse.Namespace, c: AdminClient) -> None:
     # An unknown id is still sent: control answers NOT_FOUND in its own words.
     base = TenantSpec.of(current) if current is not None else TenantSpec(args.id)
     row = c.update_tenant(replace(base, **changes))
-    _show(args, row, f"updated tenant {row['id']}\n{render.tenants([row])}")
+    show(args, row, f"updated tenant {row['id']}\n{render.tenants([row])}")
 
 
 def cmd_remove(args: argparse.Namespace, c: AdminClient) -> None:
     c.remove_tenant(args.id)
-    _show(args, {"removed": args.id}, f"removed tenant {args.id}: its keys are refused now")
+    show(args, {"removed": args.id}, f"removed tenant {args.id}: its keys are refused now")
 
 
 def cmd_key_add(args: argparse.Namespace, c: AdminClient) -> None:
@@ -132,7 +128,7 @@ def cmd_key_revoke(args: argparse.Namespace, c: AdminClient) -> None:
     said = f"revoked key {args.key_id.lower()} of tenant {row['id']}; {left} left"
     if not left:
         said += f" (its clients are refused until `baton tenants keys add {row['id']}`)"
-    _show(args, row, said)
+    show(args, row, said)
 
 
 def cmd_usage(args: argparse.Namespace, c: AdminClient) -> None:
@@ -144,7 +140,7 @@ def cmd_usage(args: argparse.Namespace, c: AdminClient) -> None:
     except ValueError as exc:
         raise AdminError(str(exc)) from None
     rows = c.tenant_usage(since)
-    _show(args, rows, render.usage(rows))
+    show(args, rows, render.usage(rows))
 
 
 def _config_flags(p: argparse.ArgumentParser, *, update: bool) -> None:
