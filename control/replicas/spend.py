@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 import orjson
@@ -86,6 +86,36 @@ def batches(rows: Sequence[T], size: int = TXN_ROWS) -> list[Sequence[T]]:
 # -- the writer (plumbing) ------------------------------------------------------------------
 
 
+async def write_fenced(
+    client: Etcd,
+    leader_key: bytes,
+    term: int,
+    rows: Sequence[T],
+    put: Callable[[T], tuple[bytes, bytes]],
+    written: Callable[[Sequence[T]], None],
+) -> bool:
+    """`rows` to etcd in batches (etcd takes at most 128 operations a transaction), each
+    transaction fenced on the leader's term, each batch acknowledged (`written`) once it is
+    in; False when this replica no longer leads (the new leader writes what is left)."""
+    for batch in batches(rows):
+        ops = [etcd.put(*put(r)) for r in batch]
+        ok, _ = await client.txn([etcd.compare_create(leader_key, term)], ops)
+        if not ok:
+            return False
+        written(batch)
+    return True
+
+
+async def flush_forever(flush: Callable[[], Awaitable[int]], what: str) -> None:
+    """`flush` every FLUSH_S; while etcd is away what it would write stays unwritten."""
+    while True:
+        await asyncio.sleep(FLUSH_S)
+        try:
+            await flush()
+        except EtcdUnavailable as exc:
+            log.debug("%s not written to etcd (kept, tried again): %s", what, exc)
+
+
 class SpendWriter:
     def __init__(
         self,
@@ -137,12 +167,12 @@ class SpendWriter:
                 return 0
             led = self._wrote_term == term
             rows = self._ledger.unwritten() if led else self._ledger.rows()
-            for batch in batches(rows):
-                ops = [etcd.put(spend_key(self.prefix, r), encode_row(r)) for r in batch]
-                ok, _ = await self._etcd.txn([etcd.compare_create(self._leader_key, term)], ops)
-                if not ok:
-                    return 0  # no longer the leader: the new one writes
-                self._ledger.written(batch, self._clock())
+            if not await write_fenced(
+                self._etcd, self._leader_key, term, rows,
+                lambda r: (spend_key(self.prefix, r), encode_row(r)),
+                lambda batch: self._ledger.written(batch, self._clock()),
+            ):  # fmt: skip
+                return 0  # no longer the leader: the new one writes
             self._wrote_term = term
             self._flushes += 1
             if not led or self._flushes % TRIM_EVERY == 0:
@@ -155,9 +185,4 @@ class SpendWriter:
         await self._etcd.delete_range(self.prefix, self.prefix + f"{before:012d}".encode())
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(FLUSH_S)
-            try:
-                await self.flush()
-            except EtcdUnavailable as exc:
-                log.debug("tenants' spend not written to etcd (kept, tried again): %s", exc)
+        await flush_forever(self.flush, "tenants' spend")

@@ -28,7 +28,7 @@ from baton.usage_days import DayRow, Key, UsageDays, day_of
 from control.exceptions import StoreUnavailable
 from control.replicas import etcd
 from control.replicas.etcd import Etcd, EtcdUnavailable
-from control.replicas.spend import FLUSH_S, batches
+from control.replicas.spend import flush_forever, write_fenced
 
 log = logging.getLogger("baton.control.replicas")
 
@@ -149,19 +149,14 @@ class DaysWriter:
                 self._wrote_term = 0
                 return 0
             rows = self._days.unwritten() if self._wrote_term == term else self._days.rows()
-            for batch in batches(rows):
-                ops = [etcd.put(day_key(self.prefix, r.key), encode_day(r)) for r in batch]
-                ok, _ = await self._etcd.txn([etcd.compare_create(self._leader_key, term)], ops)
-                if not ok:
-                    return 0  # no longer the leader: the new one writes
-                self._days.written(batch, self._clock())
+            if not await write_fenced(
+                self._etcd, self._leader_key, term, rows,
+                lambda r: (day_key(self.prefix, r.key), encode_day(r)),
+                lambda batch: self._days.written(batch, self._clock()),
+            ):  # fmt: skip
+                return 0  # no longer the leader: the new one writes
             self._wrote_term = term
             return len(rows)
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(FLUSH_S)
-            try:
-                await self.flush()
-            except EtcdUnavailable as exc:
-                log.debug("use per day not written to etcd (kept, tried again): %s", exc)
+        await flush_forever(self.flush, "use per day")
