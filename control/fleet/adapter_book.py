@@ -11,9 +11,13 @@ adapter (its recency) is not."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from baton.model import Adapter
 from control.fleet.adapters import Demand, Drift, Residency
+
+if TYPE_CHECKING:  # the reading is plumbing's (it fetches over HTTP); only its shape here
+    from control.signals.adapters import EngineAdapters
 
 
 class AdapterBook:
@@ -79,6 +83,19 @@ class AdapterBook:
         if (self.held(backend), self.capacity(backend), self._all) != before:
             self._on_change()
         return drift
+
+    def read(
+        self, backend: str, base: str, seen: EngineAdapters, configured: int, read_at: float
+    ) -> Drift | None:
+        """What an engine said of its adapters (control/signals/adapters.py), learned; None
+        when it is no adapter engine (no LoRA gauge, lists none, holds none). How many it
+        holds: the operator's number (`configured`, [lora] max_adapters), else the engine's
+        max_lora; until its page says, what it was taken to hold, or vLLM's default
+        --max-loras (1)."""
+        if not (seen.lora or seen.listed or self.held(backend)):
+            return None
+        room = configured or seen.max_lora or self.capacity(backend) or 1
+        return self.learned(backend, base, seen.listed, room, read_at)
 
     def loaded(self, backend: str, name: str, ok: bool, now: float, why: str = "",
                retry_after: float = 0.0) -> None:  # fmt: skip

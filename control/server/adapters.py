@@ -206,13 +206,10 @@ class AdapterService:
         for backend, seen in zip(up, found, strict=True):
             if seen is None or self._registry.find(backend.id) is None:
                 continue
-            if not (seen.lora or seen.listed or book.held(backend.id)):
+            drift = book.read(backend.id, backend.model, seen, self._settings.max_adapters,
+                              read_at)  # fmt: skip
+            if drift is None:
                 continue  # not an adapter engine
-            # The operator's number, else the engine's; until its page says, what it was
-            # taken to hold, or vLLM's default --max-loras (1).
-            room = (self._settings.max_adapters or seen.max_lora
-                    or book.capacity(backend.id) or 1)  # fmt: skip
-            drift = book.learned(backend.id, backend.model, seen.listed, room, read_at)
             for name in drift.added:
                 self._registry.events.record(AdapterChange(adapter=name, action="found"),
                                              backend_id=backend.id)  # fmt: skip
