@@ -22,7 +22,7 @@ up: $(STAMP)
 # but their own load; pytest's 5 (none selected by ARGS) is not a failure there.
 JOBS ?= 3
 test: $(STAMP) lint
-	$(PY) -m pytest -n $(JOBS) --dist loadfile -m "not real and not alone and not ha and not matrix" --durations=25 $(ARGS)
+	$(PY) -m pytest -n $(JOBS) --dist loadfile -m "not real and not alone and not ha and not matrix and not deploy" --durations=25 $(ARGS)
 	$(PY) -m pytest -m alone $(ARGS) || test $$? -eq 5
 
 lint: $(STAMP)
