@@ -150,6 +150,9 @@ class BackendStatus:
     # how many it may hold at once (vLLM's max_lora); 0: not an adapter engine, or not read.
     adapters: tuple[str, ...] = ()
     max_adapters: int = 0
+    # Where the backend came from: "config" (the config file), "cli" (added at run time), or
+    # a discovery source ("k8s:NAMESPACE/SERVICE", "k8s:NAMESPACE/SELECTOR", "dns:NAME").
+    source: str = ""
 
     def serves_adapters(self) -> bool:
         return self.max_adapters > 0 or bool(self.adapters)

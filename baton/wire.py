@@ -189,6 +189,7 @@ def status_to_pb(s: BackendStatus, in_flight: Mapping[BackendId, int]) -> fleet_
         kv_block_size=s.kv_block_size,
         adapters=s.adapters,
         max_adapters=s.max_adapters,
+        source=s.source,
     )
 
 
@@ -428,6 +429,7 @@ def snapshot_from_pb(s: fleet_pb2.Snapshot) -> Snapshot:
                 b.kv_block_size,
                 tuple(b.adapters),
                 b.max_adapters,
+                b.source,
             )
             for b in s.backends
         ),

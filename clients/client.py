@@ -99,6 +99,8 @@ class BackendRow:
     # adapter engine, or not read yet).
     adapters: tuple[str, ...] = ()
     max_adapters: int = 0
+    # "config", "cli", or the discovery source that found it ("k8s:NS/SERVICE", "dns:NAME").
+    source: str = ""
 
 
 def _iso(ts: Timestamp) -> str:
@@ -243,6 +245,7 @@ def _row(s: fleet_pb2.BackendStatus, kv: admin_pb2.KvIndexStatus | None = None) 
         kv_reason=kv.reason if kv is not None else "",
         adapters=tuple(s.adapters),
         max_adapters=s.max_adapters,
+        source=s.source,
     )
 
 

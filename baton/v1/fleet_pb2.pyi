@@ -230,6 +230,7 @@ class BackendStatus(_message.Message):
     KV_BLOCK_SIZE_FIELD_NUMBER: _builtins.int
     ADAPTERS_FIELD_NUMBER: _builtins.int
     MAX_ADAPTERS_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
     ENGINE_READ_FIELD_NUMBER: _builtins.int
     ENGINE_RUNNING_FIELD_NUMBER: _builtins.int
     ENGINE_WAITING_FIELD_NUMBER: _builtins.int
@@ -251,6 +252,11 @@ class BackendStatus(_message.Message):
     max_adapters: _builtins.int
     """How many adapters it may hold at once (vLLM's max_lora); 0: not an adapter engine, or
     not read yet.
+    """
+    source: _builtins.str
+    """Where the backend came from: "config" (the config file), "cli" (added at run time), or
+    the discovery source that found it ("k8s:NAMESPACE/SERVICE", "k8s:NAMESPACE/SELECTOR",
+    "dns:NAME"), which also removes it.
     """
     engine_read: _builtins.bool
     """The engine's own load gauges at its last reading (ListBackends only; snapshots leave
@@ -283,6 +289,7 @@ class BackendStatus(_message.Message):
         kv_block_size: _builtins.int = ...,
         adapters: _abc.Iterable[_builtins.str] | None = ...,
         max_adapters: _builtins.int = ...,
+        source: _builtins.str = ...,
         engine_read: _builtins.bool = ...,
         engine_running: _builtins.float = ...,
         engine_waiting: _builtins.float = ...,
@@ -291,7 +298,7 @@ class BackendStatus(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapters", b"adapters", "backend", b"backend", "engine_age_s", b"engine_age_s", "engine_kv_usage", b"engine_kv_usage", "engine_read", b"engine_read", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "in_flight", b"in_flight", "kv_block_size", b"kv_block_size", "max_adapters", b"max_adapters", "max_model_len", b"max_model_len", "migrating", b"migrating", "reason", b"reason", "since", b"since", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapters", b"adapters", "backend", b"backend", "engine_age_s", b"engine_age_s", "engine_kv_usage", b"engine_kv_usage", "engine_read", b"engine_read", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "in_flight", b"in_flight", "kv_block_size", b"kv_block_size", "max_adapters", b"max_adapters", "max_model_len", b"max_model_len", "migrating", b"migrating", "reason", b"reason", "since", b"since", "source", b"source", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

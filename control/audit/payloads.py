@@ -100,6 +100,9 @@ class Admin:
     limits: str | None = None
     # set-price: per million tokens, e.g. "input=3 cached_input=0.3 output=15"
     price: str | None = None
+    # add, remove, drain, undrain made by discovery (control/discovery/), not an operator: the
+    # source that saw the change ("k8s:NAMESPACE/SERVICE", "dns:NAME")
+    source: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -70,8 +70,8 @@ def passive_failure(rec: HealthRecord, reason: str, now: float) -> HealthRecord:
     return _move(rec, HealthState.DEMOTED, reason, now)
 
 
-def drain(rec: HealthRecord, now: float) -> HealthRecord:
-    return _move(replace(rec, drained=True), HealthState.DRAINING, "drained by admin", now)
+def drain(rec: HealthRecord, now: float, reason: str = "drained by admin") -> HealthRecord:
+    return _move(replace(rec, drained=True), HealthState.DRAINING, reason, now)
 
 
 def undrain(rec: HealthRecord, now: float, policy: HealthPolicy) -> HealthRecord:

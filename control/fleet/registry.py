@@ -28,6 +28,7 @@ from control.fleet.inflight import Load
 from control.fleet.owners import OwnerTable
 from control.fleet.pins import PinTable
 from control.fleet.placement import Placement
+from control.fleet.sources import CLI, CONFIG, OPERATED, by
 from control.fleet.tenants import TenantBook
 from control.settings import HealthPolicy
 from control.signals.engine_load import EngineLoad, LoadView, Readings
@@ -58,6 +59,7 @@ class Registry:
         tenants: Iterable[Tenant] = (),
         adapters: Iterable[Adapter] = (),
         prices: PriceTable | None = None,
+        sources: Mapping[str, str] | None = None,  # id -> CLI: added at run time
     ) -> None:
         """`drained`: backends drained before a restart (id -> migrate), restored as they
         were, with no new audit event: nobody drained them just now."""
@@ -66,6 +68,7 @@ class Registry:
         self._policy = health_policy or HealthPolicy()
         self._backends: dict[BackendId, Backend] = {}
         self._health: dict[BackendId, HealthRecord] = {}
+        self._sources: dict[BackendId, str] = {}  # control/fleet/sources.py
         self._listeners: list[Listener] = []
         self._removed: list[RemoveHook] = []
         self._load = Load()
@@ -91,8 +94,8 @@ class Registry:
                 raise BackendExists(f"backend {b.id!r} is listed twice")
             self._backends[b.id] = b
             self._health[b.id] = HealthRecord.new(now)
-        # Drained with --migrate; the health state is DRAINING either way.
-        self._migrating: set[BackendId] = set()
+            self._sources[b.id] = (sources or {}).get(b.id, CONFIG)
+        self._migrating: set[BackendId] = set()  # drained with --migrate (DRAINING either way)
         for bid, migrate in (drained or {}).items():
             if bid in self._backends:
                 known = BackendId(bid)
@@ -144,13 +147,15 @@ class Registry:
 
     def drained(self) -> dict[BackendId, bool]:
         """Backends an operator drained (id -> migrate): configuration, kept across restarts."""
-        return {
-            bid: bid in self._migrating for bid in sorted(self._health) if self._health[bid].drained
-        }
+        return {bid: bid in self._migrating for bid in sorted(self._health)
+                if self._health[bid].drained and self._sources[bid] in OPERATED}  # fmt: skip
+
+    def discovered(self, backend_id: str) -> bool:
+        return self._sources.get(BackendId(backend_id), CONFIG) not in OPERATED
 
     # -- configuration --------------------------------------------------------------------
 
-    def add(self, backend: Backend) -> BackendStatus:
+    def add(self, backend: Backend, source: str = CLI) -> BackendStatus:
         if backend.id in self._backends:
             raise BackendExists(f"backend {backend.id!r} already exists")
         twin = next((b for b in self._backends.values() if b.clashes_with(backend)), None)
@@ -161,16 +166,16 @@ class Registry:
             )
         self._backends[backend.id] = backend
         self._health[backend.id] = HealthRecord.new(self._clock())
+        self._sources[backend.id] = source
         self._publish()
-        self._events.record(
-            Admin(action="add", url=backend.url, model=backend.model,
-                  kind_of_backend=backend.kind.value, role=backend.role.value),
-            backend_id=backend.id,
-        )  # fmt: skip
+        self._events.record(Admin(action="add", url=backend.url, model=backend.model,
+                                  kind_of_backend=backend.kind.value, role=backend.role.value,
+                                  source=by(source)), backend_id=backend.id)  # fmt: skip
         return self._status(backend.id)
 
     def remove(self, backend_id: str) -> None:
         bid = self._known(backend_id)
+        source = self._sources.pop(bid)
         del self._backends[bid]
         del self._health[bid]
         self._migrating.discard(bid)
@@ -181,21 +186,22 @@ class Registry:
             hook(bid)
         # Its pins stay until used (then re-pinned, visibly, as `repin`) or expired.
         self._publish()
-        self._events.record(Admin(action="remove"), backend_id=bid)
+        self._events.record(Admin(action="remove", source=by(source)), backend_id=bid)
 
-    def drain(self, backend_id: str, migrate: bool = False) -> BackendStatus:
+    def drain(self, backend_id: str, migrate: bool = False, *, source: str = CLI,
+              reason: str = "drained by admin") -> BackendStatus:  # fmt: skip
         """No new requests to the backend; with `migrate`, shims also move its in-flight
         streams elsewhere (the resume protocol). Draining again changes only `migrate`."""
         bid = self._known(backend_id)
-        status = self._drain_step(bid, migrate, lambda rec, now: health.drain(rec, now))
-        self._events.record(Admin(action="drain", migrate=migrate), backend_id=bid)
+        status = self._drain_step(bid, migrate, lambda rec, now: health.drain(rec, now, reason))
+        self._events.record(Admin(action="drain", migrate=migrate, source=by(source)),
+                            backend_id=bid)  # fmt: skip
         return status
 
-    def undrain(self, backend_id: str) -> BackendStatus:
-        bid = self._known(backend_id)
-        policy = self._policy
+    def undrain(self, backend_id: str, *, source: str = CLI) -> BackendStatus:
+        bid, policy = self._known(backend_id), self._policy
         status = self._drain_step(bid, False, lambda rec, now: health.undrain(rec, now, policy))
-        self._events.record(Admin(action="undrain"), backend_id=bid)
+        self._events.record(Admin(action="undrain", source=by(source)), backend_id=bid)
         return status
 
     def _drain_step(
@@ -361,7 +367,8 @@ class Registry:
         kv = self._kv.status(bid)
         return BackendStatus(self._backends[bid], self._health[bid].health, bid in self._migrating,
                              self._model_len.get(bid, 0), kv.block_size if kv else 0,
-                             self.adapters.held(bid), self.adapters.capacity(bid))  # fmt: skip
+                             self.adapters.held(bid), self.adapters.capacity(bid),
+                             self._sources[bid])  # fmt: skip
 
     def _update(
         self, backend_id: str, step: Callable[[HealthRecord, float], HealthRecord]

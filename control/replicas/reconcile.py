@@ -14,6 +14,7 @@ from baton.pricing import PriceTable
 from baton.tenancy import Tenant
 from control.fleet.db import Configured, fleet, prices, tenants
 from control.fleet.registry import Registry
+from control.fleet.sources import CLI, CONFIG
 from control.pairs.flow import PairFlow
 from control.settings import PairSpec
 
@@ -30,14 +31,17 @@ def reconcile(
 ) -> list[PairSpec]:
     """Changes the registry to `saved` laid over the config file; returns the pairs to bind
     once both sides' facts are read (a bound pair the store no longer holds is unbound)."""
+    config_backends = tuple(config_backends)
     want = {b.id: b for b in fleet(config_backends, saved)}
-    have = {b.id: b for b in registry.backends}
+    # A discovered backend is its source's (control/discovery/), not the store's: left alone,
+    # unless an operator's takes its id.
+    have = {b.id: b for b in registry.backends if not registry.discovered(b.id) or b.id in want}
     for bid, b in have.items():
-        if want.get(bid) != b:
+        if want.get(bid) != b or registry.discovered(bid):
             registry.remove(bid)
     for bid, b in want.items():
-        if have.get(bid) != b:
-            registry.add(b)
+        if registry.find(bid) is None:
+            registry.add(b, CONFIG if b in config_backends else CLI)
     drained = registry.drained()
     for name, migrate in saved.drained.items():
         backend = want.get(BackendId(name))

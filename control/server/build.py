@@ -21,6 +21,7 @@ from control.fleet.owners import OwnerTable
 from control.fleet.pins import PinTable
 from control.fleet.prices import shadowed_prices
 from control.fleet.registry import Registry
+from control.fleet.sources import CLI
 
 log = logging.getLogger("baton.control")
 
@@ -34,8 +35,10 @@ def registry_for(
     config: Config, saved: Configured, clock: Callable[[], float], events: EventLog
 ) -> Registry:
     """The fleet as configured, with what operators changed at run time laid over it."""
+    backends = fleet(config.backends, saved)
     return Registry(
-        fleet(config.backends, saved),
+        backends,
+        sources={b.id: CLI for b in backends if b not in config.backends},
         drained=saved.drained,
         clock=clock,
         health_policy=config.health,

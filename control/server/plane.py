@@ -317,7 +317,9 @@ class ControlPlane:
 
     def _configured(self) -> Configured:
         reg = self.registry
-        return configured(self._config.backends, reg.backends, reg.drained(),
+        # What discovery found is its sources' to find again, never configuration.
+        operated = [b for b in reg.backends if not reg.discovered(b.id)]
+        return configured(self._config.backends, operated, reg.drained(),
                           self._pending.configured(), config_tenants=self._config.tenants,
                           current_tenants=reg.tenants.all(), config_prices=self._config.prices,
                           current_prices=reg.tenants.prices)  # fmt: skip
