@@ -19,6 +19,8 @@ from control.backend_spec import (
     make_backend,
     pair_spec,
 )
+from control.discovery.settings import DiscoverySettings
+from control.discovery.settings import parse as parse_discovery
 from control.exceptions import ConfigError
 from control.routing.policy import DEFAULT_POLICY, KV_DEFAULT_POLICY, POLICIES
 from control.settings import (
@@ -50,6 +52,7 @@ class Config:
     adapters: tuple[Adapter, ...] = ()
     lora: LoraSettings = field(default_factory=LoraSettings)
     prices: PriceTable = field(default_factory=PriceTable)
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
 
 
 # What ZMQ's connect takes, and nothing it would refuse later inside a subscriber task: a
@@ -95,7 +98,8 @@ def parse(data: dict[str, Any]) -> Config:
         raise ConfigError(str(exc)) from None
     adapters = _adapters(data.get("adapters", []), {b.model for b in backends})
     return Config(tuple(backends), routing, probes, health, affinity, audit, pairs, load, kv,
-                  tenants, admission, adapters, lora, _prices(data.get("prices", {})))  # fmt: skip
+                  tenants, admission, adapters, lora, _prices(data.get("prices", {})),
+                  parse_discovery(data.get("discovery", {})))  # fmt: skip
 
 
 def _prices(raw: object) -> PriceTable:

@@ -47,6 +47,7 @@ ROOMS: dict[str, tuple[tuple[str, ...], ...]] = {
         ("fleet",),  # the registry (the one owner of fleet state), its tables and its feeds
         ("pairs",),  # speculative pairs and their gate
         ("routing",),  # the router and the policies
+        ("discovery",),  # engines found in the cluster (Kubernetes, DNS), joined to the registry
         ("config",),  # the TOML file, checked against the policies
         ("metrics",),
         ("replicas",),  # control replicas on etcd: election, store, the leader's soft state

@@ -28,6 +28,7 @@ from control.api.routing import RoutingServicer
 from control.audit.durable import EventFile
 from control.audit.log import Entry
 from control.config import Config
+from control.discovery.runner import Discovery
 from control.fleet.db import Configured, FleetDB, configured
 from control.fleet.kv_subscribers import KvSubscribers
 from control.fleet.load_poller import run_load_poller
@@ -132,6 +133,11 @@ class ControlPlane:
         self._metrics_runner: web.AppRunner | None = None
         self.metrics_port = 0
         self._http: aiohttp.ClientSession | None = None
+        # Engines found in the cluster (control/discovery/); None without [discovery] sources.
+        self.discovery: Discovery | None = None
+        if config.discovery.sources:
+            self.discovery = Discovery(self.registry, config.discovery, rng=self._rng,
+                                       leading=lambda: self.leading, http=self._session)
 
     def _build_state(self, config: Config, data_dir: Path | None, keep_fleet: bool) -> None:
         """The audit log, the registry with what operators changed at run time laid over the
@@ -166,6 +172,10 @@ class ControlPlane:
         self.adapters = AdapterService(self.registry, config.lora, self.metrics, self._clock)
         self.adapters.router = self.router
         self.router.adapters.start_load = self.adapters.order
+
+    def _session(self) -> aiohttp.ClientSession:
+        assert self._http is not None, "discovery before start()"
+        return self._http
 
     async def read_facts(self, backend: Backend, within: float) -> Facts:
         assert self._http is not None, "read_facts before start()"
@@ -214,6 +224,8 @@ class ControlPlane:
             self._routing.role_changed()
         if not leading and self._route_socket is not None:
             self._route_socket.drop_all()
+        if leading and self.discovery is not None:
+            self.discovery.poke()  # a new leader acts on what it already sees
         if self._health is not None:
             status = SERVING if leading else NOT_SERVING
             for name in GATED_SERVICES:
@@ -263,6 +275,8 @@ class ControlPlane:
         if watch is not None:
             self._tasks.append(watch)
         self._tasks.append(asyncio.create_task(self._expire_load()))
+        if self.discovery is not None:
+            self._tasks += [asyncio.create_task(t) for t in self.discovery.tasks()]
         self._tasks.append(asyncio.create_task(self._flush_events()))
         if self._spend is not None:
             self._tasks.append(asyncio.create_task(self._spend.run()))
