@@ -12,7 +12,7 @@ from typing import Any
 from clients.client import BackendRow
 
 # SOURCE: config, cli, or the discovery source that found it (k8s:NS/SERVICE, dns:NAME).
-BACKEND_COLUMNS = ("id", "model", "kind", "role", "source", "state", "in_flight", "engine",
+BACKEND_COLUMNS = ("id", "model", "kind", "role", "state", "source", "in_flight", "engine",
                    "since", "reason", "url")  # fmt: skip
 # Shown only when some backend sets them (most fleets run no output parsers), before the url.
 PARSER_COLUMNS = ("reasoning_parser", "tool_parser")

@@ -64,7 +64,7 @@ class Discovery:
 
     def tasks(self) -> list[Coroutine[Any, Any, None]]:
         """The watch of every source and the applier, for the caller to run and cancel."""
-        out: list[Coroutine[Any, Any, None]] = [self._apply_forever()]
+        out: list[Coroutine[Any, Any, None]] = [self.apply_forever()]
         for s in self._settings.sources:
             if isinstance(s, KubeSource):
                 r = kube.Reflector(s, partial(self._saw_objects, s), self._rng)
@@ -82,16 +82,17 @@ class Discovery:
         return self._views.get(source, {})
 
     def _saw_objects(self, s: KubeSource, objs: list[Mapping[str, Any]]) -> None:
-        self._saw(s, from_slices(objs, s) if s.service else from_pods(objs, s))
+        self.saw(s, from_slices(objs, s) if s.service else from_pods(objs, s))
 
     def _saw_records(self, s: DnsSource, found: list[tuple[str, int]]) -> None:
-        self._saw(s, from_records(s.name, found))
+        self.saw(s, from_records(s.name, found))
 
-    def _saw(self, s: Source, endpoints: dict[str, Endpoint]) -> None:
+    def saw(self, s: Source, endpoints: dict[str, Endpoint]) -> None:
+        """What source `s` sees now (its watch calls this after every change)."""
         self._views[name_of(s)] = endpoints
         self._changed.set()
 
-    async def _apply_forever(self) -> None:
+    async def apply_forever(self) -> None:
         while True:
             self._changed.clear()
             pending = False
