@@ -214,9 +214,11 @@ def main(argv: list[str]) -> int:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    listen_fd, pass_fd, state_fd = (int(a) for a in argv)
-    if os.getppid() == 1:
-        return 0  # the shim died before the death signal was set
+    listen_fd, pass_fd, state_fd, shim_pid = (int(a) for a in argv)
+    # The shim died before the death signal was set. Compared with the shim's pid, not 1: in
+    # a container the shim is pid 1 itself.
+    if os.getppid() != shim_pid:
+        return 0
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the shim decides when the door closes
     listener = socket.socket(fileno=listen_fd)
     shim = socket.socket(fileno=pass_fd)
@@ -266,7 +268,8 @@ class Door:
         # On this thread, the loop's: the front door's death signal follows the thread that
         # forked it, which must live as long as the shim.
         self._proc = subprocess.Popen(  # noqa: ASYNC220 - a fork, not a wait
-            [sys.executable, "-m", "dataplane.edge.frontdoor", *map(str, fds)], pass_fds=fds
+            [sys.executable, "-m", "dataplane.edge.frontdoor", *map(str, fds), str(os.getpid())],
+            pass_fds=fds,
         )
         self._theirs.close()
         self._listener.close()  # the front door's alone: it closes when the door does
