@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 
-.PHONY: up test lint protos bench engines test-real test-ha test-matrix
+.PHONY: up test lint protos bench engines test-real test-ha test-matrix image test-deploy
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,3 +54,26 @@ test-matrix: $(STAMP)
 # killed, etcd killed and restarted, `baton up --replicas` started and stopped.
 test-ha: $(STAMP)
 	$(PY) -m pytest -m ha tests/ha $(ARGS)
+
+# The container image (Containerfile): one image for control, shims and sims. BASE is the image
+# it builds on (python:3.11-slim needs a registry; scripts/image_base.sh makes a Debian one
+# without). ENGINE_FLAGS go to `$(ENGINE) build` (this kind of machine: --runtime runc
+# --network host). pip's index settings, where the environment has them, go in as build args.
+IMAGE        ?= localhost/baton:dev
+BASE         ?= python:3.11-slim
+EXTRAS       ?= discovery
+ENGINE       ?= podman
+ENGINE_FLAGS ?=
+# pip's CA bundle (a network whose TLS is inspected): $PIP_CERT, else pip's own `cert` setting.
+comma        := ,
+PIP_CERT     ?= $(shell $(PYTHON) -m pip config get global.cert 2>/dev/null)
+image:
+	$(ENGINE) build $(ENGINE_FLAGS) -f Containerfile -t $(IMAGE) \
+		$(if $(PIP_CERT),--secret id=pip-cert$(comma)src=$(PIP_CERT)) \
+		--build-arg BASE=$(BASE) --build-arg EXTRAS=$(EXTRAS) \
+		$(foreach v,PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST,$(if $($(v)),--build-arg '$(v)=$($(v))')) .
+
+# The image built on the mmdebstrap base and run as containers (podman), and what needs dnsmasq:
+# tests marked `deploy` (.ci/run installs podman, runc, mmdebstrap and dnsmasq first).
+test-deploy: $(STAMP)
+	$(PY) -m pytest -m deploy tests/deploy tests/integration --durations=10 $(ARGS)
