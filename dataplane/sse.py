@@ -42,6 +42,47 @@ class Event(NamedTuple):
 _event = tuple.__new__
 
 
+def event(raw: bytes) -> Event:
+    """One event from its bytes without the blank line that ended it."""
+    return _event(Event, (raw + b"\n\n", _data_of(raw)))
+
+
+def events_of(block: bytes, max_event_bytes: int = 8 * 1024 * 1024) -> list[Event]:
+    """The events of a block of whole ones (SSEParser.feed_block), split left to right at
+    each blank line (as splitting the block at b"\\n\\n" does)."""
+    if block.endswith(b"\n\n") and block.find(b"\n\n") == len(block) - 2:
+        # One event, what an engine sends a token at a time: nothing to search.
+        if len(block) - 2 > max_event_bytes:
+            raise ValueError(f"SSE event larger than {max_event_bytes} bytes")
+        return [_event(Event, (block, _data_of(block[:-2])))]
+    events: list[Event] = []
+    start = 0
+    while True:
+        end = block.find(b"\n\n", start)
+        if end < 0:
+            return events
+        if end - start > max_event_bytes:
+            raise ValueError(f"SSE event larger than {max_event_bytes} bytes")
+        events.append(_event(Event, (block[start : end + 2], _data_of(block[start:end]))))
+        start = end + 2
+
+
+def _events_end(buf: bytes) -> int:
+    """Where the last complete event of `buf` ends (0: none), as a left-to-right search for
+    blank lines finds it, without searching event by event. The last b"\\n\\n" ends a run of
+    newlines (one more after it would make a later one), and such a search enters the run at
+    its start (after a byte that is not a newline, or at the buffer's start, where the
+    previous search left off) and consumes it two at a time."""
+    last = buf.rfind(b"\n\n")
+    if last < 0:
+        return 0
+    run_start = last
+    while run_start > 0 and buf[run_start - 1] == 10:  # b"\\n"; rarely more than once
+        run_start -= 1
+    run = last + 2 - run_start
+    return run_start + run - run % 2
+
+
 def _data_of(block: bytes) -> bytes:
     if block.startswith(b"data: ") and b"\n" not in block:
         return block[6:]  # the one-line event every engine sends: skip the line split
@@ -56,7 +97,11 @@ def _data_of(block: bytes) -> bytes:
 class SSEParser:
     """Incremental: feed() bytes as they arrive, get the complete events so far.
     Accepts \\n, \\r\\n and \\r line endings (normalised to \\n); a partial event stays
-    buffered until completed. The events do not depend on how the stream was cut into reads."""
+    buffered until completed. The events do not depend on how the stream was cut into reads.
+
+    feed_block() gives the same events as one block of bytes (each event's raw bytes in
+    order), unsplit: the relay's run of plain token chunks is handled as a whole
+    (dataplane/relay/runs.py), and only what is not is split, by events_of()."""
 
     def __init__(self, max_event_bytes: int = 8 * 1024 * 1024) -> None:
         self._buf = b""
@@ -64,19 +109,12 @@ class SSEParser:
         self._after_cr = False  # the last chunk ended in \\r: a leading \\n ends the same line
 
     def feed(self, chunk: bytes) -> list[Event]:
+        return events_of(self.feed_block(chunk), self._max)
+
+    def feed_block(self, chunk: bytes) -> bytes:
+        """The complete events so far, normalised, as one block (b"" when none is complete)."""
         if not chunk:
-            return []
-        if (
-            not self._buf
-            and not self._after_cr
-            and chunk.endswith(b"\n\n")
-            and chunk.find(b"\n\n") == len(chunk) - 2
-            and b"\r" not in chunk
-            and len(chunk) - 2 <= self._max
-        ):
-            # One whole event in one read, what an engine sends a token at a time (no \r,
-            # so the line endings need no normalising): no buffer joined or kept.
-            return [_event(Event, (chunk, _data_of(chunk[:-2])))]
+            return b""
         # Each chunk is normalised once, before joining the buffer: normalising the joined
         # buffer again would turn "\\r\\r\\n" into a different event depending on the cut.
         if self._after_cr and chunk.startswith(b"\n"):
@@ -84,21 +122,14 @@ class SSEParser:
         self._after_cr = chunk.endswith(b"\r")
         if b"\r" in chunk:
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        buf = self._buf + chunk
-        events = []
-        start = 0
-        while True:
-            end = buf.find(b"\n\n", start)
-            if end < 0:
-                break
-            if end - start > self._max:  # however it arrived: the same limit for every cut
-                raise ValueError(f"SSE event larger than {self._max} bytes")
-            events.append(_event(Event, (buf[start : end + 2], _data_of(buf[start:end]))))
-            start = end + 2
-        self._buf = buf[start:]
+        buf = self._buf + chunk if self._buf else chunk
+        end = _events_end(buf)
+        block, self._buf = (buf[:end], buf[end:]) if end < len(buf) else (buf, b"")
         if len(self._buf) - self._buf.endswith(b"\n") > self._max:
             raise ValueError(f"SSE event larger than {self._max} bytes")
-        return events
+        if len(block) > self._max:  # however it arrived: the same limit for every cut
+            events_of(block, self._max)
+        return block
 
     @property
     def pending(self) -> bytes:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 BLOCK_BYTES = 16384  # a sealed block's size; the tail is at most this
 
@@ -34,7 +34,7 @@ class IdLog:
         if len(self._tail) >= self.PER_BLOCK:
             self._seal()
 
-    def extend(self, ids: Sequence[int]) -> None:
+    def extend(self, ids: Iterable[int]) -> None:
         tail = self._tail
         tail.extend(ids)
         if len(tail) >= self.PER_BLOCK:

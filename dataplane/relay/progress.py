@@ -12,6 +12,7 @@ from array import array
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TypeAlias
 
 from dataplane.relay.blocklog import IdLog, Utf8Log
@@ -160,6 +161,32 @@ class ChoiceProgress:
             log.extend(ids)
             if self.settles and (settled or (text and len(ids) == 1)):
                 self.settled.append((len(log), self.text_len))
+
+    def add_run(self, texts: list[str], ids: list[list[int]]) -> None:
+        """Chunks as add() takes them one by one, each with one id or more (a run of plain
+        chunks: dataplane/relay/runs.py), in a few C calls: one append of the text, one of
+        the ids, and the boundaries only the recent ones of which are kept."""
+        joined = "".join(texts)
+        if joined:
+            self._append(joined)
+        self.text_len += len(joined)
+        self.content_chunks += len(texts) - texts.count("")
+        log = self.token_ids
+        log.extend(chain.from_iterable(ids))
+        if self.settles:
+            # Newest first, back from the end, as far as the deque keeps them.
+            at, text_at = len(log), self.text_len
+            marks: list[tuple[int, int]] = []
+            for i in range(len(texts) - 1, -1, -1):
+                text, chunk_ids = texts[i], ids[i]
+                if text and len(chunk_ids) == 1:
+                    marks.append((at, text_at))
+                    if len(marks) == RECENT_CHUNKS:
+                        break
+                at -= len(chunk_ids)
+                text_at -= len(text)
+            marks.reverse()
+            self.settled.extend(marks)
 
     def end(self, finish: str, stop_reason: str | int | None = None, held_text: str = "") -> None:
         """The choice's finish. `held_text`: text the client gets with it for tokens counted

@@ -9,14 +9,14 @@ across the seam and answers include_usage over the whole generation."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from baton.model import Failure
-from dataplane.relay import logprobs
+from dataplane.relay import logprobs, runs
 from dataplane.relay.progress import ChoiceProgress, Ids, id_array
 from dataplane.relay.resume import generate
 from dataplane.relay.resume.reasoning import Markers, open_after
+from dataplane.relay.shape import Identity, expected_choices
 from dataplane.relay.strip import client_event, edited, strip_ids
 from dataplane.relay.thinking import CutText, TagCut, Thinking, other_fields
 from dataplane.relay.tools.follow import ToolFollow, runs_tool_parser
@@ -27,23 +27,6 @@ from dataplane.upstream.chunks import FAILED_FINISH, Choice, Chunk, parse_chunk
 
 _EMPTY: dict[str, Any] = {}  # read only
 NO_TOOL_PARSER = "tool calls cannot be followed: the backend names no tool_parser"
-@dataclass(slots=True)
-class Identity:
-    id: str = ""
-    created: int = 0
-    model: str = ""
-    system_fingerprint: str | None = None
-
-
-def expected_choices(client: ClientRequest) -> int:
-    n = client.body.get("n") or 1
-    prompt = client.body.get("prompt")
-    if client.endpoint is Endpoint.COMPLETIONS and isinstance(prompt, list) and prompt:
-        if isinstance(prompt[0], str | list):
-            return n * len(prompt)  # a batch of prompts: n choices each
-    return int(n)
-
-
 class Stitcher:
     def __init__(self, client: ClientRequest, *, strip_ids: bool) -> None:
         self.chat = client.endpoint is Endpoint.CHAT
@@ -151,7 +134,7 @@ class Stitcher:
         self.wants = []
         if chunk is None:
             return None, failure
-        if self.strip_ids and self.ident.id and self.logprobs_k is None and self.markers is None:
+        if self.plain:
             out = self._plain(chunk, raw)
             if out is not None:
                 return out, None
@@ -195,6 +178,28 @@ class Stitcher:
             # Baton asked for ids: without them the engine sends no such chunk.
             return None, None
         return client_event(data, raw, self.strip_ids), None
+
+    @property
+    def plain(self) -> bool:
+        """Whether a plain chunk (_plain, plain_run) goes out as the engine sent it, less its
+        ids, with nothing per token to follow: the client wants no ids, the stream's identity
+        is known (its first chunk came), no logprobs, no reasoning followed."""
+        return (self.strip_ids and bool(self.ident.id) and self.logprobs_k is None
+                and self.markers is None)  # fmt: skip
+
+    def plain_run(self, run: bytes, n: int) -> bytes | None:
+        """n whole events of the first stream as one (dataplane/relay/runs.py): the client's
+        bytes for them, or None, nothing tracked, when one is not a plain chunk (the caller
+        then offers them one by one to original())."""
+        if not self.plain or len(self.choices) != 1:
+            return None
+        got = runs.decode(run, n, self.chat)
+        if got is None:
+            return None
+        if got.fingerprint:
+            self.ident.system_fingerprint = got.fingerprint
+        self.choices[0].add_run(got.texts, got.ids)
+        return got.client
 
     def _plain(self, chunk: Chunk, raw: bytes) -> bytes | None:
         """Most of a stream, in one step: a chunk of one choice with text and ids, no finish,

@@ -19,6 +19,7 @@ from baton.model import Backend, Failure
 from dataplane.exceptions import AttemptFailed, StreamFailed
 from dataplane.link.needs import FailoverAdvice, FailoverAudit
 from dataplane.outcomes import cached_count
+from dataplane.relay import runs
 from dataplane.relay.context import StreamContext
 from dataplane.relay.progress import ChoiceProgress
 from dataplane.relay.resume.attempt import TOKEN_KINDS, Resumer
@@ -29,8 +30,9 @@ from dataplane.relay.resume.reports import Reporter
 from dataplane.relay.stitch import Stitcher
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.sse import ClientStream
+from dataplane.sse import event as sse_event
 from dataplane.upstream.chunks import error_type
-from dataplane.upstream.engine import upstream_events
+from dataplane.upstream.engine import upstream_blocks
 
 
 class RelayControl(FailoverAdvice, FailoverAudit, Protocol):
@@ -179,55 +181,91 @@ class StreamRelay:
     async def _pump(self, backend: Backend, upstream: aiohttp.ClientResponse) -> Backend | None:
         """Relays the first stream to its end. Returns where to move it when `backend` is
         drained with migration (decided between two reads: a chunk boundary)."""
-        original = self.stitcher.original
         first, self._first = self._first, b""
-        reads = upstream_events(upstream, first, self._settings)
+        blocks = upstream_blocks(upstream, first, self._settings)
         del first
-        async for events in reads:
+        async for block in blocks:
             out: list[bytes] = []
-            for event in events:
-                if event.is_done:
-                    if out:
-                        await self.write(b"".join(out))
-                    if self.stitcher.unfinished():
-                        raise StreamFailed(Failure.TRUNCATED, "[DONE] before every choice finished")
-                    return None
-                piece, failure = original(event.data, event.raw)
-                if self.stitcher.wants:
-                    # A tag chunk the engine's parser mis-split: split by ids (once a stream).
-                    try:
-                        texts = await self._resumer.cut_texts(backend, self.stitcher.wants)
-                    except AttemptFailed as failed:
-                        # The engine cannot say (it died right after the chunk, as seen on a
-                        # SIGKILL): the chunk is dropped, untracked, and the stream fails
-                        # over before it; the resume splits those tokens by ids itself.
-                        if out:
-                            await self.write(b"".join(out))
-                        raise StreamFailed(failed.failure, failed.detail) from None
-                    piece, failure = original(event.data, event.raw, texts)
-                if piece:
-                    if self.first_byte is None and not failure:
-                        # The client's first token goes out now, not after the rest of a read
-                        # that may hold the whole answer (a fast engine's): that is its TTFT.
-                        # uvloop sends what was written when the loop next turns, so turn it.
-                        await self.write(piece)
-                        await asyncio.sleep(0)
-                    else:
-                        out.append(piece)
-                if failure:
-                    if out:
-                        await self.write(b"".join(out))
-                    why = error_type(event.data) if failure == Failure.ERROR_EVENT else ""
-                    raise StreamFailed(failure, why)
-            # What one read delivered goes out in one write.
-            if out:
-                await self.write(b"".join(out))
-            del out, events  # not held while the next read waits
+            try:
+                done = await self._block(backend, block, out)
+            finally:
+                # What one read delivered goes out in one write (before a failure's too).
+                if out:
+                    await self.write(b"".join(out))
+            del out, block  # not held while the next read waits
+            if done:
+                return None
             if self.due(backend.id):  # a chunk boundary: a migration can start here
                 target = await self.target(backend)
                 if target is not None:
                     return target
         return None
+
+    async def _block(self, backend: Backend, block: bytes, out: list[bytes]) -> bool:
+        """One block of whole events (engine.read_blocks) into `out`; True at [DONE]. Raises
+        StreamFailed when the stream broke, `out` holding what the client gets before it.
+        Once the stream's first chunk has gone out, its plain token chunks go as one run
+        (Stitcher.plain_run), tried once a block; the rest one event at a time."""
+        raws = block.split(b"\n\n")
+        raws.pop()  # b"": a block ends with a blank line
+        stitcher = self.stitcher
+        original = stitcher.original
+        i, n = 0, len(raws)
+        tried = n < 2
+        while i < n:
+            if not tried and stitcher.plain and self.first_byte is not None:
+                tried = True
+                i = self._run(block, raws, i, out)
+                continue
+            event = sse_event(raws[i])
+            i += 1
+            if not event.data:
+                continue  # a keep-alive comment
+            if event.is_done:
+                if stitcher.unfinished():
+                    raise StreamFailed(Failure.TRUNCATED, "[DONE] before every choice finished")
+                return True
+            piece, failure = original(event.data, event.raw)
+            if stitcher.wants:
+                # A tag chunk the engine's parser mis-split: split by ids (once a stream).
+                try:
+                    texts = await self._resumer.cut_texts(backend, stitcher.wants)
+                except AttemptFailed as failed:
+                    # The engine cannot say (it died right after the chunk, as seen on a
+                    # SIGKILL): the chunk is dropped, untracked, and the stream fails over
+                    # before it; the resume splits those tokens by ids itself.
+                    raise StreamFailed(failed.failure, failed.detail) from None
+                piece, failure = original(event.data, event.raw, texts)
+            if piece:
+                if self.first_byte is None and not failure:
+                    # The client's first token goes out now, not after the rest of a read
+                    # that may hold the whole answer (a fast engine's): that is its TTFT.
+                    # uvloop sends what was written when the loop next turns, so turn it.
+                    await self.write(piece)
+                    await asyncio.sleep(0)
+                else:
+                    out.append(piece)
+            if failure:
+                why = error_type(event.data) if failure == Failure.ERROR_EVENT else ""
+                raise StreamFailed(failure, why)
+        return False
+
+    def _run(self, block: bytes, raws: list[bytes], i: int, out: list[bytes]) -> int:
+        """Events i.. of the block up to the last that looks plain, as one run when they
+        all are: where the events left to offer one by one start."""
+        k = len(raws)
+        while k > i and not runs.looks_plain(raws[k - 1]):  # a finish, usage, [DONE]...
+            k -= 1
+        if k - i < 2:
+            return i
+        start = sum(map(len, raws[:i])) + 2 * i
+        stop = len(block) - sum(map(len, raws[k:])) - 2 * (len(raws) - k)
+        run = block[start:stop] if start or stop < len(block) else block
+        piece = self.stitcher.plain_run(run, k - i)
+        if piece is None:
+            return i
+        out.append(piece)
+        return k
 
 
 _ALNUM = string.ascii_letters + string.digits

@@ -21,7 +21,7 @@ import orjson
 from baton.model import Backend, Failure
 from dataplane.exceptions import AttemptFailed, StreamFailed
 from dataplane.settings import ResumeSettings, Timeouts
-from dataplane.sse import Event, SSEParser
+from dataplane.sse import Event, SSEParser, events_of
 from dataplane.upstream import buffers
 from dataplane.upstream.chunks import error_type
 from dataplane.upstream.failures import classify_status
@@ -105,12 +105,14 @@ TRAILER_BYTES = 64 * 1024
 READ_SLICE = 16 * 1024
 
 
-async def read_events(
+async def read_blocks(
     content: aiohttp.StreamReader, first: bytes, settings: ResumeSettings, got_token: bool
-) -> AsyncIterator[list[Event]]:
-    """The data events of each read (of each READ_SLICE of it), as a batch (so the caller
-    can answer it with one write); raises StreamFailed on a stall, a broken connection, or
-    EOF (the caller decides whether EOF was early). One lazy timer per stream (_StallWatch)."""
+) -> AsyncIterator[bytes]:
+    """The whole events of each read (of each READ_SLICE of it) as one block of bytes
+    (SSEParser.feed_block), when it has a data event: the caller answers it with one write,
+    and a run of plain token chunks in it is handled as a whole. Raises StreamFailed on a
+    stall, a broken connection, or EOF (the caller decides whether EOF was early). One lazy
+    timer per stream (_StallWatch)."""
     parser = SSEParser()
     watch = _StallWatch(asyncio.get_running_loop(), content)
     chunk = first
@@ -119,15 +121,15 @@ async def read_events(
         while True:
             for at in range(0, len(chunk), READ_SLICE):
                 piece = chunk[at : at + READ_SLICE] if len(chunk) > READ_SLICE else chunk
-                events = [e for e in parser.feed(piece) if e.data]
+                block = parser.feed_block(piece)
                 del piece
-                if events:
+                if block.startswith(b"data:") or b"\ndata:" in block:
                     got_token = True
                     # Not timed while the caller handles events: time spent writing to a slow
                     # client is backpressure, not a stalled backend.
                     watch.pause()
-                    yield events
-                    del events
+                    yield block
+                    del block
             # Nothing of a read is held while waiting for the next (a stream that waits on
             # its client or engine holds no burst of events, nor the read they came in).
             chunk = b""
@@ -145,6 +147,18 @@ async def read_events(
         raise StreamFailed(Failure.GARBAGE, str(exc)) from None
     finally:
         watch.close()
+
+
+async def read_events(
+    content: aiohttp.StreamReader, first: bytes, settings: ResumeSettings, got_token: bool
+) -> AsyncIterator[list[Event]]:
+    """read_blocks split into their data events (keep-alive comments dropped), a batch a
+    block."""
+    async for block in read_blocks(content, first, settings, got_token):
+        events = [e for e in events_of(block) if e.data]
+        del block
+        if events:
+            yield events
 
 
 class _StallWatch:
@@ -194,19 +208,32 @@ class _StallWatch:
             self._handle = None
 
 
-def upstream_events(
-    upstream: aiohttp.ClientResponse, first: bytes, settings: ResumeSettings
-) -> AsyncIterator[list[Event]]:
-    """read_events over an engine's streamed response, which read_events alone then times:
-    aiohttp's own read timeout, which reschedules a timer on every packet that arrives (1.3
-    µs each, dozens a stream), is switched off for it. It stays on until then: it bounds the
-    wait for the headers (and for the first piece, where the caller reads one before). The
-    connection's next request sets its own again. The connection's receive buffer is capped
+def _streaming(upstream: aiohttp.ClientResponse, settings: ResumeSettings) -> None:
+    """An engine's streamed response, before read_blocks times it: aiohttp's own read
+    timeout, which reschedules a timer on every packet that arrives (1.3 µs each, dozens a
+    stream), is switched off for it. It stays on until then: it bounds the wait for the
+    headers (and for the first piece, where the caller reads one before). The connection's
+    next request sets its own again. The connection's receive buffer is capped
     (dataplane/upstream/buffers.py)."""
     connection = upstream.connection
     if connection is not None and connection.protocol is not None:
         connection.protocol.read_timeout = None
         buffers.cap_engine(connection.transport, settings.stream_buffer)
+
+
+def upstream_blocks(
+    upstream: aiohttp.ClientResponse, first: bytes, settings: ResumeSettings
+) -> AsyncIterator[bytes]:
+    """read_blocks over an engine's streamed response (the first stream's relay)."""
+    _streaming(upstream, settings)
+    return read_blocks(upstream.content, first, settings, False)
+
+
+def upstream_events(
+    upstream: aiohttp.ClientResponse, first: bytes, settings: ResumeSettings
+) -> AsyncIterator[list[Event]]:
+    """read_events over an engine's streamed response."""
+    _streaming(upstream, settings)
     return read_events(upstream.content, first, settings, False)
 
 
