@@ -8,6 +8,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.client import HTTPConnection
@@ -24,6 +25,38 @@ FAST_SIM = ("--prefill-us-per-token", "0", "--decode-ms-per-step", "0")
 
 def start_sim(*extra: str, model: str = MODEL) -> Part:
     return Part("sim", ["sim", "--listen", "127.0.0.1:0", "--model", model, *FAST_SIM, *extra])
+
+
+def start_sims(flags: Sequence[Sequence[str]], model: str = MODEL) -> list[Part]:
+    """One sim per entry of `flags` (its extra flags), started at once rather than one after
+    the other (a start is mostly its interpreter's imports); all or none: if one does not
+    start, those that did are stopped."""
+    return start_all([lambda extra=tuple(f): start_sim(*extra, model=model) for f in flags])
+
+
+def start_all(starts: Sequence[Callable[[], Part]]) -> list[Part]:
+    """Run each start at once, each waiting for its own part's READY line; the parts in the
+    order of `starts`. All or none: if one fails, those that started are stopped."""
+    if len(starts) <= 1:
+        return [s() for s in starts]
+    with ThreadPoolExecutor(max_workers=len(starts)) as pool:
+        futures = [pool.submit(s) for s in starts]
+    parts, failure = [], None
+    for fut in futures:
+        try:
+            parts.append(fut.result())
+        except BaseException as e:  # re-raised below, once the others are stopped
+            failure = failure or e
+    if failure is not None:
+        stop_all(parts)
+        raise failure
+    return parts
+
+
+def stop_all(parts: Sequence[Part], grace: float = 3) -> None:
+    """Stop parts in reverse order (each gets SIGTERM once the one after it has exited)."""
+    for p in reversed(parts):
+        p.stop(grace=grace)
 
 
 def write_config(
@@ -205,11 +238,9 @@ def fleet(
     sends a fresh fleet's first request to s0."""
     parts: list[Part] = []
     try:
-        sims = {}
-        for i in range(n):
-            extra = per_sim[i] if i < len(per_sim) else ()
-            sims[f"s{i}"] = start_sim(*sim_args, *extra)
-            parts.append(sims[f"s{i}"])
+        flags = [(*sim_args, *(per_sim[i] if i < len(per_sim) else ())) for i in range(n)]
+        sims = {f"s{i}": p for i, p in enumerate(start_sims(flags))}
+        parts += sims.values()
         config = write_config(
             tmp_path / "control.toml",
             [(k, p.ready) for k, p in sims.items()],

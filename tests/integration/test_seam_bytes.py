@@ -28,7 +28,7 @@ from tests.integration.harness import (
     http,
     start_control,
     start_shim,
-    start_sim,
+    start_sims,
     wait_until,
     write_config,
 )
@@ -81,10 +81,8 @@ def seam_fleet(
     parts: list[Part] = []
     arm = Arm()
     try:
-        ref = start_sim(*sim_flags)
-        parts.append(ref)
-        sims = [start_sim(*sim_flags) for _ in range(2)]
-        parts += sims
+        ref, *sims = start_sims([sim_flags] * 3)
+        parts += [ref, *sims]
         with cut_proxies([s.ready for s in sims], arm) as urls:
             config = write_config(
                 tmp / "control.toml",

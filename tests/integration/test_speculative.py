@@ -26,6 +26,7 @@ from tests.integration.harness import (
     start_control,
     start_shim,
     start_sim,
+    start_sims,
     wait_until,
     write_config,
 )
@@ -73,12 +74,9 @@ def spec_fleet(
 ) -> Iterator[SpecFleet]:
     parts: list[Part] = []
     try:
-        sims = {}
-        for i, extra in enumerate(targets):
-            sims[f"t{i}"] = start_sim("--decode-ms-per-step", "2", *extra)
-            parts.append(sims[f"t{i}"])
-        d = start_sim(*draft)
-        parts.append(d)
+        *started, d = start_sims([*(("--decode-ms-per-step", "2", *e) for e in targets), draft])
+        sims = {f"t{i}": p for i, p in enumerate(started)}
+        parts += [*started, d]
         config = write_config(
             tmp_path / "control.toml", [(k, p.ready) for k, p in sims.items()], probe_interval=0.2
         )

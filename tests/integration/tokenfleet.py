@@ -21,7 +21,7 @@ from tests.integration.harness import (
     http,
     start_control,
     start_shim,
-    start_sim,
+    start_sims,
     wait_until,
     write_config,
 )
@@ -64,10 +64,8 @@ def token_fleet(
     """`drain_t1`: t1 drained before the chat turn, so the turn (and every pin) is on t0."""
     parts: list[Part] = []
     try:
-        sims = {}
-        for bid in ("t0", "t1", "d"):
-            sims[bid] = start_sim()
-            parts.append(sims[bid])
+        sims = dict(zip(("t0", "t1", "d"), start_sims([()] * 3), strict=True))
+        parts += sims.values()
         config = write_config(
             path / "control.toml", [(b, sims[b].ready) for b in ("t0", "t1")], probe_interval=0.2
         )
