@@ -27,6 +27,7 @@ import aiohttp
 import pytest
 
 from clients.procs import Part
+from tests.engines_cache import vllm_installed
 from tests.integration.harness import MODEL, start_sim
 
 VLLM_PY = Path("/root/.cache/baton-engines/vllm-venv/bin/python")
@@ -389,7 +390,7 @@ def test_the_engine_key_is_a_bearer_token_only() -> None:
 
 
 # -- against vLLM's own code (its environment, when installed) -----------------------------------
-needs_vllm = pytest.mark.skipif(not VLLM_PY.exists(), reason="no vLLM venv (make engines)")
+needs_vllm = pytest.mark.skipif(not vllm_installed(), reason="no vLLM venv (make engines)")
 
 SDK_SCRIPT = """
 import json, sys

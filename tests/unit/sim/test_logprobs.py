@@ -20,6 +20,7 @@ from sim.logprobs import ChoiceLogprobs, decoded_token
 from sim.model import ModelConfig, ToyModel
 from sim.server import start_server
 from sim.tokenizer import EOS, build_tokenizer
+from tests.engines_cache import model_built, vllm_installed
 from tests.factories import sim_config
 
 MSGS = [{"role": "user", "content": "Écris 中文 😀, then the stream"}]
@@ -304,7 +305,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(not (VLLM_PY.exists() and TINY_BYTES.exists()), reason="make engines")
+@pytest.mark.skipif(not (vllm_installed() and model_built("tiny-bytes")), reason="make engines")
 @pytest.mark.parametrize("k", [0, 2])
 def test_shapes_match_vllms_own_functions(k: int) -> None:
     """Byte tokens (ids = byte values in both vocabularies: the sim's default and vLLM's
