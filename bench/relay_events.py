@@ -163,12 +163,14 @@ def per_event(tree: Path, size: int, tokens: int) -> float:
     return (counted[1] - counted[0]) / extra
 
 
-def by_instructions(tokens: int, compare: str | None, json_path: Path) -> int:
+def by_instructions(tokens: int, compare: str | None, json_path: Path, only: str) -> int:
     here = Path(__file__).resolve().parent.parent
     rows: dict[str, dict[str, float]] = {}
     with contextlib.ExitStack() as stack:
         other = stack.enter_context(checkout(compare)) if compare else None
         for name, size in READS.items():
+            if only and only not in name:
+                continue
             row = {"this tree": per_event(here, size, tokens)}
             if other is not None:
                 row[compare or ""] = per_event(other, size, tokens)
@@ -204,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--instructions", action="store_true", help="count, don't time")
     p.add_argument("--compare", help="with --instructions: also this commit, in the same run")
+    p.add_argument("--reads", default="", help="only the read sizes whose name has this")
     p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" /
                    "relay_events.json")  # fmt: skip
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)  # a callgrind child's read size
@@ -213,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         run_streams(a.child, a.tokens, a.streams)
         return 0
     if a.instructions:
-        return by_instructions(a.tokens, a.compare, a.json.with_suffix(".instructions.json"))
+        return by_instructions(a.tokens, a.compare, a.json.with_suffix(".instructions.json"),
+                               a.reads)  # fmt: skip
     return by_clock(a.tokens, a.reps, a.json)
 
 

@@ -47,6 +47,11 @@ def event(raw: bytes) -> Event:
     return _event(Event, (raw + b"\n\n", _data_of(raw)))
 
 
+def whole_event(block: bytes) -> Event:
+    """The event of a block that is one whole event, blank line included."""
+    return _event(Event, (block, _data_of(block[:-2])))
+
+
 def events_of(block: bytes, max_event_bytes: int = 8 * 1024 * 1024) -> list[Event]:
     """The events of a block of whole ones (SSEParser.feed_block), split left to right at
     each blank line (as splitting the block at b"\\n\\n" does)."""
@@ -122,6 +127,12 @@ class SSEParser:
         self._after_cr = chunk.endswith(b"\r")
         if b"\r" in chunk:
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if not self._buf and chunk.endswith(b"\n\n") and chunk[-3:-2] != b"\n":
+            # Whole events and nothing after them (an engine writes an event at a time): no
+            # buffer joined, searched or kept.
+            if len(chunk) > self._max:
+                events_of(chunk, self._max)
+            return chunk
         buf = self._buf + chunk if self._buf else chunk
         end = _events_end(buf)
         block, self._buf = (buf[:end], buf[end:]) if end < len(buf) else (buf, b"")

@@ -10,6 +10,7 @@ import functools
 import os
 import string
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,7 +30,7 @@ from dataplane.relay.resume.migration import Migration
 from dataplane.relay.resume.reports import Reporter
 from dataplane.relay.stitch import Stitcher
 from dataplane.request import ClientRequest, Endpoint
-from dataplane.sse import ClientStream
+from dataplane.sse import ClientStream, Event, whole_event
 from dataplane.sse import event as sse_event
 from dataplane.upstream.chunks import error_type
 from dataplane.upstream.engine import upstream_blocks
@@ -180,75 +181,79 @@ class StreamRelay:
 
     async def _pump(self, backend: Backend, upstream: aiohttp.ClientResponse) -> Backend | None:
         """Relays the first stream to its end. Returns where to move it when `backend` is
-        drained with migration (decided between two reads: a chunk boundary)."""
+        drained with migration (decided between two reads: a chunk boundary).
+
+        Each block of whole events (engine.read_blocks) is answered with one write. Once the
+        stream's first chunk has gone out, a block's plain token chunks go as one run
+        (_events, Stitcher.plain_run); every other event is taken here, one at a time."""
         first, self._first = self._first, b""
         blocks = upstream_blocks(upstream, first, self._settings)
         del first
+        stitcher = self.stitcher
+        original = stitcher.original
         async for block in blocks:
             out: list[bytes] = []
             try:
-                done = await self._block(backend, block, out)
+                # One event a read (a quiet engine's pace): nothing to split or run.
+                one = block.find(b"\n\n") == len(block) - 2
+                for event in (whole_event(block),) if one else self._events(block, out):
+                    if not event.data:
+                        continue  # a keep-alive comment
+                    if event.is_done:
+                        if stitcher.unfinished():
+                            raise StreamFailed(Failure.TRUNCATED,
+                                               "[DONE] before every choice finished")  # fmt: skip
+                        return None
+                    piece, failure = original(event.data, event.raw)
+                    if stitcher.wants:
+                        # A tag chunk the engine's parser mis-split: split by ids (once a
+                        # stream).
+                        try:
+                            texts = await self._resumer.cut_texts(backend, stitcher.wants)
+                        except AttemptFailed as failed:
+                            # The engine cannot say (it died right after the chunk, as seen on
+                            # a SIGKILL): the chunk is dropped, untracked, and the stream fails
+                            # over before it; the resume splits those tokens by ids itself.
+                            raise StreamFailed(failed.failure, failed.detail) from None
+                        piece, failure = original(event.data, event.raw, texts)
+                    if piece:
+                        if self.first_byte is None and not failure:
+                            # The client's first token goes out now, not after the rest of a
+                            # read that may hold the whole answer (a fast engine's): that is
+                            # its TTFT. uvloop sends what was written when the loop next
+                            # turns, so turn it.
+                            await self.write(piece)
+                            await asyncio.sleep(0)
+                        else:
+                            out.append(piece)
+                    if failure:
+                        why = error_type(event.data) if failure == Failure.ERROR_EVENT else ""
+                        raise StreamFailed(failure, why)
             finally:
                 # What one read delivered goes out in one write (before a failure's too).
                 if out:
                     await self.write(b"".join(out))
             del out, block  # not held while the next read waits
-            if done:
-                return None
             if self.due(backend.id):  # a chunk boundary: a migration can start here
                 target = await self.target(backend)
                 if target is not None:
                     return target
         return None
 
-    async def _block(self, backend: Backend, block: bytes, out: list[bytes]) -> bool:
-        """One block of whole events (engine.read_blocks) into `out`; True at [DONE]. Raises
-        StreamFailed when the stream broke, `out` holding what the client gets before it.
-        Once the stream's first chunk has gone out, its plain token chunks go as one run
-        (Stitcher.plain_run), tried once a block; the rest one event at a time."""
+    def _events(self, block: bytes, out: list[bytes]) -> Iterator[Event]:
+        """The events of a block for _pump to take one at a time; a run of plain chunks
+        among them (tried once a block, once the stream's first chunk went out) is taken
+        here, into `out`, between two of them."""
         raws = block.split(b"\n\n")
         raws.pop()  # b"": a block ends with a blank line
-        stitcher = self.stitcher
-        original = stitcher.original
-        i, n = 0, len(raws)
-        tried = n < 2
+        i, n, tried = 0, len(raws), False
         while i < n:
-            if not tried and stitcher.plain and self.first_byte is not None:
+            if not tried and self.stitcher.plain and self.first_byte is not None:
                 tried = True
                 i = self._run(block, raws, i, out)
                 continue
-            event = sse_event(raws[i])
+            yield sse_event(raws[i])
             i += 1
-            if not event.data:
-                continue  # a keep-alive comment
-            if event.is_done:
-                if stitcher.unfinished():
-                    raise StreamFailed(Failure.TRUNCATED, "[DONE] before every choice finished")
-                return True
-            piece, failure = original(event.data, event.raw)
-            if stitcher.wants:
-                # A tag chunk the engine's parser mis-split: split by ids (once a stream).
-                try:
-                    texts = await self._resumer.cut_texts(backend, stitcher.wants)
-                except AttemptFailed as failed:
-                    # The engine cannot say (it died right after the chunk, as seen on a
-                    # SIGKILL): the chunk is dropped, untracked, and the stream fails over
-                    # before it; the resume splits those tokens by ids itself.
-                    raise StreamFailed(failed.failure, failed.detail) from None
-                piece, failure = original(event.data, event.raw, texts)
-            if piece:
-                if self.first_byte is None and not failure:
-                    # The client's first token goes out now, not after the rest of a read
-                    # that may hold the whole answer (a fast engine's): that is its TTFT.
-                    # uvloop sends what was written when the loop next turns, so turn it.
-                    await self.write(piece)
-                    await asyncio.sleep(0)
-                else:
-                    out.append(piece)
-            if failure:
-                why = error_type(event.data) if failure == Failure.ERROR_EVENT else ""
-                raise StreamFailed(failure, why)
-        return False
 
     def _run(self, block: bytes, raws: list[bytes], i: int, out: list[bytes]) -> int:
         """Events i.. of the block up to the last that looks plain, as one run when they
