@@ -2,6 +2,9 @@
 backends it added before, as actions for the registry. Pure: the runner applies them.
 
 - ready, unknown -> Add (once its model is known); ready again after a demotion -> Undrain
+- not ready or terminating, unknown, but seen ready before (a leader has had it in the fleet:
+  this replica was just elected, and a follower's registry holds no discovered backend) ->
+  Add, then Drain as below, so that its streams still move
 - not ready -> Drain (no new requests; its streams finish where they are)
 - terminating -> Drain with migrate: its streams move to other backends now, before the
   engine's SIGTERM, through the same resume as `baton backends drain --migrate`
@@ -27,6 +30,8 @@ from control.discovery.endpoints import Phase
 class Wanted:
     phase: Phase
     backend: Backend | None  # None: its model is not known yet
+    # Ready at some time since its source listed it: the leader then will have added it.
+    was_ready: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +108,13 @@ def plan(
             out.append(Undrain(bid))  # ready again (an operator's drain is left alone)
     others: dict[str, str] = {s.backend.id: s.source for s in fleet if s.source != source}
     for eid, w in sorted(wanted.items()):
-        if eid in mine or w.phase is not Phase.READY or w.backend is None:
+        if eid in mine or w.backend is None or not (w.phase is Phase.READY or w.was_ready):
             continue  # a new endpoint joins only ready, and with its model known
         if eid in others:
             out.append(Refuse(eid, others[eid]))
-        else:
-            out.append(Add(w.backend))
+            continue
+        out.append(Add(w.backend))
+        if w.phase is not Phase.READY:  # one a leader before this one had: as it is now
+            terminates = w.phase is Phase.TERMINATING
+            out.append(Drain(eid, terminates, terminating if terminates else not_ready))
     return out

@@ -5,8 +5,11 @@ drain, undrain, remove), as `baton backends` does.
 
 With control replicas every replica watches, so a new leader's view is current at once; only
 the leader asks engines their models and changes the fleet, and on becoming leader it
-applies what it sees (`poke`). A source that has not listed yet changes nothing: its
-backends are never removed for want of a first answer."""
+applies what it sees (`poke`). A follower's registry holds no discovered backend, so a new
+leader adds, in their phase now, the endpoints it has seen ready (its predecessor had them):
+one that turned terminating while no replica led is still drained with migrate. A source that
+has not listed yet changes nothing: its backends are never removed for want of a first
+answer."""
 
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ class Discovery:
         self._http = http
         self._rng = rng
         self._views: dict[str, dict[str, Endpoint]] = {}  # source -> endpoint id -> endpoint
+        self._was_ready: dict[str, set[str]] = {}  # source -> ids ready since it listed them
         self._models: dict[str, str] = {}  # url -> the model its engine serves
         self._changed = asyncio.Event()
         self._said: set[tuple[str, str]] = set()  # warnings given (each once)
@@ -89,7 +93,10 @@ class Discovery:
 
     def saw(self, s: Source, endpoints: dict[str, Endpoint]) -> None:
         """What source `s` sees now (its watch calls this after every change)."""
-        self._views[name_of(s)] = endpoints
+        name = name_of(s)
+        self._views[name] = endpoints
+        ready = {e.id for e in endpoints.values() if e.phase is Phase.READY}
+        self._was_ready[name] = (self._was_ready.get(name, set()) & set(endpoints)) | ready
         self._changed.set()
 
     async def apply_forever(self) -> None:
@@ -110,18 +117,19 @@ class Discovery:
         view = self._views.get(name)
         if view is None:
             return False
-        await self._learn_models(s, view)
+        was_ready = self._was_ready.get(name, set())
+        await self._learn_models(s, view, was_ready)
         wanted: dict[str, Wanted] = {}
         pending = False
         for e in view.values():
             model = e.said(MODEL) or s.engine.model or self._models.get(e.url, "")
-            pending |= not model and e.phase is Phase.READY
+            pending |= not model and (e.phase is Phase.READY or e.id in was_ready)
             try:
                 backend = backend_for(e, model, s.engine) if model else None
             except ConfigError as exc:
                 self._warn(e.id, f"{name}: endpoint {e.id} left out: {exc}")
                 continue
-            wanted[e.id] = Wanted(e.phase, backend)
+            wanted[e.id] = Wanted(e.phase, backend, e.id in was_ready)
         if not self._leading():  # it may have stopped leading while engines were asked
             return pending
         reg = self._registry
@@ -153,9 +161,12 @@ class Discovery:
         except (BackendExists, BackendNotFound) as exc:
             self._warn(str(action), f"{source}: {exc}")
 
-    async def _learn_models(self, s: Source, view: Mapping[str, Endpoint]) -> None:
-        """Asks each ready engine that nothing names a model of its model (/v1/models)."""
-        ask = {e.url: e for e in view.values() if e.phase is Phase.READY
+    async def _learn_models(
+        self, s: Source, view: Mapping[str, Endpoint], was_ready: set[str]
+    ) -> None:
+        """Asks each engine ready (now, or since listed) that nothing names a model of its
+        model (/v1/models)."""
+        ask = {e.url: e for e in view.values() if (e.phase is Phase.READY or e.id in was_ready)
                and not (e.said(MODEL) or s.engine.model) and e.url not in self._models}  # fmt: skip
         if ask:
             found = await asyncio.gather(*(self._model_of(e) for e in ask.values()))

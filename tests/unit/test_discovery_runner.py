@@ -5,6 +5,7 @@ once on what it already sees."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from random import Random
 
 import aiohttp
@@ -44,6 +45,39 @@ def test_only_the_leader_acts_and_a_new_leader_acts_on_what_it_sees() -> None:
             assert [(b.id, b.url, b.model) for b in reg.backends] == [
                 ("llm/p", "http://10.0.0.1:8000", "m")]  # fmt: skip
             assert reg.snapshot.backends[0].source == SRC.name
+        finally:
+            applier.cancel()
+
+    asyncio.run(go())
+
+
+def test_a_new_leader_drains_with_migrate_an_endpoint_that_terminated_while_none_led() -> None:
+    """A follower's registry holds no discovered backend: an endpoint it saw ready, then
+    terminating before it was elected, is still drained with migrate (not left out as one
+    that never joined); one never seen ready does not join."""
+
+    async def go() -> None:
+        reg = Registry([], clock=lambda: 1.0)
+        leads = [False]
+        d = Discovery(reg, DiscoverySettings((SRC,)), leading=lambda: leads[0], http=no_http,
+                      rng=Random(0))  # fmt: skip
+        applier = asyncio.create_task(d.apply_forever())
+        try:
+            p = Endpoint("llm/p", "10.0.0.1", 8000, Phase.READY)
+            q = Endpoint("llm/q", "10.0.0.2", 8000, Phase.NOT_READY)
+            d.saw(SRC, {"llm/p": p, "llm/q": q})
+            d.saw(SRC, {"llm/p": replace(p, phase=Phase.TERMINATING), "llm/q": q})
+            await settle()
+            assert reg.backends == ()
+            leads[0] = True
+            d.poke()
+            await settle()
+            (s,) = reg.snapshot.backends
+            assert (s.backend.id, s.migrating, s.health.reason) == (
+                "llm/p", True, f"terminating ({SRC.name})")  # fmt: skip
+            d.saw(SRC, {"llm/q": q})  # gone: removed; q, never ready, still out
+            await settle()
+            assert reg.backends == ()
         finally:
             applier.cancel()
 
