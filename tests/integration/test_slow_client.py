@@ -121,6 +121,10 @@ def test_a_stalled_client_holds_no_more_than_the_stream_buffer_on_either_side(
             # begins a segment, then fills it, so the queue may end one segment (up to 64 KiB
             # on loopback) past it: 90 KiB once on CI's kernel, 3.9 MB with autotuning.
             assert 0 < client_side[0] <= 2 * cap, client_side
-            assert 0 < engine[1] <= cap, engine  # what the engine sent that the shim has not read
+            # What the engine sent that the shim has not read. The cap lands when the stream
+            # begins, after the engine's first bytes, and the kernel never takes back a window
+            # it has already advertised: what the engine was allowed before may land past the
+            # cap (66,352 bytes seen once, under load), never the megabytes of autotuning.
+            assert 0 < engine[1] <= 2 * cap, engine
         finally:
             sock.close()
