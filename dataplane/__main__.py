@@ -29,6 +29,7 @@ from dataplane.settings import (
     ResumeSettings,
     RetryBudget,
     ShimSettings,
+    SpecSettings,
     Timeouts,
 )
 
@@ -115,6 +116,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="backends tried per request before the first byte",
     )
     _add_resume(parser)
+    spec = parser.add_argument_group("speculative pairs (docs/speculative.md)")
+    spec.add_argument(
+        "--spec-lookahead",
+        action="store_true",
+        help="the draft proposes a pair's next round while the target verifies this one "
+        "(pays where the draft has its own device and the host's CPU to spare)",
+    )
+    spec.add_argument(
+        "--spec-adaptive-k",
+        action="store_true",
+        help="each round drafts 1 .. 2 x the pair's k: two more after a proposal the target "
+        "took whole, one fewer after one it cut",
+    )
     parser.add_argument("--log-level", default="WARNING")
 
 
@@ -241,6 +255,7 @@ def settings_from(args: argparse.Namespace) -> ShimSettings:
             timeouts=Timeouts(connect=args.connect_timeout, read=args.read_timeout),
             budget=RetryBudget(max_attempts=args.max_attempts),
             client_write_timeout=args.client_write_timeout,
+            spec=SpecSettings(lookahead=args.spec_lookahead, adaptive_k=args.spec_adaptive_k),
             resume=ResumeSettings(
                 seam_tokens=args.seam_tokens,
                 seam_mode=SeamMode(args.seam_mode),

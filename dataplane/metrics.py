@@ -139,10 +139,49 @@ class ShimMetrics:
             "Failovers whose seam is still being checked (not yet counted or reported).",
             registry=r,
         )
+        self.spec_rounds = Histogram(
+            "baton_shim_spec_round_seconds",
+            "Speculative rounds' time by part: waiting for the draft's proposal (draft), for "
+            "the target's verification (verify), for the target's detokenize (detokenize), "
+            "and the rest, the shim's own work (shim).",
+            ["part"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.spec_proposals = Counter(
+            "baton_shim_spec_proposals",
+            "Speculative rounds by where their proposal came from: drafted while the last "
+            "round verified (ahead), or asked for once it was judged (fresh).",
+            ["source"],
+            registry=r,
+        )
+        self.spec_drafted = Counter(
+            "baton_shim_spec_drafted_tokens",
+            "Tokens the drafts proposed in speculative rounds (over rounds: the mean k).",
+            registry=r,
+        )
         r.register(LinkCollector(link))
         # Label children resolved once: labels() takes a lock and builds a key per call,
         # a measurable share of a request's CPU in the shim.
         self._children: dict[tuple[object, ...], Counter] = {}
+        self._histograms: dict[tuple[object, ...], Histogram] = {}
+
+    def spec_round(self, draft_s: float, verify_s: float, detokenize_s: float, total_s: float,
+                   *, ahead: bool, drafted: int) -> None:  # fmt: skip
+        """One speculative round: its parts, and the shim's own work as the rest of it."""
+        shim_s = max(0.0, total_s - draft_s - verify_s - detokenize_s)
+        for part, s in (("draft", draft_s), ("verify", verify_s),
+                        ("detokenize", detokenize_s), ("shim", shim_s)):  # fmt: skip
+            self._child(self.spec_rounds, part).observe(s)
+        self.count(self.spec_proposals, "ahead" if ahead else "fresh")
+        self.spec_drafted.inc(drafted)
+
+    def _child(self, metric: Histogram, *labels: str) -> Histogram:
+        key = (id(metric), *labels)
+        child = self._histograms.get(key)
+        if child is None:
+            child = self._histograms[key] = metric.labels(*labels)
+        return child
 
     def count(self, metric: Counter, *labels: str) -> None:
         key = (id(metric), *labels)

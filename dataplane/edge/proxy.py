@@ -89,7 +89,8 @@ class Proxy:
         self._control = control
         self._settings = settings
         self._background = Background()
-        self._spec = SpecServer(session, control, settings.timeouts, settings.budget)
+        self._spec = SpecServer(session, control, settings.timeouts, settings.budget,
+                                metrics, settings.spec)  # fmt: skip
         self._markers = MarkerCache(resumes)
 
     async def serve(

@@ -89,6 +89,17 @@ def judge(
     return Judged(accepted, tuple(tokens), finish)
 
 
+def next_k(k: int, drafted: int, accepted: int, most: int) -> int:
+    """How many tokens the next round drafts: two more after a proposal the target took whole,
+    one fewer after one it cut (the "heuristic" schedule of transformers' assisted
+    generation), within 1..most. A pair that agrees drafts long rounds, where a round's fixed
+    cost (two calls) buys the most tokens; one that disagrees drafts short ones, and the
+    target is not asked to verify tokens it will refuse."""
+    if drafted > 0 and accepted >= drafted:
+        return min(most, k + 2)
+    return max(1, min(most, k - 1))
+
+
 def repeated_ngram(ids: Sequence[int], *, window: int = 64, max_period: int = 16,
                    min_repeats: int = 4) -> bool:  # fmt: skip
     """The tail of the output is one short n-gram over and over (a degenerate loop)."""

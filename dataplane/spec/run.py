@@ -21,6 +21,7 @@ from baton.model import (
 from dataplane.outcomes import outcome
 from dataplane.request import ClientRequest, Endpoint
 from dataplane.spec.plan import repeated_ngram
+from dataplane.spec.rounds import Ahead
 
 
 @dataclass(slots=True)
@@ -43,6 +44,14 @@ class SpecRun:
     started: float = field(default_factory=time.monotonic)
     first_byte: float | None = None
     moving: Move | None = None  # a failover whose first resumed byte has not been sent yet
+    k: int = 0  # the next round's draft length (plan.next_k); 0: the pairing's own
+    ahead: Ahead | None = None  # the next round's proposal, drafted while this one verifies
+
+    def drop_ahead(self) -> None:
+        """The proposal in flight will not be taken (a failure, a new pairing, the end)."""
+        if self.ahead is not None:
+            self.ahead.cancel()
+            self.ahead = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,12 +34,13 @@ from dataplane.exceptions import (
     OpenAIError,
 )
 from dataplane.link.needs import FailoverAdvice, FailoverAudit, Gate, Outcomes
+from dataplane.metrics import ShimMetrics
 from dataplane.relay.resume import detok
 from dataplane.request import ClientRequest, token_limit
-from dataplane.settings import RetryBudget, Timeouts
+from dataplane.settings import RetryBudget, SpecSettings, Timeouts
 from dataplane.spec.answer import AnswerWriter
-from dataplane.spec.plan import Judged
-from dataplane.spec.rounds import Rounds
+from dataplane.spec.plan import Judged, next_k
+from dataplane.spec.rounds import Round, Rounds
 from dataplane.spec.run import Move, SpecRun, failover_report, request_outcome
 
 log = logging.getLogger("baton.shim.spec")
@@ -57,9 +58,13 @@ class SpecServer:
         control: SpecControl,
         timeouts: Timeouts,
         budget: RetryBudget,
+        metrics: ShimMetrics,
+        settings: SpecSettings,
     ) -> None:
         self._control = control
         self._budget = budget
+        self._metrics = metrics
+        self._settings = settings
         self._rounds = Rounds(session, timeouts)
 
     async def serve(
@@ -84,9 +89,14 @@ class SpecServer:
         finish = "length"
         try:
             while len(run.generated) < limit:
-                judged = await self._next(run, limit - len(run.generated))
+                judged, done = await self._next(run, limit - len(run.generated))
                 last = bool(judged.finished) or len(run.generated) + len(judged.emitted) >= limit
-                await self._emit(run, writer, judged.emitted, last=last)
+                detokenize_s = await self._emit(run, writer, judged.emitted, last=last)
+                if done is not None:
+                    self._metrics.spec_round(
+                        done.draft_s, done.verify_s, detokenize_s, time.monotonic() - done.started,
+                        ahead=done.from_ahead, drafted=done.drafted,
+                    )  # fmt: skip
                 if judged.finished:
                     finish = judged.finished
                     break
@@ -99,6 +109,8 @@ class SpecServer:
             # The client went away: no more rounds, and control must stop counting it.
             self._control.finished(request_outcome(run, ok=False))
             raise
+        finally:
+            run.drop_ahead()
         self._moved(run, FailoverOutcome.RESUMED)  # a resume that ended without new text
         await writer.finish(finish, run.prompt_len, len(run.generated))
         self._control.finished(request_outcome(run, ok=True))
@@ -106,26 +118,37 @@ class SpecServer:
 
     # -- rounds ----------------------------------------------------------------------------
 
-    async def _next(self, run: SpecRun, remaining: int) -> Judged:
-        """The next tokens, from a round on the pair or target-only, surviving target death
-        through failovers (bounded)."""
+    async def _next(self, run: SpecRun, remaining: int) -> tuple[Judged, Round | None]:
+        """The next tokens, from a round on the pair (returned too) or target-only,
+        surviving target death through failovers (bounded)."""
         while True:
             try:
-                if run.pairing is None:
-                    return await self._rounds.target_only(run.ctx, run.target, remaining)
+                pairing = run.pairing
+                if pairing is None:
+                    return await self._rounds.target_only(run.ctx, run.target, remaining), None
+                k = run.k or pairing.num_draft_tokens
+                most = self._settings.most_draft_tokens(pairing.num_draft_tokens)
+                # What the next round drafts if this one is taken whole: the guess ahead.
+                k_ahead = next_k(k, 1, 1, most) if self._settings.lookahead else 0
                 try:
-                    judged, drafted = await self._rounds.round(
-                        run.ctx, run.pairing, run.target, remaining
-                    )
+                    done = await self._rounds.round(
+                        run.ctx, pairing, run.target, remaining,
+                        k=k, ahead=run.ahead, k_ahead=k_ahead,
+                    )  # fmt: skip
                 except DraftFailed as exc:
                     log.warning("request %s: draft failed (%s); target-only", run.request_id, exc)
+                    run.drop_ahead()
                     run.pairing = None
                     continue
+                run.ahead = done.ahead
+                if self._settings.adaptive_k:
+                    run.k = next_k(k, done.drafted, done.judged.accepted, most)
                 run.rounds += 1
-                run.drafted += drafted
-                run.accepted += judged.accepted
-                return judged
+                run.drafted += done.drafted
+                run.accepted += done.judged.accepted
+                return done.judged, done
             except AttemptFailed as failed:
+                run.drop_ahead()
                 await self._failover(run, failed, remaining)
 
     async def _failover(self, run: SpecRun, failed: AttemptFailed, remaining: int) -> None:
@@ -153,7 +176,8 @@ class SpecServer:
                  failed, decision.backends[0].id)  # fmt: skip
         run.target = decision.backends[0]
         run.pairing = decision.pairing
-        run.rounds = run.drafted = run.accepted = 0  # acceptance is per pairing
+        run.rounds = run.drafted = run.accepted = run.k = 0  # acceptance is per pairing
+        run.drop_ahead()
         if run.pairing is not None and run.pairing.gate_required:
             await self._gate_first(run, remaining)
 
@@ -164,7 +188,8 @@ class SpecServer:
         pairing = run.pairing
         assert pairing is not None
         try:
-            judged, drafted = await self._rounds.round(run.ctx, pairing, run.target, remaining)
+            probe = await self._rounds.round(run.ctx, pairing, run.target, remaining,
+                                             k=pairing.num_draft_tokens)  # fmt: skip
         except DraftFailed as exc:
             log.warning("request %s: draft failed in the probe round of %s on %s (%s); "
                         "target-only", run.request_id, pairing.pair_id, run.target.id,
@@ -173,7 +198,8 @@ class SpecServer:
             return
         try:
             answer = await self._control.gate_pairing(
-                run.request_id, pairing.pair_id, run.target.id, drafted, judged.accepted
+                run.request_id, pairing.pair_id, run.target.id, probe.drafted,
+                probe.judged.accepted,
             )
         except ControlUnavailable as exc:
             log.warning("request %s: no gate verdict on %s with %s (%s); target-only",
@@ -194,13 +220,15 @@ class SpecServer:
 
     async def _emit(
         self, run: SpecRun, writer: AnswerWriter, ids: tuple[int, ...], *, last: bool = False
-    ) -> None:
+    ) -> float:
         """Send the text `ids` add, as the target would stream it: only up to whole
-        characters (detok), and at the end up to the last character boundary."""
+        characters (detok), and at the end up to the last character boundary. Returns the
+        seconds spent waiting for the target's detokenize."""
         run.generated.extend(ids)
         run.ctx.extend(ids)
         if not ids and not last:
-            return
+            return 0.0
+        asked = time.monotonic()
         while True:
             try:
                 decode = functools.partial(self._rounds.detokenize, run.target)
@@ -211,8 +239,9 @@ class SpecServer:
                 break
             except AttemptFailed as failed:
                 await self._failover(run, failed, 1)
+        waited = time.monotonic() - asked
         if not (last or detok.whole(text)):
-            return  # half a character: the rest comes with the next round
+            return waited  # half a character: the rest comes with the next round
         if text.startswith(run.text) and len(text) > len(run.text):
             delta = text[len(run.text) :]
             run.text = text
@@ -220,6 +249,7 @@ class SpecServer:
                 run.first_byte = time.monotonic()
             await writer.text(delta)
             self._moved(run, FailoverOutcome.RESUMED)
+        return waited
 
     def _moved(self, run: SpecRun, outcome: FailoverOutcome, detail: str = "") -> None:
         """Report the pending failover, if one is (run.py's failover_report)."""

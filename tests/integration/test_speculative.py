@@ -70,8 +70,9 @@ class SpecFleet:
 
 @contextmanager
 def spec_fleet(
-    tmp_path: Path, targets: Sequence[Sequence[str]], draft: Sequence[str] = AGREE
-) -> Iterator[SpecFleet]:
+    tmp_path: Path, targets: Sequence[Sequence[str]], draft: Sequence[str] = AGREE,
+    shim_args: Sequence[str] = (),
+) -> Iterator[SpecFleet]:  # fmt: skip
     parts: list[Part] = []
     try:
         *started, d = start_sims([*(("--decode-ms-per-step", "2", *e) for e in targets), draft])
@@ -82,7 +83,7 @@ def spec_fleet(
         )
         control = start_control(config)
         parts.append(control)
-        shim = start_shim(control.ready)
+        shim = start_shim(control.ready, *shim_args)
         parts.append(shim)
         f = SpecFleet(Fleet(sims, control, shim, parts), d)
         f.ok("backends", "add", "d", "--url", d.ready, "--model", MODEL, "--role", "draft")
@@ -176,6 +177,33 @@ def test_pair_output_is_byte_identical_to_the_target_alone(
         control = f.fleet.control.announced["METRICS"].removesuffix("/metrics")
         exported = metric(control, "baton_pair_acceptance_baseline", 'draft="d"')
         assert 0.15 < exported < 0.75
+
+
+def test_rounds_drafted_ahead_and_of_adaptive_length_keep_the_targets_own_output(
+    tmp_path: Path,
+) -> None:
+    """--spec-lookahead and --spec-adaptive-k: the draft proposes the next round while the
+    target verifies, and rounds lengthen and shorten; the output is still the target's own,
+    byte for byte, and rounds really started from a proposal drafted ahead (a guess at the
+    target's bonus token that came true) as well as from fresh ones (a guess that did not)."""
+    agree = ("--draft-agree-rate", "0.8")
+    with spec_fleet(tmp_path, [()], draft=agree,
+                    shim_args=("--spec-lookahead", "--spec-adaptive-k")) as f:  # fmt: skip
+        f.ok("pairs", "bind", "d", "t0", "-k", "3")
+        t0 = f.fleet.sims["t0"]
+        for i, prompt in enumerate(PROMPTS):
+            for chat in (False, True):
+                want = direct(t0, prompt, 48, chat=chat)
+                got = through(f.fleet.base_url, prompt, 48, chat=chat, stream=bool(i % 2))
+                assert got == want, (prompt, chat)
+        shim = f.fleet.base_url.removesuffix("/v1")
+        ahead = metric(shim, "baton_shim_spec_proposals_total", 'source="ahead"')
+        fresh = metric(shim, "baton_shim_spec_proposals_total", 'source="fresh"')
+        assert ahead > 0 and fresh > 0, (ahead, fresh)
+        # Adaptive k: rounds drafted more than the pair's k of 3 on the whole (lengthened
+        # after whole takes; a fixed k drafts 3 at most, fewer near max_tokens).
+        drafted = metric(shim, "baton_shim_spec_drafted_tokens_total")
+        assert drafted > 3 * (ahead + fresh), (drafted, ahead + fresh)
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from dataplane.request import ClientRequest, Endpoint
-from dataplane.spec.plan import Judged, judge, repeated_ngram, spec_eligible
+from dataplane.spec.plan import Judged, judge, next_k, repeated_ngram, spec_eligible
 
 
 def own(*tokens: int | None, stop_at: int | None = None) -> list[tuple[int | None, str | None]]:
@@ -63,3 +63,14 @@ def test_only_plain_greedy_requests_with_a_length_cap_are_eligible() -> None:
     assert not spec_eligible(req(max_tokens=8, temperature=0, stop=["\n"]))
     assert not spec_eligible(req(max_tokens=8, temperature=0, n=2))
     assert spec_eligible(req(max_tokens=8, temperature=0, n=1))
+
+
+def test_adaptive_k_lengthens_after_a_whole_take_and_shortens_after_a_cut() -> None:
+    assert next_k(4, drafted=4, accepted=4, most=8) == 6
+    assert next_k(7, drafted=7, accepted=7, most=8) == 8  # never past the most
+    assert next_k(4, drafted=4, accepted=2, most=8) == 3
+    assert next_k(1, drafted=1, accepted=0, most=8) == 1  # never below one
+    # A proposal cut short by the draft's end of sequence, taken whole: still a whole take.
+    assert next_k(4, drafted=2, accepted=2, most=8) == 6
+    # An empty proposal (the draft ended at once) earns no longer round.
+    assert next_k(4, drafted=0, accepted=0, most=8) == 3
