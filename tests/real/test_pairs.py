@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from clients.client import AdminClient
+from control.pairs.table import PROBATION_ROUNDS
 from scripts.engines.replicas import Engine
 from tests.integration.harness import Fleet, http, metric, wait_until
 from tests.real.conftest import OTHER_BLOCK_SIZE, Pool, baton, sdk
@@ -146,7 +147,10 @@ def test_gate_incident_on_real_vllm(
             client.completions.create(model=target.model, prompt=prompt, max_tokens=24,
                                       temperature=0)  # fmt: skip
         assert ok(fleet, "pairs", "list")[0]["rounds"] > 0
-        prompt, tokens = PROMPTS[0] * 4, 1200
+        # Long enough for the survivor's probation to end after the cut: PROBATION_ROUNDS rounds
+        # in line with the baseline, and this pair agrees, so a round emits about k + 1 = 5
+        # tokens (8 a round leaves room for the cut, the probe round and slower rounds).
+        prompt, tokens = PROMPTS[0] * 4, 8 * PROBATION_ROUNDS
         prompt_ids, want = greedy_ids(target, prompt, tokens)
         text: list[str] = []
         killed = False
