@@ -25,7 +25,8 @@ pytestmark = pytest.mark.timeout(240)
 # Each backend serves 4 requests at once before it is full; a band leaves 25% of that per
 # band above it: interactive may use 4, standard 3, batch 2 (of each backend).
 ADMISSION = "[admission]\nbackend_capacity = 4\nheadroom = 0.25\nmax_wait = {wait}\n"
-SIM = ("--decode-ms-per-step", "30")  # a 10-token answer takes about 0.3 s
+STEP = 0.030  # the sims' decode step: a 10-token answer takes about 0.3 s
+SIM = ("--decode-ms-per-step", str(int(STEP * 1000)))
 
 
 @contextmanager
@@ -118,7 +119,10 @@ def test_interactive_is_served_through_a_batch_flood_and_batch_is_shed_with_retr
             for fut in flooding:
                 fut.result(timeout=120)
         assert statuses == [200] * 9, statuses  # no 429 for the interactive tenant
-        assert statistics.median(busy) <= 1.5 * idle, (busy, idle)
+        # Up to one decode step more: a request that joins an engine mid-step waits for it
+        # (the engine's batching, not the router's). Without the bands it would wait for a
+        # slot: a batch answer's whole generation, 10 steps, or a 429.
+        assert statistics.median(busy) <= 1.5 * idle + STEP, (busy, idle)
         assert batch_results[200] > 0, batch_results  # served with what is left
         assert batch_results[429] > 0, batch_results  # and shed past its wait
         assert set(batch_results) <= {200, 429}, batch_results
