@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+M = TypeVar("M", Counter, Histogram)  # a labelled metric; its children are of its type
 
 LATENCY_BUCKETS = (1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ROUTE_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.25)
@@ -163,8 +166,7 @@ class ShimMetrics:
         r.register(LinkCollector(link))
         # Label children resolved once: labels() takes a lock and builds a key per call,
         # a measurable share of a request's CPU in the shim.
-        self._children: dict[tuple[object, ...], Counter] = {}
-        self._histograms: dict[tuple[object, ...], Histogram] = {}
+        self._children: dict[tuple[object, ...], Any] = {}
 
     def spec_round(self, draft_s: float, verify_s: float, detokenize_s: float, total_s: float,
                    *, ahead: bool, drafted: int) -> None:  # fmt: skip
@@ -176,16 +178,12 @@ class ShimMetrics:
         self.count(self.spec_proposals, "ahead" if ahead else "fresh")
         self.spec_drafted.inc(drafted)
 
-    def _child(self, metric: Histogram, *labels: str) -> Histogram:
-        key = (id(metric), *labels)
-        child = self._histograms.get(key)
-        if child is None:
-            child = self._histograms[key] = metric.labels(*labels)
-        return child
-
-    def count(self, metric: Counter, *labels: str) -> None:
+    def _child(self, metric: M, *labels: str) -> M:
         key = (id(metric), *labels)
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = metric.labels(*labels)
-        child.inc()
+        return cast(M, child)
+
+    def count(self, metric: Counter, *labels: str) -> None:
+        self._child(metric, *labels).inc()

@@ -3,9 +3,10 @@ draft's k tokens, the target's own next token after each prefix of the draft (k 
 one-token completions at once, in one request to vLLM: plan.py says why), the target
 alone when there is no usable draft, and the target's /tokenize and /detokenize.
 
-While the target verifies a round, the draft already proposes the next one (Ahead), from
-the context as it will be if the target takes the whole proposal: the two engines work at
-once, and a round the target takes whole starts with its proposal drafted."""
+With --spec-lookahead (off by default), while the target verifies a round the draft already
+proposes the next one (Ahead), from the context as it will be if the target takes the whole
+proposal: the two engines work at once, and a round the target takes whole starts with its
+proposal drafted."""
 
 from __future__ import annotations
 

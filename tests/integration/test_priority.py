@@ -121,7 +121,8 @@ def test_interactive_is_served_through_a_batch_flood_and_batch_is_shed_with_retr
         assert statuses == [200] * 9, statuses  # no 429 for the interactive tenant
         # The flood's own work (80 clients streaming through the same shim and sims, on the
         # same two cores) slows every first token by milliseconds: the host's, not the
-        # router's (10 ms against an idle 6 ms, seen with CI's engine build beside it).
+        # router's (10 ms against an idle 6 ms, seen in a clean-clone .ci/run here with the
+        # engines building beside it).
         # Without the bands the interactive request waits for a slot, a batch answer's whole
         # generation (10 steps, 0.3 s), or gets a 429: the bound allows a tenth of that.
         assert statistics.median(busy) <= 1.5 * idle + STEP, (busy, idle)
