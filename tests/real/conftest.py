@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,24 @@ def kv_events_args(name: str) -> tuple[str, ...]:
 SPECS = _specs()
 
 
+@dataclass
+class Starts:
+    """What the session's engine starts cost it: a CI run's time is mostly vLLM cold starts,
+    and the summary says how many and how long the tests waited for them."""
+
+    counts: dict[str, int] = field(default_factory=dict)  # replica -> starts and restarts
+    waited: float = 0.0  # seconds get() spent waiting for a replica to become healthy
+
+    def summary(self) -> str:
+        top = sorted(self.counts.items(), key=lambda kv: -kv[1])
+        names = ", ".join(f"{n} {c}" for n, c in top)
+        return (f"engine starts: {sum(self.counts.values())} ({names}); tests waited "
+                f"{self.waited:.0f} s for replicas to be healthy")  # fmt: skip
+
+
+STARTS = Starts()
+
+
 class Pool:
     def __init__(self, replicas: Replicas) -> None:
         self.replicas = replicas
@@ -150,6 +168,7 @@ class Pool:
             elif not e.alive:
                 self._restart(n)
         self.replicas.wait_healthy(list(names))
+        STARTS.waited += time.monotonic() - now
         return [self.replicas.engines[n] for n in names]
 
     def revive(self, name: str) -> None:
@@ -157,6 +176,7 @@ class Pool:
         self._restart(name)
 
     def _start(self, name: str, port: int | None = None) -> Engine:
+        STARTS.counts[name] = STARTS.counts.get(name, 0) + 1
         s = SPECS[name]
         if s.engine == "vllm":
             return self.replicas.start_vllm(name, core=s.core, port=port, model=s.model,
@@ -167,6 +187,7 @@ class Pool:
         """Replicas.restart, with the spec's environment too: the same name, port (a router
         configured with its URL finds it again), model and arguments."""
         if not SPECS[name].env:
+            STARTS.counts[name] = STARTS.counts.get(name, 0) + 1
             return self.replicas.restart(name)
         old = self.replicas.engines[name]
         old.stop(grace=1)
@@ -185,6 +206,11 @@ class Pool:
             n = idle.pop(0)
             self.replicas.stop(n)
             need -= data_parallel_size(SPECS[n].args)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if STARTS.counts:
+        terminalreporter.write_line(STARTS.summary())
 
 
 @pytest.fixture(scope="session")

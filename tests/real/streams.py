@@ -179,8 +179,8 @@ class Stepped:
     chunk where the kill is to land: True when the core (frozen) still holds an unfinished
     request, so that a kill lands mid-generation. On exit the cores run freely again."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, engine: Engine, step: float = STEP) -> None:
+        self.engine, self._step = engine, step
         self.cores = engine.pids_named("EngineCore")
         assert self.cores, f"{engine.name}: no engine core process"
         self._halt = threading.Event()
@@ -206,7 +206,7 @@ class Stepped:
     def _run(self) -> None:
         while not self._halt.is_set():
             self._signal(signal.SIGCONT)
-            time.sleep(STEP)
+            time.sleep(self._step)
             self._signal(signal.SIGSTOP)
             self._drain()
 
@@ -226,13 +226,17 @@ class Stepped:
 
 
 @contextmanager
-def stepped_kill(engines: Sequence[Engine]) -> Iterator[Callable[[str], bool]]:
+def stepped_kill(
+    engines: Sequence[Engine], step: float = STEP
+) -> Iterator[Callable[[str], bool]]:
     """A kill of the replica serving a stream that lands mid-generation: every replica's
     cores run in steps (Stepped) for the stream, and the one named is killed whole (its
     process group) only while its frozen core holds the request unfinished (False: it had
-    finished; the caller judges that stream and tries again). On exit the others run freely."""
+    finished; the caller judges that stream and tries again). On exit the others run freely.
+    `step`: seconds the cores run between freezes; a short stream needs short steps, or its
+    core ends it within the step that brings the client to the kill."""
     with ExitStack() as stack:
-        steps = {e.name: stack.enter_context(Stepped(e)) for e in engines}
+        steps = {e.name: stack.enter_context(Stepped(e, step)) for e in engines}
 
         def kill(name: str) -> bool:
             stepped = steps.get(name)

@@ -131,7 +131,12 @@ def test_vllm_reasoning_cut_at_every_token_around_an_early_end_tag(
             ref = direct(engine, Case("chat", case.prompt), tokens)
             t = ref.ids.index(THINK_END)
             want = truth(ref.ids)
-            assert want == ref.texts, case  # one token a chunk: vLLM's split is by ids
+            # One token a chunk, vLLM's own split is by ids. A loaded API server merges what
+            # its core sent while it was busy, even at stream_interval 1, and then mis-splits
+            # a chunk holding the special tag as the merged cases do: the check holds only
+            # where each chunk is one id, and the client's text is judged against the ids'.
+            if all(len(ids) == 1 for ids, _ in ref.chunks if ids):
+                assert want == ref.texts, case
             merged = direct(engine, case, tokens)  # what vLLM itself sends merged
             if special and merged.texts != want:
                 mangled += 1
