@@ -208,6 +208,39 @@ class Pool:
             need -= data_parallel_size(SPECS[n].args)
 
 
+# The suite's order: tests that ask for the same replicas run one after another, so that a
+# replica is not stopped to make room (VLLM_ALIVE) and cold-started again later; most of a CI
+# run's time is vLLM cold starts (30-50 s each). A nodeid takes the first entry it contains,
+# the most specific listed first; within an entry, the files' own order. Not listed: last.
+_MESSAGES = "test_messages.py::test_a_message_through_baton_is_vllms_own_and_outlives_a_sigkill"
+_GATE = "test_pairs.py::test_gate_incident_on_real_vllm"
+ORDER = [
+    "test_dashboard.py", "test_tool_parsers_vllm.py",
+    "test_tool_model.py", "test_agent_failover.py",  # tt0/tt1, tl0/tl1
+    "test_reasoning_seam.py", "test_reasoning.py",  # te0, se0; t0/t1, s0/s1
+    f"{_MESSAGES}[tiny-think-special]",  # s0/s1
+    f"{_MESSAGES}[tiny-bytes]", "test_bytes.py",  # b0/b1
+    "test_messages.py", "test_engines.py", "test_responses.py",  # v0/v1 (and e0)
+    "test_pairs.py::test_pairs_bind", "test_pairs.py::test_bind", "test_pairs.py::test_llama",
+    f"{_GATE}[other-block-size]", f"{_GATE}[facts-match]",  # pb, then k0
+    "test_kv_routing.py", "test_logprobs.py", "test_lora.py",  # k0/k1, d0; g0/g1; lo0/lo1
+]  # fmt: skip
+
+
+def _rank(nodeid: str) -> int:
+    for i, entry in enumerate(ORDER):
+        if entry in nodeid:
+            return i
+    return len(ORDER)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    real = [it for it in items if it.nodeid.startswith("tests/real/")]
+    if real:
+        rest = [it for it in items if not it.nodeid.startswith("tests/real/")]
+        items[:] = sorted(real, key=lambda it: _rank(it.nodeid)) + rest
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if STARTS.counts:
         terminalreporter.write_line(STARTS.summary())

@@ -29,6 +29,7 @@ from tests.real.streams import (
     Streamed,
     decode,
     direct,
+    directs,
     failed_over,
     failover_event,
     failovers,
@@ -59,8 +60,9 @@ ROUNDS = 3  # kill rounds at most: more only while no kill has landed mid-charac
 def references(engines: list[Engine], cases: list[Case], tokens: int) -> dict[Case, Streamed]:
     """Uninterrupted direct streams, the cases split over both replicas (which must agree:
     the first case is run on both)."""
-    refs = {c: direct(engines[i % len(engines)], c, tokens) for i, c in enumerate(cases)}
-    again = direct(engines[1], cases[0], tokens)
+    jobs = [(engines[i % len(engines)], c) for i, c in enumerate(cases)]
+    *streams, again = directs([*jobs, (engines[1], cases[0])], tokens)
+    refs = dict(zip(cases, streams, strict=True))
     assert again.text == refs[cases[0]].text, "the replicas disagree: settings differ"
     return refs
 

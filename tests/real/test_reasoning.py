@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from tests.real.conftest import Pool, baton
-from tests.real.streams import Case, Streamed, decode, direct, failovers, kill_round
+from tests.real.streams import Case, Streamed, decode, direct, directs, failovers, kill_round
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(1200)]
 
@@ -134,9 +134,10 @@ def test_vllm_reasoning_killed_before_on_and_after_the_end_tag(
     base = direct(engines[1], Case("chat", "hi"), 600).ids.index(THINK_END)
     cases = [Case("chat", "x" * (base - t + 2), interval) for t, interval in PLACES]
     tokens = PLACES[-1][0] + AFTER
-    refs = {c: direct(engines[1], c, tokens) for c in cases}
+    refs = dict(zip(cases, directs([(engines[1], c) for c in cases], tokens), strict=True))
+    others = directs([(engines[0], c) for c in cases], tokens)
     think_at: dict[Case, int] = {}
-    for case, ref in refs.items():
+    for (case, ref), other in zip(refs.items(), others, strict=True):
         # The model and parser do what the test is about (or it proves nothing).
         assert ref.ids.count(THINK_END) == 1, case
         think_at[case] = ref.ids.index(THINK_END)
@@ -147,7 +148,7 @@ def test_vllm_reasoning_killed_before_on_and_after_the_end_tag(
         assert ref.texts == as_vllm_sends(ref, special, None), case
         if all(len(ids) == 1 for ids, _ in ref.chunks if THINK_END in ids):
             assert ref.texts == truth(ref.ids), case  # the switch in place
-        assert direct(engines[0], case, tokens).ids == ref.ids, "the replicas disagree"
+        assert other.ids == ref.ids, "the replicas disagree"
     assert sorted(think_at.values()) == sorted(t for t, _ in PLACES), think_at
     seen: set[tuple[str, bool]] = set()  # (landing, merged) of every judged failover
     for n in range(ROUNDS):
