@@ -174,6 +174,10 @@ def generating(engine: Engine) -> bool:
 
 
 STEP = 0.02  # seconds a stepped replica's engine cores run between freezes
+# Tries at most of a stepped kill: a try whose kill did not land (the core had finished once
+# frozen) is judged whole and tried again. Full runs here each saw one test miss three tries in
+# a row, a different test each time, so three was too few.
+KILL_TRIES = 6
 
 
 class Stepped:

@@ -20,7 +20,7 @@ from clients.client import AdminClient
 from scripts.engines.replicas import MODEL, Engine
 from tests.integration.harness import Fleet, metric
 from tests.real.conftest import Pool, baton, events, sdk
-from tests.real.streams import Stepped, failed_over, failover_event, stepped_kill
+from tests.real.streams import KILL_TRIES, Stepped, failed_over, failover_event, stepped_kill
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
 
@@ -123,7 +123,7 @@ def stream_killed(
     unfinished. Every try is judged: one in which no failover happened (the engine had
     finished before the kill was due) must have given the client the whole answer, and
     only such a try is tried again (bounded). The caller judges the one that failed over."""
-    for _ in range(3):
+    for _ in range(KILL_TRIES):
         with stepped_kill(engines) as kill:
             got = stream(fleet, endpoint, kill)
         if got.killed and failed_over(fleet, got.request_id):

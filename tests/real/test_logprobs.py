@@ -16,7 +16,7 @@ import pytest
 
 from scripts.engines.replicas import Engine
 from tests.real.conftest import Pool, baton, events, sdk
-from tests.real.streams import generating, stepped_kill
+from tests.real.streams import KILL_TRIES, generating, stepped_kill
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
 
@@ -64,7 +64,7 @@ def test_a_logprobs_stream_outlives_a_sigkill_token_for_token(pool: Pool, tmp_pa
     with baton(tmp_path, engines) as fleet:
         assert stream(fleet.shim.ready, model) == want  # uninterrupted, through Baton
         killed = ""
-        for _ in range(3):  # every try is judged; only one whose kill did not land is retried
+        for _ in range(KILL_TRIES):  # each try judged; one whose kill missed is retried
             with stepped_kill(engines) as kill:
                 got = stream(fleet.shim.ready, model, killer(engines, kill, found := []))
             killed = found[0] if found else ""

@@ -37,7 +37,7 @@ from control.routing.adapters import rank
 from scripts.engines.replicas import MODEL, Cache, Engine
 from tests.integration.harness import Fleet, http, wait_until
 from tests.real.conftest import Pool, baton, events, sdk
-from tests.real.streams import serving, stepped_kill
+from tests.real.streams import KILL_TRIES, serving, stepped_kill
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
 
@@ -367,7 +367,7 @@ def test_an_adapter_stream_killed_mid_way_resumes_identical_where_it_is_loaded_f
         other = next(b for b in REPLICAS if b != holder)
         assert listed(f.engines[other]) == []  # the survivor will have to load it
         got = Streamed("")
-        for _ in range(3):
+        for _ in range(KILL_TRIES):
             # The holder's engine core runs in steps: the kill lands on an unfinished request.
             with stepped_kill([f.engines[holder]]) as kill:
                 got = stream(f, adapter, prompt, kill)

@@ -25,7 +25,7 @@ from clients.client import AdminClient
 from scripts.engines.replicas import MODEL, Engine
 from tests.integration.harness import Fleet
 from tests.real.conftest import Pool, baton
-from tests.real.streams import failed_over, failover_event, stepped_kill
+from tests.real.streams import KILL_TRIES, failed_over, failover_event, stepped_kill
 from tests.real.test_engines import serving
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
@@ -130,7 +130,7 @@ def test_a_message_through_baton_is_vllms_own_and_outlives_a_sigkill(
         # Uninterrupted: Baton's chat request and events are vLLM's own, usage included.
         same = through(fleet, engines[0].model)
         assert same.shape() == want.shape(), "Baton's message differs from vLLM's own"
-        for _ in range(3):  # every try is judged; only one without a failover is retried
+        for _ in range(KILL_TRIES):  # every try is judged; only one without a failover is retried
             # Stepped: on busy cores vLLM would end the stream before the client is 5 deltas in.
             with stepped_kill(engines) as kill:
                 got = through(fleet, engines[0].model, kill)

@@ -20,7 +20,7 @@ from clients.client import AdminClient
 from scripts.engines.replicas import MODEL, Engine
 from tests.integration.harness import Fleet
 from tests.real.conftest import Pool, baton, events, sdk
-from tests.real.streams import failed_over, failover_event, stepped_kill
+from tests.real.streams import KILL_TRIES, failed_over, failover_event, stepped_kill
 from tests.real.test_engines import serving
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
@@ -87,7 +87,7 @@ def test_a_store_false_stream_outlives_a_sigkill_of_its_vllm_replica(
     engines = pool.get("v0", "v1")
     want = direct(engines[1])
     with baton(tmp_path, engines) as fleet:
-        for _ in range(3):  # every try is judged; only one without a failover is retried
+        for _ in range(KILL_TRIES):  # every try is judged; only one without a failover is retried
             # Stepped: on busy cores vLLM would end the stream before the client is 5 deltas in.
             with stepped_kill(engines) as kill:
                 got = through(fleet, kill)
