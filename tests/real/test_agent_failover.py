@@ -27,7 +27,7 @@ import pytest
 from scripts.engines.replicas import Engine
 from tests.integration.harness import Fleet
 from tests.real.conftest import Pool, baton, events
-from tests.real.streams import generating, stepped_kill
+from tests.real.streams import KILL_TRIES, generating, stepped_kill
 from tests.real.test_tool_model import (
     ANSWER,
     PARIS,
@@ -45,10 +45,6 @@ MAX_TOKENS = 64
 # a fast core ends it within the step that brings the client to the kill, three tries
 # running (seen on CI in a llama3_json call, and here in a hermes answer).
 SHORT_STEP = 0.004
-# Tries at most per test: a try whose kill did not land is judged (its output must be the
-# uninterrupted run's) and tried again. Even at 4 ms steps a clean-clone run here saw three
-# tries of one case in a row miss (the Messages loop's arguments); each says why it missed.
-TRIES = 6
 CALLS = [("get_weather", WEATHER), ("get_time", TIME), ("get_weather", PARIS)]
 # (turn, delta) after which the kill lands: the delta-th text or argument delta of that
 # model call. tiny-tools (hermes) writes content before its first call; llama3_json none.
@@ -73,7 +69,8 @@ class Killer:
                  at: tuple[int, int] | None) -> None:  # fmt: skip
         self._engines, self._kill, self._at = engines, kill, at
         self.turn, self.deltas, self.killed = -1, 0, ""
-        self.missed = ""  # why the kill did not land, for a failure's message
+        # Why the kill did not land, for a failure's message.
+        self.missed = "the stream never reached that delta"
 
     def new_turn(self) -> None:
         self.turn, self.deltas = self.turn + 1, 0
@@ -197,7 +194,7 @@ def test_an_agent_loop_outlives_a_sigkill_of_its_replica(
         else:
             assert want[0] == ANSWER and len(want[1]) == 3, want
         missed: list[str] = []
-        for _ in range(TRIES):  # every try is judged; only one whose kill did not land is retried
+        for _ in range(KILL_TRIES):  # each try judged; one whose kill missed is retried
             with stepped_kill(engines, SHORT_STEP) as kill:
                 killer = Killer(engines, kill, WHERE[where])
                 got = run(fleet, model, api, killer)
@@ -263,7 +260,7 @@ def test_a_llama3_json_turn_outlives_a_sigkill(pool: Pool, tmp_path: Path, turn:
     with baton(tmp_path, engines) as fleet:
         assert chat_turn(fleet.shim.ready, model, messages, Killer(engines, None, None)) == want
         missed: list[str] = []
-        for _ in range(TRIES):  # every try is judged; only one whose kill did not land is retried
+        for _ in range(KILL_TRIES):  # each try judged; one whose kill missed is retried
             with stepped_kill(engines, SHORT_STEP) as kill:
                 killer = Killer(engines, kill, (0, 1))
                 got = chat_turn(fleet.shim.ready, model, messages, killer)
